@@ -1,0 +1,242 @@
+"""Every error Quire raises, in one tree under :class:`QuireError`.
+
+An error that travels on the wire carries its :class:`StatusCode` in the
+class attribute ``status``; :func:`error_for_status` maps a status a bookie
+answered back to the error class, so client code can ``raise
+error_for_status(code)(...)`` and callers catch precise types.
+
+Three families matter for correctness (BP-46, "A note on Response Codes"):
+
+* positive: ``OK``;
+* explicit negative: ``NO_SUCH_LEDGER`` and ``NO_SUCH_ENTRY`` (see
+  :attr:`StatusCode.is_explicit_negative`);
+* unknown: everything else, ``UNKNOWN`` (BP-46's EUNKNOWN) included.  An
+  unknown answer is never counted as a "no" in any quorum rule.
+
+This module imports nothing from the rest of Quire: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class StatusCode(enum.IntEnum):
+    """Wire status codes (an int32 in every response)."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    BAD_REQUEST = 100
+    IO_ERROR = 101
+    UNAUTHORIZED = 102
+    BAD_VERSION = 103
+    FENCED = 104
+    READ_ONLY = 105
+    TOO_MANY_REQUESTS = 106
+    UNKNOWN = 107
+    UNSUPPORTED = 108
+
+    @property
+    def is_explicit_negative(self) -> bool:
+        """True only for the answers that mean "I definitely do not have it"."""
+        return self in (StatusCode.NO_SUCH_LEDGER, StatusCode.NO_SUCH_ENTRY)
+
+
+class QuireError(Exception):
+    """Root of every error Quire raises on purpose."""
+
+    status: ClassVar[StatusCode | None] = None
+
+
+# --- configuration --------------------------------------------------------
+
+
+class ConfigError(QuireError):
+    """A configuration file or flag is missing, malformed or out of range."""
+
+
+# --- wire protocol --------------------------------------------------------
+
+
+class ProtocolError(QuireError):
+    """Bytes that are not a valid frame: truncated, oversized, lying lengths,
+    an unknown version, or a body that does not parse.  The connection that
+    produced them must be closed; nothing else is affected."""
+
+
+# --- answers a bookie can give (each with its wire status) ----------------
+
+
+class BookieError(QuireError):
+    """A bookie answered with a non-OK status."""
+
+
+class NoSuchLedgerError(BookieError):
+    """Explicit negative: the bookie has never seen this ledger."""
+
+    status = StatusCode.NO_SUCH_LEDGER
+
+
+class NoSuchEntryError(BookieError):
+    """Explicit negative: the bookie knows the ledger but not the entry."""
+
+    status = StatusCode.NO_SUCH_ENTRY
+
+
+class BadRequestError(BookieError):
+    status = StatusCode.BAD_REQUEST
+
+
+class BookieIOError(BookieError):
+    status = StatusCode.IO_ERROR
+
+
+class UnauthorizedError(BookieError):
+    """Wrong password / master key."""
+
+    status = StatusCode.UNAUTHORIZED
+
+
+class BadVersionError(BookieError):
+    status = StatusCode.BAD_VERSION
+
+
+class LedgerFencedError(BookieError):
+    """The ledger was fenced (or closed by recovery): this writer is out."""
+
+    status = StatusCode.FENCED
+
+
+class ReadOnlyError(BookieError):
+    status = StatusCode.READ_ONLY
+
+
+class TooManyRequestsError(BookieError):
+    status = StatusCode.TOO_MANY_REQUESTS
+
+
+class UnknownStateError(BookieError):
+    """BP-46 EUNKNOWN: the bookie cannot say (e.g. a limbo ledger).  Never a no."""
+
+    status = StatusCode.UNKNOWN
+
+
+class UnsupportedError(BookieError):
+    """The bookie does not implement (or has disabled) this operation."""
+
+    status = StatusCode.UNSUPPORTED
+
+
+_BY_STATUS: dict[StatusCode, type[BookieError]] = {
+    cls.status: cls
+    for cls in (
+        NoSuchLedgerError,
+        NoSuchEntryError,
+        BadRequestError,
+        BookieIOError,
+        UnauthorizedError,
+        BadVersionError,
+        LedgerFencedError,
+        ReadOnlyError,
+        TooManyRequestsError,
+        UnknownStateError,
+        UnsupportedError,
+    )
+    if cls.status is not None
+}
+
+
+def error_for_status(status: int) -> type[BookieError]:
+    """The error class for a non-OK wire status (unknown codes map to
+    :class:`UnknownStateError`, never to a negative)."""
+    try:
+        return _BY_STATUS[StatusCode(status)]
+    except (ValueError, KeyError):
+        return UnknownStateError
+
+
+# --- metadata store -------------------------------------------------------
+
+
+class MetadataError(QuireError):
+    """The metadata store failed or was unreachable (state unknown)."""
+
+
+class MetadataVersionError(MetadataError):
+    """A compare-and-set lost: the stored version is not the expected one."""
+
+
+class MetadataExistsError(MetadataError):
+    """A create found the key (ledger, cookie or record) already there."""
+
+
+class MetadataNotFoundError(MetadataError):
+    """A direct read found that the key does not exist (a definite answer)."""
+
+
+class TransactionError(MetadataError):
+    """A transaction failed as a whole; ``failed_index`` names the op that
+    caused it (when the driver can tell) and ``cause`` the reason."""
+
+    def __init__(self, message: str, failed_index: int | None = None,
+                 cause: MetadataError | None = None) -> None:
+        super().__init__(message)
+        self.failed_index = failed_index
+        self.cause = cause
+
+
+# --- bookie process -------------------------------------------------------
+
+
+class CookieMismatchError(QuireError):
+    """A bookie's cookies disagree (a directory was emptied or swapped)."""
+
+
+class StorageError(QuireError):
+    """The bookie's local storage failed or found corruption."""
+
+
+# --- ledger client --------------------------------------------------------
+
+
+class ClientError(QuireError):
+    """Errors raised by the ledger client itself."""
+
+
+class NotEnoughBookiesError(ClientError):
+    """Fewer writable bookies than the ensemble needs."""
+
+
+class LedgerClosedError(ClientError):
+    """Append to a ledger that is closed."""
+
+
+class DigestMismatchError(ClientError):
+    """Every replica returned an entry whose digest does not verify."""
+
+
+class ReadBeyondLastAddConfirmedError(ClientError):
+    """A read asked for entries past the LastAddConfirmed."""
+
+
+class EntryNotAvailableError(ClientError):
+    """No replica could serve the entry, and not enough said a definite no
+    to call it missing: the state is unknown (retry later)."""
+
+
+class LedgerRecoveryError(ClientError):
+    """Recovery could not decide the ledger's end (unknown answers); retry."""
+
+
+class ClientTimeoutError(ClientError):
+    """A request got no answer within its timeout (an unknown, never a no)."""
+
+
+class QueueFullError(ClientError):
+    """The client's queue of adds waiting to be sent is over ``max_queued_bytes``."""
+
+
+class BookieUnavailableError(ClientError):
+    """The connection to a bookie failed or was closed."""

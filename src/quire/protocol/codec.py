@@ -1,0 +1,544 @@
+"""Frame codec: message classes, their encoders, and the incremental decoder.
+
+The byte layout of every message is documented in :mod:`quire.protocol`.
+Messages are plain slotted dataclasses; ``encode()`` returns one complete
+frame.  :class:`Decoder` takes bytes as they arrive (``feed``) and yields
+whole messages; any malformed input raises :class:`ProtocolError` and leaves
+the decoder unusable (the connection must be closed).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, TypeAlias
+
+from quire.errors import ProtocolError, StatusCode
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME_BYTES = 5 * 1024 * 1024
+MASTER_KEY_LEN = 20
+LAST_ENTRY_ID = -1
+"""READ_ENTRY for this entry id returns the last entry the bookie stores."""
+
+FLAG_DO_FENCING = 0x0001
+FLAG_RECOVERY_ADD = 0x0002
+FLAG_VOLATILE_DURABILITY = 0x0004
+FLAG_BARE_ERROR = 0x8000
+
+
+class OpCode(enum.IntEnum):
+    ADD_ENTRY = 1
+    READ_ENTRY = 2
+    READ_LAC = 4
+    WRITE_LAC = 5
+    GET_BOOKIE_INFO = 6
+    BATCH_READ_ENTRY = 7
+    SYNC = 8
+
+
+_U32 = struct.Struct(">I")
+_HEADER = struct.Struct(">II")  # frame_len, header
+_Q = struct.Struct(">Q")
+_QI = struct.Struct(">Qi")  # request_id, status (bare error)
+_ADD_REQ = struct.Struct(">Q20s")  # request_id, master_key (entry follows)
+_ADD_ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of the stored entry
+_READ_REQ = struct.Struct(">Qqq")
+_READ_LAC_REQ = struct.Struct(">Qq")
+_WRITE_LAC_REQ = struct.Struct(">Qqq20s")
+_BATCH_REQ = struct.Struct(">qqQiq")
+_SYNC_REQ = struct.Struct(">Qq")
+_ADD_RESP = struct.Struct(">Qiqqq")
+_READ_RESP = struct.Struct(">Qiqq")
+_READ_LAC_RESP = struct.Struct(">Qiqq")
+_WRITE_LAC_RESP = struct.Struct(">Qiq")
+_INFO_RESP = struct.Struct(">Qiqq")
+_BATCH_RESP = struct.Struct(">iqqQ")
+_SYNC_RESP = struct.Struct(">Qiqq")
+
+_MAX_U64 = (1 << 64) - 1
+
+
+def _frame(op: int, flags: int, body_len: int) -> bytes:
+    return _HEADER.pack(4 + body_len, (PROTOCOL_VERSION << 24) | (op << 16) | flags)
+
+
+def _status(value: int) -> StatusCode:
+    try:
+        return StatusCode(value)
+    except ValueError:
+        # A status this build does not know is an unknown, never a negative.
+        return StatusCode.UNKNOWN
+
+
+# --- requests ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AddRequest:
+    """Add one stored entry (``entry`` starts with its ledger and entry ids)."""
+
+    op: ClassVar[OpCode] = OpCode.ADD_ENTRY
+    request_id: int
+    master_key: bytes
+    entry: bytes
+    flags: int = 0
+    ledger_id: int = field(init=False)
+    entry_id: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.entry) < _ADD_ENTRY_IDS.size:
+            raise ProtocolError("add request entry shorter than its header")
+        self.ledger_id, self.entry_id = _ADD_ENTRY_IDS.unpack_from(self.entry)
+
+    @property
+    def is_recovery(self) -> bool:
+        return bool(self.flags & FLAG_RECOVERY_ADD)
+
+    @property
+    def is_volatile(self) -> bool:
+        return bool(self.flags & FLAG_VOLATILE_DURABILITY)
+
+    def encode(self) -> bytes:
+        return encode_add_request(self.request_id, self.master_key, self.entry, self.flags)
+
+
+def encode_add_request(request_id: int, master_key: bytes, entry: bytes, flags: int = 0) -> bytes:
+    """The whole ADD_ENTRY frame (the client's hot path: one join, no object)."""
+    return b"".join((
+        _frame(OpCode.ADD_ENTRY, flags, _ADD_REQ.size + len(entry)),
+        _ADD_REQ.pack(request_id, master_key),
+        entry,
+    ))
+
+
+@dataclass(slots=True)
+class ReadRequest:
+    """Read one entry; ``entry_id == LAST_ENTRY_ID`` reads the bookie's last
+    entry; with ``FLAG_DO_FENCING`` (and ``master_key``) it fences first."""
+
+    op: ClassVar[OpCode] = OpCode.READ_ENTRY
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    flags: int = 0
+    master_key: bytes | None = None
+
+    @property
+    def is_fencing(self) -> bool:
+        return bool(self.flags & FLAG_DO_FENCING)
+
+    def encode(self) -> bytes:
+        key = _fencing_key(self.flags, self.master_key)
+        body = _READ_REQ.pack(self.request_id, self.ledger_id, self.entry_id) + key
+        return _frame(self.op, self.flags, len(body)) + body
+
+
+@dataclass(slots=True)
+class ReadLacRequest:
+    op: ClassVar[OpCode] = OpCode.READ_LAC
+    request_id: int
+    ledger_id: int
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        body = _READ_LAC_REQ.pack(self.request_id, self.ledger_id)
+        return _frame(self.op, self.flags, len(body)) + body
+
+
+@dataclass(slots=True)
+class WriteLacRequest:
+    op: ClassVar[OpCode] = OpCode.WRITE_LAC
+    request_id: int
+    ledger_id: int
+    lac: int
+    master_key: bytes
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        _check_key(self.master_key)
+        body = _WRITE_LAC_REQ.pack(self.request_id, self.ledger_id, self.lac, self.master_key)
+        return _frame(self.op, self.flags, len(body)) + body
+
+
+@dataclass(slots=True)
+class BookieInfoRequest:
+    op: ClassVar[OpCode] = OpCode.GET_BOOKIE_INFO
+    request_id: int
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        return _frame(self.op, self.flags, _Q.size) + _Q.pack(self.request_id)
+
+
+@dataclass(slots=True)
+class BatchReadRequest:
+    """BP-62: read up to ``max_count`` entries / ``max_size`` bytes from
+    ``start_entry_id`` (loose limits; see the bookie and client)."""
+
+    op: ClassVar[OpCode] = OpCode.BATCH_READ_ENTRY
+    request_id: int
+    ledger_id: int
+    start_entry_id: int
+    max_count: int
+    max_size: int
+    flags: int = 0
+    master_key: bytes | None = None
+
+    @property
+    def is_fencing(self) -> bool:
+        return bool(self.flags & FLAG_DO_FENCING)
+
+    def encode(self) -> bytes:
+        key = _fencing_key(self.flags, self.master_key)
+        body = _BATCH_REQ.pack(self.ledger_id, self.start_entry_id, self.request_id,
+                               self.max_count, self.max_size) + key
+        return _frame(self.op, self.flags, len(body)) + body
+
+
+@dataclass(slots=True)
+class SyncRequest:
+    """BP-14: fsync what the bookie holds of the ledger, answer LastAddSynced."""
+
+    op: ClassVar[OpCode] = OpCode.SYNC
+    request_id: int
+    ledger_id: int
+    flags: int = 0
+
+    def encode(self) -> bytes:
+        body = _SYNC_REQ.pack(self.request_id, self.ledger_id)
+        return _frame(self.op, self.flags, len(body)) + body
+
+
+@dataclass(slots=True)
+class UnknownRequest:
+    """A well-framed request whose op this build does not know.  ``request_id``
+    is read from the body's first 8 bytes (the convention every op but
+    BATCH_READ_ENTRY follows); None when the body is shorter."""
+
+    op_code: int
+    flags: int
+    request_id: int | None
+    body: bytes
+
+
+# --- responses --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AddResponse:
+    op: ClassVar[OpCode] = OpCode.ADD_ENTRY
+    request_id: int
+    status: StatusCode
+    ledger_id: int
+    entry_id: int
+    last_add_synced: int = -1
+
+    def encode(self) -> bytes:
+        return _frame(self.op, 0, _ADD_RESP.size) + _ADD_RESP.pack(
+            self.request_id, self.status, self.ledger_id, self.entry_id, self.last_add_synced)
+
+
+@dataclass(slots=True)
+class ReadResponse:
+    op: ClassVar[OpCode] = OpCode.READ_ENTRY
+    request_id: int
+    status: StatusCode
+    ledger_id: int
+    entry_id: int
+    entry: bytes | None = None
+
+    def encode(self) -> bytes:
+        entry = self.entry if self.status == StatusCode.OK and self.entry is not None else b""
+        head = _READ_RESP.pack(self.request_id, self.status, self.ledger_id, self.entry_id)
+        return _frame(self.op, 0, len(head) + len(entry)) + head + entry
+
+
+@dataclass(slots=True)
+class ReadLacResponse:
+    op: ClassVar[OpCode] = OpCode.READ_LAC
+    request_id: int
+    status: StatusCode
+    ledger_id: int
+    lac: int = -1
+
+    def encode(self) -> bytes:
+        return _frame(self.op, 0, _READ_LAC_RESP.size) + _READ_LAC_RESP.pack(
+            self.request_id, self.status, self.ledger_id, self.lac)
+
+
+@dataclass(slots=True)
+class WriteLacResponse:
+    op: ClassVar[OpCode] = OpCode.WRITE_LAC
+    request_id: int
+    status: StatusCode
+    ledger_id: int
+
+    def encode(self) -> bytes:
+        return _frame(self.op, 0, _WRITE_LAC_RESP.size) + _WRITE_LAC_RESP.pack(
+            self.request_id, self.status, self.ledger_id)
+
+
+@dataclass(slots=True)
+class BookieInfoResponse:
+    op: ClassVar[OpCode] = OpCode.GET_BOOKIE_INFO
+    request_id: int
+    status: StatusCode
+    free_bytes: int = 0
+    total_bytes: int = 0
+
+    def encode(self) -> bytes:
+        return _frame(self.op, 0, _INFO_RESP.size) + _INFO_RESP.pack(
+            self.request_id, self.status, self.free_bytes, self.total_bytes)
+
+
+@dataclass(slots=True)
+class BatchReadResponse:
+    op: ClassVar[OpCode] = OpCode.BATCH_READ_ENTRY
+    request_id: int
+    status: StatusCode
+    ledger_id: int
+    start_entry_id: int
+    entries: list[bytes] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        parts = [b"", _BATCH_RESP.pack(self.status, self.ledger_id, self.start_entry_id,
+                                       self.request_id)]
+        size = _BATCH_RESP.size
+        for entry in self.entries:
+            parts.append(_U32.pack(len(entry)))
+            parts.append(entry)
+            size += 4 + len(entry)
+        parts[0] = _frame(self.op, 0, size)
+        return b"".join(parts)
+
+
+@dataclass(slots=True)
+class SyncResponse:
+    op: ClassVar[OpCode] = OpCode.SYNC
+    request_id: int
+    status: StatusCode
+    ledger_id: int
+    last_add_synced: int = -1
+
+    def encode(self) -> bytes:
+        return _frame(self.op, 0, _SYNC_RESP.size) + _SYNC_RESP.pack(
+            self.request_id, self.status, self.ledger_id, self.last_add_synced)
+
+
+@dataclass(slots=True)
+class ErrorResponse:
+    """A bare error answer for any op (e.g. UNSUPPORTED for an unknown op)."""
+
+    op_code: int
+    request_id: int
+    status: StatusCode
+
+    def encode(self) -> bytes:
+        return _frame(self.op_code, FLAG_BARE_ERROR, _QI.size) + _QI.pack(
+            self.request_id, self.status)
+
+
+Request: TypeAlias = (AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest
+                      | BookieInfoRequest | BatchReadRequest | SyncRequest | UnknownRequest)
+Response: TypeAlias = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse
+                       | BookieInfoResponse | BatchReadResponse | SyncResponse | ErrorResponse)
+Message: TypeAlias = Request | Response
+
+
+def _check_key(key: bytes | None) -> bytes:
+    if key is None or len(key) != MASTER_KEY_LEN:
+        raise ValueError(f"master key must be {MASTER_KEY_LEN} bytes")
+    return key
+
+
+def _fencing_key(flags: int, key: bytes | None) -> bytes:
+    return _check_key(key) if flags & FLAG_DO_FENCING else b""
+
+
+# --- decoding ---------------------------------------------------------------
+
+
+def _need(body: memoryview, size: int, what: str) -> None:
+    if len(body) < size:
+        raise ProtocolError(f"{what}: body of {len(body)} bytes, need {size}")
+
+
+def _exact(body: memoryview, size: int, what: str) -> None:
+    if len(body) != size:
+        raise ProtocolError(f"{what}: body of {len(body)} bytes, expected {size}")
+
+
+def _decode_request(op: int, flags: int, body: memoryview) -> Request:
+    if op == OpCode.ADD_ENTRY:
+        _need(body, _ADD_REQ.size + _ADD_ENTRY_IDS.size, "ADD_ENTRY")
+        request_id, key = _ADD_REQ.unpack_from(body)
+        return AddRequest(request_id, key, bytes(body[_ADD_REQ.size:]), flags)
+    if op == OpCode.READ_ENTRY:
+        fencing = bool(flags & FLAG_DO_FENCING)
+        _exact(body, _READ_REQ.size + (MASTER_KEY_LEN if fencing else 0), "READ_ENTRY")
+        request_id, ledger_id, entry_id = _READ_REQ.unpack_from(body)
+        key = bytes(body[_READ_REQ.size:]) if fencing else None
+        return ReadRequest(request_id, ledger_id, entry_id, flags, key)
+    if op == OpCode.READ_LAC:
+        _exact(body, _READ_LAC_REQ.size, "READ_LAC")
+        request_id, ledger_id = _READ_LAC_REQ.unpack_from(body)
+        return ReadLacRequest(request_id, ledger_id, flags)
+    if op == OpCode.WRITE_LAC:
+        _exact(body, _WRITE_LAC_REQ.size, "WRITE_LAC")
+        request_id, ledger_id, lac, key = _WRITE_LAC_REQ.unpack_from(body)
+        return WriteLacRequest(request_id, ledger_id, lac, key, flags)
+    if op == OpCode.GET_BOOKIE_INFO:
+        _exact(body, _Q.size, "GET_BOOKIE_INFO")
+        return BookieInfoRequest(_Q.unpack_from(body)[0], flags)
+    if op == OpCode.BATCH_READ_ENTRY:
+        fencing = bool(flags & FLAG_DO_FENCING)
+        _exact(body, _BATCH_REQ.size + (MASTER_KEY_LEN if fencing else 0), "BATCH_READ_ENTRY")
+        ledger_id, start, request_id, max_count, max_size = _BATCH_REQ.unpack_from(body)
+        key = bytes(body[_BATCH_REQ.size:]) if fencing else None
+        return BatchReadRequest(request_id, ledger_id, start, max_count, max_size, flags, key)
+    if op == OpCode.SYNC:
+        _exact(body, _SYNC_REQ.size, "SYNC")
+        request_id, ledger_id = _SYNC_REQ.unpack_from(body)
+        return SyncRequest(request_id, ledger_id, flags)
+    request_id = _Q.unpack_from(body)[0] if len(body) >= _Q.size else None
+    return UnknownRequest(op, flags, request_id, bytes(body))
+
+
+def _decode_response(op: int, flags: int, body: memoryview) -> Response:
+    if flags & FLAG_BARE_ERROR:
+        _exact(body, _QI.size, "error response")
+        request_id, status = _QI.unpack_from(body)
+        return ErrorResponse(op, request_id, _status(status))
+    if op == OpCode.ADD_ENTRY:
+        _exact(body, _ADD_RESP.size, "ADD_ENTRY response")
+        rid, status, ledger_id, entry_id, las = _ADD_RESP.unpack_from(body)
+        return AddResponse(rid, _status(status), ledger_id, entry_id, las)
+    if op == OpCode.READ_ENTRY:
+        _need(body, _READ_RESP.size, "READ_ENTRY response")
+        rid, status, ledger_id, entry_id = _READ_RESP.unpack_from(body)
+        code = _status(status)
+        rest = body[_READ_RESP.size:]
+        if code != StatusCode.OK and len(rest):
+            raise ProtocolError("READ_ENTRY error response carries an entry")
+        if code == StatusCode.OK and not len(rest):
+            raise ProtocolError("READ_ENTRY OK response without an entry")
+        return ReadResponse(rid, code, ledger_id, entry_id,
+                            bytes(rest) if code == StatusCode.OK else None)
+    if op == OpCode.READ_LAC:
+        _exact(body, _READ_LAC_RESP.size, "READ_LAC response")
+        rid, status, ledger_id, lac = _READ_LAC_RESP.unpack_from(body)
+        return ReadLacResponse(rid, _status(status), ledger_id, lac)
+    if op == OpCode.WRITE_LAC:
+        _exact(body, _WRITE_LAC_RESP.size, "WRITE_LAC response")
+        rid, status, ledger_id = _WRITE_LAC_RESP.unpack_from(body)
+        return WriteLacResponse(rid, _status(status), ledger_id)
+    if op == OpCode.GET_BOOKIE_INFO:
+        _exact(body, _INFO_RESP.size, "GET_BOOKIE_INFO response")
+        rid, status, free, total = _INFO_RESP.unpack_from(body)
+        return BookieInfoResponse(rid, _status(status), free, total)
+    if op == OpCode.BATCH_READ_ENTRY:
+        _need(body, _BATCH_RESP.size, "BATCH_READ_ENTRY response")
+        status, ledger_id, start, rid = _BATCH_RESP.unpack_from(body)
+        entries: list[bytes] = []
+        pos, end = _BATCH_RESP.size, len(body)
+        while pos < end:
+            if end - pos < 4:
+                raise ProtocolError("BATCH_READ_ENTRY response: truncated entry length")
+            (size,) = _U32.unpack_from(body, pos)
+            pos += 4
+            if size > end - pos:
+                raise ProtocolError("BATCH_READ_ENTRY response: entry length past the frame")
+            entries.append(bytes(body[pos:pos + size]))
+            pos += size
+        return BatchReadResponse(rid, _status(status), ledger_id, start, entries)
+    if op == OpCode.SYNC:
+        _exact(body, _SYNC_RESP.size, "SYNC response")
+        rid, status, ledger_id, las = _SYNC_RESP.unpack_from(body)
+        return SyncResponse(rid, _status(status), ledger_id, las)
+    raise ProtocolError(f"response for unknown op {op}")
+
+
+class Decoder:
+    """Incremental frame decoder for one direction of one connection.
+
+    ``Decoder("requests")`` is the bookie's side (yields requests, unknown ops
+    as :class:`UnknownRequest`); ``Decoder("responses")`` is the client's.
+    Feed bytes as they arrive, then iterate to drain complete messages::
+
+        decoder.feed(data)
+        for message in decoder:
+            ...
+
+    Any malformed input raises :class:`ProtocolError`; after that the decoder
+    refuses further use, since the stream position is lost.
+    """
+
+    __slots__ = ("_buf", "_broken", "_is_requests", "_pos", "max_frame_bytes")
+
+    def __init__(self, direction: Literal["requests", "responses"],
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if direction not in ("requests", "responses"):
+            raise ValueError(f"direction must be 'requests' or 'responses', not {direction!r}")
+        self._is_requests = direction == "requests"
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+        self._broken = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._broken:
+            raise ProtocolError("decoder already failed; close the connection")
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def __iter__(self) -> Iterator[Message]:
+        while (message := self.next_message()) is not None:
+            yield message
+
+    def next_message(self) -> Message | None:
+        """The next complete message, or None until more bytes arrive."""
+        if self._broken:
+            raise ProtocolError("decoder already failed; close the connection")
+        buf, pos = self._buf, self._pos
+        available = len(buf) - pos
+        if available < 4:
+            return None
+        (frame_len,) = _U32.unpack_from(buf, pos)
+        try:
+            if frame_len > self.max_frame_bytes:
+                raise ProtocolError(
+                    f"frame of {frame_len} bytes exceeds the limit of {self.max_frame_bytes}")
+            if frame_len < 4:
+                raise ProtocolError(f"frame of {frame_len} bytes is shorter than its header")
+            if available < 4 + frame_len:
+                return None
+            (header,) = _U32.unpack_from(buf, pos + 4)
+            version, op, flags = header >> 24, (header >> 16) & 0xFF, header & 0xFFFF
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
+            with memoryview(buf) as view:
+                body = view[pos + 8:pos + 4 + frame_len]
+                try:
+                    if self._is_requests:
+                        message: Message = _decode_request(op, flags, body)
+                    else:
+                        message = _decode_response(op, flags, body)
+                finally:
+                    body.release()
+        except ProtocolError:
+            self._broken = True
+            raise
+        except (struct.error, ValueError) as e:  # belt and braces: never leak another type
+            self._broken = True
+            raise ProtocolError(f"malformed frame: {e}") from e
+        self._pos = pos + 4 + frame_len
+        return message

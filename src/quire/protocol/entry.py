@@ -1,0 +1,113 @@
+"""The stored entry format and its digests (layout in :mod:`quire.protocol`).
+
+The writer builds each entry once; bookies store and return it verbatim; the
+reader verifies the digest and the ids before it trusts a byte of payload::
+
+    i64 ledger_id | i64 entry_id | i64 lac | i64 length | digest | payload
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import zlib
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from quire.errors import DigestMismatchError
+from quire.types import DigestType
+
+ENTRY_HEADER_LEN = 32
+_ENTRY_HEADER = struct.Struct(">qqqq")
+_IDS = struct.Struct(">qq")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+DIGEST_LEN = {
+    DigestType.CRC32C: 4,
+    DigestType.CRC32: 8,
+    DigestType.HMAC_SHA1: 20,
+    DigestType.NONE: 0,
+}
+
+
+def master_key(password: bytes) -> bytes:
+    """The 20-byte key sent with adds, fences and WRITE_LAC (BookKeeper's)."""
+    return hashlib.sha1(b"ledger" + password).digest()
+
+
+def mac_key(password: bytes) -> bytes:
+    """The HMAC-SHA1 key for ``DigestType.HMAC_SHA1`` (BookKeeper's)."""
+    return hashlib.sha1(b"mac" + password).digest()
+
+
+def peek_entry_ids(entry: bytes | memoryview) -> tuple[int, int]:
+    """``(ledger_id, entry_id)`` of a stored entry without verifying it."""
+    if len(entry) < _IDS.size:
+        raise ValueError("entry shorter than its ids")
+    ledger_id, entry_id = _IDS.unpack_from(entry)
+    return ledger_id, entry_id
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+
+
+class DigestManager:
+    """Builds and verifies stored entries of one ledger."""
+
+    __slots__ = ("_hmac_key", "digest_len", "digest_type", "ledger_id")
+
+    def __init__(self, ledger_id: int, digest_type: DigestType, password: bytes) -> None:
+        self.ledger_id = ledger_id
+        self.digest_type = digest_type
+        self.digest_len = DIGEST_LEN[digest_type]
+        self._hmac_key = mac_key(password) if digest_type is DigestType.HMAC_SHA1 else b""
+
+    def _digest(self, header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
+        kind = self.digest_type
+        if kind is DigestType.CRC32C:
+            return _U32.pack(_crc32c.crc32c(payload, _crc32c.crc32c(header)))
+        if kind is DigestType.CRC32:
+            return _U64.pack(zlib.crc32(payload, zlib.crc32(header)))
+        if kind is DigestType.HMAC_SHA1:
+            mac = hmac.new(self._hmac_key, header, hashlib.sha1)
+            mac.update(payload)
+            return mac.digest()
+        return b""
+
+    def encode(self, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        """One stored entry; ``length`` is the ledger's payload bytes up to
+        and including this entry."""
+        header = _ENTRY_HEADER.pack(self.ledger_id, entry_id, lac, length)
+        return b"".join((header, self._digest(header, payload), payload))
+
+    def verify(self, entry: bytes, expected_entry_id: int | None = None
+               ) -> tuple[EntryHeader, memoryview]:
+        """Check digest and ids; return the header and a view of the payload.
+
+        Raises :class:`DigestMismatchError` for any entry that is short, has a
+        bad digest, or belongs to another ledger or entry id.
+        """
+        view = memoryview(entry)
+        head_len = ENTRY_HEADER_LEN + self.digest_len
+        if len(view) < head_len:
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id}: entry of {len(view)} bytes is shorter than its header")
+        ledger_id, entry_id, lac, length = _ENTRY_HEADER.unpack_from(view)
+        if ledger_id != self.ledger_id or (
+                expected_entry_id is not None and entry_id != expected_entry_id):
+            raise DigestMismatchError(
+                f"entry is {ledger_id}:{entry_id}, expected "
+                f"{self.ledger_id}:{expected_entry_id}")
+        payload = view[head_len:]
+        expected = self._digest(view[:ENTRY_HEADER_LEN], payload)
+        if not hmac.compare_digest(expected, view[ENTRY_HEADER_LEN:head_len]):
+            raise DigestMismatchError(f"digest mismatch on entry {ledger_id}:{entry_id}")
+        return EntryHeader(ledger_id, entry_id, lac, length), payload

@@ -1,0 +1,207 @@
+"""Property tests of the sans-IO codec: round trips, and fuzzing that accepts
+only messages or ProtocolError."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quire.errors import DigestMismatchError, ProtocolError, StatusCode
+from quire.protocol import (
+    FLAG_BARE_ERROR,
+    FLAG_DO_FENCING,
+    FLAG_RECOVERY_ADD,
+    FLAG_VOLATILE_DURABILITY,
+    AddRequest,
+    AddResponse,
+    BatchReadRequest,
+    BatchReadResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    Decoder,
+    DigestManager,
+    ErrorResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    SyncRequest,
+    SyncResponse,
+    UnknownRequest,
+    WriteLacRequest,
+    WriteLacResponse,
+    master_key,
+)
+from quire.types import DigestType
+
+SETTINGS = settings(deadline=None, max_examples=150,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+i32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+key = st.binary(min_size=20, max_size=20)
+status = st.sampled_from(list(StatusCode))
+blob = st.binary(max_size=300)
+entry_bytes = st.builds(lambda ids, rest: struct.pack(">qq", *ids) + rest,
+                        st.tuples(i64, i64), blob)
+
+requests = st.one_of(
+    st.builds(AddRequest, u64, key, entry_bytes,
+              st.sampled_from([0, FLAG_RECOVERY_ADD, FLAG_VOLATILE_DURABILITY,
+                               FLAG_RECOVERY_ADD | FLAG_VOLATILE_DURABILITY])),
+    st.builds(ReadRequest, u64, i64, i64, st.just(0), st.none()),
+    st.builds(ReadRequest, u64, i64, i64, st.just(FLAG_DO_FENCING), key),
+    st.builds(ReadLacRequest, u64, i64),
+    st.builds(WriteLacRequest, u64, i64, i64, key),
+    st.builds(BookieInfoRequest, u64),
+    st.builds(BatchReadRequest, u64, i64, i64, i32, i64, st.just(0), st.none()),
+    st.builds(BatchReadRequest, u64, i64, i64, i32, i64, st.just(FLAG_DO_FENCING), key),
+    st.builds(SyncRequest, u64, i64),
+)
+
+responses = st.one_of(
+    st.builds(AddResponse, u64, status, i64, i64, i64),
+    st.builds(ReadResponse, u64, st.just(StatusCode.OK), i64, i64, st.binary(min_size=1)),
+    st.builds(ReadResponse, u64, status.filter(lambda s: s != StatusCode.OK), i64, i64,
+              st.none()),
+    st.builds(ReadLacResponse, u64, status, i64, i64),
+    st.builds(WriteLacResponse, u64, status, i64),
+    st.builds(BookieInfoResponse, u64, status, i64, i64),
+    st.builds(BatchReadResponse, u64, status, i64, i64, st.lists(blob, max_size=5)),
+    st.builds(SyncResponse, u64, status, i64, i64),
+    st.builds(ErrorResponse, st.integers(1, 255), u64, status),
+)
+
+
+def decode_all(direction: str, data: bytes, chunk: int) -> list[object]:
+    decoder = Decoder(direction)  # type: ignore[arg-type]
+    out: list[object] = []
+    for i in range(0, len(data), chunk):
+        decoder.feed(data[i:i + chunk])
+        out.extend(decoder)
+    assert decoder.buffered_bytes == 0
+    return out
+
+
+@SETTINGS
+@given(st.lists(requests, min_size=1, max_size=6), st.integers(1, 64))
+def test_requests_round_trip_in_any_chunking(messages: list[object], chunk: int) -> None:
+    wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
+    assert decode_all("requests", wire, chunk) == messages
+
+
+@SETTINGS
+@given(st.lists(responses, min_size=1, max_size=6), st.integers(1, 64))
+def test_responses_round_trip_in_any_chunking(messages: list[object], chunk: int) -> None:
+    wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
+    assert decode_all("responses", wire, chunk) == messages
+
+
+def test_unknown_op_decodes_to_unknown_request_with_its_request_id() -> None:
+    body = struct.pack(">Q", 77) + b"xyz"
+    frame = struct.pack(">II", 4 + len(body), (1 << 24) | (42 << 16) | 3) + body
+    (message,) = decode_all("requests", frame, 100)
+    assert message == UnknownRequest(42, 3, 77, body)
+    answer = ErrorResponse(42, 77, StatusCode.UNSUPPORTED)
+    assert decode_all("responses", answer.encode(), 3) == [answer]
+    assert answer.encode()[6:8] == struct.pack(">H", FLAG_BARE_ERROR)
+
+
+def test_oversized_frame_is_refused_before_the_body_arrives() -> None:
+    decoder = Decoder("requests", max_frame_bytes=1024)
+    decoder.feed(struct.pack(">I", 1025))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decoder.next_message()
+    with pytest.raises(ProtocolError):
+        decoder.feed(b"more")
+
+
+@pytest.mark.parametrize("frame", [
+    struct.pack(">II", 4, (9 << 24) | (1 << 16)),                      # bad version
+    struct.pack(">II", 2, 0),                                           # shorter than header
+    struct.pack(">II", 4 + 3, (1 << 24) | (2 << 16)) + b"abc",          # read body too short
+    struct.pack(">II", 4 + 40, (1 << 24) | (1 << 16)) + b"\0" * 40,     # add without entry ids
+])
+def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:
+    decoder = Decoder("requests")
+    decoder.feed(frame)
+    with pytest.raises(ProtocolError):
+        decoder.next_message()
+
+
+def test_batch_response_with_lying_entry_length_is_refused() -> None:
+    good = BatchReadResponse(1, StatusCode.OK, 2, 3, [b"abcd"]).encode()
+    bad = good[:-8] + struct.pack(">I", 999) + b"abcd"
+    decoder = Decoder("responses")
+    decoder.feed(bad)
+    with pytest.raises(ProtocolError, match="past the frame"):
+        decoder.next_message()
+
+
+@SETTINGS
+@given(st.binary(max_size=400), st.sampled_from(["requests", "responses"]))
+def test_random_bytes_give_messages_or_protocol_error(data: bytes, direction: str) -> None:
+    _fuzz(direction, data)
+
+
+@SETTINGS
+@given(st.lists(requests | responses, min_size=1, max_size=3), st.data())
+def test_mutated_frames_give_messages_or_protocol_error(messages: list[object],
+                                                        data: st.DataObject) -> None:
+    wire = bytearray(b"".join(m.encode() for m in messages))  # type: ignore[attr-defined]
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(wire) - 1))
+        op = data.draw(st.sampled_from(["flip", "drop", "insert"]))
+        if op == "flip":
+            wire[pos] ^= data.draw(st.integers(1, 255))
+        elif op == "drop":
+            del wire[pos]
+        else:
+            wire.insert(pos, data.draw(st.integers(0, 255)))
+        if not wire:
+            break
+    for direction in ("requests", "responses"):
+        _fuzz(direction, bytes(wire))
+
+
+def _fuzz(direction: str, data: bytes) -> None:
+    decoder = Decoder(direction, max_frame_bytes=4096)  # type: ignore[arg-type]
+    try:
+        decoder.feed(data)
+        for message in decoder:
+            assert message is not None
+    except ProtocolError:
+        pass
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_entry_digest_round_trip_and_tamper_detection(digest_type: DigestType) -> None:
+    manager = DigestManager(7, digest_type, b"secret")
+    entry = manager.encode(3, 2, 100, b"payload")
+    header, payload = manager.verify(entry, 3)
+    assert (header.ledger_id, header.entry_id, header.lac, header.length) == (7, 3, 2, 100)
+    assert bytes(payload) == b"payload"
+    with pytest.raises(DigestMismatchError):
+        manager.verify(entry, 4)  # another entry id
+    with pytest.raises(DigestMismatchError):
+        DigestManager(8, digest_type, b"secret").verify(entry)  # another ledger
+    if digest_type is not DigestType.NONE:
+        tampered = entry[:-1] + bytes([entry[-1] ^ 1])
+        with pytest.raises(DigestMismatchError):
+            manager.verify(tampered, 3)
+
+
+def test_hmac_digest_depends_on_password() -> None:
+    entry = DigestManager(1, DigestType.HMAC_SHA1, b"a").encode(0, -1, 1, b"x")
+    with pytest.raises(DigestMismatchError):
+        DigestManager(1, DigestType.HMAC_SHA1, b"b").verify(entry, 0)
+
+
+def test_master_key_is_bookkeepers_sha1_of_ledger_and_password() -> None:
+    import hashlib
+    assert master_key(b"pw") == hashlib.sha1(b"ledgerpw").digest()
+    assert len(master_key(b"")) == 20
