@@ -240,3 +240,12 @@ class QueueFullError(ClientError):
 
 class BookieUnavailableError(ClientError):
     """The connection to a bookie failed or was closed."""
+
+
+class EnsembleChangeRefusedError(ClientError):
+    """A bookie of the ledger failed and the ledger may not replace it
+    (ensemble changes are disabled for VD_JOURNAL ledgers, BP-14)."""
+
+
+class ClientClosedError(ClientError):
+    """The client (or the handle) was closed while the operation was pending."""

@@ -1,0 +1,45 @@
+"""The bookie's settings (one frozen dataclass; every field is also a CLI flag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
+    bookie_id: str = ""
+    """Stable identity kept in the cookie; empty = ``host:port`` (port must be set)."""
+    host: str = "127.0.0.1"
+    port: int = 3181
+    """Listening port; 0 picks a free one (the registry records the real one)."""
+    metrics_port: int = -1
+    """HTTP port of ``/metrics``; 0 picks a free one, -1 disables it."""
+    journal_dirs: tuple[Path, ...] = (Path("quire-bookie/data"),)
+    ledger_dirs: tuple[Path, ...] = (Path("quire-bookie/data"),)
+    journal_max_group_wait_ms: float = 0.0
+    """Extra time an fsync waits to gather more adds (0: group only what
+    arrives while the previous fsync runs, BookKeeper's natural batching)."""
+    journal_max_group_bytes: int = 4 * 1024 * 1024
+    journal_file_size_bytes: int = 64 * 1024 * 1024
+    write_cache_max_bytes: int = 64 * 1024 * 1024
+    read_cache_max_bytes: int = 32 * 1024 * 1024
+    flush_interval_ms: int = 1000
+    """Checkpoint period: write cache to entry logs, index commit, journal mark."""
+    gc_interval_ms: int = 60_000
+    """How often deleted ledgers are dropped and dead entry logs removed."""
+    disk_check_interval_ms: int = 5_000
+    disk_usage_threshold: float = 0.95
+    """Above this used fraction of a ledger dir's disk the bookie turns read-only."""
+    disk_usage_lwm_threshold: float = 0.90
+    """Below this it turns writable again."""
+    max_frame_bytes: int = 5 * 1024 * 1024
+    max_connection_pending_bytes: int = 16 * 1024 * 1024
+    """Per-connection back-pressure: stop reading a socket while more than
+    this many response bytes wait to be written or acknowledged."""
+    batch_read_enabled: bool = True
+    batch_read_max_size_bytes: int = 4 * 1024 * 1024
+    registration_lease_ms: int = 3000
+    power_loss_tracking: bool = False
+    """Test seam: record fsynced lengths so power loss can be emulated."""

@@ -1,0 +1,115 @@
+"""Group commit: many journal appends, one fsync, on one dedicated thread.
+
+Adds append to the journal's buffer on the event-loop thread and register a
+callback for their journal sequence number.  At most one fsync runs at a
+time, in the ``quire-fsync`` thread; every add that arrives while it runs
+joins the next one.  Under load that gives BookKeeper's natural batching with
+no timer; ``max_group_wait_ms`` adds an optional wait to gather more.
+
+A failed fsync leaves durability unknown: the waiting callbacks get the
+exception (the server answers IO_ERROR and turns read-only), never an OK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+
+class SyncableJournal(Protocol):
+    """What group commit needs of the journal (see the storage engine)."""
+
+    def sync(self) -> int:
+        """Write and fsync everything appended so far; return the highest
+        sequence number now durable.  Called on one thread only."""
+        ...
+
+
+DurableCallback = Callable[[BaseException | None], None]
+SyncObserver = Callable[[float, int], None]
+"""Called after each fsync with (seconds taken, callbacks released)."""
+
+
+class GroupCommitter:
+    def __init__(self, journal: SyncableJournal, *, max_group_wait_ms: float = 0.0,
+                 on_sync: SyncObserver | None = None) -> None:
+        self._journal = journal
+        self._wait_s = max_group_wait_ms / 1000.0
+        self._on_sync = on_sync
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="quire-fsync")
+        self._waiters: deque[tuple[int, DurableCallback]] = deque()
+        self._durable_seq = -1
+        self._syncing = False
+        self._closed = False
+        self.fsync_count = 0
+
+    @property
+    def durable_seq(self) -> int:
+        return self._durable_seq
+
+    def after_durable(self, seq: int, callback: DurableCallback) -> None:
+        """Call ``callback(None)`` once journal ``seq`` is fsynced (at once if
+        it already is), or ``callback(error)`` if the fsync fails."""
+        if seq <= self._durable_seq:
+            callback(None)
+            return
+        self._waiters.append((seq, callback))
+        self._kick()
+
+    async def wait_durable(self, seq: int) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(error: BaseException | None) -> None:
+            if not future.done():
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+
+        self.after_durable(seq, done)
+        await future
+
+    def _kick(self) -> None:
+        if self._syncing or not self._waiters or self._closed:
+            return
+        self._syncing = True
+        loop = asyncio.get_running_loop()
+        if self._wait_s > 0:
+            loop.call_later(self._wait_s, self._start_sync)
+        else:
+            # call_soon: adds decoded in this loop iteration still join.
+            loop.call_soon(self._start_sync)
+
+    def _start_sync(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        future = loop.run_in_executor(self._executor, self._journal.sync)
+        future.add_done_callback(lambda f: self._on_synced(f, started))
+
+    def _on_synced(self, future: asyncio.Future[int], started: float) -> None:
+        self._syncing = False
+        error = future.exception()
+        released = 0
+        if error is not None:
+            waiters, self._waiters = self._waiters, deque()
+            for _seq, callback in waiters:
+                callback(error)
+            return
+        self.fsync_count += 1
+        durable = future.result()
+        self._durable_seq = max(self._durable_seq, durable)
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= durable:
+            waiters.popleft()[1](None)
+            released += 1
+        if self._on_sync is not None:
+            self._on_sync(time.perf_counter() - started, released)
+        self._kick()
+
+    def close(self) -> None:
+        self._closed = True
+        self._executor.shutdown(wait=True)

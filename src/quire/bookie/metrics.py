@@ -1,0 +1,67 @@
+"""Bookie metrics in Prometheus format, served at ``/metrics``.
+
+Per-operation names follow one scheme: ``quire_bookie_<op>_request`` is a
+histogram of request latency in milliseconds (its ``_count`` is the request
+count), labelled by answer status.  BP-62's two batch-read histograms use
+exactly the buckets the BP lists.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from quire.protocol import OpCode
+
+LATENCY_BUCKETS_MS = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 3000)
+# BP-62: [0-5], [5-10], [10-20], [20-50], [50-100], [100-200], [200-500],
+# [500-1000], [1000-3000], [>3000] milliseconds.
+BATCH_READ_LATENCY_BUCKETS_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 3000)
+# BP-62: [0-128], [128-512], [512-1k], [1k-2k], [2k-4k], [4k-16k], [16k-128k],
+# [128k-1MB], [>1MB] bytes.
+BATCH_READ_SIZE_BUCKETS_BYTES = (128, 512, 1024, 2048, 4096, 16384, 131072, 1048576)
+
+
+class BookieMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests: dict[int, Histogram] = {}
+        for op in OpCode:
+            buckets = (BATCH_READ_LATENCY_BUCKETS_MS if op is OpCode.BATCH_READ_ENTRY
+                       else LATENCY_BUCKETS_MS)
+            self.requests[op] = Histogram(
+                f"quire_bookie_{op.name.lower()}_request",
+                f"{op.name} request latency in milliseconds, by answer status",
+                ["status"], buckets=buckets, registry=r)
+        self.batch_read_response_size = Histogram(
+            "quire_bookie_batch_read_entry_response_size",
+            "BATCH_READ_ENTRY response size in bytes",
+            buckets=BATCH_READ_SIZE_BUCKETS_BYTES, registry=r)
+        self.unsupported_requests = Counter(
+            "quire_bookie_unsupported_requests", "Requests for unknown operations", registry=r)
+        self.malformed_frames = Counter(
+            "quire_bookie_malformed_frames", "Connections closed for malformed input",
+            registry=r)
+        self.journal_fsync = Histogram(
+            "quire_bookie_journal_fsync_latency", "Journal fsync latency in milliseconds",
+            buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.journal_group_size = Histogram(
+            "quire_bookie_journal_group_size", "Journal records made durable per fsync",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.entries_written = Counter(
+            "quire_bookie_entries_written", "Entries added", registry=r)
+        self.bytes_written = Counter(
+            "quire_bookie_bytes_written", "Entry bytes added", registry=r)
+        self.read_cache_hits = Gauge(
+            "quire_bookie_read_cache_hits", "Reads served from the read cache", registry=r)
+        self.read_cache_misses = Gauge(
+            "quire_bookie_read_cache_misses", "Reads that went to the entry logs", registry=r)
+        self.connections = Gauge(
+            "quire_bookie_connections", "Open client connections", registry=r)
+        self.read_only = Gauge(
+            "quire_bookie_read_only", "1 while the bookie is read-only", registry=r)
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint; return its port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)

@@ -1,0 +1,605 @@
+"""The bookie server: one process, one event loop, one storage engine.
+
+I/O is an ``asyncio.Protocol`` per connection (no streams on this path)
+over the sans-IO :class:`~quire.protocol.Decoder`.  Requests are handled on
+the loop thread against the synchronous :class:`BookieStorage` (adds land in
+its write cache and journal buffer); acknowledgements wait for
+:class:`GroupCommitter` (PD adds, recovery adds, fences) or only for the
+journal's page-cache write (BP-14 volatile adds).  Checkpoints, GC and the
+journal fsync run on their own threads.
+
+Failure containment: a malformed frame closes that connection only; an
+unexpected exception while handling a request answers IO_ERROR to that
+request only; a failed fsync answers IO_ERROR to the adds it covered and
+turns the bookie read-only (their durability is unknown, never "OK").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+from quire.bookie.config import BookieConfig
+from quire.bookie.cookie import validate_or_create_cookie
+from quire.bookie.group_commit import GroupCommitter
+from quire.bookie.metrics import BookieMetrics
+from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.errors import (
+    BookieError,
+    MetadataError,
+    MetadataNotFoundError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ProtocolError,
+    QuireError,
+    StatusCode,
+)
+from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.protocol import (
+    LAST_ENTRY_ID,
+    AddRequest,
+    AddResponse,
+    BatchReadRequest,
+    BatchReadResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    Decoder,
+    ErrorResponse,
+    OpCode,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    SyncRequest,
+    UnknownRequest,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from quire.types import BookieState
+
+log = logging.getLogger("quire.bookie")
+
+_LAC_FIELD = struct.Struct(">q")
+_LAC_OFFSET = 16  # stored entry: ledger_id, entry_id, lac, ...
+_BATCH_OVERHEAD_BYTES = 64
+
+
+def _status_of(error: BaseException) -> StatusCode:
+    if isinstance(error, BookieError) and error.status is not None:
+        return error.status
+    return StatusCode.IO_ERROR
+
+
+def _entry_lac(entry: bytes) -> int:
+    return int(_LAC_FIELD.unpack_from(entry, _LAC_OFFSET)[0]) if len(entry) >= 24 else -1
+
+
+class BookieConnection(asyncio.Protocol):
+    """One client connection: decode, dispatch, write answers, back-pressure."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self.server = server
+        self.decoder = Decoder("requests", server.config.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.pending_bytes = 0
+        """Bytes of requests accepted but not yet answered."""
+        self.volatile_acks: list[bytes] = []
+        self._reading_paused = False
+        self._writing_paused = False
+        self.peer = "?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.peer = str(transport.get_extra_info("peername"))
+        self.server.connections.add(self)
+        self.server.metrics.connections.inc()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.server.metrics.connections.dec()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.decoder.feed(data)
+            for message in self.decoder:
+                self.server.handle(self, message)  # type: ignore[arg-type]
+        except ProtocolError as e:
+            log.warning("closing connection from %s: malformed frame: %s", self.peer, e)
+            self.server.metrics.malformed_frames.inc()
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if self.volatile_acks:
+            self.server.release_volatile_acks(self)
+        self._update_flow()
+
+    def send(self, frame: bytes, request_bytes: int = 0) -> None:
+        self.pending_bytes -= request_bytes
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame)
+        if request_bytes:
+            self._update_flow()
+
+    def hold(self, request_bytes: int) -> None:
+        self.pending_bytes += request_bytes
+
+    def _update_flow(self) -> None:
+        if self.transport is None:
+            return
+        limit = self.server.config.max_connection_pending_bytes
+        should_pause = self._writing_paused or self.pending_bytes > limit
+        if should_pause and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        elif not should_pause and self._reading_paused and self.pending_bytes <= limit // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_flow()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_flow()
+
+
+class BookieServer:
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
+        self.metrics = BookieMetrics()
+        self.connections: set[BookieConnection] = set()
+        self.read_only = False
+        self.address = ""
+        self.metrics_address: str | None = None
+        self._lac: dict[int, int] = {}
+        self._store: MetadataStore | None = None
+        self._storage: BookieStorage | None = None
+        self._committer: GroupCommitter | None = None
+        self._listener: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._checkpointing: asyncio.Task[object] | None = None
+        self._stopped = asyncio.Event()
+        self._handlers: dict[type, Callable[[BookieConnection, Request], None]] = {
+            AddRequest: self._add,  # type: ignore[dict-item]
+            ReadRequest: self._read,  # type: ignore[dict-item]
+            ReadLacRequest: self._read_lac,  # type: ignore[dict-item]
+            WriteLacRequest: self._write_lac,  # type: ignore[dict-item]
+            BookieInfoRequest: self._bookie_info,  # type: ignore[dict-item]
+            BatchReadRequest: self._batch_read,  # type: ignore[dict-item]
+            SyncRequest: self._unsupported,
+            UnknownRequest: self._unsupported,
+        }
+
+    @property
+    def storage(self) -> BookieStorage:
+        assert self._storage is not None, "bookie not started"
+        return self._storage
+
+    @property
+    def committer(self) -> GroupCommitter:
+        assert self._committer is not None, "bookie not started"
+        return self._committer
+
+    # --- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        if not cfg.bookie_id and cfg.port == 0:
+            raise QuireError("set bookie_id when port is 0 (the id must be stable)")
+        for d in (*cfg.journal_dirs, *cfg.ledger_dirs):
+            Path(d).mkdir(parents=True, exist_ok=True)
+        self._store = await open_store(cfg.metadata_uri,
+                                       lease_ms=cfg.registration_lease_ms)
+        await validate_or_create_cookie(self._store, self.bookie_id, cfg.journal_dirs,
+                                        cfg.ledger_dirs)
+        storage_config = StorageConfig(
+            journal_dirs=cfg.journal_dirs, ledger_dirs=cfg.ledger_dirs,
+            journal_file_size_bytes=cfg.journal_file_size_bytes,
+            journal_max_group_bytes=cfg.journal_max_group_bytes,
+            write_cache_max_bytes=cfg.write_cache_max_bytes,
+            read_cache_max_bytes=cfg.read_cache_max_bytes,
+            power_loss_tracking=cfg.power_loss_tracking)
+        self._storage = await asyncio.to_thread(BookieStorage.open, storage_config)
+        self._committer = GroupCommitter(self._storage.journal,
+                                         max_group_wait_ms=cfg.journal_max_group_wait_ms,
+                                         on_sync=self._observe_fsync)
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            lambda: BookieConnection(self), cfg.host, cfg.port, reuse_address=True)
+        port = self._listener.sockets[0].getsockname()[1]
+        self.address = f"{cfg.host}:{port}"
+        if cfg.metrics_port >= 0:
+            metrics_port = self.metrics.serve(cfg.host, cfg.metrics_port)
+            self.metrics_address = f"{cfg.host}:{metrics_port}"
+        self._update_disk_state()
+        await self._register()
+        self._tasks = [
+            asyncio.create_task(self._every(cfg.flush_interval_ms, self.checkpoint)),
+            asyncio.create_task(self._every(cfg.gc_interval_ms, self.collect_garbage)),
+            asyncio.create_task(self._every(cfg.disk_check_interval_ms, self._check_disk)),
+        ]
+        log.info("bookie %s serving on %s", self.bookie_id, self.address)
+
+    async def _register(self) -> None:
+        assert self._store is not None
+        state = BookieState.READ_ONLY if self.read_only else BookieState.WRITABLE
+        await self._store.register_bookie(
+            BookieInfo(self.bookie_id, self.address, state, self.metrics_address))
+
+    async def stop(self) -> None:
+        """Clean shutdown: stop accepting, flush, checkpoint, unregister."""
+        if self._listener is None:
+            return
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._listener.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self._listener.wait_closed()
+        self._listener = None
+        if self._storage is not None:
+            await self.committer.wait_durable(self.storage.journal.append_seq)
+            self.committer.close()
+            await asyncio.to_thread(self._storage.close)
+        if self._store is not None:
+            with contextlib.suppress(MetadataError):
+                await self._store.unregister_bookie(self.bookie_id)
+            await self._store.close()
+        self._stopped.set()
+        log.info("bookie %s stopped cleanly", self.bookie_id)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def _every(self, interval_ms: int, action: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000.0)
+            try:
+                result = action()
+                if asyncio.iscoroutine(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("periodic task %s failed", getattr(action, "__name__", action))
+
+    async def checkpoint(self) -> None:
+        """Write cache to entry logs, index commit, journal mark (one at a time)."""
+        if self._checkpointing is not None:
+            await self._checkpointing
+            return
+        task: asyncio.Task[object] = asyncio.ensure_future(
+            asyncio.to_thread(self.storage.checkpoint))
+        self._checkpointing = task
+        try:
+            await task
+        finally:
+            self._checkpointing = None
+
+    async def collect_garbage(self) -> None:
+        """Drop ledgers whose metadata is definitely gone; remove dead entry logs.
+
+        A ledger is deleted only after a direct read of its metadata says it
+        does not exist: a listing miss or any error keeps it.
+        """
+        assert self._store is not None
+        listed = set(await self._store.list_ledgers())
+        for ledger_id in self.storage.list_ledgers():
+            if ledger_id in listed:
+                continue
+            try:
+                await self._store.read_ledger(ledger_id)
+            except MetadataNotFoundError:
+                log.info("ledger %d deleted from metadata; dropping it", ledger_id)
+                self.storage.delete_ledger(ledger_id)
+                self._lac.pop(ledger_id, None)
+            except MetadataError as e:
+                log.warning("gc: cannot tell whether ledger %d exists: %s", ledger_id, e)
+        await asyncio.to_thread(self.storage.gc_entry_logs)
+
+    def _update_disk_state(self) -> bool:
+        free, total = self.storage.disk_usage()
+        used = 1.0 - (free / total) if total else 0.0
+        was = self.read_only
+        if not self.read_only and used > self.config.disk_usage_threshold:
+            log.warning("ledger disk %.1f%% used: turning read-only", used * 100)
+            self.read_only = True
+        elif self.read_only and used < self.config.disk_usage_lwm_threshold:
+            log.info("ledger disk %.1f%% used: writable again", used * 100)
+            self.read_only = False
+        self.metrics.read_only.set(1 if self.read_only else 0)
+        return was != self.read_only
+
+    async def _check_disk(self) -> None:
+        if self._update_disk_state():
+            await self._register()
+        if self.storage.checkpoint_due:
+            await self.checkpoint()
+
+    def _observe_fsync(self, seconds: float, released: int) -> None:
+        self.metrics.journal_fsync.observe(seconds * 1000.0)
+        self.metrics.journal_group_size.observe(released)
+
+    # --- request handling (loop thread) -------------------------------------
+
+    def handle(self, conn: BookieConnection, request: Request) -> None:
+        handler = self._handlers.get(type(request))
+        if handler is None:  # pragma: no cover - every decoded type is mapped
+            handler = self._unsupported
+        try:
+            handler(conn, request)
+        except Exception as e:  # contain bugs to one request
+            log.exception("error handling %s from %s", type(request).__name__, conn.peer)
+            rid = getattr(request, "request_id", None)
+            op = request.op_code if isinstance(request, UnknownRequest) else int(request.op)
+            if rid is not None:
+                conn.send(ErrorResponse(op, rid, _status_of(e)).encode())
+
+    def _observe(self, op: OpCode, started: float, status: StatusCode) -> None:
+        self.metrics.requests[op].labels(status.name).observe(
+            (time.perf_counter() - started) * 1000.0)
+
+    def _add(self, conn: BookieConnection, req: AddRequest) -> None:
+        started = time.perf_counter()
+
+        def answer(status: StatusCode, held: int = 0) -> None:
+            conn.send(AddResponse(req.request_id, status, req.ledger_id, req.entry_id).encode(),
+                      held)
+            self._observe(OpCode.ADD_ENTRY, started, status)
+
+        if self.read_only and not req.is_recovery:
+            answer(StatusCode.READ_ONLY)
+            return
+        try:
+            seq = self.storage.add_entry(req.ledger_id, req.entry_id, req.entry,
+                                         req.master_key, recovery=req.is_recovery)
+        except QuireError as e:
+            answer(_status_of(e))
+            return
+        size = len(req.entry)
+        self.metrics.entries_written.inc()
+        self.metrics.bytes_written.inc(size)
+        lac = _entry_lac(req.entry)
+        if lac > self._lac.get(req.ledger_id, -1):
+            self._lac[req.ledger_id] = lac
+        if req.is_volatile and not req.is_recovery:
+            # BP-14 VD: acknowledged once in the journal file (page cache);
+            # released after this read's batch is written (release_volatile_acks).
+            conn.volatile_acks.append(AddResponse(
+                req.request_id, StatusCode.OK, req.ledger_id, req.entry_id).encode())
+            self._observe(OpCode.ADD_ENTRY, started, StatusCode.OK)
+            return
+        conn.hold(size)
+
+        def durable(error: BaseException | None) -> None:
+            if error is not None:
+                self._on_journal_failure(error)
+                answer(StatusCode.IO_ERROR, size)
+            else:
+                answer(StatusCode.OK, size)
+
+        self.committer.after_durable(seq, durable)
+
+    def release_volatile_acks(self, conn: BookieConnection) -> None:
+        acks, conn.volatile_acks = conn.volatile_acks, []
+        try:
+            self.storage.journal.write_buffered()
+        except OSError as e:
+            self._on_journal_failure(e)
+            return  # no ack: durability unknown; the client times out and retries
+        for frame in acks:
+            conn.send(frame)
+
+    def _on_journal_failure(self, error: BaseException) -> None:
+        if not self.read_only:
+            log.error("journal write failed (%s): turning read-only", error)
+            self.read_only = True
+            self.metrics.read_only.set(1)
+            asyncio.get_running_loop().create_task(self._register())
+
+    def _read(self, conn: BookieConnection, req: ReadRequest) -> None:
+        started = time.perf_counter()
+
+        def answer(status: StatusCode, entry: bytes | None = None) -> None:
+            conn.send(ReadResponse(req.request_id, status, req.ledger_id, req.entry_id,
+                                   entry).encode())
+            self._observe(OpCode.READ_ENTRY, started, status)
+
+        def read_now() -> None:
+            try:
+                entry = self.storage.read_entry(req.ledger_id, req.entry_id)
+            except QuireError as e:
+                answer(_status_of(e))
+                return
+            answer(StatusCode.OK, entry)
+
+        if req.is_fencing:
+            self._fence_then(req.ledger_id, req.master_key, read_now, answer)
+        else:
+            read_now()
+
+    def _fence_then(self, ledger_id: int, key: bytes | None, then: Callable[[], None],
+                    fail: Callable[[StatusCode], None]) -> None:
+        """Fence (creating the ledger if unknown), wait until the fence is
+        durable, then continue.  A fencing read never answers NO_SUCH_LEDGER."""
+        assert key is not None
+        try:
+            seq = self.storage.fence(ledger_id, key)
+        except QuireError as e:
+            fail(_status_of(e))
+            return
+
+        def durable(error: BaseException | None) -> None:
+            if error is not None:
+                self._on_journal_failure(error)
+                fail(StatusCode.IO_ERROR)
+            else:
+                then()
+
+        self.committer.after_durable(seq, durable)
+
+    def _read_lac(self, conn: BookieConnection, req: ReadLacRequest) -> None:
+        started = time.perf_counter()
+        status, lac = StatusCode.OK, -1
+        try:
+            lac = max(self._known_lac(req.ledger_id),
+                      self.storage.get_explicit_lac(req.ledger_id))
+        except QuireError as e:
+            status = _status_of(e)
+        conn.send(ReadLacResponse(req.request_id, status, req.ledger_id, lac).encode())
+        self._observe(OpCode.READ_LAC, started, status)
+
+    def _known_lac(self, ledger_id: int) -> int:
+        """The highest LAC piggy-backed on this ledger's adds (rebuilt from the
+        last stored entry after a restart)."""
+        known = self._lac.get(ledger_id)
+        if known is None:
+            try:
+                known = _entry_lac(self.storage.read_entry(ledger_id, LAST_ENTRY_ID))
+            except NoSuchEntryError:
+                known = -1
+            self._lac[ledger_id] = known
+        return known
+
+    def _write_lac(self, conn: BookieConnection, req: WriteLacRequest) -> None:
+        started = time.perf_counter()
+        status = StatusCode.OK
+        try:
+            stored_key = self.storage.get_master_key(req.ledger_id)
+            if stored_key is None:
+                raise NoSuchLedgerError(f"ledger {req.ledger_id}")
+            if stored_key != req.master_key:
+                status = StatusCode.UNAUTHORIZED
+            else:
+                self.storage.set_explicit_lac(req.ledger_id, req.lac)
+        except QuireError as e:
+            status = _status_of(e)
+        conn.send(WriteLacResponse(req.request_id, status, req.ledger_id).encode())
+        self._observe(OpCode.WRITE_LAC, started, status)
+
+    def _bookie_info(self, conn: BookieConnection, req: BookieInfoRequest) -> None:
+        started = time.perf_counter()
+        free, total = self.storage.disk_usage()
+        conn.send(BookieInfoResponse(req.request_id, StatusCode.OK, free, total).encode())
+        self._observe(OpCode.GET_BOOKIE_INFO, started, StatusCode.OK)
+
+    def _batch_read(self, conn: BookieConnection, req: BatchReadRequest) -> None:
+        if not self.config.batch_read_enabled:
+            self._unsupported(conn, req)
+            return
+        started = time.perf_counter()
+
+        def answer(status: StatusCode, entries: list[bytes] | None = None) -> None:
+            frame = BatchReadResponse(req.request_id, status, req.ledger_id,
+                                      req.start_entry_id, entries or []).encode()
+            conn.send(frame)
+            self._observe(OpCode.BATCH_READ_ENTRY, started, status)
+            self.metrics.batch_read_response_size.observe(len(frame))
+
+        def read_now() -> None:
+            status, entries = self.read_batch(req.ledger_id, req.start_entry_id,
+                                              req.max_count, req.max_size)
+            answer(status, entries)
+
+        if req.start_entry_id < 0:
+            answer(StatusCode.BAD_REQUEST)
+        elif req.is_fencing:
+            self._fence_then(req.ledger_id, req.master_key, read_now, answer)
+        else:
+            read_now()
+
+    def read_batch(self, ledger_id: int, start: int, max_count: int,
+                   max_size: int) -> tuple[StatusCode, list[bytes]]:
+        """BP-62 loose limits: entries from ``start`` in order until max
+        count, max size (clamped to the frame limit), a missing entry or an
+        error.  The first entry is always returned, whatever its size; an
+        error on the first entry is the answer's status."""
+        limit = min(self.config.batch_read_max_size_bytes,
+                    self.config.max_frame_bytes - _BATCH_OVERHEAD_BYTES)
+        max_size = limit if max_size <= 0 else min(max_size, limit)
+        entries: list[bytes] = []
+        size = 0
+        entry_id = start
+        while max_count <= 0 or len(entries) < max_count:
+            try:
+                entry = self.storage.read_entry(ledger_id, entry_id)
+            except (NoSuchEntryError, NoSuchLedgerError) as e:
+                if not entries:
+                    return _status_of(e), []
+                break
+            except QuireError as e:
+                if not entries:
+                    return _status_of(e), []
+                break
+            if entries and size + 4 + len(entry) > max_size:
+                break
+            entries.append(entry)
+            size += 4 + len(entry)
+            entry_id += 1
+        return StatusCode.OK, entries
+
+    def _unsupported(self, conn: BookieConnection, req: Request) -> None:
+        request_id = getattr(req, "request_id", None)
+        op = req.op_code if isinstance(req, UnknownRequest) else int(req.op)
+        self.metrics.unsupported_requests.inc()
+        if request_id is None:
+            log.warning("closing connection from %s: unknown op %d without a request id",
+                        conn.peer, op)
+            if conn.transport is not None:
+                conn.transport.abort()
+            return
+        conn.send(ErrorResponse(op, request_id, StatusCode.UNSUPPORTED).encode())
+
+    def update_read_cache_metrics(self) -> None:
+        stats = getattr(self.storage, "stats", None)
+        if stats is not None:
+            self.metrics.read_cache_hits.set(getattr(stats, "read_cache_hits", 0))
+            self.metrics.read_cache_misses.set(getattr(stats, "read_cache_misses", 0))
+
+
+async def serve(config: BookieConfig) -> None:
+    """Run one bookie until SIGTERM or SIGINT, then shut down cleanly.
+
+    Prints one JSON line ``{"event": "ready", ...}`` on stdout once it serves.
+    """
+    server = BookieServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def request_stop() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(server.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop)
+    print(json.dumps({"event": "ready", "bookie_id": server.bookie_id,
+                      "address": server.address, "metrics": server.metrics_address,
+                      "read_only": server.read_only}), flush=True)
+    await server.wait_stopped()
+
+
+def run(config: BookieConfig) -> None:
+    """Blocking entry point used by ``quire bookie start``."""
+    import uvloop
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(config))
+

@@ -1,0 +1,30 @@
+"""The bookie storage engine: journal, write cache, entry logs, LMDB index.
+
+Synchronous (no asyncio, no network); see
+:mod:`quire.bookie.storage.bookie_storage` for the design and the threading
+contract, and the ``journal``, ``entry_log``, ``index`` and ``state``
+modules for the on-disk byte layouts.
+"""
+
+from quire.bookie.storage.bookie_storage import (
+    LAST_ENTRY,
+    BookieStorage,
+    CheckpointStats,
+    StorageStats,
+)
+from quire.bookie.storage.config import StorageConfig
+from quire.bookie.storage.journal import Journal, JournalCounters, JournalMark, SyncStats
+from quire.bookie.storage.state import LedgerState
+
+__all__ = [
+    "LAST_ENTRY",
+    "BookieStorage",
+    "CheckpointStats",
+    "Journal",
+    "JournalCounters",
+    "JournalMark",
+    "LedgerState",
+    "StorageConfig",
+    "StorageStats",
+    "SyncStats",
+]

@@ -1,0 +1,617 @@
+"""The bookie storage engine facade (BookKeeper's journal + ledger storage).
+
+Write path: :meth:`BookieStorage.add_entry` checks the ledger's master key
+and fence, puts the entry in the in-memory **write cache** and appends an
+ADD_ENTRY record to the **journal** buffer; it returns the record's journal
+seq and does no syscall.  The server acknowledges once
+``journal.sync()`` (PD) or ``journal.write_buffered()`` (BP-14 VD) has
+returned a seq at least that high.  State changes (master key, fence,
+explicit LAC, generic state, deletion) are journaled the same way, so they
+are durable once a sync covers their seq.
+
+:meth:`BookieStorage.checkpoint` swaps the write cache for a fresh one,
+writes the old one sorted by ``(ledger, entry)`` to the current entry log,
+fsyncs it, commits index + ledger states + journal replay mark in one LMDB
+transaction, then removes the journal files wholly before the mark.  At
+:meth:`BookieStorage.open` the journal is replayed from the mark, rebuilding
+the write cache and the ledger states.
+
+Read path: write cache, then the cache being checkpointed, then the read
+cache, then index + entry log (``pread``).
+
+Threading contract
+------------------
+Built for one event-loop thread plus two background threads:
+
+* the **loop thread** calls ``add_entry``, ``read_entry``, ``fence``, the
+  state getters/setters, ``delete_ledger``, ``list_ledgers``,
+  ``checkpoint_due``, ``disk_usage`` and ``journal.append*`` /
+  ``journal.write_buffered``; none of them fsyncs or waits for one (the
+  only blocking I/O is the ``pread`` of a read that misses every cache, and
+  an LMDB read transaction);
+* one thread runs ``checkpoint()`` (also ``gc_entry_logs()`` and
+  ``close()``; these three are serialised by a checkpoint lock);
+* one thread runs ``journal.sync()``.
+
+Every public method is nevertheless thread-safe.  One engine lock guards the
+in-memory maps (write caches, ledger states) and is held only for
+dictionary work: the checkpoint holds it to swap the cache and capture the
+journal mark (so the mark covers exactly the swapped entries and states),
+never during its I/O.  Lock order: checkpoint lock -> engine lock ->
+journal locks.  ``abandon()`` (test seam) must not race with anything.
+
+Deletion
+--------
+``delete_ledger`` stops serving the ledger at once and journals a
+DELETE_LEDGER record (durable once synced, like any state change); the next
+checkpoint removes its index rows and state in its transaction.
+``gc_entry_logs`` (which first checkpoints pending deletions) then removes
+the entry logs all of whose ledgers are gone.  Compaction of partly live
+logs is out of scope.  Ledger ids are assumed not to be reused: re-creating
+a deleted id before the deletion is checkpointed may expose old entries.
+
+Ledger and entry ids must be in ``[0, 2**63)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from quire.bookie.storage.config import StorageConfig
+from quire.bookie.storage.files import lock_directory
+from quire.bookie.storage.journal import (
+    REC_ADD_ENTRY,
+    REC_DELETE_LEDGER,
+    REC_EXPLICIT_LAC,
+    REC_FENCE,
+    REC_LEDGER_STATE,
+    REC_SET_MASTER_KEY,
+    Journal,
+    JournalMark,
+    JournalRecord,
+    decode_add_entry,
+    decode_explicit_lac,
+    decode_ledger_id,
+    encode_delete_ledger,
+    encode_explicit_lac,
+    encode_fence,
+    encode_ledger_state,
+    encode_set_master_key,
+)
+from quire.bookie.storage.ledger_storage import EntryKey, LedgerStorage
+from quire.bookie.storage.state import LedgerState
+from quire.errors import (
+    BadRequestError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StorageError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+from quire.testing.power_loss import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
+
+log = logging.getLogger(__name__)
+
+LAST_ENTRY = -1
+"""``read_entry`` entry id meaning "the last entry stored"."""
+MAX_ID = (1 << 63) - 1
+_UPDATABLE_FIELDS = frozenset({"fenced", "explicit_lac", "limbo", "sync_cursor"})
+
+
+class _Ledger:
+    """In-memory bookkeeping for one known ledger (engine lock held)."""
+
+    __slots__ = ("cache_epoch", "index_max", "max_added", "state")
+
+    def __init__(self, state: LedgerState) -> None:
+        self.state = state
+        self.max_added = -1
+        """Highest entry id added (or replayed) since open."""
+        self.index_max: int | None = None
+        """Highest indexed entry id at first need (lazy)."""
+        self.cache_epoch = -1
+        """Write-cache epoch of the latest add (to skip scans on delete)."""
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    entries: int
+    bytes: int
+    ledger_states: int
+    deleted_ledgers: int
+    journal_files_removed: int
+    duration_s: float
+    mark: JournalMark
+
+
+@dataclass(frozen=True)
+class StorageStats:
+    ledgers: int
+    write_cache_entries: int
+    write_cache_bytes: int
+    read_cache_entries: int
+    read_cache_bytes: int
+    read_cache_hits: int
+    read_cache_misses: int
+    checkpoints: int
+    checkpointed_entries: int
+    replayed_records: int
+    entry_logs: int
+
+
+class BookieStorage:
+    """See the module docstring.  Create with :meth:`open`."""
+
+    def __init__(self, config: StorageConfig, journal: Journal, store: LedgerStorage,
+                 lock_fds: list[int], states: dict[int, LedgerState],
+                 mark: JournalMark | None) -> None:
+        self.config = config
+        self.journal = journal
+        self._store = store
+        self._lock_fds = lock_fds
+        self._lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        self._ledgers: dict[int, _Ledger] = {lid: _Ledger(st) for lid, st in states.items()}
+        self._cache: dict[EntryKey, bytes] = {}
+        self._cache_bytes = 0
+        self._flushing: dict[EntryKey, bytes] = {}
+        self._epoch = 0
+        self._dirty: set[int] = set()
+        self._pending_deletes: set[int] = set()
+        self._committed_mark = mark
+        self._checkpoint_max_bytes = config.write_cache_max_bytes
+        ratio = config.write_cache_reject_ratio
+        self._reject_bytes = int(ratio * config.write_cache_max_bytes) if ratio else 0
+        self._closed = False
+        self._checkpoints = 0
+        self._checkpointed_entries = 0
+        self._replayed = 0
+        self._replay_skipped = 0
+        self.last_checkpoint: CheckpointStats | None = None
+
+    # --- lifecycle ----------------------------------------------------------
+
+    @classmethod
+    def open(cls, config: StorageConfig) -> BookieStorage:
+        """Create directories, open the index, replay the journal from the
+        checkpoint mark and start a new journal file."""
+        journal_dir = config.journal_dir
+        entry_log_dir = config.entry_log_dir
+        for d in (journal_dir, config.ledgers_dir, entry_log_dir, config.index_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        lock_fds: list[int] = []
+        trackers: list[SyncTracker] = []
+        store: LedgerStorage | None = None
+        try:
+            lock_fds.append(lock_directory(journal_dir))
+            lock_fds.append(lock_directory(config.ledgers_dir))
+            journal_tracker = entry_tracker = None
+            if config.power_loss_tracking:
+                journal_tracker = SyncTracker(journal_dir, KIND_JOURNAL)
+                trackers.append(journal_tracker)
+                entry_tracker = SyncTracker(entry_log_dir, KIND_ENTRY_LOG)
+                trackers.append(entry_tracker)
+            store = LedgerStorage(config, entry_tracker)
+            states = store.index.load_ledger_states()
+            mark = store.index.journal_mark()
+            journal = Journal.open(journal_dir, file_size_bytes=config.journal_file_size_bytes,
+                                   max_group_bytes=config.journal_max_group_bytes,
+                                   preallocate=config.journal_preallocate,
+                                   tracker=journal_tracker)
+            self = cls(config, journal, store, lock_fds, states, mark)
+            started = time.perf_counter()
+            for record in journal.replay(mark):
+                self._apply(record)
+            journal.start()
+            if mark is not None:
+                journal.remove_files_before(mark)
+            log.info("storage open: %d ledgers, replayed %d journal records (%d skipped) "
+                     "from %s in %.3fs", len(self._ledgers), self._replayed,
+                     self._replay_skipped, mark, time.perf_counter() - started)
+            return self
+        except BaseException:
+            if store is not None:
+                store.close()
+            for tracker in trackers:
+                tracker.close()
+            for fd in lock_fds:
+                os.close(fd)
+            raise
+
+    def close(self) -> None:
+        """Clean shutdown: checkpoint everything, sync and close the journal."""
+        with self._checkpoint_lock:
+            if self._closed:
+                return
+            try:
+                self._checkpoint_locked()
+            finally:
+                # Even if the checkpoint failed, sync the journal: it then
+                # still holds everything, for the next open to replay.
+                try:
+                    self.journal.close()
+                finally:
+                    with self._lock:
+                        self._closed = True
+                    self._release()
+
+    def abandon(self) -> None:
+        """Test seam: stop as ``kill -9`` would.  Nothing buffered in memory
+        (journal buffer, write cache) is written; files are closed, locks
+        released.  Must not race with any other call."""
+        with self._lock:
+            self._closed = True
+        self.journal.abandon()
+        self._release()
+
+    def _release(self) -> None:
+        try:
+            self._store.close()
+        finally:
+            for fd in self._lock_fds:
+                os.close(fd)
+            self._lock_fds = []
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- replay -------------------------------------------------------------
+
+    def _apply(self, record: JournalRecord) -> None:
+        """Apply one replayed journal record (open, single-threaded)."""
+        rtype, body = record.rtype, record.body
+        self._replayed += 1
+        if rtype == REC_ADD_ENTRY:
+            ledger_id, entry_id, entry = decode_add_entry(body)
+            info = self._ledgers.get(ledger_id)
+            if info is None:
+                self._replay_skipped += 1  # its SET_MASTER_KEY predates a deletion
+                return
+            old = self._cache.get((ledger_id, entry_id))
+            self._cache[(ledger_id, entry_id)] = entry
+            self._cache_bytes += len(entry) - (0 if old is None else len(old))
+            info.cache_epoch = self._epoch
+            if entry_id > info.max_added:
+                info.max_added = entry_id
+            return
+        ledger_id = decode_ledger_id(body)
+        info = self._ledgers.get(ledger_id)
+        if rtype == REC_SET_MASTER_KEY:
+            if info is None:
+                self._ledgers[ledger_id] = _Ledger(LedgerState(bytes(body[8:])))
+        elif rtype == REC_LEDGER_STATE:
+            state = LedgerState.decode(body[8:])
+            if info is None:
+                self._ledgers[ledger_id] = _Ledger(state)
+            else:
+                info.state = state
+        elif rtype == REC_DELETE_LEDGER:
+            if info is not None:
+                self._delete_locked(ledger_id, info)
+            return
+        elif info is None:
+            self._replay_skipped += 1
+            return
+        elif rtype == REC_FENCE:
+            info.state = dataclasses.replace(info.state, fenced=True)
+        elif rtype == REC_EXPLICIT_LAC:
+            _lid, lac = decode_explicit_lac(body)
+            if lac > info.state.explicit_lac:
+                info.state = dataclasses.replace(info.state, explicit_lac=lac)
+        else:
+            raise StorageError(f"journal record type {rtype} at {record.end} is unknown "
+                               "(written by a newer version?)")
+        self._dirty.add(ledger_id)
+
+    # --- writes (loop thread) ---------------------------------------------------
+
+    def _create_locked(self, ledger_id: int, master_key: bytes) -> _Ledger:
+        key = bytes(master_key)
+        if len(key) > 255:
+            raise BadRequestError("master key longer than 255 bytes")
+        info = _Ledger(LedgerState(key))
+        self.journal.append(encode_set_master_key(ledger_id, key))
+        self._ledgers[ledger_id] = info
+        self._dirty.add(ledger_id)
+        return info
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("storage engine closed")
+
+    def add_entry(self, ledger_id: int, entry_id: int, entry: bytes | memoryview,
+                  master_key: bytes, *, recovery: bool = False) -> int:
+        """Store an entry; return its journal seq (ack once that is durable).
+
+        The first add (or fence) of an unknown ledger sets its master key; a
+        different key raises :class:`UnauthorizedError`.  A fenced ledger
+        refuses adds (:class:`LedgerFencedError`) unless ``recovery``.
+        """
+        if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
+            raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
+        if type(entry) is not bytes:
+            entry = bytes(entry)
+        size = len(entry)
+        with self._lock:
+            if self._closed:
+                raise StorageError("storage engine closed")
+            if self._reject_bytes and self._cache_bytes + size > self._reject_bytes:
+                raise TooManyRequestsError("write cache full: checkpoint behind")
+            info = self._ledgers.get(ledger_id)
+            if info is None:
+                info = self._create_locked(ledger_id, master_key)
+            else:
+                state = info.state
+                if state.master_key != master_key:
+                    raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+                if state.fenced and not recovery:
+                    raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+            seq = self.journal.append_add_entry(ledger_id, entry_id, entry)
+            cache = self._cache
+            key = (ledger_id, entry_id)
+            old = cache.get(key)
+            cache[key] = entry
+            self._cache_bytes += size if old is None else size - len(old)
+            info.cache_epoch = self._epoch
+            if entry_id > info.max_added:
+                info.max_added = entry_id
+            return seq
+
+    def fence(self, ledger_id: int, master_key: bytes) -> int:
+        """Fence the ledger (creating it with this key if unknown); return the
+        journal seq to wait for before answering."""
+        with self._lock:
+            self._check_open()
+            info = self._ledgers.get(ledger_id)
+            if info is None:
+                info = self._create_locked(ledger_id, master_key)
+            elif info.state.master_key != master_key:
+                raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+            if info.state.fenced:
+                return self.journal.append_seq
+            info.state = dataclasses.replace(info.state, fenced=True)
+            self._dirty.add(ledger_id)
+            return self.journal.append(encode_fence(ledger_id))
+
+    def set_explicit_lac(self, ledger_id: int, lac: int) -> int:
+        """Record an explicit LAC (kept only if higher); return a journal seq."""
+        with self._lock:
+            self._check_open()
+            info = self._known(ledger_id)
+            if lac <= info.state.explicit_lac:
+                return self.journal.append_seq
+            info.state = dataclasses.replace(info.state, explicit_lac=lac)
+            self._dirty.add(ledger_id)
+            return self.journal.append(encode_explicit_lac(ledger_id, lac))
+
+    def update_ledger_state(self, ledger_id: int, **fields: Any) -> int:
+        """Change any of ``fenced``, ``explicit_lac``, ``limbo``,
+        ``sync_cursor`` (journaled as one LEDGER_STATE record); return its seq."""
+        unknown = set(fields) - _UPDATABLE_FIELDS
+        if unknown:
+            raise ValueError(f"cannot update ledger state fields {sorted(unknown)}")
+        with self._lock:
+            self._check_open()
+            info = self._known(ledger_id)
+            state = dataclasses.replace(info.state, **fields)
+            if state == info.state:
+                return self.journal.append_seq
+            encoded = state.encode()
+            seq = self.journal.append(encode_ledger_state(ledger_id, encoded))
+            info.state = state
+            self._dirty.add(ledger_id)
+            return seq
+
+    def delete_ledger(self, ledger_id: int) -> int:
+        """Stop serving the ledger now; journal its deletion (return the seq);
+        the next checkpoint removes its index rows and state."""
+        with self._lock:
+            self._check_open()
+            info = self._ledgers.get(ledger_id)
+            if info is None:
+                return self.journal.append_seq
+            seq = self.journal.append(encode_delete_ledger(ledger_id))
+            self._delete_locked(ledger_id, info)
+        self._store.read_cache.discard_ledger(ledger_id)
+        return seq
+
+    def _delete_locked(self, ledger_id: int, info: _Ledger) -> None:
+        del self._ledgers[ledger_id]
+        self._dirty.discard(ledger_id)
+        self._pending_deletes.add(ledger_id)
+        if info.cache_epoch == self._epoch:
+            for key in [k for k in self._cache if k[0] == ledger_id]:
+                self._cache_bytes -= len(self._cache.pop(key))
+        elif info.cache_epoch == self._epoch - 1 and self._flushing:
+            # Never mutate the dict the checkpoint thread is writing out.
+            self._flushing = {k: v for k, v in self._flushing.items() if k[0] != ledger_id}
+
+    # --- reads ----------------------------------------------------------------
+
+    def _known(self, ledger_id: int) -> _Ledger:
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id}")
+        return info
+
+    def _last_entry_locked(self, ledger_id: int, info: _Ledger) -> int:
+        if info.index_max is None:
+            info.index_max = self._store.index.last_entry_id(ledger_id)
+        return max(info.max_added, info.index_max)
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The stored entry; ``entry_id == -1`` means the last one stored.
+
+        Raises :class:`NoSuchLedgerError` if the ledger is unknown (or
+        deleted), :class:`NoSuchEntryError` if the entry is not stored."""
+        with self._lock:
+            self._check_open()
+            info = self._ledgers.get(ledger_id)
+            if info is None:
+                raise NoSuchLedgerError(f"ledger {ledger_id}")
+            if entry_id < 0:
+                if entry_id != LAST_ENTRY:
+                    raise BadRequestError(f"bad entry id {entry_id}")
+                entry_id = self._last_entry_locked(ledger_id, info)
+                if entry_id < 0:
+                    raise NoSuchEntryError(f"ledger {ledger_id} has no entries")
+            key = (ledger_id, entry_id)
+            data = self._cache.get(key)
+            if data is None:
+                data = self._flushing.get(key)
+            if data is not None:
+                return data
+        data = self._store.read(ledger_id, entry_id)
+        if data is None:
+            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}")
+        return data
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """Highest entry id stored for the ledger (-1 if none)."""
+        with self._lock:
+            return self._last_entry_locked(ledger_id, self._known(ledger_id))
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        with self._lock:
+            return self._known(ledger_id).state.fenced
+
+    def get_master_key(self, ledger_id: int) -> bytes | None:
+        """The ledger's master key, or None if the ledger is unknown."""
+        info = self._ledgers.get(ledger_id)
+        return None if info is None else info.state.master_key
+
+    def get_explicit_lac(self, ledger_id: int) -> int:
+        with self._lock:
+            return self._known(ledger_id).state.explicit_lac
+
+    def get_ledger_state(self, ledger_id: int) -> LedgerState:
+        with self._lock:
+            return self._known(ledger_id).state
+
+    def list_ledgers(self) -> list[int]:
+        with self._lock:
+            return sorted(self._ledgers)
+
+    # --- checkpoint / gc (background thread) ------------------------------------
+
+    @property
+    def checkpoint_due(self) -> bool:
+        """True once the write cache holds ``write_cache_max_bytes`` or more."""
+        return self._cache_bytes >= self._checkpoint_max_bytes
+
+    @property
+    def write_cache_bytes(self) -> int:
+        return self._cache_bytes
+
+    def checkpoint(self) -> CheckpointStats:
+        """Flush the write cache to an entry log, commit index + states +
+        replay mark durably, then drop journal files before the mark."""
+        with self._checkpoint_lock:
+            self._check_open()
+            return self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> CheckpointStats:
+        started = time.perf_counter()
+        with self._lock:
+            mark = self.journal.mark()
+            snapshot = self._cache
+            self._flushing = snapshot
+            self._cache = {}
+            self._cache_bytes = 0
+            self._epoch += 1
+            states = {lid: self._ledgers[lid].state for lid in self._dirty}
+            self._dirty = set()
+            deletions = self._pending_deletes
+            self._pending_deletes = set()
+        if not snapshot and not states and not deletions and mark == self._committed_mark:
+            with self._lock:
+                self._flushing = {}
+            return CheckpointStats(0, 0, 0, 0, 0, time.perf_counter() - started, mark)
+        nbytes = 0
+        try:
+            items = sorted(snapshot.items())
+            for _key, value in items:
+                nbytes += len(value)
+            self._store.flush(items, states, deletions, mark)
+        except BaseException as e:
+            self._restore_after_failed_checkpoint(snapshot, states, deletions)
+            if isinstance(e, OSError):
+                raise StorageError(f"checkpoint failed: {e}") from e
+            raise
+        with self._lock:
+            self._flushing = {}
+        self._committed_mark = mark
+        removed = self.journal.remove_files_before(mark)
+        self._checkpoints += 1
+        self._checkpointed_entries += len(snapshot)
+        stats = CheckpointStats(
+            entries=len(snapshot), bytes=nbytes, ledger_states=len(states),
+            deleted_ledgers=len(deletions), journal_files_removed=len(removed),
+            duration_s=time.perf_counter() - started, mark=mark)
+        self.last_checkpoint = stats
+        return stats
+
+    def _restore_after_failed_checkpoint(self, snapshot: dict[EntryKey, bytes],
+                                         states: dict[int, LedgerState],
+                                         deletions: set[int]) -> None:
+        """Put a failed checkpoint's work back so that it is retried (the
+        journal still holds all of it: its files are not removed)."""
+        with self._lock:
+            for key, value in snapshot.items():
+                info = self._ledgers.get(key[0])
+                if info is None or key in self._cache:
+                    continue
+                self._cache[key] = value
+                self._cache_bytes += len(value)
+                info.cache_epoch = self._epoch
+            self._dirty |= states.keys() & self._ledgers.keys()
+            self._pending_deletes |= deletions
+            self._flushing = {}
+
+    def gc_entry_logs(self) -> list[int]:
+        """Checkpoint pending deletions, then remove every entry log none of
+        whose ledgers exists any more; return the removed log ids."""
+        with self._checkpoint_lock:
+            self._check_open()
+            if self._pending_deletes:
+                self._checkpoint_locked()
+            index = self._store.index
+
+            def is_live(ledger_id: int) -> bool:
+                return ledger_id in self._ledgers or index.has_ledger_state(ledger_id)
+
+            return self._store.gc_entry_logs(is_live)
+
+    # --- misc -----------------------------------------------------------------
+
+    def disk_usage(self) -> tuple[int, int]:
+        """``(free_bytes, total_bytes)`` of the ledger directory's file system."""
+        st = os.statvfs(self.config.ledgers_dir)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+    @property
+    def stats(self) -> StorageStats:
+        rc = self._store.read_cache
+        return StorageStats(
+            ledgers=len(self._ledgers), write_cache_entries=len(self._cache) + len(self._flushing),
+            write_cache_bytes=self._cache_bytes, read_cache_entries=len(rc),
+            read_cache_bytes=rc.size_bytes, read_cache_hits=rc.hits,
+            read_cache_misses=rc.misses, checkpoints=self._checkpoints,
+            checkpointed_entries=self._checkpointed_entries, replayed_records=self._replayed,
+            entry_logs=len(self._store.entry_logger.log_ids()))
+
+    @property
+    def ledger_storage(self) -> LedgerStorage:
+        """The checkpointed layer (entry logs, index, read cache)."""
+        return self._store

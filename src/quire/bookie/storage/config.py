@@ -1,0 +1,109 @@
+"""Settings of the bookie storage engine (one frozen dataclass).
+
+Directory layout
+----------------
+Only the **first** of ``journal_dirs`` and the **first** of ``ledger_dirs``
+are used (several disks per role are not supported yet; giving more than one
+is a :class:`~quire.errors.ConfigError` rather than a silently unused disk).
+Inside them the engine uses its own subdirectories, so a journal dir and a
+ledger dir may be the same directory (single-disk layout)::
+
+    <journal_dir>/journal/<seq:016x>.jnl      journal files (preallocated)
+    <journal_dir>/journal/LOCK                 flock: one process per journal
+    <ledger_dir>/ledgers/entrylog/<id:08x>.log entry logs
+    <ledger_dir>/ledgers/index/                LMDB environment (index, states, mark)
+    <ledger_dir>/ledgers/LOCK                  flock: one process per ledger dir
+
+With ``power_loss_tracking`` each of ``journal/`` and ``ledgers/entrylog/``
+also holds a ``.quire-synced`` sidecar (see :mod:`quire.testing.power_loss`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from quire.errors import ConfigError
+
+_MiB = 1024 * 1024
+_GiB = 1024 * _MiB
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    journal_dirs: tuple[Path, ...]
+    """Journal directories; only the first is used."""
+    ledger_dirs: tuple[Path, ...]
+    """Ledger (entry log + index) directories; only the first is used."""
+    journal_file_size_bytes: int = 64 * _MiB
+    """Size each journal file is preallocated to (``posix_fallocate``); the
+    journal rolls to a new file when the next record does not fit."""
+    journal_max_group_bytes: int = 4 * _MiB
+    """Buffered journal bytes above which :attr:`Journal.group_full` turns
+    true (the server should write/sync rather than keep grouping)."""
+    journal_preallocate: bool = True
+    """Preallocate journal files (turn off only on filesystems without
+    ``fallocate`` support)."""
+    write_cache_max_bytes: int = 64 * _MiB
+    """Write cache size above which :attr:`BookieStorage.checkpoint_due` is true."""
+    write_cache_reject_ratio: float = 2.0
+    """Adds are refused with TOO_MANY_REQUESTS while the write cache holds more
+    than ``ratio * write_cache_max_bytes`` (a checkpoint cannot keep up);
+    ``0`` disables the limit.  The cache being checkpointed is not counted, so
+    entry memory peaks near ``(ratio + 1) * write_cache_max_bytes``."""
+    read_cache_max_bytes: int = 32 * _MiB
+    """LRU cache (by entry bytes) of entries read back from entry logs; 0 disables it."""
+    entry_log_max_bytes: int = 512 * _MiB
+    """An entry log is closed and a new one started once it would grow past this."""
+    entry_log_write_buffer_bytes: int = 1 * _MiB
+    """Checkpoint writes entry logs in chunks of about this size."""
+    index_map_size_bytes: int = 64 * _GiB
+    """LMDB map size (address space, sparse on disk)."""
+    power_loss_tracking: bool = False
+    """Test seam: record every fsynced file length so that
+    :func:`quire.testing.power_loss.emulate_power_loss` can drop the rest."""
+
+    def __post_init__(self) -> None:
+        if not self.journal_dirs:
+            raise ConfigError("journal_dirs: at least one directory is required")
+        if not self.ledger_dirs:
+            raise ConfigError("ledger_dirs: at least one directory is required")
+        if len(self.journal_dirs) > 1 or len(self.ledger_dirs) > 1:
+            raise ConfigError(
+                "the storage engine supports exactly one journal dir and one ledger dir "
+                f"(got {len(self.journal_dirs)} and {len(self.ledger_dirs)})")
+        if self.journal_file_size_bytes < 4096:
+            raise ConfigError("journal_file_size_bytes must be at least 4096")
+        if self.journal_max_group_bytes <= 0:
+            raise ConfigError("journal_max_group_bytes must be positive")
+        if self.write_cache_max_bytes <= 0:
+            raise ConfigError("write_cache_max_bytes must be positive")
+        if self.write_cache_reject_ratio < 0 or (
+                0 < self.write_cache_reject_ratio < 1):
+            raise ConfigError("write_cache_reject_ratio must be 0 (off) or at least 1")
+        if self.read_cache_max_bytes < 0:
+            raise ConfigError("read_cache_max_bytes must not be negative")
+        if self.entry_log_max_bytes < 4096:
+            raise ConfigError("entry_log_max_bytes must be at least 4096")
+        if self.entry_log_write_buffer_bytes <= 0:
+            raise ConfigError("entry_log_write_buffer_bytes must be positive")
+        if self.index_map_size_bytes < 1 * _MiB:
+            raise ConfigError("index_map_size_bytes must be at least 1 MiB")
+
+    @property
+    def journal_dir(self) -> Path:
+        """``<journal_dirs[0]>/journal``."""
+        return Path(self.journal_dirs[0]) / "journal"
+
+    @property
+    def ledgers_dir(self) -> Path:
+        """``<ledger_dirs[0]>/ledgers``."""
+        return Path(self.ledger_dirs[0]) / "ledgers"
+
+    @property
+    def entry_log_dir(self) -> Path:
+        return self.ledgers_dir / "entrylog"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.ledgers_dir / "index"

@@ -1,0 +1,245 @@
+"""Entry logs: where checkpointed entries live (many ledgers per file).
+
+Files are ``ledgers/entrylog/<log id:08x>.log``; ids start at 1 and only
+grow.  A log is only ever appended to by the checkpoint thread, and a new one
+is started at every open and whenever the next entry would take the log past
+``entry_log_max_bytes``.  Everything a checkpoint wrote is fsynced before the
+checkpoint commits the index that points into it, so the index never refers
+to bytes that a power loss could take away; unreferenced bytes (a checkpoint
+that crashed before its commit) are garbage that GC removes with the log.
+
+Layout, all integers big-endian::
+
+    file header (32 bytes)
+    offset  size  field
+    0       4     magic b"QELG"
+    4       2     format version = 1
+    6       2     reserved (0)
+    8       8     log id (uint64)
+    16      16    reserved (0)
+
+    entry record (20-byte header, then the entry), back to back
+    offset  size  field
+    0       4     entry length N (uint32)
+    4       8     ledger id (uint64)
+    12      8     entry id (uint64)
+    20      N     entry bytes (as stored by the client: already digested)
+
+The index stores ``(log id, offset of the record header, N)``; a read fetches
+header and entry in one ``pread`` and checks that the header names the
+expected ledger, entry and length (:class:`~quire.errors.StorageError`
+otherwise).  There is no per-record checksum: entries carry the client's
+digest and are verified by the reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from quire.bookie.storage.files import fsync_dir, pread_exact, pwrite_all, sync_file
+from quire.errors import StorageError
+from quire.testing.power_loss import SyncTracker
+
+LOG_MAGIC = b"QELG"
+LOG_VERSION = 1
+LOG_HEADER_SIZE = 32
+_LOG_HEADER = struct.Struct(">4sHHQ16x")
+ENTRY_HEADER = struct.Struct(">IQQ")
+ENTRY_HEADER_SIZE = ENTRY_HEADER.size
+_SUFFIX = ".log"
+
+IndexRow = tuple[int, int, int, int, int]
+"""``(ledger_id, entry_id, log_id, offset, length)`` for one written entry."""
+
+
+def entry_log_name(log_id: int) -> str:
+    return f"{log_id:08x}{_SUFFIX}"
+
+
+def list_entry_logs(directory: Path) -> list[int]:
+    ids = []
+    for name in os.listdir(directory):
+        if name.endswith(_SUFFIX) and len(name) == 8 + len(_SUFFIX):
+            try:
+                ids.append(int(name[:8], 16))
+            except ValueError:
+                continue
+    return sorted(ids)
+
+
+class EntryLogger:
+    """Appends batches of entries (checkpoint thread) and serves ``pread``
+    lookups (any thread)."""
+
+    def __init__(self, directory: Path, *, max_bytes: int, write_buffer_bytes: int,
+                 tracker: SyncTracker | None = None) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._max_bytes = max_bytes
+        self._write_buffer_bytes = write_buffer_bytes
+        self._tracker = tracker
+        self._logs = list_entry_logs(self.directory)
+        self._next_id = (self._logs[-1] + 1) if self._logs else 1
+        self._cur_id = 0
+        self._cur_fd = -1
+        self._cur_off = 0
+        self._fd_lock = threading.Lock()
+        self._read_fds: dict[int, int] = {}
+        self._closed = False
+
+    @property
+    def current_log_id(self) -> int:
+        """The log being appended to (0 before the first write since open)."""
+        return self._cur_id
+
+    def log_ids(self) -> list[int]:
+        with self._fd_lock:
+            return list(self._logs)
+
+    # --- writing (checkpoint thread only) --------------------------------------
+
+    def write_batch(self, items: Iterable[tuple[tuple[int, int], bytes]]
+                    ) -> tuple[list[IndexRow], dict[int, set[int]]]:
+        """Append ``((ledger_id, entry_id), entry)`` items in the given order;
+        when it returns, everything written is fsynced.  Returns the index
+        rows and, per log id written, the set of ledger ids it received."""
+        try:
+            return self._write_batch(items)
+        except BaseException:
+            # Never append after a failed write: the next batch starts a new
+            # log (this one's unreferenced tail is garbage for GC).
+            if self._cur_fd >= 0:
+                os.close(self._cur_fd)
+                self._cur_fd = -1
+                self._cur_id = 0
+            raise
+
+    def _write_batch(self, items: Iterable[tuple[tuple[int, int], bytes]]
+                     ) -> tuple[list[IndexRow], dict[int, set[int]]]:
+        rows: list[IndexRow] = []
+        ledgers: dict[int, set[int]] = {}
+        buf = bytearray()
+        buf_off = self._cur_off
+        created = False
+        pack = ENTRY_HEADER.pack
+        max_bytes = self._max_bytes
+        chunk = self._write_buffer_bytes
+        log_ledgers: set[int] | None = None
+        if self._cur_fd >= 0:
+            log_ledgers = ledgers.setdefault(self._cur_id, set())
+        for (ledger_id, entry_id), entry in items:
+            size = ENTRY_HEADER_SIZE + len(entry)
+            if self._cur_fd < 0 or (self._cur_off + size > max_bytes
+                                    and self._cur_off > LOG_HEADER_SIZE):
+                if self._cur_fd >= 0:
+                    pwrite_all(self._cur_fd, buf, buf_off)
+                    buf = bytearray()
+                    self._finish_current()
+                self._start_log()
+                created = True
+                buf_off = self._cur_off
+                log_ledgers = ledgers.setdefault(self._cur_id, set())
+            assert log_ledgers is not None
+            rows.append((ledger_id, entry_id, self._cur_id, self._cur_off, len(entry)))
+            log_ledgers.add(ledger_id)
+            buf += pack(len(entry), ledger_id, entry_id)
+            buf += entry
+            self._cur_off += size
+            if len(buf) >= chunk:
+                pwrite_all(self._cur_fd, buf, buf_off)
+                buf = bytearray()
+                buf_off = self._cur_off
+        if buf:
+            pwrite_all(self._cur_fd, buf, buf_off)
+        if rows:
+            sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
+        if created:
+            fsync_dir(self.directory)
+        return rows, {log_id: lids for log_id, lids in ledgers.items() if lids}
+
+    def _start_log(self) -> None:
+        log_id = self._next_id
+        name = entry_log_name(log_id)
+        fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        if self._tracker is not None:
+            self._tracker.created(name)
+        try:
+            pwrite_all(fd, _LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, 0, log_id), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._next_id += 1
+        self._cur_id = log_id
+        self._cur_fd = fd
+        self._cur_off = LOG_HEADER_SIZE
+        with self._fd_lock:
+            self._logs.append(log_id)
+
+    def _finish_current(self) -> None:
+        sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
+        os.close(self._cur_fd)
+        self._cur_fd = -1
+
+    # --- reading (any thread) --------------------------------------------------
+
+    def _read_fd(self, log_id: int) -> int:
+        fd = self._read_fds.get(log_id)
+        if fd is not None:
+            return fd
+        with self._fd_lock:
+            fd = self._read_fds.get(log_id)
+            if fd is None:
+                if self._closed:
+                    raise StorageError("entry logger closed")
+                try:
+                    fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+                except FileNotFoundError:
+                    raise StorageError(f"entry log {log_id} is missing") from None
+                self._read_fds[log_id] = fd
+            return fd
+
+    def read(self, log_id: int, offset: int, length: int, ledger_id: int,
+             entry_id: int) -> bytes:
+        """The entry at an index location, checked against its record header."""
+        data = pread_exact(self._read_fd(log_id), ENTRY_HEADER_SIZE + length, offset)
+        n, lid, eid = ENTRY_HEADER.unpack_from(data, 0)
+        if n != length or lid != ledger_id or eid != entry_id:
+            raise StorageError(
+                f"entry log {log_id} offset {offset} holds ({lid}, {eid}, {n} bytes), "
+                f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
+        return data[ENTRY_HEADER_SIZE:]
+
+    # --- housekeeping --------------------------------------------------------
+
+    def remove(self, log_id: int) -> None:
+        """Delete a log that is not the current one."""
+        if log_id == self._cur_id:
+            raise StorageError(f"entry log {log_id} is being written")
+        name = entry_log_name(log_id)
+        with self._fd_lock:
+            fd = self._read_fds.pop(log_id, None)
+            if fd is not None:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.directory / name)
+            if log_id in self._logs:
+                self._logs.remove(log_id)
+        if self._tracker is not None:
+            self._tracker.removed(name)
+
+    def close(self) -> None:
+        with self._fd_lock:
+            self._closed = True
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+        if self._cur_fd >= 0:
+            os.close(self._cur_fd)
+            self._cur_fd = -1
+        if self._tracker is not None:
+            self._tracker.close()

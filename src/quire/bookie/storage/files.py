@@ -1,0 +1,75 @@
+"""Small file-system helpers shared by the journal and the entry logger.
+
+Every fsync of a journal file or an entry log goes through :func:`sync_file`,
+which is also where the power-loss test seam records the synced length: the
+record is made only after the real fsync returned, in the same function, so
+the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from quire.errors import StorageError
+from quire.testing.power_loss import SyncTracker
+
+
+def sync_file(fd: int, tracker: SyncTracker | None, name: str, length: int) -> None:
+    """``fdatasync`` ``fd`` and, when tracking, record that ``name``'s first
+    ``length`` bytes are durable."""
+    os.fdatasync(fd)
+    if tracker is not None:
+        tracker.synced(name, length)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (file creations) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+    """``pwrite`` all of ``data`` at ``offset`` (retrying short writes);
+    returns the offset just after it."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:  # pragma: no cover - pwrite raises rather than returning 0
+            raise StorageError("pwrite wrote nothing")
+        view = view[n:]
+        offset += n
+    return offset
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``pread`` exactly ``length`` bytes or raise :class:`StorageError`."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            raise StorageError(f"short read: wanted {length} bytes at {offset}, got {got}")
+        chunks.append(more)
+        got += len(more)
+    return b"".join(chunks)
+
+
+def lock_directory(directory: Path) -> int:
+    """Take an exclusive ``flock`` on ``<directory>/LOCK``; returns the fd
+    (close it to release).  Raises :class:`StorageError` if another process
+    (or another open engine in this one) holds it."""
+    fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StorageError(f"{directory} is in use by another storage engine") from None
+    return fd

@@ -1,0 +1,202 @@
+"""The ledger index: one LMDB environment in ``ledgers/index/``.
+
+LMDB is always opened with ``sync=True, metasync=True``: a write transaction
+is durable when ``commit()`` returns.  (The power-loss test seam therefore
+treats every committed transaction as durable; LMDB rewrites pages in place
+behind a double meta page, so byte-level truncation would not model it.)
+
+Named databases, keys and values big-endian so that byte order is numeric
+order (ids are below 2**63):
+
+=========  ===========================  =====================================
+database   key                          value
+=========  ===========================  =====================================
+entries    ledger_id u64, entry_id u64  log_id u32, offset u64, length u32
+ledgers    ledger_id u64                encoded LedgerState (``state`` module)
+logs       log_id u64                   ledger ids u64 ... (sorted): ledgers
+                                        with entries in that entry log
+meta       b"journal_mark"              file_seq u64, offset u64
+meta       b"format"                    format version u32 (= 1)
+=========  ===========================  =====================================
+
+``offset`` is the entry record's header in the entry log (see
+``entry_log``); ``length`` is the entry's length.
+
+A checkpoint commits, in **one** transaction: removal of deleted ledgers
+(their entries and state), the new index rows, the dirty ledger states, the
+per-log ledger sets and the journal replay mark.  So after a crash the index,
+the states and the mark always agree.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import lmdb
+
+from quire.bookie.storage.entry_log import IndexRow
+from quire.bookie.storage.journal import JournalMark
+from quire.bookie.storage.state import LedgerState
+from quire.errors import StorageError
+
+INDEX_FORMAT = 1
+ENTRY_KEY = struct.Struct(">QQ")
+ENTRY_VALUE = struct.Struct(">IQI")
+LEDGER_KEY = struct.Struct(">Q")
+LOG_KEY = struct.Struct(">Q")
+MARK_VALUE = struct.Struct(">QQ")
+_FORMAT_VALUE = struct.Struct(">I")
+_MARK_KEY = b"journal_mark"
+_FORMAT_KEY = b"format"
+
+
+def _pack_ids(ids: Iterable[int]) -> bytes:
+    ordered = sorted(ids)
+    return struct.pack(f">{len(ordered)}Q", *ordered)
+
+
+def _unpack_ids(data: bytes) -> set[int]:
+    return set(struct.unpack(f">{len(data) // 8}Q", data))
+
+
+class LedgerIndex:
+    """Thread-safe: each call uses its own LMDB transaction (LMDB serialises
+    writers and gives readers a snapshot)."""
+
+    def __init__(self, path: Path, *, map_size_bytes: int) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.env = lmdb.open(str(path), subdir=True, map_size=map_size_bytes, max_dbs=8,
+                                 sync=True, metasync=True, map_async=False, writemap=False,
+                                 readahead=False, meminit=False, lock=True)
+        except lmdb.Error as e:
+            raise StorageError(f"cannot open ledger index {path}: {e}") from e
+        self._entries = self.env.open_db(b"entries")
+        self._ledgers = self.env.open_db(b"ledgers")
+        self._logs = self.env.open_db(b"logs")
+        self._meta = self.env.open_db(b"meta")
+        with self.env.begin(db=self._meta, write=True) as txn:
+            found = txn.get(_FORMAT_KEY)
+            if found is None:
+                txn.put(_FORMAT_KEY, _FORMAT_VALUE.pack(INDEX_FORMAT))
+            elif _FORMAT_VALUE.unpack(found)[0] != INDEX_FORMAT:
+                raise StorageError(f"ledger index {path} has format "
+                                   f"{_FORMAT_VALUE.unpack(found)[0]}, expected {INDEX_FORMAT}")
+
+    # --- reads --------------------------------------------------------------
+
+    def get(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
+        """``(log_id, offset, length)`` of an entry, or None."""
+        try:
+            with self.env.begin(db=self._entries) as txn:
+                value = txn.get(ENTRY_KEY.pack(ledger_id, entry_id))
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index read failed: {e}") from e
+        if value is None:
+            return None
+        log_id, offset, length = ENTRY_VALUE.unpack(value)
+        return log_id, offset, length
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """Highest indexed entry id of the ledger, -1 if none."""
+        with self.env.begin(db=self._entries) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(ENTRY_KEY.pack(ledger_id + 1, 0)):
+                if not cursor.prev():
+                    return -1
+            elif not cursor.last():
+                return -1
+            lid, eid = ENTRY_KEY.unpack(cursor.key())
+        return int(eid) if lid == ledger_id else -1
+
+    def entry_count(self, ledger_id: int) -> int:
+        """How many entries of the ledger are indexed (tests, tools)."""
+        prefix = LEDGER_KEY.pack(ledger_id)
+        count = 0
+        with self.env.begin(db=self._entries) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(prefix):
+                for key in cursor.iternext(keys=True, values=False):
+                    if key[:8] != prefix:
+                        break
+                    count += 1
+        return count
+
+    def load_ledger_states(self) -> dict[int, LedgerState]:
+        states: dict[int, LedgerState] = {}
+        with self.env.begin(db=self._ledgers) as txn:
+            for key, value in txn.cursor():
+                states[LEDGER_KEY.unpack(key)[0]] = LedgerState.decode(value)
+        return states
+
+    def has_ledger_state(self, ledger_id: int) -> bool:
+        with self.env.begin(db=self._ledgers) as txn:
+            return txn.get(LEDGER_KEY.pack(ledger_id)) is not None
+
+    def journal_mark(self) -> JournalMark | None:
+        with self.env.begin(db=self._meta) as txn:
+            value = txn.get(_MARK_KEY)
+        if value is None:
+            return None
+        file_seq, offset = MARK_VALUE.unpack(value)
+        return JournalMark(file_seq, offset)
+
+    def log_ledgers(self) -> dict[int, set[int]]:
+        """Every entry log id with an index record, with its ledger ids."""
+        out: dict[int, set[int]] = {}
+        with self.env.begin(db=self._logs) as txn:
+            for key, value in txn.cursor():
+                out[LOG_KEY.unpack(key)[0]] = _unpack_ids(value)
+        return out
+
+    # --- writes -------------------------------------------------------------
+
+    def commit_checkpoint(self, rows: list[IndexRow], log_ledgers: Mapping[int, set[int]],
+                          states: Mapping[int, LedgerState], deletions: Iterable[int],
+                          mark: JournalMark) -> None:
+        """One durable transaction: deletions first, then rows, states, the
+        per-log ledger sets and the mark."""
+        try:
+            self._commit_checkpoint(rows, log_ledgers, states, deletions, mark)
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index commit failed: {e}") from e
+
+    def _commit_checkpoint(self, rows: list[IndexRow], log_ledgers: Mapping[int, set[int]],
+                           states: Mapping[int, LedgerState], deletions: Iterable[int],
+                           mark: JournalMark) -> None:
+        key_pack = ENTRY_KEY.pack
+        value_pack = ENTRY_VALUE.pack
+        with self.env.begin(write=True) as txn:
+            for ledger_id in deletions:
+                self._delete_ledger(txn, ledger_id)
+            if rows:
+                cursor = txn.cursor(db=self._entries)
+                cursor.putmulti([(key_pack(lid, eid), value_pack(log_id, offset, length))
+                                 for lid, eid, log_id, offset, length in rows])
+            for ledger_id, state in states.items():
+                txn.put(LEDGER_KEY.pack(ledger_id), state.encode(), db=self._ledgers)
+            for log_id, ledger_ids in log_ledgers.items():
+                key = LOG_KEY.pack(log_id)
+                old = txn.get(key, db=self._logs)
+                merged = ledger_ids | _unpack_ids(old) if old is not None else ledger_ids
+                txn.put(key, _pack_ids(merged), db=self._logs)
+            txn.put(_MARK_KEY, MARK_VALUE.pack(mark.file_seq, mark.offset), db=self._meta)
+
+    def _delete_ledger(self, txn: lmdb.Transaction, ledger_id: int) -> None:
+        prefix = LEDGER_KEY.pack(ledger_id)
+        cursor = txn.cursor(db=self._entries)
+        if cursor.set_range(prefix):
+            while cursor.key()[:8] == prefix:
+                if not cursor.delete():
+                    break
+        txn.delete(prefix, db=self._ledgers)
+
+    def remove_logs(self, log_ids: Iterable[int]) -> None:
+        with self.env.begin(write=True, db=self._logs) as txn:
+            for log_id in log_ids:
+                txn.delete(LOG_KEY.pack(log_id))
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,154 @@
+"""Ledger storage: entry logs + index + read cache (the checkpointed data).
+
+This is the durable half of the engine, below the write cache that
+:class:`~quire.bookie.storage.BookieStorage` keeps in memory:
+
+* :meth:`LedgerStorage.flush` (checkpoint thread) appends a sorted batch to
+  the current entry log, fsyncs it, then commits index rows, ledger states,
+  per-log ledger sets and the journal replay mark in one LMDB transaction;
+* :meth:`LedgerStorage.read` (any thread) serves an entry from the read
+  cache, or looks it up in the index and ``pread`` s it from its entry log;
+* :meth:`LedgerStorage.gc_entry_logs` deletes entry logs whose ledgers are
+  all gone.  **Compaction** (copying the live entries out of partly dead logs
+  so they can be deleted) is out of scope: a log with a single live ledger is
+  kept whole.
+
+Byte layouts: see :mod:`~quire.bookie.storage.entry_log` (entry log files)
+and :mod:`~quire.bookie.storage.index` (index keys and values).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+
+from quire.bookie.storage.config import StorageConfig
+from quire.bookie.storage.entry_log import EntryLogger
+from quire.bookie.storage.index import LedgerIndex
+from quire.bookie.storage.journal import JournalMark
+from quire.bookie.storage.state import LedgerState
+from quire.errors import StorageError
+from quire.testing.power_loss import SyncTracker
+
+log = logging.getLogger(__name__)
+
+EntryKey = tuple[int, int]
+
+
+class ReadCache:
+    """LRU of entries read back from entry logs, bounded by entry bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[EntryKey, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: EntryKey) -> bytes | None:
+        with self._lock:
+            data = self._entries.get(key)
+            if data is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return data
+
+    def put(self, key: EntryKey, data: bytes) -> None:
+        size = len(data)
+        if size > self._max_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old)
+            self._entries[key] = data
+            self._bytes += size
+            while self._bytes > self._max_bytes:
+                _key, evicted = self._entries.popitem(last=False)
+                self._bytes -= len(evicted)
+
+    def discard_ledger(self, ledger_id: int) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == ledger_id]:
+                self._bytes -= len(self._entries.pop(key))
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class LedgerStorage:
+    def __init__(self, config: StorageConfig, tracker: SyncTracker | None = None) -> None:
+        self.index = LedgerIndex(config.index_dir, map_size_bytes=config.index_map_size_bytes)
+        try:
+            self.entry_logger = EntryLogger(
+                config.entry_log_dir, max_bytes=config.entry_log_max_bytes,
+                write_buffer_bytes=config.entry_log_write_buffer_bytes, tracker=tracker)
+        except BaseException:
+            self.index.close()
+            raise
+        self.read_cache = ReadCache(config.read_cache_max_bytes)
+
+    def read(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The checkpointed entry, or None if the index does not have it."""
+        key = (ledger_id, entry_id)
+        data = self.read_cache.get(key)
+        if data is not None:
+            return data
+        location = self.index.get(ledger_id, entry_id)
+        if location is None:
+            return None
+        log_id, offset, length = location
+        try:
+            data = self.entry_logger.read(log_id, offset, length, ledger_id, entry_id)
+        except OSError as e:
+            raise StorageError(f"reading entry log {log_id}: {e}") from e
+        self.read_cache.put(key, data)
+        return data
+
+    def flush(self, items: Iterable[tuple[EntryKey, bytes]], states: Mapping[int, LedgerState],
+              deletions: Iterable[int], mark: JournalMark) -> None:
+        """Write ``items`` (sorted by key) to the entry log, fsync, then commit
+        everything to the index in one transaction."""
+        rows, log_ledgers = self.entry_logger.write_batch(items)
+        deletions = list(deletions)
+        self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark)
+        for ledger_id in deletions:
+            self.read_cache.discard_ledger(ledger_id)
+
+    def gc_entry_logs(self, is_live: Callable[[int], bool]) -> list[int]:
+        """Remove every entry log (but the current one) none of whose ledgers
+        ``is_live``, and logs the index does not know (left by a checkpoint
+        that crashed before its commit).  Must not run concurrently with
+        :meth:`flush`.  Returns the removed log ids."""
+        known = self.index.log_ledgers()
+        current = self.entry_logger.current_log_id
+        on_disk = self.entry_logger.log_ids()
+        dead: list[int] = []
+        for log_id in on_disk:
+            if log_id == current:
+                continue
+            ledgers = known.get(log_id)
+            if ledgers is None or not any(is_live(lid) for lid in ledgers):
+                dead.append(log_id)
+        stale_records = [log_id for log_id in known if log_id not in set(on_disk)]
+        if dead or stale_records:
+            self.index.remove_logs([*dead, *stale_records])
+        for log_id in dead:
+            log.info("removing dead entry log %d", log_id)
+            self.entry_logger.remove(log_id)
+        return dead
+
+    def close(self) -> None:
+        try:
+            self.entry_logger.close()
+        finally:
+            self.index.close()

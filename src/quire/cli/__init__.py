@@ -1,0 +1,1 @@
+"""The ``quire`` command line (click): human-readable output, ``--json`` for scripts."""

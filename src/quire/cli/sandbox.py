@@ -1,0 +1,57 @@
+"""``quire sandbox``: a local cluster of bookie processes for trying Quire."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json
+from quire.errors import QuireError
+from quire.sandbox import BookieProcess, Sandbox
+
+
+@click.command()
+@click.option("--bookies", default=3, show_default=True, help="Number of bookie processes.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_SANDBOX_DIR, show_default=True,
+              help="State directory (kept across restarts).")
+@click.option("--metadata", "metadata_uri", default=None,
+              help="Metadata URI (default: SQLite in DIR; or zk://host:port/chroot).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
+def sandbox(bookies: int, directory: Path, metadata_uri: str | None, as_json: bool) -> None:
+    """Run a local Quire cluster until Ctrl-C."""
+    cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def ready(bookie: BookieProcess) -> None:
+        if not as_json:
+            click.echo(f"bookie {bookie.bookie_id} ready on {bookie.address} "
+                       f"(metrics http://{bookie.metrics_address}/metrics)", err=True)
+
+    try:
+        if not as_json:
+            click.echo(f"starting {bookies} bookies in {directory} ...", err=True)
+        cluster.start(on_ready=ready)
+    except QuireError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        emit_json(cluster.describe())
+    else:
+        click.echo(f"metadata: {cluster.metadata_uri}")
+        click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
+        click.echo("Ctrl-C stops the sandbox", err=True)
+    try:
+        while not stop.wait(0.5):
+            for bookie in cluster.bookies:
+                if not bookie.running:
+                    click.echo(f"bookie {bookie.bookie_id} exited; restarting", err=True)
+                    bookie.start()
+    finally:
+        if not as_json:
+            click.echo("stopping the sandbox ...", err=True)
+        cluster.stop()

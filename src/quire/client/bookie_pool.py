@@ -1,0 +1,117 @@
+"""Bookie ids to addresses and connections (BookKeeper's BookieClient pool).
+
+The pool follows the registry through ``watch_bookies``: it knows which
+bookies are live and writable, and the last address each bookie registered
+(kept after its registration lapses, so a bookie that is still serving reads
+stays reachable).  It holds one :class:`BookieClient` per bookie and a ticker
+that fails requests past their deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
+from quire.client.config import ClientConfig
+from quire.client.connection import BookieClient
+from quire.errors import BookieUnavailableError
+from quire.metadata import BookieInfo, MetadataStore, Watch
+from quire.types import BookieState
+
+
+class BookiePool:
+    """Connections to bookies, made on demand; use :meth:`open`."""
+
+    SUSPECT_S = 5.0
+    """A bookie whose connection failed this recently is tried last by reads."""
+
+    def __init__(self, store: MetadataStore, config: ClientConfig) -> None:
+        self._store = store
+        self._config = config
+        self._live: dict[str, BookieInfo] = {}
+        self._addresses: dict[str, str] = {}
+        self._clients: dict[str, BookieClient] = {}
+        self._watch: Watch | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def open(cls, store: MetadataStore, config: ClientConfig) -> BookiePool:
+        pool = cls(store, config)
+        pool._update(await store.list_bookies())
+        pool._watch = store.watch_bookies(pool._update)
+        pool._ticker = pool._loop.create_task(pool._expire_requests())
+        return pool
+
+    def _update(self, bookies: Iterable[BookieInfo]) -> None:
+        self._live = {b.bookie_id: b for b in bookies}
+        for info in self._live.values():
+            self._addresses[info.bookie_id] = info.address
+
+    async def refresh(self) -> None:
+        """Re-read the registry now (the watch may lag behind a new bookie)."""
+        self._update(await self._store.list_bookies())
+
+    def writable_bookies(self) -> list[str]:
+        """Ids of the live bookies that accept writes."""
+        return [b.bookie_id for b in self._live.values() if b.state is BookieState.WRITABLE]
+
+    async def address_of(self, bookie_id: str) -> str:
+        """The bookie's last registered address (BookieUnavailableError if it
+        never registered)."""
+        address = self._addresses.get(bookie_id)
+        if address is None:
+            await self.refresh()
+            address = self._addresses.get(bookie_id)
+        if address is None:
+            raise BookieUnavailableError(f"bookie {bookie_id} is not registered")
+        return address
+
+    def client(self, bookie_id: str) -> BookieClient:
+        """The (cached) client of one bookie; connects on its first request."""
+        client = self._clients.get(bookie_id)
+        if client is None:
+            client = self._clients[bookie_id] = BookieClient(
+                bookie_id, self.address_of,
+                connect_timeout_s=self._config.connect_timeout_ms / 1000.0,
+                max_frame_bytes=self._config.max_frame_bytes)
+        return client
+
+    def is_suspect(self, bookie_id: str) -> bool:
+        """True when the bookie is not registered or its connection failed lately."""
+        if bookie_id not in self._live:
+            return True
+        client = self._clients.get(bookie_id)
+        return (client is not None and client.last_failure is not None
+                and self._loop.time() - client.last_failure < self.SUSPECT_S)
+
+    def order_for_reads(self, bookies: tuple[str, ...]) -> tuple[str, ...]:
+        """``bookies`` with the suspect ones moved last (stable otherwise)."""
+        suspects = [b for b in bookies if self.is_suspect(b)]
+        if not suspects:
+            return bookies
+        return tuple(b for b in bookies if b not in suspects) + tuple(suspects)
+
+    async def _expire_requests(self) -> None:
+        interval = self._config.timeout_check_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval)
+            now = self._loop.time()
+            for client in list(self._clients.values()):
+                client.expire(now)
+
+    async def close(self) -> None:
+        """Stop the watch and the ticker; outstanding requests fail with
+        ClientClosedError."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()

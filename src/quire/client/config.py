@@ -1,0 +1,61 @@
+"""The ledger client's settings (one frozen dataclass, units in the names).
+
+Load one from TOML with :func:`quire.config.load_config` (section
+``client``) or build it directly; out-of-range values raise
+:class:`~quire.errors.ConfigError` at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quire.errors import ConfigError
+from quire.protocol import DEFAULT_MAX_FRAME_BYTES
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    max_pending_adds: int = 1000
+    """Adds of one ledger on the wire at once; later appends queue, in order,
+    inside the client."""
+    max_queued_bytes: int = 64 * 1024 * 1024
+    """Payload bytes one ledger may hold queued behind ``max_pending_adds``;
+    an append beyond it raises :class:`~quire.errors.QueueFullError`."""
+    add_entry_timeout_ms: int = 10_000
+    """A bookie that does not answer an add within this is replaced."""
+    read_timeout_ms: int = 5_000
+    """A read, READ_LAC or fencing request unanswered within this is an
+    unknown answer (never a "no")."""
+    speculative_read_timeout_ms: int = 1_000
+    """After this without an answer a read is also sent to the next replica
+    (0 disables speculative reads)."""
+    explicit_lac_interval_ms: int = 1_000
+    """An idle writer sends WRITE_LAC this often when its LAC moved past the
+    last one it piggy-backed (0 disables)."""
+    connect_timeout_ms: int = 5_000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    """Largest frame sent or accepted (must match the bookies' limit)."""
+    max_outstanding_reads: int = 256
+    """Entry reads one ``read()`` call keeps on the wire at once."""
+    recovery_batch_size: int = 16
+    """Entries a recovery reads ahead of the one it is deciding."""
+    recovery_max_attempts: int = 5
+    """Recovery restarts after losing a metadata race, at most this often."""
+    metadata_max_attempts: int = 5
+    """Tries of a metadata update whose outcome was unknown (store errors)."""
+    timeout_check_interval_ms: int = 100
+    """How often requests are checked against their deadlines."""
+
+    def __post_init__(self) -> None:
+        positive = ("max_pending_adds", "max_queued_bytes", "add_entry_timeout_ms",
+                    "read_timeout_ms", "connect_timeout_ms", "max_frame_bytes",
+                    "max_outstanding_reads", "recovery_batch_size", "recovery_max_attempts",
+                    "metadata_max_attempts", "timeout_check_interval_ms")
+        for name in positive:
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ConfigError(f"client setting {name} must be a positive int, got {value!r}")
+        for name in ("speculative_read_timeout_ms", "explicit_lac_interval_ms"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ConfigError(f"client setting {name} must be an int >= 0, got {value!r}")

@@ -1,0 +1,257 @@
+"""One pipelined connection per bookie (BookKeeper's PerChannelBookieClient).
+
+:class:`BookieClient` owns the requests sent to one bookie.  Every request
+gets a fresh request id and a deadline; its answer (or its failure) is
+delivered exactly once to ``handler(token, result)`` on the event loop,
+where ``result`` is the decoded :data:`~quire.protocol.Response` or a
+:class:`~quire.errors.QuireError`:
+
+* :class:`~quire.errors.ClientTimeoutError` when the deadline passed first
+  (the pool's ticker calls :meth:`BookieClient.expire`);
+* :class:`~quire.errors.BookieUnavailableError` when the connection could not
+  be made or was lost with the request outstanding;
+* :class:`~quire.errors.ClientClosedError` when the client was closed.
+
+Requests may be sent at any time: while no connection exists the first one
+starts a connect (reconnect on demand) and frames wait in an outbox.  Frames
+sent in one loop iteration leave in one ``writelines`` call.  I/O is an
+``asyncio.Protocol`` over the sans-IO :class:`~quire.protocol.Decoder`; this
+is the client's hot path, so per-request work is a dict insert, one frame
+and one dict pop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
+
+from quire.errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    ClientTimeoutError,
+    ProtocolError,
+    QuireError,
+)
+from quire.protocol import (
+    BatchReadRequest,
+    Decoder,
+    ReadLacRequest,
+    ReadRequest,
+    Response,
+    SyncRequest,
+    WriteLacRequest,
+    encode_add_request,
+)
+
+log = logging.getLogger("quire.client")
+
+Result: TypeAlias = Response | QuireError
+"""What a request's handler receives: the bookie's answer or why there is none."""
+Handler: TypeAlias = Callable[[Any, Result], None]
+"""``handler(token, result)``; the token is the caller's, passed back as is."""
+Resolver: TypeAlias = Callable[[str], Awaitable[str]]
+"""Bookie id -> ``"host:port"`` (raises BookieUnavailableError if unknown)."""
+OutgoingRequest: TypeAlias = ReadRequest | ReadLacRequest | WriteLacRequest | BatchReadRequest \
+    | SyncRequest
+
+
+class _BookieProtocol(asyncio.Protocol):
+    """The socket side of a :class:`BookieClient`: decode, dispatch, report loss."""
+
+    def __init__(self, client: BookieClient, max_frame_bytes: int) -> None:
+        self.client = client
+        self.decoder = Decoder("responses", max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.client._connected(self)
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        decoder = self.decoder
+        try:
+            decoder.feed(data)
+            while (message := decoder.next_message()) is not None:
+                waiting = client._pending.pop(message.request_id, None)  # type: ignore[arg-type]
+                if waiting is None:
+                    continue  # timed out or failed already: the answer is late
+                try:
+                    waiting[0](waiting[1], message)  # type: ignore[arg-type]
+                except Exception:
+                    log.exception("handler of a response from bookie %s failed", client.bookie_id)
+        except ProtocolError as e:
+            log.warning("bookie %s sent a malformed frame (%s): closing the connection",
+                        client.bookie_id, e)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost(self, exc)
+
+
+class BookieClient:
+    """Requests to one bookie, pipelined over one connection made on demand."""
+
+    def __init__(self, bookie_id: str, resolve: Resolver, *, connect_timeout_s: float,
+                 max_frame_bytes: int) -> None:
+        self.bookie_id = bookie_id
+        self._resolve = resolve
+        self._connect_timeout_s = connect_timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._loop = asyncio.get_running_loop()
+        self._pending: dict[int, tuple[Handler, Any, float]] = {}
+        self._outbox: list[bytes] = []
+        self._protocol: _BookieProtocol | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
+        self._next_id = 0
+        self._closed = False
+        self.last_failure: float | None = None
+        """Loop time of the last failed connect or lost connection (None: none)."""
+
+    # --- sending -------------------------------------------------------------
+
+    def add(self, master_key: bytes, entry: bytes, flags: int, timeout_s: float,
+            handler: Handler, token: Any) -> None:
+        """Send ADD_ENTRY for the stored ``entry`` (the writer's hot path)."""
+        self._next_id = request_id = self._next_id + 1
+        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s)
+        self._write(encode_add_request(request_id, master_key, entry, flags))
+
+    def send(self, request: OutgoingRequest, timeout_s: float, handler: Handler,
+             token: Any) -> None:
+        """Send ``request`` (its ``request_id`` is assigned here)."""
+        self._next_id = request.request_id = self._next_id + 1
+        self._pending[request.request_id] = (handler, token, self._loop.time() + timeout_s)
+        self._write(request.encode())
+
+    async def call(self, request: OutgoingRequest, timeout_s: float) -> Response:
+        """Send ``request`` and wait for its answer; raises the QuireError that
+        took its place (timeout, unavailable, closed)."""
+        future: asyncio.Future[Response] = self._loop.create_future()
+
+        def done(_token: Any, result: Result) -> None:
+            if future.done():
+                return
+            if isinstance(result, QuireError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self.send(request, timeout_s, done, None)
+        return await future
+
+    def _write(self, frame: bytes) -> None:
+        if self._closed:  # fail it on the next iteration, never inside the caller
+            self._loop.call_soon(self._fail_all,
+                                 ClientClosedError(f"client closed (bookie {self.bookie_id})"))
+            return
+        self._outbox.append(frame)
+        if self._protocol is not None:
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        elif self._connecting is None:
+            self._connecting = self._loop.create_task(self._connect())
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        protocol = self._protocol
+        if protocol is None or protocol.transport is None or not self._outbox:
+            return  # a connect in progress flushes when it lands
+        frames, self._outbox = self._outbox, []
+        protocol.transport.writelines(frames)
+
+    # --- connection life -----------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._protocol is not None
+
+    async def _connect(self) -> None:
+        address = "?"
+        try:
+            address = await self._resolve(self.bookie_id)
+            host, _, port = address.rpartition(":")
+            await asyncio.wait_for(
+                self._loop.create_connection(
+                    lambda: _BookieProtocol(self, self._max_frame_bytes), host, int(port)),
+                self._connect_timeout_s)
+        except asyncio.CancelledError:
+            self._connecting = None
+            raise
+        except (OSError, TimeoutError, ValueError, QuireError) as e:
+            self._connecting = None
+            self.last_failure = self._loop.time()
+            reason = e if isinstance(e, BookieUnavailableError) else BookieUnavailableError(
+                f"cannot connect to bookie {self.bookie_id} at {address}: "
+                f"{e or type(e).__name__}")
+            self._fail_all(reason)
+            return
+        self._connecting = None
+
+    def _connected(self, protocol: _BookieProtocol) -> None:
+        if self._closed:
+            assert protocol.transport is not None
+            protocol.transport.abort()
+            return
+        self._protocol = protocol
+        self.last_failure = None
+        self._flush()
+
+    def _lost(self, protocol: _BookieProtocol, exc: Exception | None) -> None:
+        if self._protocol is not protocol:
+            return
+        self._protocol = None
+        if not self._closed:
+            self.last_failure = self._loop.time()
+        self._fail_all(BookieUnavailableError(
+            f"connection to bookie {self.bookie_id} lost" + (f": {exc}" if exc else "")))
+
+    def _fail_all(self, error: QuireError) -> None:
+        """Every outstanding request gets ``error`` (handlers may send again:
+        those requests go to a fresh dict and a fresh connection)."""
+        pending, self._pending = self._pending, {}
+        self._outbox = []
+        for handler, token, _deadline in pending.values():
+            try:
+                handler(token, error)
+            except Exception:
+                log.exception("handler of a failed request to bookie %s failed", self.bookie_id)
+
+    def expire(self, now: float) -> None:
+        """Fail every request whose deadline is ``<= now`` with a timeout."""
+        pending = self._pending
+        if not pending:
+            return
+        expired = [rid for rid, waiting in pending.items() if waiting[2] <= now]
+        for rid in expired:
+            waiting = pending.pop(rid, None)
+            if waiting is None:
+                continue
+            try:
+                waiting[0](waiting[1], ClientTimeoutError(
+                    f"bookie {self.bookie_id} did not answer request {rid} in time"))
+            except Exception:
+                log.exception("handler of a timed-out request to bookie %s failed",
+                              self.bookie_id)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Drop the connection; outstanding requests fail with ClientClosedError."""
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.abort()
+        self._fail_all(ClientClosedError(f"client closed (bookie {self.bookie_id})"))

@@ -1,0 +1,36 @@
+"""What every handle of one client shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from quire.client.bookie_pool import BookiePool
+from quire.client.config import ClientConfig
+from quire.client.placement import RandomPlacement
+from quire.metadata import MetadataStore
+
+if TYPE_CHECKING:
+    from quire.client.ledger import WriteHandle
+
+
+@dataclass(eq=False)
+class ClientContext:
+    store: MetadataStore
+    pool: BookiePool
+    config: ClientConfig
+    placement: RandomPlacement
+    writers: set[WriteHandle] = field(default_factory=set)
+    """Handles to shut down with the client (write handles not yet closed)."""
+
+    @property
+    def add_timeout_s(self) -> float:
+        return self.config.add_entry_timeout_ms / 1000.0
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self.config.read_timeout_ms / 1000.0
+
+    @property
+    def speculative_timeout_s(self) -> float:
+        return self.config.speculative_read_timeout_ms / 1000.0

@@ -1,0 +1,716 @@
+"""Ledger handles: :class:`ReadHandle` and the single writer, :class:`WriteHandle`.
+
+Terms as in BookKeeper.  A ledger's metadata lists its *fragments*: from
+entry ``first`` on, entries are stored on one *ensemble* of ``E`` bookies;
+entry ``e`` goes to its *write set*, ``W`` of them (see
+:mod:`quire.client.placement`), and is *acknowledged* once ``A`` (the ack
+quorum) of those answered OK.  The *LAC* (LastAddConfirmed) is the highest
+entry such that it and every entry before it are acknowledged; it travels
+piggy-backed in every stored entry's header and, for an idle writer, in
+explicit WRITE_LAC requests.
+
+Writer contract (:class:`WriteHandle`):
+
+* ``append`` assigns entry ids in call order and completes the futures
+  strictly in that order; an entry completes when its write set has ``A``
+  OK answers and every lower entry completed (its id becomes the LAC);
+* at most ``max_pending_adds`` adds are on the wire; later appends queue
+  inside the handle (``max_queued_bytes`` of payload at most, beyond it
+  ``append`` raises :class:`~quire.errors.QueueFullError`);
+* a bookie that fails an add (any error but FENCED / UNAUTHORIZED), times out
+  or drops its connection is replaced (*ensemble change*): a new fragment from
+  LAC+1 (or the last fragment rewritten in place if it starts there) is
+  written by compare-and-set, then every pending add whose write set holds a
+  replaced bookie is sent to its replacement (an OK from the replaced bookie
+  no longer counts); no error reaches the caller.  Completions wait while an
+  ensemble change is in progress, so the LAC never passes the fragment
+  boundary being written;
+* FENCED, or metadata found no longer OPEN, fails every pending and later
+  add with :class:`~quire.errors.LedgerFencedError`: after a recovery no
+  add of this writer can become acknowledged;
+* ``close`` waits for the pending adds, then records ``CLOSED`` with
+  ``last_entry_id = LAC`` and its length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hmac
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from quire.client.context import ClientContext
+from quire.client.placement import write_set_table
+from quire.client.reads import LedgerEntry, read_range
+from quire.errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    ClientError,
+    EnsembleChangeRefusedError,
+    EntryNotAvailableError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NotEnoughBookiesError,
+    QueueFullError,
+    QuireError,
+    ReadBeyondLastAddConfirmedError,
+    StatusCode,
+    UnauthorizedError,
+)
+from quire.metadata import LedgerMetadata, Versioned, Watch
+from quire.metadata.model import Ensembles
+from quire.protocol import (
+    ENTRY_HEADER_LEN,
+    FLAG_RECOVERY_ADD,
+    FLAG_VOLATILE_DURABILITY,
+    MASTER_KEY_LEN,
+    AddResponse,
+    DigestManager,
+    ErrorResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    WriteLacRequest,
+    master_key,
+)
+from quire.protocol.entry import DIGEST_LEN
+from quire.types import NO_ENTRY, LedgerState, LedgerType
+
+log = logging.getLogger("quire.client")
+
+_ADD_FRAME_OVERHEAD = 4 + 8 + MASTER_KEY_LEN + ENTRY_HEADER_LEN
+"""Bytes of an ADD_ENTRY frame (as counted by ``frame_len``) besides digest and payload."""
+
+
+def check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
+    """Raise UnauthorizedError unless ``password`` is the ledger's (compared as
+    master keys, in constant time)."""
+    if not hmac.compare_digest(master_key(password), master_key(metadata.password)):
+        raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+
+
+def _with_fragment(ensembles: Ensembles, first: int, bookies: tuple[str, ...]) -> Ensembles:
+    """``ensembles`` with a fragment ``bookies`` from ``first`` on (replacing the
+    last fragment when it starts at ``first``: it holds no entry yet)."""
+    last_first = ensembles[-1][0]
+    if first == last_first:
+        return (*ensembles[:-1], (first, bookies))
+    if first < last_first:
+        raise AssertionError(f"new fragment at {first} before the last one at {last_first}")
+    return (*ensembles, (first, bookies))
+
+
+class ReadHandle:
+    """Reads of one ledger (BookKeeper's read-only LedgerHandle).
+
+    For a ledger that is not closed the handle follows its metadata (a
+    watch), so reads find the fragments of later ensemble changes; its LAC is
+    what :meth:`read_last_add_confirmed` last learnt (-1 until then).  For a
+    closed ledger the LAC is its last entry id.
+    """
+
+    def __init__(self, ctx: ClientContext, ledger_id: int,
+                 versioned: Versioned[LedgerMetadata], password: bytes, *,
+                 follow: bool = True) -> None:
+        md = versioned.value
+        self._ctx = ctx
+        self._ledger_id = ledger_id
+        self._digest = DigestManager(ledger_id, md.digest_type, password)
+        self._master_key = master_key(password)
+        self._write_sets = write_set_table(md.ensemble_size, md.write_quorum_size)
+        self._versioned = versioned
+        self._firsts: list[int] = []
+        self._lac = NO_ENTRY
+        self._watch: Watch | None = None
+        self._follows_metadata = follow
+        self._apply_metadata(versioned)
+        if follow and md.state is not LedgerState.CLOSED:
+            self._watch = ctx.store.watch_ledger(ledger_id, self._on_metadata_change)
+
+    # --- properties ---------------------------------------------------------
+
+    @property
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as this handle last saw it."""
+        return self._versioned.value
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The highest entry known to be acknowledged, with all before it (-1: none)."""
+        return self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the ledger's metadata says CLOSED."""
+        return self._versioned.value.state is LedgerState.CLOSED
+
+    # --- metadata -----------------------------------------------------------
+
+    def _apply_metadata(self, versioned: Versioned[LedgerMetadata]) -> None:
+        self._versioned = versioned
+        md = versioned.value
+        self._firsts = [first for first, _ in md.ensembles]
+        if md.state is LedgerState.CLOSED:
+            self._lac = md.last_entry_id
+            self._stop_watch()
+        elif md.ensembles:
+            # a fragment starts at LAC+1 of the writer that made it
+            self._lac = max(self._lac, md.ensembles[-1][0] - 1)
+
+    def _on_metadata_change(self, versioned: Versioned[LedgerMetadata] | None) -> None:
+        if versioned is not None and versioned.version > self._versioned.version:
+            self._apply_metadata(versioned)
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    async def _refresh_metadata(self) -> bool:
+        """Re-read the metadata; True if it changed."""
+        before = self._versioned.version
+        self._on_metadata_change(await self._ctx.store.read_ledger(self._ledger_id))
+        return self._versioned.version != before
+
+    # --- reads --------------------------------------------------------------
+
+    def _replicas(self, entry_id: int) -> tuple[str, ...]:
+        """Entry ``entry_id``'s write set, healthy bookies first."""
+        index = bisect.bisect_right(self._firsts, entry_id) - 1
+        if index < 0:
+            raise ValueError(f"ledger {self._ledger_id} has no fragment for entry {entry_id}")
+        ensemble = self._versioned.value.ensembles[index][1]
+        write_set = self._write_sets[entry_id % len(ensemble)]
+        return self._ctx.pool.order_for_reads(tuple(ensemble[i] for i in write_set))
+
+    def _read_limit(self) -> int:
+        return self._lac
+
+    async def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        """Entries ``first_entry_id..last_entry_id`` inclusive, in order.
+
+        Refuses (ReadBeyondLastAddConfirmedError) past the LAC, the last entry
+        of a closed ledger.  Each entry comes from the first replica of its
+        write set that returns a copy whose digest verifies; failing that,
+        the error says why: EntryNotAvailableError if any replica's answer was
+        unknown, DigestMismatchError if every existing copy is corrupt,
+        NoSuchEntryError only if every replica said it has no such entry.
+        """
+        if first_entry_id < 0 or last_entry_id < first_entry_id:
+            raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
+        limit = self._read_limit()
+        if last_entry_id > limit:
+            raise ReadBeyondLastAddConfirmedError(
+                f"ledger {self._ledger_id}: entry {last_entry_id} is beyond the "
+                + ("last entry" if self.is_closed else "LastAddConfirmed") + f" ({limit})")
+        version = self._versioned.version
+        try:
+            return await self._read_range(first_entry_id, last_entry_id)
+        except (NoSuchEntryError, EntryNotAvailableError):
+            # a reader of an open ledger may hold metadata older than the
+            # fragment it reads: look again before giving up
+            if (not self._follows_metadata or self.is_closed
+                    or (self._versioned.version == version and not await self._refresh_metadata())):
+                raise
+        return await self._read_range(first_entry_id, last_entry_id)
+
+    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
+        return await read_range(self._ctx, self._digest, self._replicas, first, last)
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the current ensemble for the LAC (READ_LAC) and return the
+        highest answer (never lower than what the handle knew); a closed
+        ledger's is its last entry.  BookieUnavailableError if no bookie
+        answered."""
+        md = self._versioned.value
+        if md.state is LedgerState.CLOSED:
+            return self._lac
+        answers = await asyncio.gather(*(self._read_lac_from(b) for b in md.last_ensemble))
+        known = [lac for lac in answers if lac is not None]
+        if not known:
+            raise BookieUnavailableError(
+                f"ledger {self._ledger_id}: no bookie of {', '.join(md.last_ensemble)} "
+                "answered READ_LAC")
+        if not self.is_closed:
+            self._lac = max(self._lac, *known)
+        return self._lac
+
+    async def _read_lac_from(self, bookie: str) -> int | None:
+        try:
+            answer = await self._ctx.pool.client(bookie).call(
+                ReadLacRequest(0, self._ledger_id), self._ctx.read_timeout_s)
+        except QuireError:
+            return None
+        if isinstance(answer, ReadLacResponse) and answer.status == StatusCode.OK:
+            return answer.lac
+        if isinstance(answer, ReadLacResponse | ErrorResponse) and \
+                answer.status.is_explicit_negative:
+            return NO_ENTRY  # the bookie holds nothing of it yet
+        return None
+
+    async def close(self) -> None:
+        """Release the handle (stops following the metadata)."""
+        self._stop_watch()
+
+    async def __aenter__(self) -> ReadHandle:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class _PendingAdd:
+    """One add from append to completion (BookKeeper's PendingAddOp)."""
+
+    __slots__ = ("ack_count", "acked", "completed", "entry", "entry_id", "future", "length",
+                 "payload", "size")
+
+    def __init__(self, entry_id: int, payload: bytes | None, entry: bytes | None, length: int,
+                 size: int, future: asyncio.Future[int]) -> None:
+        self.entry_id = entry_id
+        self.payload = payload
+        self.entry = entry
+        """The stored entry, built when first sent (recovery: given)."""
+        self.length = length
+        self.size = size
+        self.future = future
+        self.acked = 0
+        """Bit i set: ensemble index i answered OK."""
+        self.ack_count = 0
+        self.completed = False
+
+
+class WriteHandle(ReadHandle):
+    """The ledger's single writer (BookKeeper's LedgerHandle); see the module
+    docstring for its contract.  Recovery uses one with ``recovery=True``: it
+    re-adds recovered entries as given, flagged RECOVERY_ADD."""
+
+    def __init__(self, ctx: ClientContext, ledger_id: int,
+                 versioned: Versioned[LedgerMetadata], password: bytes, *,
+                 recovery: bool = False, last_add_confirmed: int = NO_ENTRY,
+                 length: int = 0) -> None:
+        super().__init__(ctx, ledger_id, versioned, password, follow=False)
+        md = versioned.value
+        self._loop = asyncio.get_running_loop()
+        self._recovery = recovery
+        self._expected_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
+        self._lac = last_add_confirmed
+        self._lac_length = length
+        self._next_entry_id = last_add_confirmed + 1
+        self._length = length
+        self._ack_quorum = md.ack_quorum_size
+        if recovery:
+            self._flags = FLAG_RECOVERY_ADD
+        elif md.ledger_type is LedgerType.VD_JOURNAL:
+            self._flags = FLAG_VOLATILE_DURABILITY
+        else:
+            self._flags = 0
+        self._max_payload = (ctx.config.max_frame_bytes - _ADD_FRAME_OVERHEAD
+                             - DIGEST_LEN[md.digest_type])
+        self._ensemble = md.last_ensemble
+        self._clients = [ctx.pool.client(b) for b in self._ensemble]
+        self._pending: deque[_PendingAdd] = deque()
+        self._queued: deque[_PendingAdd] = deque()
+        self._queued_bytes = 0
+        self._failed: dict[int, str] = {}
+        self._ever_failed: set[str] = set()
+        self._change_task: asyncio.Task[None] | None = None
+        self._error: QuireError | None = None
+        self._closing = False
+        self._closed = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._piggybacked_lac = NO_ENTRY
+        self._explicit_lac = NO_ENTRY
+        self._lac_task: asyncio.Task[None] | None = None
+        if not recovery and ctx.config.explicit_lac_interval_ms > 0:
+            self._lac_task = self._loop.create_task(self._send_explicit_lac())
+
+    @property
+    def last_add_pushed(self) -> int:
+        """The highest entry id handed out by ``append`` (-1: none)."""
+        return self._next_entry_id - 1
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed or super().is_closed
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        """The bookies new entries are written to."""
+        return self._ensemble
+
+    async def read_last_add_confirmed(self) -> int:
+        """The writer knows its LAC: no request is sent."""
+        return self._lac
+
+    # --- appending ----------------------------------------------------------
+
+    def append(self, data: bytes) -> asyncio.Future[int]:
+        """Add ``data`` as the next entry; the returned future gives its entry id
+        once it is acknowledged (futures complete in append order).
+
+        Not a coroutine: the entry id is assigned and the add sent (or queued)
+        before it returns, so ``[h.append(x) for x in xs]`` pipelines.  Raises
+        LedgerClosedError after ``close()``, the handle's error once it failed
+        (LedgerFencedError, ...), QueueFullError beyond ``max_queued_bytes``,
+        ValueError for an entry too large for a frame.
+        """
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self._ledger_id} is closed")
+        if self._error is not None:
+            raise self._raised_error()
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        size = len(data)
+        if size > self._max_payload:
+            raise ValueError(f"entry of {size} bytes exceeds the limit of {self._max_payload} "
+                             f"(max_frame_bytes {self._ctx.config.max_frame_bytes})")
+        add = _PendingAdd(self._next_entry_id, data, None, self._length + size, size,
+                          self._loop.create_future())
+        self._push(add)
+        return add.future
+
+    def _push_recovered(self, entry_id: int, stored: bytes, length: int) -> asyncio.Future[int]:
+        """Recovery: re-add a stored entry as it was read (RECOVERY_ADD)."""
+        assert self._recovery and entry_id == self._next_entry_id and self._error is None
+        add = _PendingAdd(entry_id, None, stored, length, len(stored), self._loop.create_future())
+        self._push(add)
+        return add.future
+
+    def _push(self, add: _PendingAdd) -> None:
+        if (self._queued or self._change_task is not None
+                or len(self._pending) >= self._ctx.config.max_pending_adds):
+            if self._queued_bytes + add.size > self._ctx.config.max_queued_bytes:
+                raise QueueFullError(
+                    f"ledger {self._ledger_id}: {self._queued_bytes} bytes already queued "
+                    f"(max_queued_bytes {self._ctx.config.max_queued_bytes})")
+            self._queued.append(add)
+            self._queued_bytes += add.size
+        else:
+            self._send(add)
+        self._next_entry_id = add.entry_id + 1
+        self._length = add.length
+        self._drained.clear()
+
+    def _send(self, add: _PendingAdd) -> None:
+        if add.entry is None:
+            assert add.payload is not None
+            add.entry = self._digest.encode(add.entry_id, self._lac, add.length, add.payload)
+            add.payload = None
+            self._piggybacked_lac = self._lac
+        self._pending.append(add)
+        ensemble, clients = self._ensemble, self._clients
+        key, entry, flags, timeout = self._master_key, add.entry, self._flags, \
+            self._ctx.add_timeout_s
+        for index in self._write_sets[add.entry_id % len(ensemble)]:
+            clients[index].add(key, entry, flags, timeout, self._on_add_answer,
+                               (add, index, ensemble[index]))
+
+    def _send_queued(self) -> None:
+        limit = self._ctx.config.max_pending_adds
+        queued, pending = self._queued, self._pending
+        while queued and len(pending) < limit and self._change_task is None:
+            add = queued.popleft()
+            self._queued_bytes -= add.size
+            self._send(add)
+
+    def _on_add_answer(self, token: tuple[_PendingAdd, int, str], result: object) -> None:
+        add, index, bookie = token
+        if self._ensemble[index] != bookie or self._error is not None:
+            return  # from a bookie replaced since, or the handle failed already
+        if isinstance(result, AddResponse):
+            status = result.status
+            if status == StatusCode.OK:
+                if add.completed:
+                    return
+                bit = 1 << index
+                if not add.acked & bit:
+                    add.acked |= bit
+                    add.ack_count += 1
+                    if add.ack_count >= self._ack_quorum and self._pending \
+                            and self._pending[0] is add:
+                        self._complete_adds()
+                return
+        elif isinstance(result, ErrorResponse):
+            status = result.status
+        else:
+            if isinstance(result, ClientClosedError):
+                self._fail(result)
+            else:
+                self._bookie_failed(index, bookie, str(result))
+            return
+        if status == StatusCode.FENCED:
+            self._fail(LedgerFencedError(
+                f"ledger {self._ledger_id} was fenced by a recovery (bookie {bookie})"))
+        elif status == StatusCode.UNAUTHORIZED:
+            self._fail(UnauthorizedError(
+                f"bookie {bookie} refused the master key of ledger {self._ledger_id}"))
+        else:
+            self._bookie_failed(index, bookie, status.name)
+
+    def _complete_adds(self) -> None:
+        """Complete the acknowledged adds at the head, in order; refill the wire."""
+        if self._change_task is not None:
+            return  # the LAC stays put while a fragment boundary is being written
+        pending, quorum = self._pending, self._ack_quorum
+        while pending and pending[0].ack_count >= quorum:
+            add = pending.popleft()
+            add.completed = True
+            add.entry = None
+            self._lac = add.entry_id
+            self._lac_length = add.length
+            if not add.future.done():
+                add.future.set_result(add.entry_id)
+        if self._queued:
+            self._send_queued()
+        if not pending:
+            self._drained.set()
+
+    def _raised_error(self) -> QuireError:
+        error = self._error
+        assert error is not None
+        return type(error)(str(error))
+
+    def _fail(self, error: QuireError) -> None:
+        """The handle cannot go on: fail every pending and queued add."""
+        if self._error is not None:
+            return
+        log.warning("ledger %d: writer failed: %s", self._ledger_id, error)
+        self._error = error
+        adds = [*self._pending, *self._queued]
+        self._pending.clear()
+        self._queued.clear()
+        self._queued_bytes = 0
+        for add in adds:
+            if not add.future.done():
+                add.future.set_exception(error)
+                # the caller may never look; it still sees the error on the
+                # next append and on close
+                add.future.exception()
+        if self._lac_task is not None:
+            self._lac_task.cancel()
+            self._lac_task = None
+        if self._change_task is None:
+            self._drained.set()
+
+    # --- ensemble change ----------------------------------------------------
+
+    def _bookie_failed(self, index: int, bookie: str, reason: str) -> None:
+        if self._closed or self._error is not None or self._ensemble[index] != bookie \
+                or index in self._failed:
+            return
+        log.info("ledger %d: bookie %s failed (%s); replacing it", self._ledger_id, bookie,
+                 reason)
+        self._failed[index] = bookie
+        if self._change_task is None:
+            self._change_task = self._loop.create_task(self._change_ensemble())
+            self._drained.clear()
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed and self._error is None:
+                await self._replace_failed_bookies()
+        except QuireError as e:
+            self._fail(e)
+        except Exception as e:
+            log.exception("ledger %d: ensemble change failed", self._ledger_id)
+            self._fail(ClientError(f"ledger {self._ledger_id}: ensemble change failed: {e!r}"))
+        finally:
+            self._change_task = None
+            if self._error is None:
+                self._complete_adds()
+            else:
+                self._drained.set()
+
+    async def _replace_failed_bookies(self) -> None:
+        failed = dict(self._failed)
+        md = self._versioned.value
+        if md.ledger_type is not LedgerType.PD_JOURNAL and not self._recovery:
+            raise EnsembleChangeRefusedError(
+                f"ledger {self._ledger_id} ({md.ledger_type.value}) cannot replace failed "
+                f"bookie(s) {', '.join(failed.values())}: ensemble changes are disabled for "
+                "ledgers that are not PD_JOURNAL")
+        first = self._lac + 1
+        exclude = self._ever_failed | set(failed.values())
+        try:
+            ensemble = self._choose_replacements(failed, exclude)
+        except NotEnoughBookiesError:
+            await self._ctx.pool.refresh()
+            ensemble = self._choose_replacements(failed, exclude)
+        versioned = await self._update_metadata(
+            lambda md: md.with_(ensembles=_with_fragment(md.ensembles, first, ensemble)))
+        log.info("ledger %d: ensemble from entry %d is now %s", self._ledger_id, first,
+                 ", ".join(ensemble))
+        self._apply_metadata(versioned)
+        self._ensemble = ensemble
+        self._clients = [self._ctx.pool.client(b) for b in ensemble]
+        for index, bookie in failed.items():
+            if self._failed.get(index) == bookie:
+                del self._failed[index]
+            self._ever_failed.add(bookie)
+        # Entries >= first now live on the new ensemble: an OK from a replaced
+        # bookie no longer counts; send each such add to the replacement.
+        key, flags, timeout = self._master_key, self._flags, self._ctx.add_timeout_s
+        for add in self._pending:
+            assert add.entry_id >= first and add.entry is not None
+            write_set = self._write_sets[add.entry_id % len(ensemble)]
+            for index in failed:
+                if index not in write_set:
+                    continue
+                bit = 1 << index
+                if add.acked & bit:
+                    add.acked &= ~bit
+                    add.ack_count -= 1
+                self._clients[index].add(key, add.entry, flags, timeout, self._on_add_answer,
+                                         (add, index, ensemble[index]))
+
+    def _choose_replacements(self, failed: dict[int, str], exclude: set[str]
+                             ) -> tuple[str, ...]:
+        writable = self._ctx.pool.writable_bookies()
+        ensemble = list(self._ensemble)
+        for index in sorted(failed):
+            ensemble[index] = self._ctx.placement.replace_bookie(ensemble, writable, exclude)
+        return tuple(ensemble)
+
+    async def _update_metadata(
+            self, change: Callable[[LedgerMetadata], LedgerMetadata],
+            adopt: Callable[[LedgerMetadata], bool] = lambda md: False,
+    ) -> Versioned[LedgerMetadata]:
+        """Compare-and-set ``change(metadata)``.  On a version conflict, re-read:
+        metadata that ``adopt`` accepts is returned as is; metadata that is no
+        longer this writer's (state or fragments changed by someone else)
+        raises LedgerFencedError; otherwise retry on the new version.  A store
+        error leaves the outcome unknown: re-read and compare before retrying."""
+        store, ledger_id = self._ctx.store, self._ledger_id
+        current = self._versioned
+        attempts = 0
+        while True:
+            candidate = change(current.value)
+            try:
+                return await store.write_ledger(ledger_id, candidate, current.version)
+            except MetadataVersionError:
+                fresh = await store.read_ledger(ledger_id)
+            except MetadataNotFoundError:
+                raise
+            except MetadataError:
+                attempts += 1
+                if attempts >= self._ctx.config.metadata_max_attempts:
+                    raise
+                await asyncio.sleep(0.05 * attempts)
+                try:
+                    fresh = await store.read_ledger(ledger_id)
+                except MetadataNotFoundError:
+                    raise
+                except MetadataError:
+                    continue
+                if fresh.value == candidate:
+                    return fresh  # the write landed before the error
+            if adopt(fresh.value):
+                return fresh
+            self._check_still_ours(fresh.value, current.value)
+            current = fresh
+
+    def _check_still_ours(self, fresh: LedgerMetadata, ours: LedgerMetadata) -> None:
+        if fresh.state is not self._expected_state:
+            raise LedgerFencedError(
+                f"ledger {self._ledger_id} is {fresh.state.value}: another client is "
+                "recovering or has closed it")
+        if fresh.ensembles != ours.ensembles:
+            raise LedgerFencedError(
+                f"ledger {self._ledger_id}: another client changed its fragments")
+
+    # --- explicit LAC -------------------------------------------------------
+
+    async def _send_explicit_lac(self) -> None:
+        """While the LAC is ahead of what the last add piggy-backed, tell the
+        ensemble (WRITE_LAC) so readers of an idle ledger learn it."""
+        interval = self._ctx.config.explicit_lac_interval_ms / 1000.0
+        timeout = self._ctx.add_timeout_s
+        while True:
+            await asyncio.sleep(interval)
+            lac = self._lac
+            if (lac <= self._piggybacked_lac or lac <= self._explicit_lac
+                    or self._change_task is not None or self._error is not None):
+                continue
+            self._explicit_lac = lac
+            for client in self._clients:
+                client.send(WriteLacRequest(0, self._ledger_id, lac, self._master_key), timeout,
+                            _ignore_answer, None)
+
+    # --- closing ------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Wait until no add is pending or queued and no ensemble change runs."""
+        await self._drained.wait()
+
+    async def close(self) -> None:
+        """Wait for the pending adds, then record the ledger CLOSED at the LAC.
+
+        Idempotent.  Raises LedgerFencedError (UnauthorizedError) if the
+        writer was fenced (refused) — the ledger's end is then the
+        recoverer's — or if another client closed it at a different entry.
+        """
+        if self._closed:
+            return
+        if self._close_task is None:
+            self._close_task = self._loop.create_task(self._close())
+        task = self._close_task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self._close_task = None  # a later close() tries again
+
+    async def _close(self) -> None:
+        self._closing = True
+        await self._drain()
+        if self._lac_task is not None:
+            self._lac_task.cancel()
+            self._lac_task = None
+        error = self._error
+        if isinstance(error, LedgerFencedError | UnauthorizedError | ClientClosedError):
+            self._closed = True
+            self._forget()
+            raise self._raised_error()
+        lac, length = self._lac, self._lac_length
+        versioned = await self._update_metadata(
+            lambda md: md.with_(state=LedgerState.CLOSED, last_entry_id=lac, length=length),
+            adopt=lambda md: (md.state is LedgerState.CLOSED and md.last_entry_id == lac
+                              and md.length == length))
+        self._closed = True
+        self._apply_metadata(versioned)
+        self._forget()
+
+    def _forget(self) -> None:
+        self._ctx.writers.discard(self)
+
+    def _shutdown(self, error: QuireError | None = None) -> None:
+        """Stop everything and fail what is pending (the client is closing,
+        or a recovery gave up on this writer)."""
+        self._fail(error or ClientClosedError(
+            f"client closed with ledger {self._ledger_id} open"))
+        self._closing = True
+        for task in (self._change_task, self._lac_task):
+            if task is not None:
+                task.cancel()
+        self._lac_task = None
+
+    async def __aenter__(self) -> WriteHandle:
+        return self
+
+
+def _ignore_answer(_token: Any, _result: object) -> None:
+    """WRITE_LAC is best effort: its answers change nothing."""
+

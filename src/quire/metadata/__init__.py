@@ -1,0 +1,83 @@
+"""Quire's metadata store: ledgers, the bookie registry, cookies and named
+records, behind one async :class:`MetadataStore` interface.
+
+Open one with :func:`open_store`; the URI picks the driver:
+
+* ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``: the
+  embedded default, shared safely by the processes of one host;
+* ``zk://host:port[,host:port...]/chroot``: a ZooKeeper ensemble;
+* ``memory://`` or ``memory://NAME``: in-process, for unit tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from quire.errors import ConfigError
+from quire.metadata.memory import open_memory
+from quire.metadata.model import (
+    BookieInfo,
+    CheckRecord,
+    CreateLedger,
+    CreateRecord,
+    DeleteLedger,
+    DeleteRecord,
+    LedgerMetadata,
+    Op,
+    UpdateLedger,
+    UpdateRecord,
+    Versioned,
+    deserialize,
+    serialize,
+)
+from quire.metadata.sqlite import open_sqlite
+from quire.metadata.store import MetadataStore, Watch
+from quire.metadata.zookeeper import open_zookeeper
+
+__all__ = [
+    "BookieInfo",
+    "CheckRecord",
+    "CreateLedger",
+    "CreateRecord",
+    "DeleteLedger",
+    "DeleteRecord",
+    "LedgerMetadata",
+    "MetadataStore",
+    "Op",
+    "UpdateLedger",
+    "UpdateRecord",
+    "Versioned",
+    "Watch",
+    "deserialize",
+    "open_store",
+    "serialize",
+]
+
+_DRIVERS: dict[str, Callable[..., Awaitable[MetadataStore]]] = {
+    "memory": open_memory,
+    "sqlite": open_sqlite,
+    "zk": open_zookeeper,
+}
+
+
+async def open_store(uri: str, **options: Any) -> MetadataStore:
+    """Open the store named by ``uri``, connected and ready.
+
+    ``options`` are the driver's keyword options: ``lease_ms`` and
+    ``poll_interval_ms`` (memory, sqlite), ``busy_timeout_ms`` (sqlite),
+    ``session_timeout_ms`` and ``connect_timeout_ms`` (zk).  An unknown
+    scheme or option raises :class:`~quire.errors.ConfigError`; a store that
+    cannot be reached raises :class:`~quire.errors.MetadataError`.
+    """
+    scheme, separator, _ = uri.partition("://")
+    opener = _DRIVERS.get(scheme) if separator else None
+    if opener is None:
+        raise ConfigError(f"unknown metadata store URI {uri!r}: expected sqlite:///path.db, "
+                          "zk://host:port/chroot or memory://")
+    try:
+        inspect.signature(opener).bind(uri, **options)
+    except TypeError as e:
+        raise ConfigError(f"bad option for a {scheme}:// metadata store: {e}") from None
+    return await opener(uri, **options)

@@ -1,0 +1,414 @@
+"""Store logic shared by the drivers that keep metadata in local tables
+(``memory://`` and ``sqlite://``).
+
+A driver supplies a :class:`Txn` (one transaction over its tables) and runs
+functions inside one through ``_write`` / ``_read``; this module adds the
+compare-and-set rules, transactions, bookie leases and watch polling on top.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import NamedTuple, Protocol, TypeVar
+
+from quire.errors import (
+    ConfigError,
+    MetadataError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    TransactionError,
+)
+from quire.metadata import _names
+from quire.metadata._watch import Subscription
+from quire.metadata.model import (
+    BookieInfo,
+    CheckRecord,
+    CreateLedger,
+    CreateRecord,
+    DeleteLedger,
+    DeleteRecord,
+    LedgerMetadata,
+    Op,
+    UpdateLedger,
+    UpdateRecord,
+    Versioned,
+    deserialize,
+    deserialize_bookie,
+    serialize,
+    serialize_bookie,
+)
+from quire.metadata.store import Watch
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Key = int | str
+Row = tuple[bytes, int]
+"""A stored value and its version."""
+
+
+class Table(enum.Enum):
+    """The versioned tables; the value names the kind in error messages."""
+
+    LEDGERS = "ledger"
+    COOKIES = "cookie"
+    RECORDS = "record"
+
+
+class Lease(NamedTuple):
+    """A bookie registration: live until ``expires_ms`` (wall clock)."""
+
+    bookie_id: str
+    data: bytes
+    owner: str
+    expires_ms: int
+
+
+class Txn(Protocol):
+    """One open transaction on a driver's tables (synchronous, one thread)."""
+
+    def get(self, table: Table, key: Key) -> Row | None: ...
+    def put(self, table: Table, key: Key, data: bytes, version: int) -> None: ...
+    def delete(self, table: Table, key: Key) -> None: ...
+    def ledger_ids(self) -> list[int]: ...
+    def record_keys(self, prefix: str) -> list[str]: ...
+    def next_counter(self, name: str) -> int: ...
+    def get_lease(self, bookie_id: str) -> Lease | None: ...
+    def put_lease(self, lease: Lease) -> None: ...
+    def delete_lease(self, bookie_id: str) -> None: ...
+    def live_leases(self, now_ms: int) -> list[Lease]: ...
+
+
+class EmbeddedStore(abc.ABC):
+    """:class:`~quire.metadata.store.MetadataStore` over a driver's :class:`Txn`."""
+
+    def __init__(self, uri: str, *, lease_ms: int, poll_interval_ms: int) -> None:
+        if lease_ms < 30:
+            raise ConfigError(f"lease_ms must be >= 30, got {lease_ms}")
+        if not 0 < poll_interval_ms <= 250:
+            raise ConfigError(f"poll_interval_ms must be in 1..250, got {poll_interval_ms}")
+        self.uri = uri
+        self._lease_ms = lease_ms
+        self._poll_interval = poll_interval_ms / 1000
+        self._owner = uuid.uuid4().hex
+        self._registered: dict[str, BookieInfo] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._ledger_subs: dict[int, set[Subscription[Versioned[LedgerMetadata] | None]]] = {}
+        self._bookie_subs: set[Subscription[list[BookieInfo]]] = set()
+        self._closed = False
+
+    @abc.abstractmethod
+    async def _write(self, fn: Callable[[Txn], R]) -> R:
+        """Run ``fn`` in a write transaction, committed unless it raises.
+        Calls run in submission order."""
+
+    @abc.abstractmethod
+    async def _read(self, fn: Callable[[Txn], R]) -> R:
+        """Run ``fn`` against a consistent snapshot."""
+
+    @abc.abstractmethod
+    async def _release(self) -> None:
+        """Release the driver's resources (called once, by :meth:`close`)."""
+
+    # --- ledgers ---------------------------------------------------------
+
+    async def new_ledger_id(self) -> int:
+        return await self._write(lambda t: t.next_counter("ledger_id"))
+
+    async def create_ledger(self, ledger_id: int,
+                            metadata: LedgerMetadata) -> Versioned[LedgerMetadata]:
+        _names.check_ledger_id(ledger_id)
+        data = serialize(metadata)
+        version = await self._write(lambda t: _create(t, Table.LEDGERS, ledger_id, data))
+        return Versioned(metadata, version)
+
+    async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
+        _names.check_ledger_id(ledger_id)
+        data, version = await self._read(lambda t: _require(t, Table.LEDGERS, ledger_id))
+        return Versioned(deserialize(data), version)
+
+    async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata,
+                           expected_version: int) -> Versioned[LedgerMetadata]:
+        _names.check_ledger_id(ledger_id)
+        _names.check_version(expected_version)
+        data = serialize(metadata)
+        version = await self._write(
+            lambda t: _update(t, Table.LEDGERS, ledger_id, data, expected_version))
+        return Versioned(metadata, version)
+
+    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
+        _names.check_ledger_id(ledger_id)
+        _names.check_optional_version(expected_version)
+        await self._write(lambda t: _delete(t, Table.LEDGERS, ledger_id, expected_version))
+
+    async def list_ledgers(self) -> list[int]:
+        return await self._read(lambda t: t.ledger_ids())
+
+    # --- transactions ----------------------------------------------------
+
+    async def transaction(self, ops: Sequence[Op]) -> list[int | None]:
+        ops = list(ops)
+        for op in ops:
+            _names.check_op(op)
+        payloads = [serialize(op.metadata) if isinstance(op, CreateLedger | UpdateLedger)
+                    else None for op in ops]
+
+        def run(t: Txn) -> list[int | None]:
+            versions = []
+            for index, (op, payload) in enumerate(zip(ops, payloads, strict=True)):
+                try:
+                    versions.append(_apply(t, op, payload))
+                except (MetadataVersionError, MetadataExistsError, MetadataNotFoundError) as e:
+                    raise TransactionError(f"transaction op {index} "
+                                           f"({type(op).__name__}) failed: {e}", index, e) from e
+            return versions
+
+        return await self._write(run)
+
+    # --- bookie registry -------------------------------------------------
+
+    async def register_bookie(self, info: BookieInfo) -> None:
+        _names.check_bookie_id(info.bookie_id)
+        # Wait out a registration left by a dead process (its lease runs out).
+        deadline = time.monotonic() + 2 * self._lease_ms / 1000
+        while not await self._write(lambda t: self._claim(t, info, _now_ms())):
+            if time.monotonic() > deadline:
+                raise MetadataExistsError(
+                    f"bookie {info.bookie_id} is registered by another live process")
+            await asyncio.sleep(min(0.1, self._lease_ms / 3000))
+        self._registered[info.bookie_id] = info
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._renew_leases())
+
+    async def unregister_bookie(self, bookie_id: str) -> None:
+        _names.check_bookie_id(bookie_id)
+        self._registered.pop(bookie_id, None)
+        await self._write(lambda t: t.delete_lease(bookie_id))
+
+    async def list_bookies(self) -> list[BookieInfo]:
+        leases = await self._read(lambda t: t.live_leases(_now_ms()))
+        return [deserialize_bookie(lease.data) for lease in leases]
+
+    def _claim(self, t: Txn, info: BookieInfo, now_ms: int) -> bool:
+        """Take or renew ``info``'s lease unless another owner holds it live."""
+        held = t.get_lease(info.bookie_id)
+        if held is not None and held.owner != self._owner and held.expires_ms > now_ms:
+            return False
+        t.put_lease(Lease(info.bookie_id, serialize_bookie(info), self._owner,
+                          now_ms + self._lease_ms))
+        return True
+
+    def _claim_all(self, infos: list[BookieInfo], t: Txn) -> list[str]:
+        """Claim every one of ``infos``; returns the ids another owner holds."""
+        now_ms = _now_ms()
+        return [info.bookie_id for info in infos if not self._claim(t, info, now_ms)]
+
+    async def _renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_ms / 3000)
+            # The snapshot is submitted before any later unregister's delete
+            # (_write keeps order), so a renewal never revives an unregistered id.
+            infos = list(self._registered.values())
+            try:
+                lost = await self._write(partial(self._claim_all, infos))
+            except MetadataError as e:
+                log.warning("%s: renewing bookie leases failed: %s", self.uri, e)
+                continue
+            for bookie_id in lost:
+                log.warning("%s: bookie %s was taken over by another process",
+                            self.uri, bookie_id)
+                self._registered.pop(bookie_id, None)
+
+    def _release_leases(self, bookie_ids: list[str], t: Txn) -> None:
+        for bookie_id in bookie_ids:
+            lease = t.get_lease(bookie_id)
+            if lease is not None and lease.owner == self._owner:
+                t.delete_lease(bookie_id)
+
+    # --- cookies ---------------------------------------------------------
+
+    async def read_cookie(self, bookie_id: str) -> Versioned[bytes]:
+        _names.check_bookie_id(bookie_id)
+        data, version = await self._read(lambda t: _require(t, Table.COOKIES, bookie_id))
+        return Versioned(data, version)
+
+    async def write_cookie(self, bookie_id: str, data: bytes,
+                           expected_version: int | None) -> int:
+        _names.check_bookie_id(bookie_id)
+        _names.check_optional_version(expected_version)
+        if expected_version is None:
+            return await self._write(lambda t: _create(t, Table.COOKIES, bookie_id, data))
+        return await self._write(
+            lambda t: _update(t, Table.COOKIES, bookie_id, data, expected_version))
+
+    async def delete_cookie(self, bookie_id: str, expected_version: int | None = None) -> None:
+        _names.check_bookie_id(bookie_id)
+        _names.check_optional_version(expected_version)
+        await self._write(lambda t: _delete(t, Table.COOKIES, bookie_id, expected_version))
+
+    # --- records ---------------------------------------------------------
+
+    async def create_record(self, key: str, value: bytes) -> int:
+        _names.check_record_key(key)
+        return await self._write(lambda t: _create(t, Table.RECORDS, key, value))
+
+    async def read_record(self, key: str) -> Versioned[bytes]:
+        _names.check_record_key(key)
+        data, version = await self._read(lambda t: _require(t, Table.RECORDS, key))
+        return Versioned(data, version)
+
+    async def write_record(self, key: str, value: bytes, expected_version: int) -> int:
+        _names.check_record_key(key)
+        _names.check_version(expected_version)
+        return await self._write(
+            lambda t: _update(t, Table.RECORDS, key, value, expected_version))
+
+    async def delete_record(self, key: str, expected_version: int | None = None) -> None:
+        _names.check_record_key(key)
+        _names.check_optional_version(expected_version)
+        await self._write(lambda t: _delete(t, Table.RECORDS, key, expected_version))
+
+    async def list_records(self, prefix: str) -> list[str]:
+        return await self._read(lambda t: t.record_keys(prefix))
+
+    # --- watches (one poller per store) ----------------------------------
+
+    def watch_ledger(self, ledger_id: int,
+                     callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
+        _names.check_ledger_id(ledger_id)
+        subs = self._ledger_subs.setdefault(ledger_id, set())
+        sub = Subscription(callback, subs.discard)
+        subs.add(sub)
+        self._start_poller()
+        return sub.watch
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch:
+        sub = Subscription(callback, self._bookie_subs.discard)
+        self._bookie_subs.add(sub)
+        self._start_poller()
+        return sub.watch
+
+    def _start_poller(self) -> None:
+        if self._closed:
+            raise MetadataError(f"{self.uri}: store is closed")
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            ledger_ids = [i for i, subs in self._ledger_subs.items() if subs]
+            if not ledger_ids and not self._bookie_subs:
+                return
+            try:
+                await self._poll_once(ledger_ids, bool(self._bookie_subs))
+            except MetadataError as e:
+                log.warning("%s: watch poll failed: %s", self.uri, e)
+            await asyncio.sleep(self._poll_interval)
+
+    async def _poll_once(self, ledger_ids: list[int], bookies: bool) -> None:
+        now_ms = _now_ms()
+        rows, leases = await self._read(lambda t: (
+            {i: t.get(Table.LEDGERS, i) for i in ledger_ids},
+            t.live_leases(now_ms) if bookies else []))
+        for ledger_id, row in rows.items():
+            value = None if row is None else Versioned(deserialize(row[0]), row[1])
+            for ledger_sub in list(self._ledger_subs.get(ledger_id, ())):
+                ledger_sub.offer(value, row)
+        live = [deserialize_bookie(lease.data) for lease in leases]
+        for bookie_sub in list(self._bookie_subs):
+            bookie_sub.offer(live, live)
+
+    # --- lifecycle -------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in (self._heartbeat, self._poller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        mine = list(self._registered)
+        self._registered.clear()
+        try:
+            await self._write(partial(self._release_leases, mine))
+        except MetadataError as e:  # they expire with their leases anyway
+            log.warning("%s: releasing bookie registrations failed: %s", self.uri, e)
+        finally:
+            await self._release()
+
+
+# --- compare-and-set rules ----------------------------------------------------
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _name(table: Table, key: Key) -> str:
+    return f"{table.value} {key}"
+
+
+def _require(t: Txn, table: Table, key: Key) -> Row:
+    row = t.get(table, key)
+    if row is None:
+        raise MetadataNotFoundError(f"{_name(table, key)} does not exist")
+    return row
+
+
+def _require_version(t: Txn, table: Table, key: Key, expected: int | None) -> None:
+    _, version = _require(t, table, key)
+    if expected is not None and version != expected:
+        raise MetadataVersionError(
+            f"{_name(table, key)} is at version {version}, expected {expected}")
+
+
+def _create(t: Txn, table: Table, key: Key, data: bytes) -> int:
+    if t.get(table, key) is not None:
+        raise MetadataExistsError(f"{_name(table, key)} already exists")
+    t.put(table, key, data, 0)
+    return 0
+
+
+def _update(t: Txn, table: Table, key: Key, data: bytes, expected: int) -> int:
+    _require_version(t, table, key, expected)
+    t.put(table, key, data, expected + 1)
+    return expected + 1
+
+
+def _delete(t: Txn, table: Table, key: Key, expected: int | None) -> None:
+    _require_version(t, table, key, expected)
+    t.delete(table, key)
+
+
+def _apply(t: Txn, op: Op, payload: bytes | None) -> int | None:
+    """Apply one transaction op; ``payload`` is the serialized ledger metadata."""
+    match op:
+        case CreateLedger(ledger_id=ledger_id):
+            assert payload is not None
+            return _create(t, Table.LEDGERS, ledger_id, payload)
+        case UpdateLedger(ledger_id=ledger_id, expected_version=expected):
+            assert payload is not None
+            return _update(t, Table.LEDGERS, ledger_id, payload, expected)
+        case DeleteLedger(ledger_id=ledger_id, expected_version=expected):
+            _delete(t, Table.LEDGERS, ledger_id, expected)
+        case CreateRecord(key=key, value=value):
+            return _create(t, Table.RECORDS, key, value)
+        case UpdateRecord(key=key, value=value, expected_version=expected):
+            return _update(t, Table.RECORDS, key, value, expected)
+        case DeleteRecord(key=key, expected_version=expected):
+            _delete(t, Table.RECORDS, key, expected)
+        case CheckRecord(key=key, expected_version=expected):
+            _require_version(t, Table.RECORDS, key, expected)
+    return None

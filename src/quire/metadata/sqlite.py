@@ -1,0 +1,197 @@
+"""The ``sqlite://`` driver: the embedded default.
+
+``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (the
+SQLAlchemy convention); missing parent directories are created.  Several
+processes on one host may share the file: it runs in WAL mode, every write
+is one ``BEGIN IMMEDIATE`` transaction, and a writer waits up to
+``busy_timeout_ms`` for the lock.  Each store drives its connection from one
+private thread (sqlite3 connections are not thread safe).  Watches poll every
+``poll_interval_ms``; bookie leases expire ``lease_ms`` after the last renewal
+(wall clock, shared by the processes of one host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from quire.errors import ConfigError, MetadataError
+from quire.metadata._embedded import EmbeddedStore, Key, Lease, Row, Table, Txn
+
+R = TypeVar("R")
+
+SCHEME = "sqlite:///"
+SCHEMA_VERSION = 1
+_SCHEMA = (
+    "CREATE TABLE ledgers (id INTEGER PRIMARY KEY, data BLOB NOT NULL,"
+    " version INTEGER NOT NULL)",
+    "CREATE TABLE cookies (bookie_id TEXT PRIMARY KEY, data BLOB NOT NULL,"
+    " version INTEGER NOT NULL)",
+    "CREATE TABLE records (key TEXT PRIMARY KEY, data BLOB NOT NULL,"
+    " version INTEGER NOT NULL)",
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    "CREATE TABLE bookies (bookie_id TEXT PRIMARY KEY, data BLOB NOT NULL,"
+    " owner TEXT NOT NULL, expires_ms INTEGER NOT NULL)",
+)
+# (table name, key column) of each versioned table
+_TABLES = {Table.LEDGERS: ("ledgers", "id"), Table.COOKIES: ("cookies", "bookie_id"),
+           Table.RECORDS: ("records", "key")}
+
+
+class _SqliteTxn(Txn):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def get(self, table: Table, key: Key) -> Row | None:
+        name, column = _TABLES[table]
+        row = self._conn.execute(
+            f"SELECT data, version FROM {name} WHERE {column} = ?", (key,)).fetchone()
+        return None if row is None else (bytes(row[0]), int(row[1]))
+
+    def put(self, table: Table, key: Key, data: bytes, version: int) -> None:
+        name, column = _TABLES[table]
+        self._conn.execute(
+            f"INSERT INTO {name} ({column}, data, version) VALUES (?, ?, ?) ON CONFLICT"
+            f" ({column}) DO UPDATE SET data = excluded.data, version = excluded.version",
+            (key, data, version))
+
+    def delete(self, table: Table, key: Key) -> None:
+        name, column = _TABLES[table]
+        self._conn.execute(f"DELETE FROM {name} WHERE {column} = ?", (key,))
+
+    def ledger_ids(self) -> list[int]:
+        return [row[0] for row in self._conn.execute("SELECT id FROM ledgers ORDER BY id")]
+
+    def record_keys(self, prefix: str) -> list[str]:
+        keys = []
+        # TEXT compares as UTF-8 bytes, i.e. in code point order like str
+        for (key,) in self._conn.execute(
+                "SELECT key FROM records WHERE key >= ? ORDER BY key", (prefix,)):
+            if not key.startswith(prefix):
+                break
+            keys.append(key)
+        return keys
+
+    def next_counter(self, name: str) -> int:
+        row = self._conn.execute(
+            "INSERT INTO counters (name, value) VALUES (?, 1) ON CONFLICT (name)"
+            " DO UPDATE SET value = value + 1 RETURNING value", (name,)).fetchone()
+        return int(row[0])
+
+    def get_lease(self, bookie_id: str) -> Lease | None:
+        row = self._conn.execute(
+            "SELECT bookie_id, data, owner, expires_ms FROM bookies WHERE bookie_id = ?",
+            (bookie_id,)).fetchone()
+        return None if row is None else Lease(row[0], bytes(row[1]), row[2], row[3])
+
+    def put_lease(self, lease: Lease) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO bookies (bookie_id, data, owner, expires_ms)"
+                           " VALUES (?, ?, ?, ?)", lease)
+
+    def delete_lease(self, bookie_id: str) -> None:
+        self._conn.execute("DELETE FROM bookies WHERE bookie_id = ?", (bookie_id,))
+
+    def live_leases(self, now_ms: int) -> list[Lease]:
+        rows = self._conn.execute(
+            "SELECT bookie_id, data, owner, expires_ms FROM bookies WHERE expires_ms > ?"
+            " ORDER BY bookie_id", (now_ms,))
+        return [Lease(r[0], bytes(r[1]), r[2], r[3]) for r in rows]
+
+
+class SqliteStore(EmbeddedStore):
+    """A :class:`~quire.metadata.store.MetadataStore` in one SQLite file."""
+
+    def __init__(self, uri: str, path: Path, *, lease_ms: int, poll_interval_ms: int,
+                 busy_timeout_ms: int) -> None:
+        super().__init__(uri, lease_ms=lease_ms, poll_interval_ms=poll_interval_ms)
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._conn: sqlite3.Connection | None = None
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quire-sqlite"))
+
+    async def _on_thread(self, fn: Callable[[], R]) -> R:
+        if self._thread is None:
+            raise MetadataError(f"{self.uri}: store is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
+
+    async def _write(self, fn: Callable[[Txn], R]) -> R:
+        return await self._on_thread(lambda: self._transact("BEGIN IMMEDIATE", fn))
+
+    async def _read(self, fn: Callable[[Txn], R]) -> R:
+        return await self._on_thread(lambda: self._transact("BEGIN", fn))
+
+    def _transact(self, begin: str, fn: Callable[[Txn], R]) -> R:
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute(begin)
+            result = fn(_SqliteTxn(conn))
+            conn.execute("COMMIT")
+            return result
+        except sqlite3.Error as e:
+            raise MetadataError(f"{self.uri}: {e}") from e
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    async def _open(self) -> None:
+        self._conn = await self._on_thread(self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self._path, timeout=self._busy_timeout_ms / 1000,
+                                   isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise MetadataError(f"{self.uri}: cannot open {self._path}: {e}") from e
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise MetadataError(f"{self.uri}: schema version {version} is newer than "
+                                    f"this program's ({SCHEMA_VERSION})")
+            if version == 0:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            conn.close()
+            raise MetadataError(f"{self.uri}: cannot initialise {self._path}: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _release(self) -> None:
+        thread, conn = self._thread, self._conn
+        try:
+            if conn is not None:
+                await self._on_thread(conn.close)
+        finally:
+            self._thread = self._conn = None
+            if thread is not None:
+                thread.shutdown(wait=False)
+
+
+async def open_sqlite(uri: str, *, lease_ms: int = 3000, busy_timeout_ms: int = 5000,
+                      poll_interval_ms: int = 250) -> SqliteStore:
+    """Open (creating if needed) the SQLite store at ``uri``."""
+    if not uri.startswith(SCHEME) or uri == SCHEME:
+        raise ConfigError(f"bad SQLite URI {uri!r}: expected sqlite:///relative/path.db "
+                          "or sqlite:////absolute/path.db")
+    store = SqliteStore(uri, Path(uri[len(SCHEME):]), lease_ms=lease_ms,
+                        poll_interval_ms=poll_interval_ms, busy_timeout_ms=busy_timeout_ms)
+    try:
+        await store._open()
+    except BaseException:
+        await store._release()
+        raise
+    return store

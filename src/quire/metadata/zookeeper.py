@@ -1,0 +1,581 @@
+"""The ``zk://`` driver: metadata in a ZooKeeper ensemble, through kazoo.
+
+``zk://host:port[,host:port...]/chroot``; the chroot is created if missing.
+Layout under the chroot (versions are the znodes' ``stat.version``)::
+
+    /ledgers/<ledger id, 10+ digits>   serialized LedgerMetadata
+    /idgen/id-<sequence>               short-lived sequential nodes: ledger ids
+    /bookies/available/<bookie id>     ephemeral, JSON BookieInfo
+    /cookies/<bookie id>               cookie bytes
+    /records/<key>/.value              a record's value; the key's segments are
+                                       nested znodes, so a key may have sub-keys
+                                       and no children list holds a whole log
+
+kazoo completes requests and fires watches on its own threads; both are
+handed to the event loop with ``call_soon_threadsafe``.  A request with no
+answer within twice the session timeout raises MetadataError (outcome
+unknown).  After a session expires kazoo opens a new one; the store then
+registers its bookies again and re-arms its watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    RuntimeInconsistency,
+)
+from kazoo.protocol.states import KazooState
+
+from quire.errors import (
+    ConfigError,
+    MetadataError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    TransactionError,
+)
+from quire.metadata import _names
+from quire.metadata._watch import Subscription
+from quire.metadata.model import (
+    BookieInfo,
+    CheckRecord,
+    CreateLedger,
+    CreateRecord,
+    DeleteLedger,
+    DeleteRecord,
+    LedgerMetadata,
+    Op,
+    UpdateLedger,
+    UpdateRecord,
+    Versioned,
+    deserialize,
+    deserialize_bookie,
+    serialize,
+    serialize_bookie,
+)
+from quire.metadata.store import Watch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Trigger = Callable[[Any], None]
+"""A kazoo watch function (called once, on a kazoo thread)."""
+
+SCHEME = "zk://"
+VALUE = ".value"
+"""Name of the znode holding a record's value (key segments never start with '.')."""
+_ANY_VERSION = -1
+
+
+class ZooKeeperStore:
+    """A :class:`~quire.metadata.store.MetadataStore` in ZooKeeper."""
+
+    def __init__(self, uri: str, client: KazooClient, root: str, *,
+                 session_timeout_ms: int) -> None:
+        self.uri = uri
+        self._client = client
+        self._root = root
+        self._loop = asyncio.get_running_loop()
+        self._timeout = 2 * session_timeout_ms / 1000
+        self._registered: dict[str, BookieInfo] = {}
+        self._tasks: dict[object, asyncio.Task[None]] = {}  # watch loops, re-registration
+        self._wakeups: set[asyncio.Event] = set()
+        self._session_id = self._session()
+        self._closed = False
+        client.add_listener(self._on_state)
+
+    # --- plumbing --------------------------------------------------------
+
+    def _hand_over(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the event loop (called from kazoo threads)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    async def _zk(self, what: str, request: Callable[..., Any], *args: Any,
+                  **kwargs: Any) -> Any:
+        """Await a kazoo ``*_async`` request; kazoo errors become MetadataErrors
+        naming ``what``."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        try:
+            request(*args, **kwargs).rawlink(
+                lambda result: self._hand_over(_settle, future, result))
+            return await asyncio.wait_for(future, self._timeout)
+        except TimeoutError:
+            raise MetadataError(f"{self.uri}: {what}: no answer within {self._timeout:g} s, "
+                                "outcome unknown") from None
+        except KazooException as e:
+            raise self._error(what, e) from e
+
+    def _error(self, what: str, e: Exception) -> MetadataError:
+        if isinstance(e, NoNodeError):
+            return MetadataNotFoundError(f"{what} does not exist")
+        if isinstance(e, NodeExistsError):
+            return MetadataExistsError(f"{what} already exists")
+        if isinstance(e, BadVersionError):
+            return MetadataVersionError(f"{what}: version mismatch")
+        return MetadataError(f"{self.uri}: {what}: {type(e).__name__} {e}".rstrip())
+
+    def _session(self) -> int | None:
+        client_id = self._client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            self._hand_over(self._on_connected)
+
+    def _on_connected(self) -> None:
+        if self._closed:
+            return
+        for event in self._wakeups:  # a reconnect may have lost watches: re-arm
+            event.set()
+        session = self._session()
+        if session != self._session_id:
+            self._session_id = session
+            key = object()
+            self._tasks[key] = self._loop.create_task(self._register_again(key))
+
+    async def _register_again(self, key: object) -> None:
+        """The session expired and took our ephemeral nodes: create them again."""
+        try:
+            for info in list(self._registered.values()):
+                try:
+                    await self._claim(info)
+                except MetadataError as e:
+                    log.warning("%s: re-registering bookie %s failed: %s",
+                                self.uri, info.bookie_id, e)
+        finally:
+            self._tasks.pop(key, None)
+
+    def _ledger_path(self, ledger_id: int) -> str:
+        return f"{self._root}/ledgers/{_names.ledger_name(ledger_id)}"
+
+    def _record_dir(self, key: str) -> str:
+        return f"{self._root}/records/{key}" if key else f"{self._root}/records"
+
+    def _record_path(self, key: str) -> str:
+        return f"{self._record_dir(key)}/{VALUE}"
+
+    def _cookie_path(self, bookie_id: str) -> str:
+        return f"{self._root}/cookies/{bookie_id}"
+
+    def _bookie_path(self, bookie_id: str) -> str:
+        return f"{self._root}/bookies/available/{bookie_id}"
+
+    async def _ensure_layout(self) -> None:
+        await asyncio.gather(*(
+            self._zk("store layout", self._client.ensure_path_async, f"{self._root}/{path}")
+            for path in ("ledgers", "idgen", "bookies/available", "cookies", "records")))
+
+    # --- ledgers ---------------------------------------------------------
+
+    async def new_ledger_id(self) -> int:
+        # The parent's child counter numbers sequential nodes: unique and
+        # increasing for every client.  The node itself is not needed.
+        path: str = await self._zk("ledger id", self._client.create_async,
+                                   f"{self._root}/idgen/id-", sequence=True)
+        with contextlib.suppress(MetadataError):
+            await self._zk("ledger id", self._client.delete_async, path)
+        return int(path[-10:]) + 1
+
+    async def create_ledger(self, ledger_id: int,
+                            metadata: LedgerMetadata) -> Versioned[LedgerMetadata]:
+        await self._zk(f"ledger {ledger_id}", self._client.create_async,
+                       self._ledger_path(ledger_id), serialize(metadata))
+        return Versioned(metadata, 0)
+
+    async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
+        data, stat = await self._zk(f"ledger {ledger_id}", self._client.get_async,
+                                    self._ledger_path(ledger_id))
+        return Versioned(deserialize(data), stat.version)
+
+    async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata,
+                           expected_version: int) -> Versioned[LedgerMetadata]:
+        _names.check_version(expected_version)
+        stat = await self._zk(f"ledger {ledger_id}", self._client.set_async,
+                              self._ledger_path(ledger_id), serialize(metadata),
+                              expected_version)
+        return Versioned(metadata, stat.version)
+
+    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
+        _names.check_optional_version(expected_version)
+        await self._zk(f"ledger {ledger_id}", self._client.delete_async,
+                       self._ledger_path(ledger_id), _version(expected_version))
+
+    async def list_ledgers(self) -> list[int]:
+        names = await self._zk("ledgers", self._client.get_children_async,
+                               f"{self._root}/ledgers")
+        return sorted(int(name) for name in names if name.isdigit())
+
+    # --- transactions ----------------------------------------------------
+
+    async def transaction(self, ops: Sequence[Op]) -> list[int | None]:
+        ops = list(ops)
+        for op in ops:
+            _names.check_op(op)
+        if not ops:
+            return []
+        for attempt in range(3):
+            # A multi cannot create parents: make the records' key paths first.
+            await asyncio.gather(*(
+                self._zk(f"record {op.key}", self._client.ensure_path_async,
+                         self._record_dir(op.key))
+                for op in ops if isinstance(op, CreateRecord)))
+            request = self._client.transaction()
+            for op in ops:
+                self._add(request, op)
+            results = await self._zk("transaction", request.commit_async)
+            failed = next((i for i, r in enumerate(results) if isinstance(r, Exception)
+                           and not isinstance(r, RolledBackError | RuntimeInconsistency)), None)
+            if failed is None:
+                break
+            if (isinstance(ops[failed], CreateRecord) and isinstance(results[failed], NoNodeError)
+                    and attempt < 2):
+                continue  # a concurrent delete pruned the key path we made
+            for op in ops:  # drop the key paths made for nothing
+                if isinstance(op, CreateRecord):
+                    await self._prune(op.key)
+            cause = self._error(_subject(ops[failed]), results[failed])
+            raise TransactionError(f"transaction op {failed} ({type(ops[failed]).__name__}) "
+                                   f"failed: {cause}", failed, cause)
+        for op in ops:
+            if isinstance(op, DeleteRecord):
+                await self._prune(op.key)
+        return [_new_version(op, result) for op, result in zip(ops, results, strict=True)]
+
+    def _add(self, request: Any, op: Op) -> None:
+        match op:
+            case CreateLedger(ledger_id=ledger_id, metadata=metadata):
+                request.create(self._ledger_path(ledger_id), serialize(metadata))
+            case UpdateLedger(ledger_id=ledger_id, metadata=metadata, expected_version=expected):
+                request.set_data(self._ledger_path(ledger_id), serialize(metadata), expected)
+            case DeleteLedger(ledger_id=ledger_id, expected_version=expected):
+                request.delete(self._ledger_path(ledger_id), _version(expected))
+            case CreateRecord(key=key, value=value):
+                request.create(self._record_path(key), value)
+            case UpdateRecord(key=key, value=value, expected_version=expected):
+                request.set_data(self._record_path(key), value, expected)
+            case DeleteRecord(key=key, expected_version=expected):
+                request.delete(self._record_path(key), _version(expected))
+            case CheckRecord(key=key, expected_version=expected):
+                request.check(self._record_path(key), expected)
+
+    # --- bookie registry -------------------------------------------------
+
+    async def register_bookie(self, info: BookieInfo) -> None:
+        _names.check_bookie_id(info.bookie_id)
+        await self._claim(info)
+        self._registered[info.bookie_id] = info
+
+    async def _claim(self, info: BookieInfo) -> None:
+        """Create the bookie's ephemeral node, or update it if this session owns
+        it; wait (up to twice the session timeout) for another session's node
+        to expire."""
+        what, path = f"bookie {info.bookie_id}", self._bookie_path(info.bookie_id)
+        data = serialize_bookie(info)
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                await self._zk(what, self._client.create_async, path, data, ephemeral=True)
+                return
+            except MetadataExistsError:
+                pass
+            stat = await self._zk(what, self._client.exists_async, path)
+            if stat is not None and stat.ephemeralOwner == self._session():
+                with contextlib.suppress(MetadataNotFoundError):  # else: create again
+                    await self._zk(what, self._client.set_async, path, data)
+                    return
+            elif stat is not None and time.monotonic() > deadline:
+                raise MetadataExistsError(
+                    f"bookie {info.bookie_id} is registered by another live session")
+            elif stat is not None:
+                await asyncio.sleep(0.1)
+
+    async def unregister_bookie(self, bookie_id: str) -> None:
+        _names.check_bookie_id(bookie_id)
+        self._registered.pop(bookie_id, None)
+        with contextlib.suppress(MetadataNotFoundError):
+            await self._zk(f"bookie {bookie_id}", self._client.delete_async,
+                           self._bookie_path(bookie_id))
+
+    async def list_bookies(self) -> list[BookieInfo]:
+        return await self._live_bookies(None)
+
+    async def _live_bookies(self, trigger: Trigger | None) -> list[BookieInfo]:
+        parent = f"{self._root}/bookies/available"
+        names = await self._zk("bookie registry", self._client.get_children_async,
+                               parent, trigger)
+        replies = await asyncio.gather(
+            *(self._zk(f"bookie {name}", self._client.get_async, f"{parent}/{name}", trigger)
+              for name in names), return_exceptions=True)
+        live = []
+        for reply in replies:
+            if isinstance(reply, MetadataNotFoundError):
+                continue  # left meanwhile; the children watch fires for it
+            if isinstance(reply, BaseException):
+                raise reply
+            live.append(deserialize_bookie(reply[0]))
+        return sorted(live, key=lambda info: info.bookie_id)
+
+    # --- cookies ---------------------------------------------------------
+
+    async def read_cookie(self, bookie_id: str) -> Versioned[bytes]:
+        _names.check_bookie_id(bookie_id)
+        data, stat = await self._zk(f"cookie {bookie_id}", self._client.get_async,
+                                    self._cookie_path(bookie_id))
+        return Versioned(data, stat.version)
+
+    async def write_cookie(self, bookie_id: str, data: bytes,
+                           expected_version: int | None) -> int:
+        _names.check_bookie_id(bookie_id)
+        what, path = f"cookie {bookie_id}", self._cookie_path(bookie_id)
+        if expected_version is None:
+            await self._zk(what, self._client.create_async, path, data)
+            return 0
+        _names.check_version(expected_version)
+        stat = await self._zk(what, self._client.set_async, path, data, expected_version)
+        return int(stat.version)
+
+    async def delete_cookie(self, bookie_id: str, expected_version: int | None = None) -> None:
+        _names.check_bookie_id(bookie_id)
+        _names.check_optional_version(expected_version)
+        await self._zk(f"cookie {bookie_id}", self._client.delete_async,
+                       self._cookie_path(bookie_id), _version(expected_version))
+
+    # --- records ---------------------------------------------------------
+
+    async def create_record(self, key: str, value: bytes) -> int:
+        _names.check_record_key(key)
+        for _ in range(3):  # retry if a concurrent delete prunes the path we made
+            with contextlib.suppress(MetadataNotFoundError):
+                await self._zk(f"record {key}", self._client.create_async,
+                               self._record_path(key), value, makepath=True)
+                return 0
+        raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
+
+    async def read_record(self, key: str) -> Versioned[bytes]:
+        _names.check_record_key(key)
+        data, stat = await self._zk(f"record {key}", self._client.get_async,
+                                    self._record_path(key))
+        return Versioned(data, stat.version)
+
+    async def write_record(self, key: str, value: bytes, expected_version: int) -> int:
+        _names.check_record_key(key)
+        _names.check_version(expected_version)
+        stat = await self._zk(f"record {key}", self._client.set_async,
+                              self._record_path(key), value, expected_version)
+        return int(stat.version)
+
+    async def delete_record(self, key: str, expected_version: int | None = None) -> None:
+        _names.check_record_key(key)
+        _names.check_optional_version(expected_version)
+        await self._zk(f"record {key}", self._client.delete_async,
+                       self._record_path(key), _version(expected_version))
+        await self._prune(key)
+
+    async def _prune(self, key: str) -> None:
+        """Remove the key's znode and its ancestors while they are empty."""
+        segments = key.split("/")
+        while segments:
+            try:
+                await self._zk("record key path", self._client.delete_async,
+                               self._record_dir("/".join(segments)))
+            except MetadataError:  # not empty, already gone, or unreachable
+                return
+            segments.pop()
+
+    async def list_records(self, prefix: str) -> list[str]:
+        # Start below the prefix's complete segments, keep the children that
+        # match its last (partial) segment, then walk every subtree.
+        base, _, partial = prefix.rpartition("/")
+        if base and not _names.is_record_key(base):
+            return []
+        try:
+            _, names = await self._below(base)
+        except MetadataNotFoundError:
+            return []
+        frontier = [f"{base}/{n}" if base else n for n in names if n.startswith(partial)]
+        keys = []
+        while frontier:
+            replies = await asyncio.gather(*(self._below(k) for k in frontier),
+                                           return_exceptions=True)
+            deeper: list[str] = []
+            for key, reply in zip(frontier, replies, strict=True):
+                if isinstance(reply, MetadataNotFoundError):
+                    continue  # pruned meanwhile
+                if isinstance(reply, BaseException):
+                    raise reply
+                is_record, names = reply
+                if is_record:
+                    keys.append(key)
+                deeper.extend(f"{key}/{n}" for n in names)
+            frontier = deeper
+        return sorted(keys)
+
+    async def _below(self, key: str) -> tuple[bool, list[str]]:
+        """Whether ``key`` is a record, and the next segments of its sub-keys
+        (``key`` ``""`` is the top of the namespace)."""
+        names: list[str] = await self._zk(f"record {key}", self._client.get_children_async,
+                                          self._record_dir(key))
+        return VALUE in names, [n for n in names if not n.startswith(".")]
+
+    # --- watches ---------------------------------------------------------
+
+    def watch_ledger(self, ledger_id: int,
+                     callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
+        what, path = f"ledger {ledger_id}", self._ledger_path(ledger_id)
+
+        async def read(trigger: Trigger) -> tuple[Versioned[LedgerMetadata] | None, object]:
+            while True:
+                try:
+                    data, stat = await self._zk(what, self._client.get_async, path, trigger)
+                    return Versioned(deserialize(data), stat.version), stat.mzxid
+                except MetadataNotFoundError:
+                    if await self._zk(what, self._client.exists_async, path, trigger) is None:
+                        return None, None
+                    # created between the two requests: read it
+
+        return self._watch(callback, read)
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch:
+        async def read(trigger: Trigger) -> tuple[list[BookieInfo], object]:
+            live = await self._live_bookies(trigger)
+            return live, live
+
+        return self._watch(callback, read)
+
+    def _watch(self, callback: Callable[[T], None],
+               read: Callable[[Trigger], Awaitable[tuple[T, object]]]) -> Watch:
+        if self._closed:
+            raise MetadataError(f"{self.uri}: store is closed")
+        sub = Subscription(callback, self._stop_watch)
+        self._tasks[sub] = self._loop.create_task(self._run_watch(sub, read))
+        return sub.watch
+
+    def _stop_watch(self, sub: Subscription[Any]) -> None:
+        task = self._tasks.pop(sub, None)
+        if task is not None:
+            task.cancel()
+
+    async def _run_watch(self, sub: Subscription[T],
+                         read: Callable[[Trigger], Awaitable[tuple[T, object]]]) -> None:
+        """Read (arming ZooKeeper watches), offer the value, wait for a trigger."""
+        changed = asyncio.Event()
+        self._wakeups.add(changed)
+
+        def trigger(_event: object) -> None:
+            self._hand_over(changed.set)
+
+        try:
+            while True:
+                changed.clear()
+                try:
+                    value, fingerprint = await read(trigger)
+                except MetadataError as e:
+                    log.warning("%s: watch read failed, retrying: %s", self.uri, e)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), 1.0)
+                    continue
+                sub.offer(value, fingerprint)
+                await changed.wait()
+        finally:
+            self._wakeups.discard(changed)
+
+    # --- lifecycle -------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the session: its watches stop and its ephemeral nodes go."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._client.remove_listener(self._on_state)
+        await asyncio.to_thread(_shutdown, self._client)
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    """Copy a finished kazoo result into ``future`` (on the event loop)."""
+    if future.done():
+        return
+    try:
+        future.set_result(result.get(block=False))
+    except Exception as e:
+        future.set_exception(e)
+
+
+def _shutdown(client: KazooClient) -> None:
+    client.stop()
+    client.close()
+
+
+def _version(expected: int | None) -> int:
+    return _ANY_VERSION if expected is None else expected
+
+
+def _subject(op: Op) -> str:
+    if isinstance(op, CreateLedger | UpdateLedger | DeleteLedger):
+        return f"ledger {op.ledger_id}"
+    return f"record {op.key}"
+
+
+def _new_version(op: Op, result: Any) -> int | None:
+    if isinstance(op, CreateLedger | CreateRecord):
+        return 0
+    if isinstance(op, UpdateLedger | UpdateRecord):
+        return int(result.version)
+    return None
+
+
+def _parse(uri: str) -> tuple[str, str]:
+    """``zk://h1:p1,h2:p2/chroot`` -> (``"h1:p1,h2:p2"``, ``"/chroot"`` or ``""``)."""
+    hosts, _, chroot = uri[len(SCHEME):].partition("/")
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ConfigError(f"bad ZooKeeper URI {uri!r}: expected "
+                              "zk://host:port[,host:port...]/chroot")
+    segments = [s for s in chroot.split("/") if s]
+    try:
+        for segment in segments:
+            _names.check_segment(segment, "chroot segment")
+    except ValueError as e:
+        raise ConfigError(f"bad ZooKeeper URI {uri!r}: {e}") from None
+    return hosts, "".join(f"/{s}" for s in segments)
+
+
+async def open_zookeeper(uri: str, *, session_timeout_ms: int = 6000,
+                         connect_timeout_ms: int = 10_000) -> ZooKeeperStore:
+    """Connect to the ZooKeeper ensemble named by ``uri`` and create the layout."""
+    if not uri.startswith(SCHEME):
+        raise ConfigError(f"not a zk:// URI: {uri!r}")
+    hosts, root = _parse(uri)
+    client = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000,
+                         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0})
+    try:
+        await asyncio.to_thread(client.start, connect_timeout_ms / 1000)
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(_shutdown, client)
+        raise MetadataError(f"{uri}: cannot connect to ZooKeeper: {e}") from e
+    store = ZooKeeperStore(uri, client, root, session_timeout_ms=session_timeout_ms)
+    try:
+        await store._ensure_layout()
+    except BaseException:
+        await store.close()
+        raise
+    return store

@@ -1,0 +1,1 @@
+"""Test seams shared by Quire's test suites (no test framework imports here)."""

@@ -1,0 +1,338 @@
+"""The MetadataStore contract, run against every driver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from tests.support.metadata import Target, target_for
+
+from quire.errors import (
+    MetadataError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    TransactionError,
+)
+from quire.metadata import (
+    BookieInfo,
+    CheckRecord,
+    CreateLedger,
+    CreateRecord,
+    DeleteLedger,
+    DeleteRecord,
+    LedgerMetadata,
+    MetadataStore,
+    Op,
+    UpdateLedger,
+    UpdateRecord,
+    Versioned,
+)
+from quire.types import BookieState, DigestType, LedgerState, LedgerType
+
+T = TypeVar("T")
+
+DRIVERS = ["memory", "sqlite", pytest.param("zk", marks=pytest.mark.zookeeper)]
+
+
+@pytest.fixture(params=DRIVERS)
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    zookeeper = request.getfixturevalue("zookeeper_server") if request.param == "zk" else None
+    return target_for(request.param, tmp_path, zookeeper)
+
+
+@pytest.fixture
+async def store(target: Target) -> AsyncIterator[MetadataStore]:
+    store = await target.open()
+    yield store
+    await store.close()
+
+
+def ledger(**changes: Any) -> LedgerMetadata:
+    return LedgerMetadata(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2,
+                          ensembles=((0, ("b1", "b2", "b3")),), **changes)
+
+
+def bookie(bookie_id: str, state: BookieState = BookieState.WRITABLE) -> BookieInfo:
+    return BookieInfo(bookie_id, f"{bookie_id}.example:3181", state)
+
+
+async def next_matching(queue: asyncio.Queue[T], predicate: Callable[[T], bool],
+                        timeout: float = 10.0) -> T:
+    """The first value from ``queue`` that satisfies ``predicate``."""
+    async def scan() -> T:
+        while not predicate(value := await queue.get()):
+            pass
+        return value
+    return await asyncio.wait_for(scan(), timeout)
+
+
+# --- ledgers -----------------------------------------------------------------
+
+
+async def test_new_ledger_ids_start_at_one_and_increase(store: MetadataStore) -> None:
+    ids = [await store.new_ledger_id() for _ in range(5)]
+    assert ids[0] >= 1
+    assert ids == sorted(set(ids))
+
+
+async def test_ledger_lifecycle(store: MetadataStore) -> None:
+    md = ledger()
+    created = await store.create_ledger(7, md)
+    assert created == Versioned(md, 0)
+    assert await store.read_ledger(7) == created
+
+    closed = md.with_(state=LedgerState.CLOSED, last_entry_id=41, length=4200)
+    updated = await store.write_ledger(7, closed, created.version)
+    assert updated == Versioned(closed, 1)
+    assert await store.read_ledger(7) == updated
+
+    with pytest.raises(MetadataVersionError):
+        await store.write_ledger(7, md, created.version)
+    with pytest.raises(MetadataVersionError):
+        await store.delete_ledger(7, expected_version=0)
+    assert await store.read_ledger(7) == updated
+
+    await store.create_ledger(3, md)
+    assert await store.list_ledgers() == [3, 7]
+    await store.delete_ledger(7, expected_version=1)
+    await store.delete_ledger(3)
+    assert await store.list_ledgers() == []
+    with pytest.raises(MetadataNotFoundError):
+        await store.read_ledger(7)
+    with pytest.raises(MetadataNotFoundError):
+        await store.write_ledger(7, md, 1)
+    with pytest.raises(MetadataNotFoundError):
+        await store.delete_ledger(7)
+
+
+async def test_creating_an_existing_ledger_fails(store: MetadataStore) -> None:
+    await store.create_ledger(1, ledger())
+    with pytest.raises(MetadataExistsError):
+        await store.create_ledger(1, ledger(password=b"other"))
+    assert (await store.read_ledger(1)).value == ledger()
+
+
+async def test_metadata_round_trips_through_the_store(store: MetadataStore) -> None:
+    md = LedgerMetadata(
+        ensemble_size=3, write_quorum_size=3, ack_quorum_size=2,
+        ledger_type=LedgerType.VD_JOURNAL, digest_type=DigestType.HMAC_SHA1,
+        password=b"\x00secret\xff", state=LedgerState.IN_RECOVERY, last_entry_id=99,
+        length=12345,
+        ensembles=((0, ("b1", "b2", "b3")), (50, ("b1", "b4", "b3")), (80, ("b5", "b4", "b3"))),
+        custom_metadata={"application": b"quire-test", "raw": bytes(range(256))},
+        creation_time_ms=1_700_000_000_000)
+    await store.create_ledger(12, md)
+    read = (await store.read_ledger(12)).value
+    assert read == md
+    assert read.ensemble_at(60) == ("b1", "b4", "b3")
+    assert read.last_ensemble == ("b5", "b4", "b3")
+    assert dict(read.custom_metadata) == dict(md.custom_metadata)
+
+
+# --- transactions ------------------------------------------------------------
+
+
+async def test_transaction_applies_every_op(store: MetadataStore) -> None:
+    await store.create_ledger(1, ledger())
+    await store.create_ledger(2, ledger())
+    await store.create_record("logs/a", b"v0")
+    await store.create_record("logs/b", b"gone soon")
+    versions = await store.transaction([
+        CreateLedger(3, ledger()),
+        UpdateLedger(1, ledger(state=LedgerState.CLOSED), expected_version=0),
+        DeleteLedger(2, expected_version=None),
+        CreateRecord("logs/c", b"new"),
+        UpdateRecord("logs/a", b"v1", expected_version=0),
+        CheckRecord("logs/a", expected_version=1),
+        DeleteRecord("logs/b", expected_version=0),
+    ])
+    assert versions == [0, 1, None, 0, 1, None, None]
+    assert await store.list_ledgers() == [1, 3]
+    assert (await store.read_ledger(1)).value.state is LedgerState.CLOSED
+    assert await store.read_record("logs/a") == Versioned(b"v1", 1)
+    assert await store.list_records("logs/") == ["logs/a", "logs/c"]
+    assert await store.transaction([]) == []
+
+
+@pytest.mark.parametrize(("failing_op", "cause"), [
+    (UpdateRecord("logs/a", b"stale", expected_version=5), MetadataVersionError),
+    (CreateLedger(1, ledger()), MetadataExistsError),
+    (DeleteRecord("logs/missing", expected_version=None), MetadataNotFoundError),
+    (CheckRecord("logs/a", expected_version=3), MetadataVersionError),
+])
+async def test_failed_transaction_applies_nothing(
+        store: MetadataStore, failing_op: Op, cause: type[MetadataError]) -> None:
+    await store.create_ledger(1, ledger())
+    await store.create_record("logs/a", b"v0")
+    with pytest.raises(TransactionError) as failure:
+        await store.transaction([
+            CreateLedger(2, ledger()),
+            UpdateRecord("logs/a", b"v1", expected_version=0),
+            failing_op,
+            CreateRecord("logs/b", b"late"),
+        ])
+    assert failure.value.failed_index == 2
+    assert isinstance(failure.value.cause, cause)
+    assert await store.list_ledgers() == [1]
+    assert await store.read_record("logs/a") == Versioned(b"v0", 0)
+    assert await store.list_records("logs/") == ["logs/a"]
+
+
+# --- records -----------------------------------------------------------------
+
+
+async def test_record_compare_and_set(store: MetadataStore) -> None:
+    assert await store.create_record("logs/x", b"a") == 0
+    with pytest.raises(MetadataExistsError):
+        await store.create_record("logs/x", b"b")
+    assert await store.write_record("logs/x", b"b", 0) == 1
+    with pytest.raises(MetadataVersionError):
+        await store.write_record("logs/x", b"c", 0)
+    assert await store.read_record("logs/x") == Versioned(b"b", 1)
+    with pytest.raises(MetadataVersionError):
+        await store.delete_record("logs/x", 0)
+    await store.delete_record("logs/x", 1)
+    with pytest.raises(MetadataNotFoundError):
+        await store.read_record("logs/x")
+    with pytest.raises(MetadataNotFoundError):
+        await store.write_record("logs/x", b"d", 1)
+    assert await store.create_record("logs/x", b"again") == 0
+
+
+async def test_records_list_by_prefix(store: MetadataStore) -> None:
+    keys = ["logs/mylog", "logs/mylog/ledgers/0000000001", "logs/mylog/ledgers/0000000002",
+            "logs/mylog2/ledgers/0000000001", "logs/other", "streams/s1"]
+    for key in keys:
+        await store.create_record(key, key.encode())
+    assert await store.list_records("") == keys
+    assert await store.list_records("logs/mylog/") == keys[1:3]
+    assert await store.list_records("logs/mylog") == keys[:4]
+    assert await store.list_records("logs/mylog/ledgers/000000000") == keys[1:3]
+    assert await store.list_records("logs/o") == ["logs/other"]
+    assert await store.list_records("nothing/") == []
+    assert await store.list_records("logs//") == []
+
+    # deleting a key with sub-keys leaves the sub-keys; deleting them all leaves nothing
+    await store.delete_record("logs/mylog")
+    assert await store.list_records("logs/mylog/") == keys[1:3]
+    for key in keys[1:]:
+        await store.delete_record(key)
+    assert await store.list_records("") == []
+
+
+async def test_bad_names_are_rejected(store: MetadataStore) -> None:
+    for key in ["", "/a", "a/", "a//b", "a/.hidden", "a\nb"]:
+        with pytest.raises(ValueError):
+            await store.create_record(key, b"")
+    with pytest.raises(ValueError):
+        await store.create_ledger(-1, ledger())
+    with pytest.raises(ValueError):
+        await store.write_cookie("a/b", b"", None)
+    with pytest.raises(ValueError):
+        await store.write_record("ok", b"", -1)
+
+
+# --- cookies -----------------------------------------------------------------
+
+
+async def test_cookie_compare_and_set(store: MetadataStore) -> None:
+    with pytest.raises(MetadataNotFoundError):
+        await store.read_cookie("bookie-1")
+    assert await store.write_cookie("bookie-1", b"c0", None) == 0
+    with pytest.raises(MetadataExistsError):
+        await store.write_cookie("bookie-1", b"again", None)
+    assert await store.write_cookie("bookie-1", b"c1", 0) == 1
+    with pytest.raises(MetadataVersionError):
+        await store.write_cookie("bookie-1", b"stale", 0)
+    assert await store.read_cookie("bookie-1") == Versioned(b"c1", 1)
+    with pytest.raises(MetadataVersionError):
+        await store.delete_cookie("bookie-1", 0)
+    await store.delete_cookie("bookie-1", 1)
+    with pytest.raises(MetadataNotFoundError):
+        await store.delete_cookie("bookie-1")
+
+
+# --- bookie registry -----------------------------------------------------------
+
+
+async def test_bookie_registry(store: MetadataStore) -> None:
+    await store.register_bookie(bookie("b2"))
+    await store.register_bookie(bookie("b1"))
+    assert await store.list_bookies() == [bookie("b1"), bookie("b2")]
+
+    await store.register_bookie(bookie("b1", BookieState.READ_ONLY))
+    assert await store.list_bookies() == [bookie("b1", BookieState.READ_ONLY), bookie("b2")]
+
+    await store.unregister_bookie("b2")
+    await store.unregister_bookie("never-registered")
+    assert await store.list_bookies() == [bookie("b1", BookieState.READ_ONLY)]
+
+
+async def test_registration_is_renewed(target: Target, store: MetadataStore) -> None:
+    await store.register_bookie(bookie("b1"))
+    # not synchronisation: the registration must survive past its lease/session
+    await asyncio.sleep(target.liveness_period * 1.5)
+    assert await store.list_bookies() == [bookie("b1")]
+
+
+async def test_a_bookie_id_live_elsewhere_cannot_be_registered(
+        target: Target, store: MetadataStore) -> None:
+    await store.register_bookie(bookie("b1"))
+    other = await target.open()
+    try:
+        with pytest.raises(MetadataExistsError):  # after waiting for it to expire
+            await other.register_bookie(bookie("b1", BookieState.READ_ONLY))
+    finally:
+        await other.close()
+    assert await store.list_bookies() == [bookie("b1")]
+
+
+async def test_closing_a_store_ends_its_registrations(
+        target: Target, store: MetadataStore) -> None:
+    other = await target.open()
+    await other.register_bookie(bookie("b1"))
+    assert await store.list_bookies() == [bookie("b1")]
+    await other.close()
+    assert await store.list_bookies() == []
+
+
+# --- watches -----------------------------------------------------------------
+
+
+async def test_ledger_watch_reports_changes(store: MetadataStore) -> None:
+    seen: asyncio.Queue[Versioned[LedgerMetadata] | None] = asyncio.Queue()
+    watch = store.watch_ledger(5, seen.put_nowait)
+    assert await next_matching(seen, lambda v: True) is None  # the current state
+
+    await store.create_ledger(5, ledger())
+    await next_matching(seen, lambda v: v is not None and v.version == 0)
+    closed = ledger(state=LedgerState.CLOSED)
+    await store.write_ledger(5, closed, 0)
+    assert await next_matching(seen, lambda v: v is not None and v.version == 1) == \
+        Versioned(closed, 1)
+    await store.delete_ledger(5)
+    await next_matching(seen, lambda v: v is None)
+    watch.cancel()
+    assert watch.cancelled
+
+
+async def test_bookie_watch_reports_changes(target: Target, store: MetadataStore) -> None:
+    seen: asyncio.Queue[list[BookieInfo]] = asyncio.Queue()
+    watch = store.watch_bookies(seen.put_nowait)
+    assert await next_matching(seen, lambda v: True) == []
+
+    other = await target.open()
+    try:
+        await other.register_bookie(bookie("b1"))
+        await next_matching(seen, lambda v: v == [bookie("b1")])
+        await other.register_bookie(bookie("b1", BookieState.READ_ONLY))
+        await next_matching(seen, lambda v: v == [bookie("b1", BookieState.READ_ONLY)])
+        await other.unregister_bookie("b1")
+        await next_matching(seen, lambda v: v == [])
+    finally:
+        await other.close()
+    watch.cancel()

@@ -1,0 +1,57 @@
+"""ZooKeeper-only behaviour: what the store does when its session expires."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+from tests.support.metadata import target_for
+from tests.support.zookeeper import ZooKeeperServer
+
+from quire.metadata import BookieInfo, LedgerMetadata, Versioned
+from quire.metadata.zookeeper import ZooKeeperStore
+from quire.types import BookieState
+
+pytestmark = pytest.mark.zookeeper
+
+
+def close_session(hosts: str, client_id: tuple[int, bytes]) -> None:
+    """Expire a session the way ZooKeeper's own tests do: join it from a
+    second client and close it there."""
+    ghost = KazooClient(hosts=hosts, client_id=client_id)
+    ghost.start(timeout=10)
+    ghost.stop()
+    ghost.close()
+
+
+async def test_session_expiry_restores_registrations_and_watches(
+        zookeeper_server: ZooKeeperServer, tmp_path: Path) -> None:
+    target = target_for("zk", tmp_path, zookeeper_server)
+    store = await target.open()
+    observer = await target.open()
+    assert isinstance(store, ZooKeeperStore)
+    try:
+        seen: asyncio.Queue[Versioned[LedgerMetadata] | None] = asyncio.Queue()
+        store.watch_ledger(1, seen.put_nowait)
+        assert await asyncio.wait_for(seen.get(), 10) is None
+        info = BookieInfo("b1", "127.0.0.1:3181", BookieState.WRITABLE)
+        await store.register_bookie(info)
+
+        old_session = store._client.client_id
+        await asyncio.to_thread(close_session, zookeeper_server.connect_string, old_session)
+
+        deadline = time.monotonic() + 15
+        while (store._client.client_id in (None, old_session)
+               or await observer.list_bookies() != [info]):
+            assert time.monotonic() < deadline, "bookie not registered again in a new session"
+            await asyncio.sleep(0.05)
+
+        md = LedgerMetadata(1, 1, 1)
+        await observer.create_ledger(1, md)
+        assert await asyncio.wait_for(seen.get(), 10) == Versioned(md, 0)
+    finally:
+        await observer.close()
+        await store.close()

@@ -1,0 +1,81 @@
+"""Where the metadata store tests point each driver, and the worker processes
+of the multi-process tests (see ``metadata_worker.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quire.metadata import MetadataStore, open_store
+from tests.support.zookeeper import ZooKeeperServer
+
+WORKER = Path(__file__).with_name("metadata_worker.py")
+LEASE_MS = 600
+ZK_SESSION_TIMEOUT_MS = 2000
+
+
+@dataclass
+class Target:
+    """A store location plus the options the tests open it with."""
+
+    uri: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    async def open(self) -> MetadataStore:
+        return await open_store(self.uri, **self.options)
+
+    @property
+    def liveness_period(self) -> float:
+        """Seconds a registration lives without renewal (lease or session)."""
+        if self.uri.startswith("zk://"):
+            return ZK_SESSION_TIMEOUT_MS / 1000
+        return LEASE_MS / 1000
+
+
+def target_for(driver: str, tmp_path: Path, zookeeper: ZooKeeperServer | None) -> Target:
+    """A fresh, empty store of ``driver`` (a unique chroot for ZooKeeper)."""
+    unique = uuid.uuid4().hex
+    if driver == "memory":
+        return Target(f"memory://test-{unique}", {"lease_ms": LEASE_MS})
+    if driver == "sqlite":
+        return Target(f"sqlite:///{tmp_path / 'metadata' / 'store.db'}",
+                      {"lease_ms": LEASE_MS, "poll_interval_ms": 50})
+    assert driver == "zk" and zookeeper is not None
+    return Target(f"zk://{zookeeper.connect_string}/quire-test/{unique}",
+                  {"session_timeout_ms": ZK_SESSION_TIMEOUT_MS})
+
+
+class Worker:
+    """``metadata_worker.py`` running in its own process."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, target: Target, *command: str) -> Worker:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER), target.uri, json.dumps(target.options), *command,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        return cls(process)
+
+    async def read_line(self, timeout: float = 20.0) -> str:
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        if not line:
+            raise AssertionError(f"worker exited ({await self.process.wait()}) without output")
+        return line.decode().strip()
+
+    def release(self) -> None:
+        """Let a worker waiting after "ready" go on."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()

@@ -1,0 +1,152 @@
+"""A real, throw-away ZooKeeper server for tests (Debian's ``zookeeper`` package).
+
+The server listens on a free loopback port with its data in a temporary
+directory, ticks every 500 ms (so sessions as short as 1 s work), and runs
+without the admin server or four-letter-word commands.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+ENVIRONMENT = Path("/etc/zookeeper/conf/environment")
+# A logging backend for slf4j (Debian's libslf4j-java, a zookeeper dependency).
+SLF4J_SIMPLE = Path("/usr/share/java/slf4j-simple.jar")
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+TICK_MS = 500
+
+
+class ZooKeeperUnavailable(RuntimeError):
+    """The ZooKeeper server cannot be run here; the message says why."""
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper server: :meth:`start`, use
+    :attr:`connect_string`, :meth:`stop`."""
+
+    def __init__(self, start_timeout: float = 60.0) -> None:
+        self._start_timeout = start_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._port = 0
+
+    @property
+    def connect_string(self) -> str:
+        """``host:port`` for kazoo (and ``zk://`` URIs)."""
+        if self._process is None:
+            raise RuntimeError("ZooKeeper server is not running")
+        return f"127.0.0.1:{self._port}"
+
+    def start(self) -> None:
+        """Start the server and return once it accepts sessions."""
+        java = shutil.which("java")
+        if java is None:
+            raise ZooKeeperUnavailable(
+                "no `java` on PATH: install a Java runtime (apt-get install default-jre-headless)")
+        if not ZOOKEEPER_JAR.exists():
+            raise ZooKeeperUnavailable(
+                f"{ZOOKEEPER_JAR} is missing: install the Debian package `zookeeper` "
+                "(apt-get install zookeeper)")
+        self._workdir = Path(tempfile.mkdtemp(prefix="quire-zookeeper-"))
+        (self._workdir / "data").mkdir()
+        self._port = _free_port()
+        config = self._workdir / "zoo.cfg"
+        config.write_text(
+            f"tickTime={TICK_MS}\n"
+            f"dataDir={self._workdir / 'data'}\n"
+            f"clientPort={self._port}\n"
+            "clientPortAddress=127.0.0.1\n"
+            "maxClientCnxns=0\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=\n")
+        command = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                   "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                   "-cp", _classpath(), MAIN_CLASS, str(config)]
+        with open(self._workdir / "server.log", "wb") as log:
+            self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT,
+                                             preexec_fn=_die_with_parent)
+        try:
+            self._wait_until_serving()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_serving(self) -> None:
+        deadline = time.monotonic() + self._start_timeout
+        client = KazooClient(hosts=self.connect_string, timeout=2.0,
+                             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 1})
+        client.start_async()
+        try:
+            while not client.connected:
+                if self._process is not None and self._process.poll() is not None:
+                    raise ZooKeeperUnavailable(
+                        f"ZooKeeper exited with status {self._process.returncode}:\n"
+                        f"{self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise ZooKeeperUnavailable(
+                        f"ZooKeeper did not serve within {self._start_timeout} s:\n"
+                        f"{self.log_tail()}")
+                time.sleep(0.05)
+        finally:
+            client.stop()
+            client.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self._workdir is None or not (self._workdir / "server.log").exists():
+            return ""
+        text = (self._workdir / "server.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop the server and delete its data."""
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+def _classpath() -> str:
+    """The server classpath: Debian's (its jar's manifest names the other
+    jars it needs) plus a slf4j backend so warnings reach the log."""
+    entries = [str(ZOOKEEPER_JAR)]
+    if ENVIRONMENT.exists():
+        for line in ENVIRONMENT.read_text().splitlines():
+            if line.startswith("CLASSPATH="):
+                entries = shlex.split(line.partition("=")[2])[0].split(":")
+    if SLF4J_SIMPLE.exists():
+        entries.append(str(SLF4J_SIMPLE))
+    return ":".join(entries)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the test process dies, so no JVM lingers."""
+    if sys.platform == "linux":
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -1,0 +1,468 @@
+"""BookieStorage: adds, reads, checkpoints, reopen, replay, state, deletion, GC."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quire.bookie.storage import BookieStorage, LedgerState, StorageConfig
+from quire.bookie.storage.entry_log import list_entry_logs
+from quire.bookie.storage.journal import list_journal_files
+from quire.errors import (
+    BadRequestError,
+    ConfigError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StorageError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+
+KEY = bytes(range(20))
+OTHER_KEY = bytes(range(1, 21))
+
+
+def make_config(tmp_path: Path, **overrides: object) -> StorageConfig:
+    settings: dict[str, object] = dict(
+        journal_dirs=(tmp_path / "disk",), ledger_dirs=(tmp_path / "disk",),
+        journal_file_size_bytes=16384, entry_log_max_bytes=65536,
+        write_cache_max_bytes=1 << 20, read_cache_max_bytes=64 * 1024,
+        index_map_size_bytes=1 << 30)
+    settings.update(overrides)
+    return StorageConfig(**settings)  # type: ignore[arg-type]
+
+
+def entry(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
+    return (b"L%dE%d;" % (ledger_id, entry_id) * size)[:size]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> StorageConfig:
+    return make_config(tmp_path)
+
+
+@pytest.fixture
+def storage(config: StorageConfig) -> Iterator[BookieStorage]:
+    s = BookieStorage.open(config)
+    yield s
+    if not s.closed:
+        s.close()
+
+
+def reopen(s: BookieStorage, *, clean: bool) -> BookieStorage:
+    if clean:
+        s.close()
+    else:
+        s.abandon()
+    return BookieStorage.open(s.config)
+
+
+def test_add_and_read_from_write_cache_checkpoint_and_after_reopen(
+        storage: BookieStorage) -> None:
+    for lid in (1, 2):
+        for eid in range(50):
+            storage.add_entry(lid, eid, entry(lid, eid), KEY)
+    assert storage.read_entry(1, 7) == entry(1, 7)
+    assert storage.stats.write_cache_entries == 100
+    stats = storage.checkpoint()
+    assert stats.entries == 100 and stats.ledger_states == 2
+    assert storage.stats.write_cache_entries == 0
+    for lid in (1, 2):
+        for eid in range(50):
+            assert storage.read_entry(lid, eid) == entry(lid, eid)
+    storage.add_entry(1, 50, entry(1, 50), KEY)  # half in cache, half checkpointed
+    s2 = reopen(storage, clean=True)
+    try:
+        assert s2.list_ledgers() == [1, 2]
+        for eid in range(51):
+            assert s2.read_entry(1, eid) == entry(1, eid)
+        assert s2.read_entry(1, -1) == entry(1, 50)
+        assert s2.last_entry_id(2) == 49
+    finally:
+        s2.close()
+
+
+def test_memoryview_entries_are_copied(storage: BookieStorage) -> None:
+    buf = bytearray(entry(1, 0))
+    storage.add_entry(1, 0, memoryview(buf), KEY)
+    buf[:] = bytes(len(buf))
+    assert storage.read_entry(1, 0) == entry(1, 0)
+
+
+def test_read_errors(storage: BookieStorage) -> None:
+    with pytest.raises(NoSuchLedgerError):
+        storage.read_entry(9, 0)
+    with pytest.raises(NoSuchLedgerError):
+        storage.read_entry(9, -1)
+    storage.fence(9, KEY)
+    with pytest.raises(NoSuchEntryError):
+        storage.read_entry(9, -1)
+    storage.add_entry(9, 3, entry(9, 3), KEY, recovery=True)
+    with pytest.raises(NoSuchEntryError):
+        storage.read_entry(9, 0)
+    storage.checkpoint()
+    with pytest.raises(NoSuchEntryError):
+        storage.read_entry(9, 4)
+    with pytest.raises(BadRequestError):
+        storage.read_entry(9, -2)
+    with pytest.raises(BadRequestError):
+        storage.add_entry(-1, 0, b"x", KEY)
+
+
+def test_last_entry_across_cache_and_index(storage: BookieStorage) -> None:
+    for eid in (0, 1, 5):
+        storage.add_entry(3, eid, entry(3, eid), KEY)
+    storage.checkpoint()
+    storage.add_entry(3, 2, entry(3, 2), KEY)  # out of order, lower than indexed max
+    assert storage.read_entry(3, -1) == entry(3, 5)
+    storage.add_entry(3, 9, entry(3, 9), KEY)
+    assert storage.read_entry(3, -1) == entry(3, 9)
+    s2 = reopen(storage, clean=True)
+    try:
+        assert s2.last_entry_id(3) == 9
+        assert s2.read_entry(3, -1) == entry(3, 9)
+    finally:
+        s2.close()
+
+
+def test_journal_replay_after_unclean_stop(storage: BookieStorage) -> None:
+    for eid in range(20):
+        storage.add_entry(1, eid, entry(1, eid), KEY)
+    storage.checkpoint()
+    seqs = [storage.add_entry(1, eid, entry(1, eid), KEY) for eid in range(20, 40)]
+    storage.set_explicit_lac(1, 30)
+    assert storage.journal.sync() >= seqs[-1]
+    storage.add_entry(1, 40, entry(1, 40), KEY)  # only in the process's buffer
+    s2 = reopen(storage, clean=False)
+    try:
+        for eid in range(40):
+            assert s2.read_entry(1, eid) == entry(1, eid)
+        with pytest.raises(NoSuchEntryError):
+            s2.read_entry(1, 40)
+        assert s2.get_explicit_lac(1) == 30
+        assert s2.stats.replayed_records >= 21
+    finally:
+        s2.close()
+
+
+def test_write_buffered_entries_survive_process_death(storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+    storage.journal.write_buffered()  # page cache only: survives kill -9
+    s2 = reopen(storage, clean=False)
+    try:
+        assert s2.read_entry(1, 0) == entry(1, 0)
+    finally:
+        s2.close()
+
+
+def test_master_key_is_checked(storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+    with pytest.raises(UnauthorizedError):
+        storage.add_entry(1, 1, entry(1, 1), OTHER_KEY)
+    with pytest.raises(UnauthorizedError):
+        storage.fence(1, OTHER_KEY)
+    assert storage.get_master_key(1) == KEY
+    assert storage.get_master_key(2) is None
+    storage.journal.sync()
+    s2 = reopen(storage, clean=False)  # the key comes back from the journal
+    try:
+        with pytest.raises(UnauthorizedError):
+            s2.add_entry(1, 1, entry(1, 1), OTHER_KEY)
+        s2.checkpoint()
+        s3 = reopen(s2, clean=True)  # ... and from the index
+        with pytest.raises(UnauthorizedError):
+            s3.add_entry(1, 1, entry(1, 1), OTHER_KEY)
+        s3.close()
+    finally:
+        if not s2.closed:
+            s2.close()
+
+
+def test_fence_refuses_adds_but_not_recovery_adds(storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+    seq = storage.fence(1, KEY)
+    assert seq == storage.journal.append_seq
+    assert storage.is_fenced(1)
+    assert storage.fence(1, KEY) == seq  # idempotent: nothing new to wait for
+    with pytest.raises(LedgerFencedError):
+        storage.add_entry(1, 1, entry(1, 1), KEY)
+    storage.add_entry(1, 1, entry(1, 1), KEY, recovery=True)
+    assert storage.read_entry(1, 1) == entry(1, 1)
+
+
+def test_fence_creates_unknown_ledger_and_is_durable_across_restart(
+        storage: BookieStorage) -> None:
+    seq = storage.fence(5, KEY)
+    assert storage.ledger_exists(5) and storage.is_fenced(5)
+    assert storage.journal.sync() >= seq
+    s2 = reopen(storage, clean=False)  # from the journal
+    try:
+        assert s2.is_fenced(5)
+        with pytest.raises(LedgerFencedError):
+            s2.add_entry(5, 0, b"x", KEY)
+        s2.checkpoint()
+        s3 = reopen(s2, clean=False)  # from the index (journal files gone)
+        assert s3.is_fenced(5) and s3.get_master_key(5) == KEY
+        s3.close()
+    finally:
+        if not s2.closed:
+            s2.close()
+
+
+def test_ledger_state_updates(storage: BookieStorage) -> None:
+    with pytest.raises(NoSuchLedgerError):
+        storage.update_ledger_state(4, limbo=True)
+    with pytest.raises(NoSuchLedgerError):
+        storage.get_explicit_lac(4)
+    storage.add_entry(4, 0, entry(4, 0), KEY)
+    assert storage.get_explicit_lac(4) == -1
+    storage.set_explicit_lac(4, 10)
+    assert storage.set_explicit_lac(4, 3) == storage.journal.append_seq  # never goes back
+    storage.update_ledger_state(4, limbo=True, sync_cursor=b"\x01cursor")
+    with pytest.raises(ValueError):
+        storage.update_ledger_state(4, master_key=OTHER_KEY)
+    expected = LedgerState(KEY, fenced=False, explicit_lac=10, limbo=True,
+                           sync_cursor=b"\x01cursor")
+    assert storage.get_ledger_state(4) == expected
+    storage.journal.sync()
+    s2 = reopen(storage, clean=False)
+    try:
+        assert s2.get_ledger_state(4) == expected
+        s2.checkpoint()
+        s3 = reopen(s2, clean=True)
+        assert s3.get_ledger_state(4) == expected
+        s3.close()
+    finally:
+        if not s2.closed:
+            s2.close()
+
+
+def test_ledger_state_codec_round_trip_and_rejects_unknown_version() -> None:
+    state = LedgerState(KEY, True, 7, True, b"abc")
+    assert LedgerState.decode(state.encode()) == state
+    with pytest.raises(StorageError):
+        LedgerState.decode(b"\x02" + state.encode()[1:])
+    with pytest.raises(StorageError):
+        LedgerState.decode(state.encode()[:-1])
+
+
+def test_delete_ledger_stops_reads_at_once_and_durably(storage: BookieStorage) -> None:
+    for eid in range(10):
+        storage.add_entry(1, eid, entry(1, eid), KEY)
+        storage.add_entry(2, eid, entry(2, eid), KEY)
+    storage.checkpoint()
+    storage.read_entry(1, 3)  # now in the read cache too
+    storage.add_entry(1, 10, entry(1, 10), KEY)  # and one in the write cache
+    seq = storage.delete_ledger(1)
+    for eid in (3, 10, -1):
+        with pytest.raises(NoSuchLedgerError):
+            storage.read_entry(1, eid)
+    assert not storage.ledger_exists(1) and storage.list_ledgers() == [2]
+    assert storage.journal.sync() >= seq
+    s2 = reopen(storage, clean=False)  # deletion replayed from the journal
+    try:
+        with pytest.raises(NoSuchLedgerError):
+            s2.read_entry(1, 3)
+        s2.checkpoint()
+        assert s2.ledger_storage.index.entry_count(1) == 0
+        assert not s2.ledger_storage.index.has_ledger_state(1)
+        s3 = reopen(s2, clean=True)
+        assert s3.list_ledgers() == [2]
+        assert s3.read_entry(2, 9) == entry(2, 9)
+        s3.close()
+    finally:
+        if not s2.closed:
+            s2.close()
+
+
+def test_delete_during_checkpoint_flush(storage: BookieStorage) -> None:
+    """A deletion racing the checkpoint that writes the ledger's entries."""
+    for eid in range(5):
+        storage.add_entry(1, eid, entry(1, eid), KEY)
+    real_flush = storage.ledger_storage.flush
+
+    def flush_with_delete(*args: object, **kwargs: object) -> None:
+        storage.delete_ledger(1)  # the loop thread deletes mid-checkpoint
+        with pytest.raises(NoSuchLedgerError):
+            storage.read_entry(1, 0)
+        real_flush(*args, **kwargs)  # type: ignore[arg-type]
+
+    storage.ledger_storage.flush = flush_with_delete  # type: ignore[method-assign]
+    storage.checkpoint()
+    storage.ledger_storage.flush = real_flush  # type: ignore[method-assign]
+    with pytest.raises(NoSuchLedgerError):
+        storage.read_entry(1, 0)
+    storage.checkpoint()  # the deletion itself
+    assert storage.ledger_storage.index.entry_count(1) == 0
+
+
+def test_gc_removes_dead_entry_logs_and_keeps_partly_live_ones(
+        storage: BookieStorage) -> None:
+    log_dir = storage.config.entry_log_dir
+    for lid in (1, 2):
+        for eid in range(5):
+            storage.add_entry(lid, eid, entry(lid, eid), KEY)
+    storage.checkpoint()
+    s = reopen(storage, clean=True)  # next checkpoint writes a new log
+    for eid in range(5):
+        s.add_entry(3, eid, entry(3, eid), KEY)
+    s.checkpoint()
+    s = reopen(s, clean=True)
+    try:
+        assert list_entry_logs(log_dir) == [1, 2]
+        assert s.gc_entry_logs() == []
+        s.delete_ledger(3)
+        assert s.gc_entry_logs() == [2]  # all of log 2's ledgers are gone
+        s.delete_ledger(1)
+        assert s.gc_entry_logs() == []  # log 1 still holds ledger 2
+        assert list_entry_logs(log_dir) == [1]
+        for eid in range(5):
+            assert s.read_entry(2, eid) == entry(2, eid)
+        s.delete_ledger(2)
+        assert s.gc_entry_logs() == [1]
+        assert list_entry_logs(log_dir) == []
+    finally:
+        s.close()
+
+
+def test_gc_never_removes_the_log_being_written(storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+    storage.checkpoint()
+    storage.delete_ledger(1)
+    assert storage.gc_entry_logs() == []
+    assert list_entry_logs(storage.config.entry_log_dir) == [1]
+
+
+def test_gc_removes_orphan_logs_of_a_crashed_checkpoint(storage: BookieStorage,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage.ledger_storage.index, "commit_checkpoint", fail)
+    with pytest.raises(StorageError):
+        storage.checkpoint()
+    monkeypatch.undo()
+    # Nothing lost in memory: the failed work is retried by the next checkpoint.
+    assert storage.read_entry(1, 0) == entry(1, 0)
+    assert list_entry_logs(storage.config.entry_log_dir) == [1]
+    storage.journal.sync()
+    s2 = reopen(storage, clean=False)
+    try:
+        assert s2.read_entry(1, 0) == entry(1, 0)  # from the journal
+        s2.checkpoint()
+        assert s2.gc_entry_logs() == [1]  # the orphan; log 2 is current
+        assert s2.read_entry(1, 0) == entry(1, 0)
+    finally:
+        s2.close()
+
+
+def test_journal_files_before_the_mark_are_removed_by_checkpoint(
+        storage: BookieStorage) -> None:
+    journal_dir = storage.config.journal_dir
+    for eid in range(200):
+        storage.add_entry(1, eid, entry(1, eid, 300), KEY)
+        if eid % 20 == 0:
+            storage.journal.write_buffered()
+    storage.journal.sync()
+    assert len(list_journal_files(journal_dir)) >= 4
+    stats = storage.checkpoint()
+    assert stats.journal_files_removed >= 3
+    assert list_journal_files(journal_dir) == [stats.mark.file_seq]
+    s2 = reopen(storage, clean=False)
+    try:
+        assert s2.stats.replayed_records == 0
+        assert s2.read_entry(1, 199) == entry(1, 199, 300)
+    finally:
+        s2.close()
+
+
+def test_checkpoint_due_and_write_cache_limit(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, write_cache_max_bytes=10_000, write_cache_reject_ratio=2.0)
+    s = BookieStorage.open(cfg)
+    try:
+        eid = 0
+        while not s.checkpoint_due:
+            s.add_entry(1, eid, entry(1, eid, 1000), KEY)
+            eid += 1
+        assert eid == 10
+        for _ in range(10):
+            s.add_entry(1, eid, entry(1, eid, 1000), KEY)
+            eid += 1
+        with pytest.raises(TooManyRequestsError):
+            s.add_entry(1, eid, entry(1, eid, 1000), KEY)
+        s.checkpoint()
+        assert not s.checkpoint_due
+        s.add_entry(1, eid, entry(1, eid, 1000), KEY)
+    finally:
+        s.close()
+
+
+def test_entry_logs_roll_and_reads_span_them(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, entry_log_max_bytes=8192, read_cache_max_bytes=0)
+    s = BookieStorage.open(cfg)
+    try:
+        for eid in range(100):
+            s.add_entry(1, eid, entry(1, eid, 500), KEY)
+        s.checkpoint()
+        assert len(list_entry_logs(cfg.entry_log_dir)) >= 6
+        for eid in range(100):
+            assert s.read_entry(1, eid) == entry(1, eid, 500)
+    finally:
+        s.close()
+
+
+def test_read_cache_serves_repeated_reads(storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+    storage.checkpoint()
+    storage.read_entry(1, 0)
+    storage.read_entry(1, 0)
+    stats = storage.stats
+    assert stats.read_cache_hits == 1 and stats.read_cache_misses == 1
+
+
+def test_separate_journal_and_ledger_dirs(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, journal_dirs=(tmp_path / "j",), ledger_dirs=(tmp_path / "l",))
+    s = BookieStorage.open(cfg)
+    s.add_entry(1, 0, entry(1, 0), KEY)
+    s = reopen(s, clean=True)
+    try:
+        assert s.read_entry(1, 0) == entry(1, 0)
+        assert (tmp_path / "j" / "journal").is_dir()
+        assert (tmp_path / "l" / "ledgers" / "index").is_dir()
+        assert not (tmp_path / "j" / "ledgers").exists()
+    finally:
+        s.close()
+
+
+def test_second_open_of_the_same_dirs_is_refused(storage: BookieStorage) -> None:
+    with pytest.raises(StorageError):
+        BookieStorage.open(storage.config)
+
+
+def test_config_validation(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        make_config(tmp_path, journal_dirs=())
+    with pytest.raises(ConfigError):
+        make_config(tmp_path, ledger_dirs=(tmp_path / "a", tmp_path / "b"))
+    with pytest.raises(ConfigError):
+        make_config(tmp_path, journal_file_size_bytes=100)
+
+
+def test_closed_engine_refuses_work(storage: BookieStorage) -> None:
+    storage.close()
+    storage.close()  # idempotent
+    with pytest.raises(StorageError):
+        storage.add_entry(1, 0, b"x", KEY)
+    with pytest.raises(StorageError):
+        storage.read_entry(1, 0)
+
+
+def test_disk_usage(storage: BookieStorage) -> None:
+    free, total = storage.disk_usage()
+    assert 0 < free <= total
