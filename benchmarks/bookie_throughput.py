@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quire.errors import StatusCode  # noqa: E402
-from quire.protocol import DigestManager, encode_add_request, master_key  # noqa: E402
-from quire.sandbox import BookieProcess, sqlite_uri  # noqa: E402
-from quire.types import DigestType  # noqa: E402
-from tests.support.bookies import RawBookieClient  # noqa: E402
+from quire.errors import StatusCode
+from quire.protocol import DigestManager, encode_add_request, master_key
+from quire.sandbox import BookieProcess, sqlite_uri
+from quire.types import DigestType
+from tests.support.bookies import RawBookieClient
 
 KEY = master_key(b"bench")
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from tests.support.metadata import Target, target_for
 
 from quire.errors import (
     MetadataError,
@@ -32,6 +31,7 @@ from quire.metadata import (
     Versioned,
 )
 from quire.types import BookieState, DigestType, LedgerState, LedgerType
+from tests.support.metadata import Target, target_for
 
 T = TypeVar("T")
 

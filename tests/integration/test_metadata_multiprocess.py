@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.support.metadata import Target, Worker, target_for
 
 from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore
 from quire.types import BookieState
+from tests.support.metadata import Target, Worker, target_for
 
 DRIVERS = ["sqlite", pytest.param("zk", marks=pytest.mark.zookeeper)]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
-from tests.support.metadata import target_for
-from tests.support.zookeeper import ZooKeeperServer
 
 from quire.metadata import BookieInfo, LedgerMetadata, Versioned
 from quire.metadata.zookeeper import ZooKeeperStore
 from quire.types import BookieState
+from tests.support.metadata import target_for
+from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 

@@ -81,7 +81,8 @@ class FakeBookie:
         self.silent = False
         """Answer nothing at all."""
         self.hold_adds: set[int] | None = None
-        """Entry ids whose add answers wait in ``held`` until :meth:`release`."""
+        """Entry ids whose (non-recovery) add answers wait in ``held`` until
+        :meth:`release`."""
         self.held: list[tuple[_Conn, bytes]] = []
         self.corrupt_reads = False
         """Flip the last byte of every entry a read returns."""
@@ -148,7 +149,8 @@ class FakeBookie:
         self.add_flags.append(req.flags)
         def answer(status: StatusCode) -> None:
             frame = AddResponse(req.request_id, status, req.ledger_id, req.entry_id).encode()
-            if self.hold_adds is not None and req.entry_id in self.hold_adds:
+            if (self.hold_adds is not None and req.entry_id in self.hold_adds
+                    and not req.is_recovery):
                 self.held.append((conn, frame))
             else:
                 conn.send(frame)

@@ -62,11 +62,14 @@ def skip_fsync(fd: int, tracker: object, name: str, length: int) -> None:
 # --- power loss ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("journal_fsync", [True, False], ids=["fsync", "fsync-removed"])
+@pytest.mark.parametrize("mode", ["fsync", "fsync-removed", "skip-flag"])
 def test_power_loss_keeps_exactly_what_sync_acknowledged(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, journal_fsync: bool) -> None:
-    cfg = make_config(tmp_path)
-    if not journal_fsync:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """``fsync-removed`` patches the fsync call out of the journal (as a bug
+    would); ``skip-flag`` uses the config seam that process-level tests use."""
+    cfg = make_config(tmp_path, test_skip_journal_fsync=mode == "skip-flag")
+    journal_fsync = mode == "fsync"
+    if mode == "fsync-removed":
         monkeypatch.setattr(journal_module, "sync_file", skip_fsync)
     s = BookieStorage.open(cfg)
     for eid in range(20):
@@ -267,21 +270,25 @@ def test_checkpoint_and_sync_threads_with_adds_and_reads(tmp_path: Path, seed: i
 
     threads = [threading.Thread(target=loop, args=(s.checkpoint,)),
                threading.Thread(target=loop, args=(do_sync,))]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # many more thread interleavings
     for t in threads:
         t.start()
-    model: dict[int, dict[int, bytes]] = {}
+    model: dict[int, dict[int, bytes]] = {}  # ledgers the engine knows
     seq_of: dict[tuple[int, int], int] = {}
     fenced: set[int] = set()
     deleted: set[int] = set()
+    active: list[int] = []  # not deleted (fenced ones stay readable)
+    next_ledger = 1
     try:
-        for _step in range(15000):
+        for _step in range(6000):
+            if len(active) < 6:
+                active.append(next_ledger)
+                next_ledger += 1
+            lid = rng.choice(active)
             op = rng.random()
-            live = [lid for lid in model if lid not in deleted]
-            if op < 0.6 or not live:
-                lid = rng.randrange(1, 12)
-                if lid in deleted:
-                    continue
-                entries = model.setdefault(lid, {})
+            if op < 0.6:
+                entries = model.get(lid, {})
                 eid = len(entries)
                 data = payload(lid, eid, rng.randrange(1, 300))
                 if lid in fenced:
@@ -289,34 +296,37 @@ def test_checkpoint_and_sync_threads_with_adds_and_reads(tmp_path: Path, seed: i
                         s.add_entry(lid, eid, data, KEY)
                     continue
                 seq_of[(lid, eid)] = s.add_entry(lid, eid, data, KEY)
-                entries[eid] = data
+                model.setdefault(lid, {})[eid] = data
                 if rng.random() < 0.2:
                     s.journal.write_buffered()
             elif op < 0.93:
-                lid = rng.choice(live)
-                if not model[lid]:
+                if lid not in model:
+                    with pytest.raises(NoSuchLedgerError):
+                        s.read_entry(lid, 0)
+                elif not model[lid]:
                     with pytest.raises(NoSuchEntryError):
                         s.read_entry(lid, -1)
-                    continue
-                eid = rng.randrange(len(model[lid]))
-                assert s.read_entry(lid, eid) == model[lid][eid]
-                assert s.read_entry(lid, -1) == model[lid][len(model[lid]) - 1]
-            elif op < 0.97:
-                lid = rng.choice(live)
+                else:
+                    eid = rng.randrange(len(model[lid]))
+                    assert s.read_entry(lid, eid) == model[lid][eid]
+                    assert s.read_entry(lid, -1) == model[lid][len(model[lid]) - 1]
+            elif op < 0.96:
                 s.fence(lid, KEY)
                 fenced.add(lid)
-            else:
-                lid = rng.choice(live)
+                model.setdefault(lid, {})
+            elif lid in model:
                 s.delete_ledger(lid)
                 deleted.add(lid)
+                active.remove(lid)
                 with pytest.raises(NoSuchLedgerError):
                     s.read_entry(lid, 0)
     finally:
         stop.set()
         for t in threads:
             t.join()
+        sys.setswitchinterval(switch_interval)
     assert not errors, errors
-    assert s.stats.checkpoints > 0
+    assert s.stats.checkpoints > 10 and len(deleted) > 10 and len(seq_of) > 2000
     durable_seq = s.journal.sync()
     s.abandon()
     emulate_power_loss([tmp_path])
@@ -502,6 +512,6 @@ class StorageMachine(RuleBasedStateMachine):
 def test_engine_matches_model(tmp_path: Path) -> None:
     StorageMachine.root = tmp_path
     machine = StorageMachine.TestCase
-    machine.settings = settings(max_examples=30, stateful_step_count=30, deadline=None,
+    machine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None,
                                 suppress_health_check=[HealthCheck.too_slow])
     machine().runTest()

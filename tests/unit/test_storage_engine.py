@@ -426,6 +426,17 @@ def test_read_cache_serves_repeated_reads(storage: BookieStorage) -> None:
     assert stats.read_cache_hits == 1 and stats.read_cache_misses == 1
 
 
+def test_rewritten_entry_is_not_served_stale_from_the_read_cache(
+        storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, b"old", KEY)
+    storage.checkpoint()
+    assert storage.read_entry(1, 0) == b"old"  # now in the read cache
+    storage.add_entry(1, 0, b"new", KEY, recovery=True)
+    assert storage.read_entry(1, 0) == b"new"
+    storage.checkpoint()
+    assert storage.read_entry(1, 0) == b"new"
+
+
 def test_separate_journal_and_ledger_dirs(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, journal_dirs=(tmp_path / "j",), ledger_dirs=(tmp_path / "l",))
     s = BookieStorage.open(cfg)

@@ -43,3 +43,6 @@ class BookieConfig:
     registration_lease_ms: int = 3000
     power_loss_tracking: bool = False
     """Test seam: record fsynced lengths so power loss can be emulated."""
+    test_skip_journal_fsync: bool = False
+    """Test seam, never for real use: acknowledge without the journal fsync
+    (proves the power-loss tests can fail)."""

@@ -210,8 +210,12 @@ class BookieServer:
             journal_max_group_bytes=cfg.journal_max_group_bytes,
             write_cache_max_bytes=cfg.write_cache_max_bytes,
             read_cache_max_bytes=cfg.read_cache_max_bytes,
-            power_loss_tracking=cfg.power_loss_tracking)
+            power_loss_tracking=cfg.power_loss_tracking,
+            test_skip_journal_fsync=cfg.test_skip_journal_fsync)
         self._storage = await asyncio.to_thread(BookieStorage.open, storage_config)
+        storage = self._storage
+        self.metrics.read_cache_hits.set_function(lambda: storage.stats.read_cache_hits)
+        self.metrics.read_cache_misses.set_function(lambda: storage.stats.read_cache_misses)
         self._committer = GroupCommitter(self._storage.journal,
                                          max_group_wait_ms=cfg.journal_max_group_wait_ms,
                                          on_sync=self._observe_fsync)
@@ -566,11 +570,6 @@ class BookieServer:
             return
         conn.send(ErrorResponse(op, request_id, StatusCode.UNSUPPORTED).encode())
 
-    def update_read_cache_metrics(self) -> None:
-        stats = getattr(self.storage, "stats", None)
-        if stats is not None:
-            self.metrics.read_cache_hits.set(getattr(stats, "read_cache_hits", 0))
-            self.metrics.read_cache_misses.set(getattr(stats, "read_cache_misses", 0))
 
 
 async def serve(config: BookieConfig) -> None:

@@ -7,7 +7,13 @@ from typing import Any
 import click
 
 from quire.bench import WriteBenchParams, bench_write
-from quire.cli.common import default_metadata_uri, emit_json, json_option, metadata_option, run_async
+from quire.cli.common import (
+    default_metadata_uri,
+    emit_json,
+    json_option,
+    metadata_option,
+    run_async,
+)
 from quire.types import LedgerType
 
 

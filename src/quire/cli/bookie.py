@@ -7,7 +7,13 @@ from typing import Any
 import click
 
 from quire.bookie.config import BookieConfig
-from quire.cli.common import default_metadata_uri, emit_json, json_option, metadata_option, run_async
+from quire.cli.common import (
+    default_metadata_uri,
+    emit_json,
+    json_option,
+    metadata_option,
+    run_async,
+)
 from quire.cli.options import config_options, pick_overrides
 from quire.config import load_config
 from quire.errors import QuireError

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quire.cli.common import default_metadata_uri, emit_json, json_option, metadata_option, run_async
+from quire.cli.common import (
+    default_metadata_uri,
+    emit_json,
+    json_option,
+    metadata_option,
+    run_async,
+)
 from quire.types import DigestType, LedgerType
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from quire.errors import (
     BookieUnavailableError,
@@ -66,8 +66,8 @@ class _BookieProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = cast(asyncio.Transport, transport)
         self.client._connected(self)
 
     def data_received(self, data: bytes) -> None:

@@ -49,6 +49,7 @@ from quire.errors import (
     BookieUnavailableError,
     ClientClosedError,
     ClientError,
+    ClientTimeoutError,
     EnsembleChangeRefusedError,
     EntryNotAvailableError,
     LedgerClosedError,
@@ -63,6 +64,7 @@ from quire.errors import (
     ReadBeyondLastAddConfirmedError,
     StatusCode,
     UnauthorizedError,
+    error_for_status,
 )
 from quire.metadata import LedgerMetadata, Versioned, Watch
 from quire.metadata.model import Ensembles
@@ -163,9 +165,6 @@ class ReadHandle:
         if md.state is LedgerState.CLOSED:
             self._lac = md.last_entry_id
             self._stop_watch()
-        elif md.ensembles:
-            # a fragment starts at LAC+1 of the writer that made it
-            self._lac = max(self._lac, md.ensembles[-1][0] - 1)
 
     def _on_metadata_change(self, versioned: Versioned[LedgerMetadata] | None) -> None:
         if versioned is not None and versioned.version > self._versioned.version:
@@ -230,33 +229,38 @@ class ReadHandle:
     async def read_last_add_confirmed(self) -> int:
         """Ask the current ensemble for the LAC (READ_LAC) and return the
         highest answer (never lower than what the handle knew); a closed
-        ledger's is its last entry.  BookieUnavailableError if no bookie
-        answered."""
+        ledger's is its last entry.  ClientTimeoutError if no bookie answered
+        in time, BookieUnavailableError if none could answer."""
         md = self._versioned.value
         if md.state is LedgerState.CLOSED:
             return self._lac
         answers = await asyncio.gather(*(self._read_lac_from(b) for b in md.last_ensemble))
-        known = [lac for lac in answers if lac is not None]
+        known = [lac for lac in answers if isinstance(lac, int)]
         if not known:
-            raise BookieUnavailableError(
-                f"ledger {self._ledger_id}: no bookie of {', '.join(md.last_ensemble)} "
-                "answered READ_LAC")
+            failures = [a for a in answers if isinstance(a, QuireError)]
+            kind = ClientTimeoutError if failures and all(
+                isinstance(f, ClientTimeoutError) for f in failures) else BookieUnavailableError
+            raise kind(f"ledger {self._ledger_id}: no bookie of {', '.join(md.last_ensemble)} "
+                       f"answered READ_LAC ({'; '.join(str(f) for f in failures)})")
         if not self.is_closed:
-            self._lac = max(self._lac, *known)
+            # a fragment starts at LAC+1 of the writer that made it
+            self._lac = max(self._lac, *known, md.ensembles[-1][0] - 1)
         return self._lac
 
-    async def _read_lac_from(self, bookie: str) -> int | None:
+    async def _read_lac_from(self, bookie: str) -> int | QuireError:
+        """The bookie's LAC, or why it gave none."""
         try:
             answer = await self._ctx.pool.client(bookie).call(
                 ReadLacRequest(0, self._ledger_id), self._ctx.read_timeout_s)
-        except QuireError:
-            return None
+        except QuireError as e:
+            return e
         if isinstance(answer, ReadLacResponse) and answer.status == StatusCode.OK:
             return answer.lac
-        if isinstance(answer, ReadLacResponse | ErrorResponse) and \
-                answer.status.is_explicit_negative:
-            return NO_ENTRY  # the bookie holds nothing of it yet
-        return None
+        if isinstance(answer, ReadLacResponse | ErrorResponse):
+            if answer.status.is_explicit_negative:
+                return NO_ENTRY  # the bookie holds nothing of it yet
+            return error_for_status(answer.status)(f"bookie {bookie}: {answer.status.name}")
+        return BookieUnavailableError(f"bookie {bookie}: unexpected answer {answer!r}")
 
     async def close(self) -> None:
         """Release the handle (stops following the metadata)."""
@@ -428,8 +432,8 @@ class WriteHandle(ReadHandle):
 
     def _on_add_answer(self, token: tuple[_PendingAdd, int, str], result: object) -> None:
         add, index, bookie = token
-        if self._ensemble[index] != bookie or self._error is not None:
-            return  # from a bookie replaced since, or the handle failed already
+        if self._ensemble[index] != bookie or self._error is not None or self._closed:
+            return  # from a bookie replaced since, or the handle failed or closed
         if isinstance(result, AddResponse):
             status = result.status
             if status == StatusCode.OK:

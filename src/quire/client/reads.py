@@ -11,8 +11,9 @@ classifies every answer into exactly one of three kinds:
 
 A *normal* read asks one replica at a time, in order, failing over on any
 non-good answer and speculatively asking the next replica when one is slow.
-A *recovery* read asks every replica at once: one good copy makes the entry
-recoverable; ``gone_threshold`` explicit noes make it gone.
+A *recovery* read asks every replica at once and waits for every answer (or
+timeout) unless a good copy comes first: one good copy makes the entry
+recoverable; otherwise ``gone_threshold`` explicit noes make it gone.
 
 :func:`read_range` pipelines single-entry reads over a range; a batched
 (BP-62) path can sit beside it behind the same ``read_range`` signature.
@@ -154,10 +155,6 @@ class EntryReadOp:
               and result.status.is_explicit_negative):
             self._negatives += 1
             self._errors.append(f"{bookie}: {result.status.name}")
-            if self.gone_threshold and self._negatives >= self.gone_threshold:
-                self.gone = True
-                self._finish()
-                return
         else:
             self._unknown += 1
             self._errors.append(f"{bookie}: " + (
@@ -169,6 +166,15 @@ class EntryReadOp:
             self._finish_without_copy()
 
     def _finish_without_copy(self) -> None:
+        if self.gone_threshold and self._negatives >= self.gone_threshold:
+            # enough definite noes: the entry cannot have been acknowledged
+            # (the other answers were awaited: a good copy would have won)
+            self.gone = True
+            self._finish()
+            return
+        self._fail()
+
+    def _fail(self) -> None:
         where = f"entry {self.entry_id} of ledger {self._ledger_id}"
         detail = "; ".join(self._errors)
         if self._unknown:

@@ -476,7 +476,7 @@ class Decoder:
     refuses further use, since the stream position is lost.
     """
 
-    __slots__ = ("_buf", "_broken", "_is_requests", "_pos", "max_frame_bytes")
+    __slots__ = ("_broken", "_buf", "_is_requests", "_pos", "max_frame_bytes")
 
     def __init__(self, direction: Literal["requests", "responses"],
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:

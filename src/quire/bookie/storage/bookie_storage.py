@@ -40,6 +40,12 @@ journal mark (so the mark covers exactly the swapped entries and states),
 never during its I/O.  Lock order: checkpoint lock -> engine lock ->
 journal locks.  ``abandon()`` (test seam) must not race with anything.
 
+One benign race is left for reads issued from threads other than the loop:
+a read that misses the caches, then loses the race against a re-add of the
+*same* entry id and the checkpoint of that re-add, may leave the older
+version in the read cache.  Entries are immutable in BookKeeper (recovery
+re-adds identical bytes), and the loop-thread-only reader cannot hit it.
+
 Deletion
 --------
 ``delete_ledger`` stops serving the ledger at once and journals a
@@ -189,6 +195,7 @@ class BookieStorage:
         lock_fds: list[int] = []
         trackers: list[SyncTracker] = []
         store: LedgerStorage | None = None
+        journal: Journal | None = None
         try:
             lock_fds.append(lock_directory(journal_dir))
             lock_fds.append(lock_directory(config.ledgers_dir))
@@ -204,7 +211,10 @@ class BookieStorage:
             journal = Journal.open(journal_dir, file_size_bytes=config.journal_file_size_bytes,
                                    max_group_bytes=config.journal_max_group_bytes,
                                    preallocate=config.journal_preallocate,
-                                   tracker=journal_tracker)
+                                   tracker=journal_tracker,
+                                   skip_fsync_for_testing=config.test_skip_journal_fsync)
+            if config.test_skip_journal_fsync:
+                log.warning("test_skip_journal_fsync is set: the journal never fsyncs")
             self = cls(config, journal, store, lock_fds, states, mark)
             started = time.perf_counter()
             for record in journal.replay(mark):
@@ -217,6 +227,8 @@ class BookieStorage:
                      self._replay_skipped, mark, time.perf_counter() - started)
             return self
         except BaseException:
+            if journal is not None:
+                journal.abandon()
             if store is not None:
                 store.close()
             for tracker in trackers:
@@ -538,12 +550,8 @@ class BookieStorage:
             with self._lock:
                 self._flushing = {}
             return CheckpointStats(0, 0, 0, 0, 0, time.perf_counter() - started, mark)
-        nbytes = 0
         try:
-            items = sorted(snapshot.items())
-            for _key, value in items:
-                nbytes += len(value)
-            self._store.flush(items, states, deletions, mark)
+            nbytes = self._store.flush(snapshot, states, deletions, mark)
         except BaseException as e:
             self._restore_after_failed_checkpoint(snapshot, states, deletions)
             if isinstance(e, OSError):

@@ -62,6 +62,10 @@ class StorageConfig:
     power_loss_tracking: bool = False
     """Test seam: record every fsynced file length so that
     :func:`quire.testing.power_loss.emulate_power_loss` can drop the rest."""
+    test_skip_journal_fsync: bool = False
+    """Test seam, never for production: the journal skips every fsync (and so
+    records none) yet ``sync()`` still reports records durable.  Proves that
+    the power-loss emulation catches a bookie acknowledging before fsync."""
 
     def __post_init__(self) -> None:
         if not self.journal_dirs:

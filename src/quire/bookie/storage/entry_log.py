@@ -121,46 +121,54 @@ class EntryLogger:
 
     def _write_batch(self, items: Iterable[tuple[tuple[int, int], bytes]]
                      ) -> tuple[list[IndexRow], dict[int, set[int]]]:
+        # Hot loop (one iteration per checkpointed entry): locals only.
         rows: list[IndexRow] = []
+        append_row = rows.append
         ledgers: dict[int, set[int]] = {}
-        buf = bytearray()
-        buf_off = self._cur_off
-        created = False
         pack = ENTRY_HEADER.pack
         max_bytes = self._max_bytes
         chunk = self._write_buffer_bytes
-        log_ledgers: set[int] | None = None
-        if self._cur_fd >= 0:
-            log_ledgers = ledgers.setdefault(self._cur_id, set())
+        created = False
+        buf = bytearray()
+        fd = self._cur_fd
+        log_id = self._cur_id
+        off = buf_off = self._cur_off
+        log_ledgers = ledgers.setdefault(log_id, set()) if fd >= 0 else set()
+        last_ledger = -1
         for (ledger_id, entry_id), entry in items:
-            size = ENTRY_HEADER_SIZE + len(entry)
-            if self._cur_fd < 0 or (self._cur_off + size > max_bytes
-                                    and self._cur_off > LOG_HEADER_SIZE):
-                if self._cur_fd >= 0:
-                    pwrite_all(self._cur_fd, buf, buf_off)
+            n = len(entry)
+            size = ENTRY_HEADER_SIZE + n
+            if fd < 0 or (off + size > max_bytes and off > LOG_HEADER_SIZE):
+                if fd >= 0:
+                    pwrite_all(fd, buf, buf_off)
                     buf = bytearray()
+                    self._cur_off = off
                     self._finish_current()
                 self._start_log()
                 created = True
-                buf_off = self._cur_off
-                log_ledgers = ledgers.setdefault(self._cur_id, set())
-            assert log_ledgers is not None
-            rows.append((ledger_id, entry_id, self._cur_id, self._cur_off, len(entry)))
-            log_ledgers.add(ledger_id)
-            buf += pack(len(entry), ledger_id, entry_id)
+                fd, log_id, off = self._cur_fd, self._cur_id, self._cur_off
+                buf_off = off
+                log_ledgers = ledgers.setdefault(log_id, set())
+                last_ledger = -1
+            append_row((ledger_id, entry_id, log_id, off, n))
+            if ledger_id != last_ledger:
+                log_ledgers.add(ledger_id)
+                last_ledger = ledger_id
+            buf += pack(n, ledger_id, entry_id)
             buf += entry
-            self._cur_off += size
+            off += size
             if len(buf) >= chunk:
-                pwrite_all(self._cur_fd, buf, buf_off)
+                pwrite_all(fd, buf, buf_off)
                 buf = bytearray()
-                buf_off = self._cur_off
+                buf_off = off
         if buf:
-            pwrite_all(self._cur_fd, buf, buf_off)
+            pwrite_all(fd, buf, buf_off)
+        self._cur_off = off
         if rows:
-            sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
+            sync_file(fd, self._tracker, entry_log_name(log_id), off)
         if created:
             fsync_dir(self.directory)
-        return rows, {log_id: lids for log_id, lids in ledgers.items() if lids}
+        return rows, {lid: lids for lid, lids in ledgers.items() if lids}
 
     def _start_log(self) -> None:
         log_id = self._next_id

@@ -272,8 +272,10 @@ class Journal:
     (optional), then :meth:`start` before appending."""
 
     def __init__(self, directory: Path, *, file_size_bytes: int, max_group_bytes: int,
-                 preallocate: bool = True, tracker: SyncTracker | None = None) -> None:
+                 preallocate: bool = True, tracker: SyncTracker | None = None,
+                 skip_fsync_for_testing: bool = False) -> None:
         self.directory = Path(directory)
+        self._skip_fsync = skip_fsync_for_testing
         self._file_size = file_size_bytes
         self._max_group_bytes = max_group_bytes
         self._preallocate = preallocate
@@ -315,10 +317,20 @@ class Journal:
 
     @classmethod
     def open(cls, directory: Path, *, file_size_bytes: int, max_group_bytes: int,
-             preallocate: bool = True, tracker: SyncTracker | None = None) -> Journal:
+             preallocate: bool = True, tracker: SyncTracker | None = None,
+             skip_fsync_for_testing: bool = False) -> Journal:
         Path(directory).mkdir(parents=True, exist_ok=True)
         return cls(directory, file_size_bytes=file_size_bytes,
-                   max_group_bytes=max_group_bytes, preallocate=preallocate, tracker=tracker)
+                   max_group_bytes=max_group_bytes, preallocate=preallocate, tracker=tracker,
+                   skip_fsync_for_testing=skip_fsync_for_testing)
+
+    def _fsync(self, fd: int, name: str, length: int) -> None:
+        if not self._skip_fsync:
+            sync_file(fd, self._tracker, name, length)
+
+    def _fsync_dir(self) -> None:
+        if not self._skip_fsync:
+            fsync_dir(self.directory)
 
     # --- replay ------------------------------------------------------------
 
@@ -392,7 +404,7 @@ class Journal:
             name = journal_file_name(file_seq)
             fd = os.open(self.directory / name, os.O_RDONLY)
             try:
-                sync_file(fd, self._tracker, name, file_end)
+                self._fsync(fd, name, file_end)
             finally:
                 os.close(fd)
         last_kept = self._replayed_files[-1][0] if self._replayed_files else end.file_seq
@@ -408,8 +420,8 @@ class Journal:
             fd = self._cur_fd
             self._dirty.pop(new_seq, None)
             self._dir_dirty = False
-        sync_file(fd, self._tracker, journal_file_name(new_seq), FILE_HEADER_SIZE)
-        fsync_dir(self.directory)
+        self._fsync(fd, journal_file_name(new_seq), FILE_HEADER_SIZE)
+        self._fsync_dir()
         self._tail_file = new_seq
         self._tail_off = FILE_HEADER_SIZE
         self._started = True
@@ -578,10 +590,10 @@ class Journal:
             started = time.perf_counter()
             try:
                 for file_seq in sorted(dirty):
-                    sync_file(fds[file_seq], self._tracker, journal_file_name(file_seq),
+                    self._fsync(fds[file_seq], journal_file_name(file_seq),
                               dirty[file_seq])
                 if dir_dirty:
-                    fsync_dir(self.directory)
+                    self._fsync_dir()
             except OSError as e:
                 self._failure = e
                 raise StorageError(f"journal fsync failed: {e}") from e

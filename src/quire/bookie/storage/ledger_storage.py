@@ -72,6 +72,20 @@ class ReadCache:
                 _key, evicted = self._entries.popitem(last=False)
                 self._bytes -= len(evicted)
 
+    def invalidate(self, keys: Mapping[EntryKey, object]) -> None:
+        """Drop cached entries that ``keys`` rewrote (an entry added again
+        after it was checkpointed, e.g. by ledger recovery)."""
+        with self._lock:
+            entries = self._entries
+            if not entries:
+                return
+            if len(entries) <= len(keys):
+                stale = [k for k in entries if k in keys]
+            else:
+                stale = [k for k in keys if k in entries]
+            for key in stale:
+                self._bytes -= len(entries.pop(key))
+
     def discard_ledger(self, ledger_id: int) -> None:
         with self._lock:
             for key in [k for k in self._entries if k[0] == ledger_id]:
@@ -114,15 +128,24 @@ class LedgerStorage:
         self.read_cache.put(key, data)
         return data
 
-    def flush(self, items: Iterable[tuple[EntryKey, bytes]], states: Mapping[int, LedgerState],
-              deletions: Iterable[int], mark: JournalMark) -> None:
-        """Write ``items`` (sorted by key) to the entry log, fsync, then commit
-        everything to the index in one transaction."""
+    def flush(self, entries: Mapping[EntryKey, bytes], states: Mapping[int, LedgerState],
+              deletions: Iterable[int], mark: JournalMark) -> int:
+        """Write ``entries`` sorted by key to the entry log, fsync, then commit
+        everything to the index in one transaction; returns the entry bytes
+        written.  Until this returns, the caller must keep serving
+        ``entries`` from memory (the read cache may hold older versions of
+        them until the end)."""
+        items = sorted(entries.items())
+        nbytes = 0
+        for _key, value in items:
+            nbytes += len(value)
         rows, log_ledgers = self.entry_logger.write_batch(items)
         deletions = list(deletions)
         self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark)
+        self.read_cache.invalidate(entries)
         for ledger_id in deletions:
             self.read_cache.discard_ledger(ledger_id)
+        return nbytes
 
     def gc_entry_logs(self, is_live: Callable[[int], bool]) -> list[int]:
         """Remove every entry log (but the current one) none of whose ledgers

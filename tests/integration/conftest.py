@@ -1,0 +1,44 @@
+"""Fixtures of the ledger client's integration tests (real bookie processes)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quire.client import Client, ClientConfig
+from tests.support.cluster import Cluster
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """A fresh cluster of 3 bookies (``@pytest.mark.parametrize("cluster", [n],
+    indirect=True)`` for n)."""
+    started = Cluster(tmp_path / "cluster", getattr(request, "param", 3)).start()
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """5 bookies shared by the tests of one module that kill none of them."""
+    started = Cluster(tmp_path_factory.mktemp("shared-cluster"), 5).start()
+    yield started
+    started.close()
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    """``await connect(cluster, **config)``: a Client closed at teardown."""
+    clients: list[Client] = []
+
+    async def make(on: Cluster, **config: Any) -> Client:
+        client = await Client.connect(on.metadata_uri, ClientConfig(**config))
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
