@@ -32,14 +32,18 @@ class SyncableJournal(Protocol):
 DurableCallback = Callable[[BaseException | None], None]
 SyncObserver = Callable[[float, int], None]
 """Called after each fsync with (seconds taken, callbacks released)."""
+DurableHook = Callable[[int], None]
+"""Called with the new durable seq after each fsync, before any callback."""
 
 
 class GroupCommitter:
     def __init__(self, journal: SyncableJournal, *, max_group_wait_ms: float = 0.0,
-                 on_sync: SyncObserver | None = None) -> None:
+                 on_sync: SyncObserver | None = None,
+                 on_durable: DurableHook | None = None) -> None:
         self._journal = journal
         self._wait_s = max_group_wait_ms / 1000.0
         self._on_sync = on_sync
+        self._on_durable = on_durable
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="quire-fsync")
         self._waiters: deque[tuple[int, DurableCallback]] = deque()
         self._durable_seq = -1
@@ -102,6 +106,8 @@ class GroupCommitter:
         self.fsync_count += 1
         durable = future.result()
         self._durable_seq = max(self._durable_seq, durable)
+        if self._on_durable is not None:
+            self._on_durable(durable)
         waiters = self._waiters
         while waiters and waiters[0][0] <= durable:
             waiters.popleft()[1](None)

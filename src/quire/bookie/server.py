@@ -32,6 +32,7 @@ from quire.bookie.cookie import validate_or_create_cookie
 from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.bookie.sync_cursor import SyncCursor, decode_cursor, encode_cursor
 from quire.errors import (
     BookieError,
     MetadataError,
@@ -60,6 +61,7 @@ from quire.protocol import (
     ReadResponse,
     Request,
     SyncRequest,
+    SyncResponse,
     UnknownRequest,
     WriteLacRequest,
     WriteLacResponse,
@@ -164,6 +166,8 @@ class BookieServer:
         self.address = ""
         self.metrics_address: str | None = None
         self._lac: dict[int, int] = {}
+        self._cursors: dict[int, SyncCursor] = {}
+        """BP-14 sync cursors of the VD ledgers this bookie holds."""
         self._store: MetadataStore | None = None
         self._storage: BookieStorage | None = None
         self._committer: GroupCommitter | None = None
@@ -178,7 +182,7 @@ class BookieServer:
             WriteLacRequest: self._write_lac,  # type: ignore[dict-item]
             BookieInfoRequest: self._bookie_info,  # type: ignore[dict-item]
             BatchReadRequest: self._batch_read,  # type: ignore[dict-item]
-            SyncRequest: self._unsupported,
+            SyncRequest: self._sync,  # type: ignore[dict-item]
             UnknownRequest: self._unsupported,
         }
 
@@ -218,7 +222,9 @@ class BookieServer:
         self.metrics.read_cache_misses.set_function(lambda: storage.stats.read_cache_misses)
         self._committer = GroupCommitter(self._storage.journal,
                                          max_group_wait_ms=cfg.journal_max_group_wait_ms,
-                                         on_sync=self._observe_fsync)
+                                         on_sync=self._observe_fsync,
+                                         on_durable=self._on_durable)
+        self._cursors = await asyncio.to_thread(self._load_cursors)
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
             lambda: BookieConnection(self), cfg.host, cfg.port, reuse_address=True)
@@ -313,6 +319,7 @@ class BookieServer:
                 log.info("ledger %d deleted from metadata; dropping it", ledger_id)
                 self.storage.delete_ledger(ledger_id)
                 self._lac.pop(ledger_id, None)
+                self._cursors.pop(ledger_id, None)
             except MetadataError as e:
                 log.warning("gc: cannot tell whether ledger %d exists: %s", ledger_id, e)
         await asyncio.to_thread(self.storage.gc_entry_logs)
@@ -363,8 +370,10 @@ class BookieServer:
         started = time.perf_counter()
 
         def answer(status: StatusCode, held: int = 0) -> None:
-            conn.send(AddResponse(req.request_id, status, req.ledger_id, req.entry_id).encode(),
-                      held)
+            cursor = self._cursors.get(req.ledger_id)
+            las = cursor.reported if cursor is not None else -1
+            conn.send(AddResponse(req.request_id, status, req.ledger_id, req.entry_id,
+                                  las).encode(), held)
             self._observe(OpCode.ADD_ENTRY, started, status)
 
         if self.read_only and not req.is_recovery:
@@ -382,11 +391,20 @@ class BookieServer:
         lac = _entry_lac(req.entry)
         if lac > self._lac.get(req.ledger_id, -1):
             self._lac[req.ledger_id] = lac
+        cursor = self._cursors.get(req.ledger_id)
+        if cursor is None and req.is_volatile:
+            cursor = self._new_cursor(req.ledger_id)
+        if cursor is not None:
+            cursor.added(seq, req.entry_id)
+            if cursor.confirmed(lac):
+                self._persist_cursor(req.ledger_id, cursor)
         if req.is_volatile and not req.is_recovery:
             # BP-14 VD: acknowledged once in the journal file (page cache);
             # released after this read's batch is written (release_volatile_acks).
+            assert cursor is not None
             conn.volatile_acks.append(AddResponse(
-                req.request_id, StatusCode.OK, req.ledger_id, req.entry_id).encode())
+                req.request_id, StatusCode.OK, req.ledger_id, req.entry_id,
+                cursor.reported).encode())
             self._observe(OpCode.ADD_ENTRY, started, StatusCode.OK)
             return
         conn.hold(size)
@@ -492,6 +510,9 @@ class BookieServer:
                 status = StatusCode.UNAUTHORIZED
             else:
                 self.storage.set_explicit_lac(req.ledger_id, req.lac)
+                cursor = self._cursors.get(req.ledger_id)
+                if cursor is not None and cursor.confirmed(req.lac):
+                    self._persist_cursor(req.ledger_id, cursor)
         except QuireError as e:
             status = _status_of(e)
         conn.send(WriteLacResponse(req.request_id, status, req.ledger_id).encode())
@@ -557,6 +578,84 @@ class BookieServer:
             size += 4 + len(entry)
             entry_id += 1
         return StatusCode.OK, entries
+
+    # --- BP-14 sync cursors --------------------------------------------------
+
+    def _load_cursors(self) -> dict[int, SyncCursor]:
+        """Rebuild the cursors at start, before serving.  Every entry the
+        storage holds now is durable (the engine fsyncs what it replayed), so
+        a cursor also moves over the contiguous entries above its persisted
+        value; it never starts below what it reported before."""
+        cursors = {}
+        for ledger_id in self.storage.list_ledgers():
+            blob = self.storage.get_ledger_state(ledger_id).sync_cursor
+            if not blob:
+                continue
+            las = decode_cursor(blob)
+            last = self.storage.last_entry_id(ledger_id)
+            while las < last:
+                try:
+                    self.storage.read_entry(ledger_id, las + 1)
+                except (NoSuchEntryError, NoSuchLedgerError):
+                    break
+                las += 1
+            cursors[ledger_id] = SyncCursor(las)
+        return cursors
+
+    def _new_cursor(self, ledger_id: int) -> SyncCursor:
+        """First VD add of a ledger: journal an empty cursor before the entry,
+        so that any entry surviving a crash finds its ledger marked VD."""
+        cursor = SyncCursor()
+        cursor.persist_seq = self.storage.update_ledger_state(
+            ledger_id, sync_cursor=encode_cursor(-1))
+        self._cursors[ledger_id] = cursor
+        return cursor
+
+    def _persist_cursor(self, ledger_id: int, cursor: SyncCursor) -> None:
+        if not cursor.needs_persisting():
+            return
+        value = cursor.candidate
+        seq = self.storage.update_ledger_state(ledger_id, sync_cursor=encode_cursor(value))
+        cursor.persisted_request = value
+        cursor.persist_seq = seq
+
+        def durable(error: BaseException | None) -> None:
+            if error is None:
+                cursor.persisted(value)
+
+        self.committer.after_durable(seq, durable)
+
+    def _on_durable(self, durable_seq: int) -> None:
+        """After each journal fsync: the VD entries it covered are synced."""
+        for ledger_id, cursor in self._cursors.items():
+            if (cursor.unsynced and cursor.unsynced[0][0] <= durable_seq
+                    and cursor.synced_through(durable_seq)):
+                self._persist_cursor(ledger_id, cursor)
+
+    def _sync(self, conn: BookieConnection, req: SyncRequest) -> None:
+        asyncio.get_running_loop().create_task(self._do_sync(conn, req))
+
+    async def _do_sync(self, conn: BookieConnection, req: SyncRequest) -> None:
+        """BP-14 SYNC: fsync everything journaled so far, then answer the
+        ledger's LastAddSynced once the cursor holding it is durable."""
+        started = time.perf_counter()
+        status, las = StatusCode.OK, -1
+        try:
+            if not self.storage.ledger_exists(req.ledger_id):
+                raise NoSuchLedgerError(f"ledger {req.ledger_id}")
+            await self.committer.wait_durable(self.storage.journal.append_seq)
+            cursor = self._cursors.get(req.ledger_id)
+            if cursor is None:  # a PD ledger: whatever is stored is synced
+                las = self.storage.last_entry_id(req.ledger_id)
+            else:
+                await self.committer.wait_durable(cursor.persist_seq)
+                las = cursor.reported
+        except QuireError as e:
+            status = _status_of(e)
+        except OSError:
+            status = StatusCode.IO_ERROR
+        conn.send(SyncResponse(req.request_id, status, req.ledger_id, las).encode())
+        self._observe(OpCode.SYNC, started, status)
 
     def _unsupported(self, conn: BookieConnection, req: Request) -> None:
         request_id = getattr(req, "request_id", None)

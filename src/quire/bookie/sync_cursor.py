@@ -1,0 +1,95 @@
+"""BP-14 sync cursor: what a bookie knows to be persisted of one VD ledger.
+
+A VD_JOURNAL add is acknowledged before its journal fsync, so the bookie
+tracks separately which entries are durable:
+
+* ``candidate``: the highest entry id such that every entry up to it has
+  been fsynced here, or is at or below a LastAddConfirmed the writer
+  piggy-backed (the LAC means "persisted on an ack quorum", BP-14);
+* ``ahead``: entry ids fsynced out of order above ``candidate + 1``
+  (BP-14's "list of entry id ranges"), folded in as the gap closes;
+* ``reported``: the LastAddSynced the bookie may tell clients.  It only
+  moves to a candidate once a journal record holding that candidate is
+  itself durable, so after any restart (clean, ``kill -9`` or power loss)
+  the bookie never reports less than it reported before.  This is where
+  Quire departs from upstream, which dropped BP-14's cursor because it could
+  not be rebuilt.
+
+The cursor is pure bookkeeping: the server feeds it fsync results and LACs
+and persists ``encode(candidate)`` through the storage engine.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+
+_FORMAT_VERSION = 1
+_CURSOR = struct.Struct(">Bq")
+
+
+def encode_cursor(last_add_synced: int) -> bytes:
+    return _CURSOR.pack(_FORMAT_VERSION, last_add_synced)
+
+
+def decode_cursor(data: bytes) -> int:
+    """The persisted LastAddSynced (-1 for an empty or unknown blob)."""
+    if len(data) != _CURSOR.size or data[0] != _FORMAT_VERSION:
+        return -1
+    return int(_CURSOR.unpack(data)[1])
+
+
+class SyncCursor:
+    __slots__ = ("ahead", "candidate", "persisted_request", "persist_seq", "reported",
+                 "unsynced")
+
+    def __init__(self, last_add_synced: int = -1) -> None:
+        self.reported = last_add_synced
+        self.candidate = last_add_synced
+        self.persisted_request = last_add_synced
+        """Highest candidate already journaled (durable or on its way)."""
+        self.persist_seq = 0
+        """Journal seq of the latest cursor record (0: none pending)."""
+        self.ahead: set[int] = set()
+        self.unsynced: deque[tuple[int, int]] = deque()
+        """(journal seq, entry id) of adds not yet covered by an fsync."""
+
+    def added(self, seq: int, entry_id: int) -> None:
+        if entry_id > self.candidate:
+            self.unsynced.append((seq, entry_id))
+
+    def _advance(self) -> None:
+        ahead = self.ahead
+        while self.candidate + 1 in ahead:
+            self.candidate += 1
+            ahead.discard(self.candidate)
+
+    def synced_through(self, durable_seq: int) -> bool:
+        """Every add with journal seq <= ``durable_seq`` is fsynced; return
+        True if the candidate moved."""
+        before = self.candidate
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][0] <= durable_seq:
+            _seq, entry_id = unsynced.popleft()
+            if entry_id > self.candidate:
+                self.ahead.add(entry_id)
+        self._advance()
+        return self.candidate != before
+
+    def confirmed(self, lac: int) -> bool:
+        """The writer says entries up to ``lac`` are persisted on an ack
+        quorum; return True if the candidate moved."""
+        if lac <= self.candidate:
+            return False
+        self.candidate = lac
+        self.ahead = {e for e in self.ahead if e > lac}
+        self._advance()
+        return True
+
+    def needs_persisting(self) -> bool:
+        return self.candidate > self.persisted_request
+
+    def persisted(self, value: int) -> None:
+        """A cursor record holding ``value`` is durable: it may be reported."""
+        if value > self.reported:
+            self.reported = value
