@@ -40,8 +40,14 @@ def decode_cursor(data: bytes) -> int:
 
 
 class SyncCursor:
-    __slots__ = ("ahead", "candidate", "persisted_request", "persist_seq", "reported",
-                 "unsynced")
+    __slots__ = (
+        "ahead",
+        "candidate",
+        "persist_seq",
+        "persisted_request",
+        "reported",
+        "unsynced",
+    )
 
     def __init__(self, last_add_synced: int = -1) -> None:
         self.reported = last_add_synced
