@@ -9,18 +9,11 @@ are addressed by index: :meth:`kill9`, :meth:`stop`, :meth:`restart`.
 from __future__ import annotations
 
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
-from quire.sandbox import sqlite_uri
+from quire.sandbox import _free_port, sqlite_uri
 from tests.support.bookies import BookieProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Cluster:

@@ -228,8 +228,10 @@ class FakeCluster:
         self._clients: list[Any] = []
 
     @classmethod
-    async def start(cls, count: int) -> FakeCluster:
-        uri = f"memory://fake-cluster-{uuid.uuid4().hex}"
+    async def start(cls, count: int, uri: str | None = None) -> FakeCluster:
+        """``count`` fake bookies on the store at ``uri`` (default: a private
+        ``memory://`` one)."""
+        uri = uri or f"memory://fake-cluster-{uuid.uuid4().hex}"
         registry = await open_store(uri)
         bookies = [await FakeBookie(f"fake-{i}").start(registry) for i in range(count)]
         return cls(uri, registry, bookies)

@@ -145,8 +145,10 @@ async def test_recovery_keeps_a_single_surviving_copy_and_stops_at_a_gone_entry(
         bookie.hold_adds = {10, 11}
     ledger.append(b"entry-10")
     ledger.append(b"entry-11")
+    deadline = asyncio.get_running_loop().time() + 5
     while not all(10 in b.stored(ledger.ledger_id) and 11 in b.stored(ledger.ledger_id)
                   for b in bookies):
+        assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
     # entry 10 reached one bookie only (two say no: it was never acknowledged,
     # yet its one good copy makes it recoverable); entry 11 reached none: gone
@@ -236,3 +238,4 @@ def use_sync_client(uri: str) -> None:
         reader = client.open_ledger(ledger.ledger_id, password=b"pw", recovery=False)
         assert [e.data for e in reader.read(49, 50)] == [b"x48", b"x49"]
         assert reader.read_last_add_confirmed() == 50
+

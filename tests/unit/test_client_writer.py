@@ -54,11 +54,11 @@ async def test_appends_complete_in_entry_order(fakes: FakeCluster) -> None:
     for future in futures:
         future.add_done_callback(lambda f: order.append(f.result()))
     assert ledger.last_add_pushed == 2
-    await eventually(lambda: len(first.held) == 1 and len(third.held) == 1)
-    await asyncio.sleep(0.05)  # entries 1 and 2 are acknowledged by now...
-    assert order == [] and ledger.last_add_confirmed == -1  # ...but wait for entry 0
+    pending = list(ledger._pending)  # white box: watch the acks arrive
+    await eventually(lambda: pending[1].ack_count == 3 and pending[2].ack_count == 3)
+    assert order == [] and ledger.last_add_confirmed == -1  # entry 0 holds them back
     first.release()  # one ack for entry 0: below the ack quorum
-    await asyncio.sleep(0.05)
+    await eventually(lambda: pending[0].ack_count == 1)
     assert order == []
     third.release()
     assert await asyncio.gather(*futures) == [0, 1, 2]
@@ -75,7 +75,7 @@ async def test_at_most_max_pending_adds_on_the_wire(fakes: FakeCluster) -> None:
     bookie.hold_adds = set(range(100))
     futures = [ledger.append(b"x") for _ in range(6)]
     await eventually(lambda: len(bookie.held) == 2)
-    await asyncio.sleep(0.05)
+    assert len(ledger._pending) == 2 and len(ledger._queued) == 4  # white box
     assert bookie.requests.count("AddRequest") == 2
     bookie.release()
     assert await asyncio.gather(*futures) == list(range(6))

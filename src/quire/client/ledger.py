@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quire.client.context import ClientContext
-from quire.client.placement import write_set_table
+from quire.client.placement import write_set_bookies, write_set_table
 from quire.client.reads import LedgerEntry, read_range
 from quire.errors import (
     BookieUnavailableError,
@@ -125,7 +125,6 @@ class ReadHandle:
         self._ledger_id = ledger_id
         self._digest = DigestManager(ledger_id, md.digest_type, password)
         self._master_key = master_key(password)
-        self._write_sets = write_set_table(md.ensemble_size, md.write_quorum_size)
         self._versioned = versioned
         self._firsts: list[int] = []
         self._lac = NO_ENTRY
@@ -188,9 +187,9 @@ class ReadHandle:
         index = bisect.bisect_right(self._firsts, entry_id) - 1
         if index < 0:
             raise ValueError(f"ledger {self._ledger_id} has no fragment for entry {entry_id}")
-        ensemble = self._versioned.value.ensembles[index][1]
-        write_set = self._write_sets[entry_id % len(ensemble)]
-        return self._ctx.pool.order_for_reads(tuple(ensemble[i] for i in write_set))
+        md = self._versioned.value
+        return self._ctx.pool.order_for_reads(
+            write_set_bookies(md.ensembles[index][1], entry_id, md.write_quorum_size))
 
     def _read_limit(self) -> int:
         return self._lac
@@ -313,6 +312,7 @@ class WriteHandle(ReadHandle):
         self._next_entry_id = last_add_confirmed + 1
         self._length = length
         self._ack_quorum = md.ack_quorum_size
+        self._write_sets = write_set_table(md.ensemble_size, md.write_quorum_size)
         if recovery:
             self._flags = FLAG_RECOVERY_ADD
         elif md.ledger_type is LedgerType.VD_JOURNAL:

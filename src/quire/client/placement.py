@@ -32,6 +32,12 @@ def write_set(entry_id: int, ensemble_size: int, write_quorum_size: int) -> tupl
     return write_set_table(ensemble_size, write_quorum_size)[entry_id % ensemble_size]
 
 
+def write_set_bookies(ensemble: Sequence[str], entry_id: int,
+                      write_quorum_size: int) -> tuple[str, ...]:
+    """The bookies of ``ensemble`` that entry ``entry_id`` is written to."""
+    return tuple(ensemble[i] for i in write_set(entry_id, len(ensemble), write_quorum_size))
+
+
 class RandomPlacement:
     """Chooses distinct writable bookies uniformly at random."""
 

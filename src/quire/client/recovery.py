@@ -28,7 +28,7 @@ import logging
 
 from quire.client.context import ClientContext
 from quire.client.ledger import WriteHandle, check_password
-from quire.client.placement import write_set_table
+from quire.client.placement import write_set_bookies
 from quire.client.reads import EntryReadOp
 from quire.errors import (
     DigestMismatchError,
@@ -192,10 +192,8 @@ class LedgerRecoveryOp:
         if entry_id in lengths:
             return lengths[entry_id]
         md = self._metadata
-        ensemble = md.ensemble_at(entry_id)
-        write_set = write_set_table(md.ensemble_size, md.write_quorum_size)
         replicas = self._ctx.pool.order_for_reads(
-            tuple(ensemble[i] for i in write_set[entry_id % len(ensemble)]))
+            write_set_bookies(md.ensemble_at(entry_id), entry_id, md.write_quorum_size))
         future: asyncio.Future[EntryReadOp] = asyncio.get_running_loop().create_future()
         EntryReadOp(self._ctx, self._digest, entry_id, replicas, future.set_result).start()
         op = await future
@@ -210,7 +208,6 @@ class LedgerRecoveryOp:
         """Read entries from ``start`` (``recovery_batch_size`` ahead) and push
         each recoverable one to ``writer``, up to the first gone entry."""
         md = self._metadata
-        write_sets = write_set_table(md.ensemble_size, md.write_quorum_size)
         gone_threshold = md.write_quorum_size - md.ack_quorum_size + 1
         loop = asyncio.get_running_loop()
         reads: dict[int, asyncio.Future[EntryReadOp]] = {}
@@ -222,7 +219,7 @@ class LedgerRecoveryOp:
             next_read += 1
             future: asyncio.Future[EntryReadOp] = loop.create_future()
             reads[entry_id] = future
-            replicas = tuple(ensemble[i] for i in write_sets[entry_id % len(ensemble)])
+            replicas = write_set_bookies(ensemble, entry_id, md.write_quorum_size)
             EntryReadOp(self._ctx, self._digest, entry_id, replicas, future.set_result,
                         recovery=True, gone_threshold=gone_threshold).start()
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -149,26 +151,43 @@ class SqliteStore(EmbeddedStore):
                                    isolation_level=None)
         except (OSError, sqlite3.Error) as e:
             raise MetadataError(f"{self.uri}: cannot open {self._path}: {e}") from e
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("BEGIN IMMEDIATE")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise MetadataError(f"{self.uri}: schema version {version} is newer than "
-                                    f"this program's ({SCHEMA_VERSION})")
-            if version == 0:
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            conn.close()
-            raise MetadataError(f"{self.uri}: cannot initialise {self._path}: {e}") from e
-        except BaseException:
-            conn.close()
-            raise
+        # Two processes creating the file at once can see "database is
+        # locked" from the WAL switch, which SQLite does not retry itself.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                self._initialise(conn)
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" in str(e) and time.monotonic() < deadline:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    time.sleep(0.01)
+                    continue
+                conn.close()
+                raise MetadataError(f"{self.uri}: cannot initialise {self._path}: {e}") from e
+            except sqlite3.Error as e:
+                conn.close()
+                raise MetadataError(f"{self.uri}: cannot initialise {self._path}: {e}") from e
+            except BaseException:
+                conn.close()
+                raise
         return conn
+
+    def _initialise(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("BEGIN IMMEDIATE")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            conn.execute("ROLLBACK")
+            raise MetadataError(f"{self.uri}: schema version {version} is newer than "
+                                f"this program's ({SCHEMA_VERSION})")
+        if version == 0:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
 
     async def _release(self) -> None:
         thread, conn = self._thread, self._conn
