@@ -234,6 +234,12 @@ class ClientTimeoutError(ClientError):
     """A request got no answer within its timeout (an unknown, never a no)."""
 
 
+class LedgerNotSyncedError(ClientError):
+    """BP-14: a VD ledger's acknowledged entries could not all be made
+    persistent on an ack quorum (sync reached too few bookies).  A close that
+    raises this leaves the ledger OPEN: recovery keeps every entry."""
+
+
 class QueueFullError(ClientError):
     """The client's queue of adds waiting to be sent is over ``max_queued_bytes``."""
 

@@ -79,6 +79,10 @@ class Client:
             raise ValueError(
                 "need 1 <= ack_quorum_size <= write_quorum_size <= ensemble_size, got "
                 f"{ack_quorum_size}/{write_quorum_size}/{ensemble_size}")
+        if ledger_type is LedgerType.VD_JOURNAL and ensemble_size > write_quorum_size:
+            raise ValueError(
+                "VD_JOURNAL ledgers cannot be striped (ensemble_size > write_quorum_size); "
+                "BP-14 leaves relaxed durability on striped ledgers to future work")
         ctx = self._ctx
         try:
             ensemble = ctx.placement.new_ensemble(ensemble_size, ctx.pool.writable_bookies())

@@ -30,6 +30,16 @@ Writer contract (:class:`WriteHandle`):
   add of this writer can become acknowledged;
 * ``close`` waits for the pending adds, then records ``CLOSED`` with
   ``last_entry_id = LAC`` and its length.
+
+BP-14 VD_JOURNAL ledgers: an acknowledged add is only in the bookies' page
+cache, so acknowledgement does not move the LAC.  Every add answer carries the
+bookie's LastAddSynced; with the values of the ensemble sorted ascending
+(a bookie that has not reported counts as -1) the LAC is the largest of the
+first ``W - A + 1`` of them, capped at the last completed append and never
+moving back.  ``sync()`` makes the acknowledged entries persistent (SYNC to
+the ensemble) and returns the new LAC; ``close()`` syncs first and refuses
+(LedgerNotSyncedError, ledger left OPEN) rather than record fewer entries
+than were acknowledged.  Ensemble changes are refused (BP-14).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from quire.errors import (
     EntryNotAvailableError,
     LedgerClosedError,
     LedgerFencedError,
+    LedgerNotSyncedError,
     MetadataError,
     MetadataNotFoundError,
     MetadataVersionError,
@@ -78,6 +89,8 @@ from quire.protocol import (
     ErrorResponse,
     ReadLacRequest,
     ReadLacResponse,
+    SyncRequest,
+    SyncResponse,
     WriteLacRequest,
     master_key,
 )
@@ -222,6 +235,17 @@ class ReadHandle:
                 raise
         return await self._read_range(first_entry_id, last_entry_id)
 
+    async def read_unconfirmed(self, first_entry_id: int,
+                               last_entry_id: int) -> list[LedgerEntry]:
+        """BP-14 readUnconfirmed: like :meth:`read` without the LAC check.
+
+        Entries between the LAC and the last pushed entry are not guaranteed
+        to exist (BP-14): one may be missing (NoSuchEntryError only when every
+        replica said so) or unknown (EntryNotAvailableError)."""
+        if first_entry_id < 0 or last_entry_id < first_entry_id:
+            raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
+        return await self._read_range(first_entry_id, last_entry_id)
+
     async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
         return await read_range(self._ctx, self._digest, self._replicas, first, last)
 
@@ -309,6 +333,7 @@ class WriteHandle(ReadHandle):
         self._expected_state = LedgerState.IN_RECOVERY if recovery else LedgerState.OPEN
         self._lac = last_add_confirmed
         self._lac_length = length
+        self._last_completed = last_add_confirmed
         self._next_entry_id = last_add_confirmed + 1
         self._length = length
         self._ack_quorum = md.ack_quorum_size
@@ -319,6 +344,12 @@ class WriteHandle(ReadHandle):
             self._flags = FLAG_VOLATILE_DURABILITY
         else:
             self._flags = 0
+        self._volatile = bool(self._flags & FLAG_VOLATILE_DURABILITY)
+        self._last_add_synced = [NO_ENTRY] * md.ensemble_size
+        """BP-14: each ensemble bookie's latest LastAddSynced."""
+        self._unconfirmed_lengths: deque[tuple[int, int]] = deque()
+        """VD: (entry id, length) of completed entries above the LAC."""
+        self._lac_rank = md.write_quorum_size - md.ack_quorum_size
         self._max_payload = (ctx.config.max_frame_bytes - _ADD_FRAME_OVERHEAD
                              - DIGEST_LEN[md.digest_type])
         self._ensemble = md.last_ensemble
@@ -340,6 +371,12 @@ class WriteHandle(ReadHandle):
         self._lac_task: asyncio.Task[None] | None = None
         if not recovery and ctx.config.explicit_lac_interval_ms > 0:
             self._lac_task = self._loop.create_task(self._send_explicit_lac())
+
+    @property
+    def last_add_completed(self) -> int:
+        """The highest entry whose append completed, with all before it
+        (equal to the LAC except for VD ledgers, whose LAC lags until synced)."""
+        return self._last_completed
 
     @property
     def last_add_pushed(self) -> int:
@@ -437,6 +474,9 @@ class WriteHandle(ReadHandle):
         if isinstance(result, AddResponse):
             status = result.status
             if status == StatusCode.OK:
+                if self._volatile and result.last_add_synced > self._last_add_synced[index]:
+                    self._last_add_synced[index] = result.last_add_synced
+                    self._advance_volatile_lac()
                 if add.completed:
                     return
                 bit = 1 << index
@@ -469,14 +509,21 @@ class WriteHandle(ReadHandle):
         if self._change_task is not None:
             return  # the LAC stays put while a fragment boundary is being written
         pending, quorum = self._pending, self._ack_quorum
+        volatile = self._volatile
         while pending and pending[0].ack_count >= quorum:
             add = pending.popleft()
             add.completed = True
             add.entry = None
-            self._lac = add.entry_id
-            self._lac_length = add.length
+            self._last_completed = add.entry_id
+            if volatile:
+                self._unconfirmed_lengths.append((add.entry_id, add.length))
+            else:
+                self._lac = add.entry_id
+                self._lac_length = add.length
             if not add.future.done():
                 add.future.set_result(add.entry_id)
+        if volatile:
+            self._advance_volatile_lac()
         if self._queued:
             self._send_queued()
         if not pending:
@@ -653,6 +700,92 @@ class WriteHandle(ReadHandle):
                 client.send(WriteLacRequest(0, self._ledger_id, lac, self._master_key), timeout,
                             _ignore_answer, None)
 
+    # --- BP-14: LAC from LastAddSynced, sync() ------------------------------
+
+    def _advance_volatile_lac(self) -> None:
+        """LAC = max of the lowest ``W - A + 1`` LastAddSynced values, capped at
+        the last completed append; it never moves back."""
+        candidate = min(sorted(self._last_add_synced)[self._lac_rank], self._last_completed)
+        if candidate <= self._lac:
+            return
+        self._lac = candidate
+        lengths = self._unconfirmed_lengths
+        while lengths and lengths[0][0] <= candidate:
+            self._lac_length = lengths.popleft()[1]
+
+    def sync(self) -> asyncio.Task[int]:
+        """Make every entry acknowledged so far persistent; the task gives the
+        last entry id that is replicated and persistent (the new LAC).
+
+        A plain method, like :meth:`append`: the entries it covers are fixed
+        when it is called, so the result never names an entry appended after
+        the call.  PD ledgers are persistent on acknowledgement: this waits
+        for those appends and gives the LAC.  For VD ledgers it waits for
+        them, sends SYNC to the ensemble and completes once an ack quorum
+        answered; their LastAddSynced values move the LAC, which is then sent
+        with WRITE_LAC.  LedgerNotSyncedError if fewer than an ack quorum of
+        bookies could sync.
+        """
+        return self._loop.create_task(self._sync(self.last_add_pushed))
+
+    async def _sync(self, target: int) -> int:
+        await self._wait_completed(target)
+        if self._closed or not self._volatile:
+            return min(self._lac, target)
+        target = min(target, self._last_completed)  # a failed writer stops short
+        ok, problems = await self._sync_round()
+        if ok < self._ack_quorum:
+            raise LedgerNotSyncedError(
+                f"ledger {self._ledger_id}: only {ok} of the ack quorum of {self._ack_quorum} "
+                f"bookies synced ({'; '.join(problems) or 'no answer'})")
+        lac = self._lac
+        if lac > self._explicit_lac:
+            self._explicit_lac = lac
+            for client in self._clients:
+                client.send(WriteLacRequest(0, self._ledger_id, lac, self._master_key),
+                            self._ctx.add_timeout_s, _ignore_answer, None)
+        return min(lac, target)
+
+    async def _wait_completed(self, entry_id: int) -> None:
+        """Wait until the append of ``entry_id`` (and all before it) completed
+        or failed; its failure is not raised here."""
+        if entry_id <= self._last_completed:
+            return
+        for add in (*self._pending, *self._queued):
+            if add.entry_id == entry_id:
+                await asyncio.wait([add.future])
+                return
+
+    async def _sync_round(self) -> tuple[int, list[str]]:
+        """SYNC to every ensemble bookie until an ack quorum answered OK (or all
+        answered); returns the OK count and what the others said."""
+        timeout = self._ctx.add_timeout_s
+        calls = {
+            self._loop.create_task(client.call(SyncRequest(0, self._ledger_id), timeout)): i
+            for i, client in enumerate(self._clients)}
+        ok, problems = 0, []
+        waiting = set(calls)
+        try:
+            while waiting and ok < self._ack_quorum:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index = calls[task]
+                    bookie = self._ensemble[index]
+                    error = task.exception()
+                    answer = None if error is not None else task.result()
+                    if isinstance(answer, SyncResponse) and answer.status == StatusCode.OK:
+                        ok += 1
+                        if answer.last_add_synced > self._last_add_synced[index]:
+                            self._last_add_synced[index] = answer.last_add_synced
+                    else:
+                        status = getattr(answer, "status", None)
+                        problems.append(f"{bookie}: {status.name if status else error}")
+        finally:
+            for task in waiting:
+                task.cancel()
+        self._advance_volatile_lac()
+        return ok, problems
+
     # --- closing ------------------------------------------------------------
 
     async def _drain(self) -> None:
@@ -688,6 +821,14 @@ class WriteHandle(ReadHandle):
             self._closed = True
             self._forget()
             raise self._raised_error()
+        if self._volatile:
+            # Never record fewer entries than were acknowledged: sync first.
+            await self.sync()
+            if self._lac < self._last_completed:
+                raise LedgerNotSyncedError(
+                    f"ledger {self._ledger_id}: entries up to {self._last_completed} were "
+                    f"acknowledged but only {self._lac} are persistent; the ledger stays OPEN "
+                    "(open it with recovery=True to close it with every entry)")
         lac, length = self._lac, self._lac_length
         versioned = await self._update_metadata(
             lambda md: md.with_(state=LedgerState.CLOSED, last_entry_id=lac, length=length),

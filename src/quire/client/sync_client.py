@@ -85,6 +85,9 @@ class SyncReadHandle:
     def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
         return self._runner.run(self._handle.read(first_entry_id, last_entry_id))
 
+    def read_unconfirmed(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        return self._runner.run(self._handle.read_unconfirmed(first_entry_id, last_entry_id))
+
     def read_last_add_confirmed(self) -> int:
         return self._runner.run(self._handle.read_last_add_confirmed())
 
@@ -110,6 +113,13 @@ class SyncWriteHandle(SyncReadHandle):
     @property
     def last_add_pushed(self) -> int:
         return self._handle.last_add_pushed
+
+    def sync(self) -> int:
+        """BP-14: make the acknowledged entries persistent; the new LAC."""
+        async def go() -> int:
+            return await self._handle.sync()  # the task is made on the loop's thread
+
+        return self._runner.run(go())
 
     def append(self, data: bytes) -> int:
         """Append one entry and wait until it is acknowledged; its entry id."""
