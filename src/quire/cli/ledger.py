@@ -260,6 +260,37 @@ def recover(ledger_id: int, password: str, metadata_uri: str | None, as_json: bo
         click.echo(f"ledger {ledger_id} recovered and closed at entry {last}")
 
 
+@ledger.command("sync")
+@click.argument("ledger_id", type=int)
+@password_option
+@metadata_option
+@json_option
+def sync(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:
+    """Ask the ledger's bookies to fsync it (BP-14 SYNC); show LastAddSynced.
+
+    The persisted LAC is what BP-14's rule gives over the answers: sorted
+    ascending, the largest of the first W - A + 1 (a bookie that did not
+    answer counts as -1).
+    """
+
+    async def go(client: Client) -> tuple[dict[str, Any], int]:
+        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        answers = await handle.sync_replicas()
+        md = handle.metadata
+        values = sorted(v if isinstance(v, int) else -1 for v in answers.values())
+        persisted = values[md.write_quorum_size - md.ack_quorum_size]
+        return {b: (v if isinstance(v, int) else str(v)) for b, v in answers.items()}, persisted
+
+    answers, persisted = with_client(metadata_uri, go)
+    if as_json:
+        emit_json({"ledger_id": ledger_id, "last_add_synced": answers,
+                   "persisted_lac": persisted})
+        return
+    for bookie, value in answers.items():
+        click.echo(f"{bookie}\tlast_add_synced={value}")
+    click.echo(f"persisted LAC (BP-14 rule): {persisted}")
+
+
 @ledger.command("delete")
 @click.argument("ledger_id", type=int)
 @metadata_option

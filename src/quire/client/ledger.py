@@ -270,6 +270,25 @@ class ReadHandle:
             self._lac = max(self._lac, *known, md.ensembles[-1][0] - 1)
         return self._lac
 
+    async def sync_replicas(self) -> dict[str, int | QuireError]:
+        """BP-14 SYNC to the last fragment's ensemble: each bookie fsyncs what
+        it holds of the ledger and answers its LastAddSynced (an admin view;
+        the writer's own :meth:`WriteHandle.sync` is what moves the LAC)."""
+        bookies = self._versioned.value.last_ensemble
+
+        async def one(bookie: str) -> int | QuireError:
+            try:
+                answer = await self._ctx.pool.client(bookie).call(
+                    SyncRequest(0, self._ledger_id), self._ctx.add_timeout_s)
+            except QuireError as e:
+                return e
+            if isinstance(answer, SyncResponse) and answer.status == StatusCode.OK:
+                return answer.last_add_synced
+            status = getattr(answer, "status", StatusCode.UNKNOWN)
+            return error_for_status(status)(f"bookie {bookie}: {status.name}")
+
+        return dict(zip(bookies, await asyncio.gather(*(one(b) for b in bookies)), strict=True))
+
     async def _read_lac_from(self, bookie: str) -> int | QuireError:
         """The bookie's LAC, or why it gave none."""
         try:
@@ -538,7 +557,8 @@ class WriteHandle(ReadHandle):
         """The handle cannot go on: fail every pending and queued add."""
         if self._error is not None:
             return
-        log.warning("ledger %d: writer failed: %s", self._ledger_id, error)
+        level = logging.DEBUG if isinstance(error, ClientClosedError) else logging.WARNING
+        log.log(level, "ledger %d: writer failed: %s", self._ledger_id, error)
         self._error = error
         adds = [*self._pending, *self._queued]
         self._pending.clear()

@@ -1,0 +1,106 @@
+"""The ``quire`` command line against a real ``quire sandbox`` process."""
+
+from __future__ import annotations
+
+import base64
+import json
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+QUIRE = [sys.executable, "-m", "quire.cli.main"]
+
+
+class SandboxProcess:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+
+    def start(self, timeout_s: float = 90) -> dict[str, Any]:
+        self.proc = subprocess.Popen(
+            [*QUIRE, "sandbox", "--dir", str(self.directory), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                line = self.proc.stdout.readline()
+                assert line, self.proc.stderr.read().decode() if self.proc.stderr else ""
+                self.info = json.loads(line)
+                return self.info
+            assert self.proc.poll() is None, "sandbox exited before it was ready"
+        raise AssertionError("sandbox not ready in time")
+
+    def interrupt(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(60)
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
+    process = SandboxProcess(tmp_path / "sandbox")
+    yield process
+    process.kill()
+    for line in subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
+                               text=True).stdout.split():
+        subprocess.run(["kill", "-9", line], check=False)
+
+
+def quire(metadata: str, *args: str) -> Any:
+    out = subprocess.run([*QUIRE, *args, "--metadata", metadata, "--json"],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    return json.loads(out.stdout)
+
+
+def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxProcess) -> None:
+    info = sandbox.start()
+    metadata = info["metadata"]
+    assert [b["bookie_id"] for b in info["bookies"]] == ["bookie-1", "bookie-2", "bookie-3"]
+    assert len(quire(metadata, "bookie", "list")) == 3
+
+    written = quire(metadata, "ledger", "append", "alpha", "beta", "gamma", "--password", "pw")
+    ledger_id = written["ledger_id"]
+    assert written["entry_ids"] == [0, 1, 2]
+    entries = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw")
+    assert [base64.b64decode(e["payload"]) for e in entries] == [b"alpha", b"beta", b"gamma"]
+    info_out = quire(metadata, "ledger", "info", str(ledger_id))
+    assert (info_out["state"], info_out["last_entry_id"]) == ("CLOSED", 2)
+
+    vd = quire(metadata, "ledger", "append", "x", "y", "--ledger-type", "VD_JOURNAL",
+               "--keep-open")
+    synced = quire(metadata, "ledger", "sync", str(vd["ledger_id"]))
+    assert synced["persisted_lac"] == 1
+    assert set(synced["last_add_synced"].values()) == {1}
+
+    bench = quire(metadata, "bench", "write", "--count", "300", "--entry-bytes", "100")
+    assert bench["result"]["entries"] == 300
+
+    assert sandbox.interrupt() == 0
+    addresses = {b["bookie_id"]: b["address"] for b in info["bookies"]}
+    again = sandbox.start()
+    assert {b["bookie_id"]: b["address"] for b in again["bookies"]} == addresses
+    entries = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw")
+    assert [base64.b64decode(e["payload"]) for e in entries] == [b"alpha", b"beta", b"gamma"]
+    recovered = quire(metadata, "ledger", "recover", str(vd["ledger_id"]))
+    assert recovered["last_entry_id"] == 1
+    quire(metadata, "ledger", "delete", str(ledger_id))
+    assert ledger_id not in [row["ledger_id"] for row in quire(metadata, "ledger", "list")]
+    assert sandbox.interrupt() == 0
