@@ -122,3 +122,78 @@ async def bench_write(client: Client, params: WriteBenchParams,
     for handle in handles:
         await handle.close()
     return summarize(latencies, elapsed, params.entry_bytes)
+
+
+@dataclass(frozen=True)
+class ReadBenchParams:
+    ledger_id: int
+    password: bytes = b"bench"
+    first_entry_id: int = 0
+    last_entry_id: int = -1
+    """-1: the ledger's LAC / last entry."""
+    batch: int = 100
+    """Entries per BATCH_READ_ENTRY; 0: single-entry reads."""
+    window: int = 1
+    """Requests kept outstanding (single reads: 1 = one at a time)."""
+    max_batch_bytes: int = 0
+    duration_s: float = 0.0
+    """Stop after this long even if the range is not done (0: no limit)."""
+
+
+async def bench_read(client: Client, params: ReadBenchParams,
+                     progress: Callable[[dict[str, Any]], None] | None = None
+                     ) -> dict[str, float]:
+    """Read a ledger range once; per-request latency, entries/s and MB/s."""
+    reader = await client.open_ledger(params.ledger_id, password=params.password,
+                                      recovery=False)
+    last = params.last_entry_id
+    if last < 0:
+        last = await reader.read_last_add_confirmed()
+    first = params.first_entry_id
+    latencies: list[float] = []
+    entries = 0
+    payload_bytes = 0
+    started = time.perf_counter()
+    deadline = started + params.duration_s if params.duration_s > 0 else float("inf")
+    step = params.batch if params.batch > 0 else 1
+    next_start = first
+
+    async def worker() -> None:
+        nonlocal next_start, entries, payload_bytes
+        while next_start <= last and time.perf_counter() < deadline:
+            low = next_start
+            high = min(low + step - 1, last)
+            next_start = high + 1
+            while low <= high:
+                t0 = time.perf_counter()
+                if params.batch > 0:
+                    got = await reader.batch_read(low, high - low + 1, params.max_batch_bytes)
+                else:
+                    got = await reader.read(low, low)
+                latencies.append((time.perf_counter() - t0) * 1000.0)
+                entries += len(got)
+                payload_bytes += sum(len(e.data) for e in got)
+                low = got[-1].entry_id + 1
+
+    async def report() -> None:
+        last_n, last_t = 0, started
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.perf_counter()
+            if progress is not None:
+                progress({"elapsed_s": now - started, "entries": entries,
+                          "entries_per_s": (entries - last_n) / (now - last_t)})
+            last_n, last_t = entries, now
+
+    reporter = asyncio.create_task(report())
+    try:
+        await asyncio.gather(*(worker() for _ in range(max(1, params.window))))
+    finally:
+        reporter.cancel()
+    elapsed = time.perf_counter() - started
+    summary = summarize(latencies, elapsed, 0)
+    summary["requests"] = summary.pop("entries")
+    summary["requests_per_s"] = summary.pop("entries_per_s")
+    summary.update(entries=entries, entries_per_s=entries / elapsed if elapsed else 0.0,
+                   mb_per_s=payload_bytes / elapsed / 1e6 if elapsed else 0.0)
+    return summary

@@ -81,6 +81,12 @@ def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxPr
     assert written["entry_ids"] == [0, 1, 2]
     entries = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw")
     assert [base64.b64decode(e["payload"]) for e in entries] == [b"alpha", b"beta", b"gamma"]
+    batched = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw",
+                    "--batch", "2")
+    assert batched == entries
+    for mode in (["--batch", "2"], ["--batch", "0", "--window", "2"]):
+        bench_read = quire(metadata, "bench", "read", str(ledger_id), "--password", "pw", *mode)
+        assert bench_read["result"]["entries"] == 3
     info_out = quire(metadata, "ledger", "info", str(ledger_id))
     assert (info_out["state"], info_out["last_entry_id"]) == ("CLOSED", 2)
 

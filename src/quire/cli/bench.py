@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from quire.bench import WriteBenchParams, bench_write
+from quire.bench import ReadBenchParams, WriteBenchParams, bench_read, bench_write
 from quire.cli.common import (
     default_metadata_uri,
     emit_json,
@@ -62,4 +62,47 @@ def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: A
     click.echo(f"{result['entries']:,.0f} entries in {result['seconds']:.1f}s: "
                f"{result['entries_per_s']:,.0f} entries/s, {result['mb_per_s']:.1f} MB/s; "
                f"latency ms p50 {result['p50_ms']:.2f} p95 {result['p95_ms']:.2f} "
+               f"p99 {result['p99_ms']:.2f} max {result['max_ms']:.2f}")
+
+
+@bench.command("read")
+@click.argument("ledger_id", type=int)
+@click.option("--password", default="bench", show_default=True)
+@click.option("--first", "first_entry_id", default=0, show_default=True)
+@click.option("--last", "last_entry_id", default=-1, help="Default: the LAC / last entry.")
+@click.option("--batch", default=100, show_default=True,
+              help="Entries per batch read (BP-62); 0 for single-entry reads.")
+@click.option("--window", default=1, show_default=True,
+              help="Requests outstanding (single reads: 1 = one at a time).")
+@click.option("--max-batch-bytes", default=0, help="Batch size limit (0: frame limit).")
+@click.option("--duration-s", default=0.0, help="Stop after this long (0: whole range).")
+@metadata_option
+@json_option
+def read(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool,
+         **kwargs: Any) -> None:
+    """Read a ledger range: entries/s, MB/s and per-request latency."""
+    from quire.client import Client
+
+    params = ReadBenchParams(ledger_id=ledger_id, password=password.encode(), **kwargs)
+
+    def show(snapshot: dict[str, Any]) -> None:
+        if not as_json:
+            click.echo(f"\r{snapshot['elapsed_s']:6.1f}s  {snapshot['entries']:>10,} entries  "
+                       f"{snapshot['entries_per_s']:>10,.0f}/s", nl=False, err=True)
+
+    async def go() -> dict[str, float]:
+        client = await Client.connect(metadata_uri or default_metadata_uri())
+        try:
+            return await bench_read(client, params, show)
+        finally:
+            await client.close()
+
+    result = run_async(go)
+    if as_json:
+        emit_json({"params": {"ledger_id": ledger_id, **kwargs}, "result": result})
+        return
+    click.echo("", err=True)
+    click.echo(f"{result['entries']:,.0f} entries in {result['seconds']:.1f}s: "
+               f"{result['entries_per_s']:,.0f} entries/s, {result['mb_per_s']:.1f} MB/s; "
+               f"{result['requests']:,.0f} requests, latency ms p50 {result['p50_ms']:.2f} "
                f"p99 {result['p99_ms']:.2f} max {result['max_ms']:.2f}")

@@ -216,10 +216,11 @@ def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensembl
 @click.option("--first", default=0, show_default=True)
 @click.option("--last", default=None, type=int, help="Default: the LAC / last entry.")
 @click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex.")
+@click.option("--batch", default=0, help="Read with BP-62 batch reads of N entries.")
 @password_option
 @metadata_option
 @json_option
-def read(ledger_id: int, first: int, last: int | None, as_hex: bool, password: str,
+def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int, password: str,
          metadata_uri: str | None, as_json: bool) -> None:
     """Print entries (text, or hex with --hex; base64 in --json)."""
 
@@ -230,7 +231,15 @@ def read(ledger_id: int, first: int, last: int | None, as_hex: bool, password: s
             end = await handle.read_last_add_confirmed()
         if end < first:
             return []
-        return [(e.entry_id, e.data) for e in await handle.read(first, end)]
+        if batch <= 0:
+            return [(e.entry_id, e.data) for e in await handle.read(first, end)]
+        out: list[tuple[int, bytes]] = []
+        position = first
+        while position <= end:  # loose limits: ask again from where a batch ended
+            got = await handle.batch_read(position, min(batch, end - position + 1), 0)
+            out.extend((e.entry_id, e.data) for e in got)
+            position = got[-1].entry_id + 1
+        return out
 
     entries = with_client(metadata_uri, go)
     if as_json:

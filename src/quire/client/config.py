@@ -45,12 +45,22 @@ class ClientConfig:
     """Tries of a metadata update whose outcome was unknown (store errors)."""
     timeout_check_interval_ms: int = 100
     """How often requests are checked against their deadlines."""
+    batch_read_enabled: bool = True
+    """BP-62: read runs of entries with BATCH_READ_ENTRY (False: one request
+    per entry, the way back if batch reads misbehave)."""
+    batch_read_max_bytes: int = 4 * 1024 * 1024
+    """Largest batch asked for (also clamped to ``max_frame_bytes``)."""
+    read_batch_entries: int = 1000
+    """``read()`` of a long range asks for at most this many entries a batch."""
+    max_outstanding_batch_reads: int = 4
+    """Batches one ``read()`` call keeps on the wire at once."""
 
     def __post_init__(self) -> None:
         positive = ("max_pending_adds", "max_queued_bytes", "add_entry_timeout_ms",
                     "read_timeout_ms", "connect_timeout_ms", "max_frame_bytes",
                     "max_outstanding_reads", "recovery_batch_size", "recovery_max_attempts",
-                    "metadata_max_attempts", "timeout_check_interval_ms")
+                    "metadata_max_attempts", "timeout_check_interval_ms",
+                    "batch_read_max_bytes", "read_batch_entries", "max_outstanding_batch_reads")
         for name in positive:
             value = getattr(self, name)
             if type(value) is not int or value <= 0:

@@ -22,6 +22,8 @@ class ClientContext:
     placement: RandomPlacement
     writers: set[WriteHandle] = field(default_factory=set)
     """Handles to shut down with the client (write handles not yet closed)."""
+    batch_unsupported: set[str] = field(default_factory=set)
+    """Bookies that answered UNSUPPORTED to a batch read (read entry by entry)."""
 
     @property
     def add_timeout_s(self) -> float:

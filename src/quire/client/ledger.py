@@ -52,6 +52,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from quire.client.batch_reads import batch_read
 from quire.client.context import ClientContext
 from quire.client.placement import write_set_bookies, write_set_table
 from quire.client.reads import LedgerEntry, read_range
@@ -246,8 +247,56 @@ class ReadHandle:
             raise ValueError(f"bad entry range {first_entry_id}..{last_entry_id}")
         return await self._read_range(first_entry_id, last_entry_id)
 
+    async def batch_read(self, start_entry_id: int, max_count: int,
+                         max_size: int) -> list[LedgerEntry]:
+        """BP-62: 1 to ``max_count`` entries in order from ``start_entry_id``
+        in one request where possible (loose limits: see
+        :mod:`quire.client.batch_reads`).  ``max_count <= 0`` means no count
+        limit; ``max_size <= 0`` or a huge one is clamped to the frame limit;
+        the size is exceeded only by a large first entry.  Every entry is at
+        or below the LAC (a closed ledger's last entry); a start beyond it
+        raises ReadBeyondLastAddConfirmedError."""
+        if start_entry_id < 0:
+            raise ValueError(f"bad start entry {start_entry_id}")
+        limit = self._read_limit()
+        if start_entry_id > limit:
+            raise ReadBeyondLastAddConfirmedError(
+                f"ledger {self._ledger_id}: entry {start_entry_id} is beyond the "
+                + ("last entry" if self.is_closed else "LastAddConfirmed") + f" ({limit})")
+        return await self._batch(start_entry_id, max_count, max_size, limit)
+
+    async def _batch(self, start: int, max_count: int, max_size: int,
+                     last_allowed: int) -> list[LedgerEntry]:
+        index = bisect.bisect_right(self._firsts, start) - 1
+        md = self._versioned.value
+        fragment_end = (self._firsts[index + 1] - 1 if index + 1 < len(self._firsts)
+                        else last_allowed)
+        striped = len(md.ensembles[index][1]) > md.write_quorum_size
+        return await batch_read(self._ctx, self._digest, self._replicas, start, max_count,
+                                max_size, last_allowed, batchable=not striped,
+                                fragment_end=fragment_end)
+
     async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
-        return await read_range(self._ctx, self._digest, self._replicas, first, last)
+        """``read()``'s work: runs of entries by batch reads where possible
+        (several batches on the wire), else entry by entry."""
+        config = self._ctx.config
+        if last == first or not config.batch_read_enabled:
+            return await read_range(self._ctx, self._digest, self._replicas, first, last)
+        step = config.read_batch_entries
+        slots = asyncio.Semaphore(config.max_outstanding_batch_reads)
+
+        async def chunk(low: int, high: int) -> list[LedgerEntry]:
+            out: list[LedgerEntry] = []
+            async with slots:
+                while low <= high:
+                    got = await self._batch(low, high - low + 1, 0, high)
+                    out.extend(got)
+                    low = got[-1].entry_id + 1
+            return out
+
+        chunks = await asyncio.gather(*(chunk(low, min(low + step - 1, last))
+                                        for low in range(first, last + 1, step)))
+        return [entry for part in chunks for entry in part]
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the current ensemble for the LAC (READ_LAC) and return the
