@@ -15,16 +15,15 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._common import FSYNC_COUNT, raw_fsync, scrape
 from quire.errors import StatusCode
 from quire.protocol import DigestManager, encode_add_request, master_key
 from quire.sandbox import BookieProcess, sqlite_uri
@@ -32,34 +31,6 @@ from quire.types import DigestType
 from tests.support.bookies import RawBookieClient
 
 KEY = master_key(b"bench")
-
-
-def raw_fsync_rate(directory: Path, seconds: float = 2.0) -> float:
-    """4 KiB write + fdatasync in a loop: the disk's raw durable-write rate."""
-    path = directory / "fsync-probe"
-    block = os.urandom(4096)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            count += 1
-        return count / (time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
-
-
-def scrape(metrics_address: str) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10).read().decode()
-    wanted = {"quire_bookie_journal_fsync_latency_count": 0.0,
-              "quire_bookie_entries_written_total": 0.0}
-    for name in wanted:
-        m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-        if m:
-            wanted[name] = float(m.group(1))
-    return wanted
 
 
 async def drive(address: str, seconds: float, outstanding: int, size: int) -> tuple[int, float]:
@@ -108,19 +79,19 @@ async def drive(address: str, seconds: float, outstanding: int, size: int) -> tu
 def one_run(seconds: float, outstanding: int, size: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="quire-bench-", dir=os.getcwd()) as tmp:
         root = Path(tmp)
-        raw = raw_fsync_rate(root)
+        raw = raw_fsync(root)["per_s"]
         bookie = BookieProcess(root, sqlite_uri(root / "meta.db"), "bench-bookie",
                                metrics_port=0, flush_interval_ms=1000)
         bookie.start()
         try:
             assert bookie.metrics_address
-            before = scrape(bookie.metrics_address)
+            names = (FSYNC_COUNT, "quire_bookie_entries_written_total")
+            before = scrape(bookie.metrics_address, *names)
             acked, elapsed = asyncio.run(drive(bookie.address, seconds, outstanding, size))
-            after = scrape(bookie.metrics_address)
+            after = scrape(bookie.metrics_address, *names)
         finally:
             bookie.stop()
-        fsyncs = after["quire_bookie_journal_fsync_latency_count"] - before[
-            "quire_bookie_journal_fsync_latency_count"]
+        fsyncs = after[FSYNC_COUNT] - before[FSYNC_COUNT]
         return {
             "entries_per_s": acked / elapsed,
             "fsyncs_per_s": fsyncs / elapsed,

@@ -1,0 +1,50 @@
+"""Pieces the benchmark scripts share: the disk's raw fsync rate and latency,
+and scraping a bookie's /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+
+
+def raw_fsync(directory: Path, seconds: float = 2.0) -> dict[str, float]:
+    """4 KiB write + fdatasync in a loop on ``directory``'s disk: the raw
+    durable-write rate and its median latency."""
+    path = directory / "fsync-probe"
+    block = os.urandom(4096)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    latencies = []
+    try:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t0 = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            latencies.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"per_s": len(latencies) / elapsed, "p50_ms": statistics.median(latencies) * 1000}
+
+
+def scrape(metrics_address: str, *names: str) -> dict[str, float]:
+    """The named samples (label-free) of one bookie's /metrics (0 if absent)."""
+    text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10).read().decode()
+    found = {}
+    for name in names:
+        m = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+        found[name] = float(m.group(1)) if m else 0.0
+    return found
+
+
+FSYNC_COUNT = "quire_bookie_journal_fsync_latency_count"
+
+
+def journal_fsyncs(metrics_addresses: list[str]) -> float:
+    """Journal fsyncs so far, summed over bookies."""
+    return sum(scrape(a, FSYNC_COUNT)[FSYNC_COUNT] for a in metrics_addresses)
