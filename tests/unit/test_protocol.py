@@ -205,3 +205,17 @@ def test_master_key_is_bookkeepers_sha1_of_ledger_and_password() -> None:
     import hashlib
     assert master_key(b"pw") == hashlib.sha1(b"ledgerpw").digest()
     assert len(master_key(b"")) == 20
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_verify_payload_agrees_with_verify(digest_type: DigestType) -> None:
+    manager = DigestManager(7, digest_type, b"secret")
+    entry = manager.encode(3, 2, 100, b"payload")
+    assert manager.verify_payload(entry, 3) == b"payload"
+    with pytest.raises(DigestMismatchError):
+        manager.verify_payload(entry, 4)
+    with pytest.raises(DigestMismatchError):
+        manager.verify_payload(entry[:10], 3)
+    if digest_type is not DigestType.NONE:
+        with pytest.raises(DigestMismatchError):
+            manager.verify_payload(entry[:-1] + bytes([entry[-1] ^ 1]), 3)

@@ -95,9 +95,8 @@ async def _from_bookie(ctx: ClientContext, digest: DigestManager, bookie: str, s
         if entry_id > last:
             break  # beyond the LAC (or the count asked for): dropped
         try:
-            _header, payload = digest.verify(raw, entry_id)
+            entries.append(LedgerEntry(entry_id, digest.verify_payload(raw, entry_id)))
         except DigestMismatchError:
             break  # a verified prefix, possibly empty
-        entries.append(LedgerEntry(entry_id, bytes(payload)))
     return entries or None
 
