@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,7 +282,12 @@ def test_checkpoint_and_sync_threads_with_adds_and_reads(tmp_path: Path, seed: i
     active: list[int] = []  # not deleted (fenced ones stay readable)
     next_ledger = 1
     try:
-        for _step in range(6000):
+        # At least 6000 steps, and on until the checkpoint thread ran often
+        # enough to interleave with them (a loaded machine runs it less).
+        deadline = time.monotonic() + 60
+        step = 0
+        while step < 6000 or (s.stats.checkpoints <= 10 and time.monotonic() < deadline):
+            step += 1
             if len(active) < 6:
                 active.append(next_ledger)
                 next_ledger += 1
