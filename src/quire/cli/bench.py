@@ -8,11 +8,11 @@ import click
 
 from quire.bench import ReadBenchParams, WriteBenchParams, bench_read, bench_write
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
-    run_async,
+    progress_printer,
+    with_client,
 )
 from quire.types import LedgerType
 
@@ -38,23 +38,9 @@ def bench() -> None:
 @json_option
 def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: Any) -> None:
     """Append fixed-size entries as fast as the outstanding limit allows."""
-    from quire.client import Client
-
     params = WriteBenchParams(ledger_type=LedgerType(ledger_type), **kwargs)
-
-    def show(snapshot: dict[str, Any]) -> None:
-        if not as_json:
-            click.echo(f"\r{snapshot['elapsed_s']:6.1f}s  {snapshot['entries']:>10,} entries  "
-                       f"{snapshot['entries_per_s']:>10,.0f}/s", nl=False, err=True)
-
-    async def go() -> dict[str, float]:
-        client = await Client.connect(metadata_uri or default_metadata_uri())
-        try:
-            return await bench_write(client, params, show)
-        finally:
-            await client.close()
-
-    result = run_async(go)
+    show = progress_printer(as_json)
+    result = with_client(metadata_uri, lambda client: bench_write(client, params, show))
     if as_json:
         emit_json({"params": {**kwargs, "ledger_type": ledger_type}, "result": result})
         return
@@ -81,23 +67,9 @@ def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: A
 def read(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool,
          **kwargs: Any) -> None:
     """Read a ledger range: entries/s, MB/s and per-request latency."""
-    from quire.client import Client
-
     params = ReadBenchParams(ledger_id=ledger_id, password=password.encode(), **kwargs)
-
-    def show(snapshot: dict[str, Any]) -> None:
-        if not as_json:
-            click.echo(f"\r{snapshot['elapsed_s']:6.1f}s  {snapshot['entries']:>10,} entries  "
-                       f"{snapshot['entries_per_s']:>10,.0f}/s", nl=False, err=True)
-
-    async def go() -> dict[str, float]:
-        client = await Client.connect(metadata_uri or default_metadata_uri())
-        try:
-            return await bench_read(client, params, show)
-        finally:
-            await client.close()
-
-    result = run_async(go)
+    show = progress_printer(as_json)
+    result = with_client(metadata_uri, lambda client: bench_read(client, params, show))
     if as_json:
         emit_json({"params": {"ledger_id": ledger_id, **kwargs}, "result": result})
         return

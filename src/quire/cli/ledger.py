@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -15,6 +15,7 @@ from quire.cli.common import (
     json_option,
     metadata_option,
     run_async,
+    with_client,
 )
 from quire.types import DigestType, LedgerType
 
@@ -25,19 +26,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 password_option = click.option("--password", default="", help="Ledger password.")
-
-
-def with_client(metadata_uri: str | None, action: Callable[[Client], Awaitable[T]]) -> T:
-    from quire.client import Client
-
-    async def go() -> T:
-        client = await Client.connect(metadata_uri or default_metadata_uri())
-        try:
-            return await action(client)
-        finally:
-            await client.close()
-
-    return run_async(go)
 
 
 def describe(ledger_id: int, md: LedgerMetadata) -> dict[str, Any]:
