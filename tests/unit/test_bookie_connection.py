@@ -1,0 +1,108 @@
+"""BookieConnection alone: back-pressure and malformed input, with a fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from quire.bookie.config import BookieConfig
+from quire.bookie.server import BookieConnection
+from quire.protocol import ReadLacRequest
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.reading = True
+        self.written: list[bytes] = []
+        self.aborted = False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 1)
+
+
+class FakeServer:
+    """What BookieConnection needs of BookieServer; every request holds 600 bytes."""
+
+    def __init__(self) -> None:
+        self.config = BookieConfig(max_connection_pending_bytes=1000)
+        self.connections: set[BookieConnection] = set()
+        gauge = SimpleNamespace(inc=lambda: None, dec=lambda: None)
+        self.metrics = SimpleNamespace(connections=gauge, malformed_frames=gauge)
+        self.handled: list[object] = []
+        self.flush_queue: list[BookieConnection] = []
+
+    def handle(self, conn: BookieConnection, request: object) -> None:
+        self.handled.append(request)
+        conn.hold(600)
+
+    def release_volatile_acks(self, conn: BookieConnection) -> None:
+        conn.volatile_acks.clear()
+
+    def schedule_flush(self, conn: BookieConnection) -> None:
+        self.flush_queue.append(conn)
+
+
+def connect() -> tuple[BookieConnection, FakeTransport, FakeServer]:
+    server = FakeServer()
+    conn = BookieConnection(server)  # type: ignore[arg-type]
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, server
+
+
+async def test_reading_pauses_while_too_many_bytes_wait_and_resumes_after() -> None:
+    conn, transport, server = connect()
+    conn.data_received(ReadLacRequest(1, 5).encode())
+    assert transport.reading  # 600 pending <= 1000
+    conn.data_received(ReadLacRequest(2, 5).encode())
+    assert not transport.reading  # 1200 pending > 1000: stop reading this socket
+    conn.send(b"answer-1", 600)
+    conn.flush()
+    # 600 still pending is above half the limit: stays paused (resuming only
+    # at half the limit keeps the socket from flapping)
+    assert not transport.reading
+    conn.send(b"answer-2", 600)
+    conn.flush()
+    assert transport.reading and transport.written == [b"answer-1", b"answer-2"]
+    assert len(server.handled) == 2
+
+
+async def test_socket_buffer_full_pauses_reading_too() -> None:
+    conn, transport, _server = connect()
+    conn.pause_writing()
+    assert not transport.reading
+    conn.resume_writing()
+    assert transport.reading
+
+
+async def test_answers_of_one_loop_iteration_go_out_in_one_write() -> None:
+    conn, transport, server = connect()
+    conn.send(b"a")
+    conn.send(b"b")
+    conn.send(b"c")
+    assert server.flush_queue == [conn]  # scheduled once
+    conn.flush()
+    assert transport.written == [b"abc"]
+
+
+async def test_malformed_frame_aborts_only_this_connection() -> None:
+    conn, transport, server = connect()
+    conn.data_received(b"\xff" * 16)
+    assert transport.aborted and server.handled == []
+    await asyncio.sleep(0)
