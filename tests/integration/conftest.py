@@ -42,3 +42,26 @@ async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
     yield make
     for client in clients:
         await client.close()
+
+
+# --- Spark data source tests (quire.spark; see tests/support/spark.py) -------
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """3 bookies shared by every Spark test of the session (tests use their
+    own log names)."""
+    started = Cluster(tmp_path_factory.mktemp("spark-cluster"), 3).start()
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's one local SparkSession (``local[2,2]``); it never
+    registers the quire data source explicitly."""
+    from tests.support.spark import start_spark
+
+    session = start_spark(tmp_path_factory.mktemp("spark"))
+    yield session
+    session.stop()

@@ -1,0 +1,84 @@
+"""One Quire client per Spark Python worker process.
+
+Connections cannot be pickled, so data source objects carry only plain
+options; the process that runs them (a planner worker on the driver, a task
+worker on an executor) connects here.  :func:`runtime` returns the process's
+:class:`Runtime`: a private event loop in a daemon thread with one
+:class:`~quire.Client` per metadata URI, kept for the life of the process
+(PySpark reuses Python workers across tasks, so later tasks skip the
+connect).  A forked child gets its own runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from quire.client import Client
+from quire.log import LogStore
+
+T = TypeVar("T")
+
+
+class Runtime:
+    """An event loop thread and the clients connected on it."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+
+            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        except ImportError:  # pragma: no cover - uvloop is a dependency
+            self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="quire-spark-loop",
+                                        daemon=True)
+        self._thread.start()
+        self._clients: dict[str, Client] = {}
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop; its result as a concurrent future."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("the Quire Spark runtime cannot be called from its loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result."""
+        return self.submit(coro).result()
+
+    async def client(self, uri: str) -> Client:
+        """The connected client for ``uri`` (call on the loop)."""
+        client = self._clients.get(uri)
+        if client is None:
+            client = await Client.connect(uri)
+            self._clients[uri] = client
+        return client
+
+    def with_logs(self, uri: str, password: bytes,
+                  fn: Callable[[LogStore], Awaitable[T]]) -> T:
+        """Run ``fn(LogStore(client for uri))`` on the loop and wait."""
+        async def go() -> T:
+            return await fn(LogStore(await self.client(uri), password=password))
+
+        return self.run(go())
+
+
+_lock = threading.Lock()
+_runtime: tuple[int, Runtime] | None = None
+
+
+def runtime() -> Runtime:
+    """This process's runtime (created on first use, again after a fork)."""
+    global _runtime
+    with _lock:
+        if _runtime is None or _runtime[0] != os.getpid():
+            _runtime = (os.getpid(), Runtime())
+        return _runtime[1]

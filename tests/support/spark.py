@@ -1,0 +1,55 @@
+"""A local Spark session for the ``quire`` data source tests.
+
+:func:`start_spark` builds the one SparkSession of a test session:
+``local[2,2]`` (two cores; a failed task is retried once, so retry tests
+can fail a first attempt on purpose), small shuffles, no UI, bound to
+127.0.0.1, modest memory, and the Python workers on this interpreter (the
+venv, where :mod:`pyspark_quire` is importable).  The session does not
+register the data source: ``format("quire")`` must resolve through
+``pyspark_quire``'s auto-registration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SPARK_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.memory": "1g",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.task.maxFailures": "2",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "200",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.stopTimeout": "30s",
+    "spark.sql.adaptive.enabled": "false",
+}
+
+
+def start_spark(tmp: Path) -> SparkSession:
+    """Start the test SparkSession (skips the test if PySpark is missing)."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.master("local[2,2]").appName("quire-tests")
+               .config("spark.sql.warehouse.dir", str(tmp / "warehouse"))
+               .config("spark.local.dir", str(tmp / "local")))
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
