@@ -45,7 +45,6 @@ from quire.errors import (
     UnauthorizedError,
 )
 from quire.log import records as rec
-from quire.log._ledgers import sync_if_volatile
 from quire.log.errors import LogError, LogFencedError, LogNotFoundError, LogWriterClosedError
 from quire.log.position import Position
 from quire.log.records import HeadRecord, LedgerRecord, WriterHold
@@ -289,7 +288,7 @@ class LogWriter:
         ledger = self._ledger
         if ledger is not None and position.ledger_seq == self._seq:
             try:
-                await sync_if_volatile(ledger)
+                await ledger.sync()  # BP-14: a VD log's entries become durable and readable
             except (LedgerFencedError, UnauthorizedError) as e:
                 mapped = self._map_error(e)
                 self._fail(mapped)
@@ -462,9 +461,7 @@ class LogWriter:
         entries, length = 0, 0
         if ledger is not None:
             try:
-                if self._error is None:
-                    await sync_if_volatile(ledger)
-                await ledger.close()
+                await ledger.close()  # a VD ledger's close syncs first
                 entries, length = ledger.metadata.last_entry_id + 1, ledger.metadata.length
             except (LedgerFencedError, UnauthorizedError) as e:
                 self._closed = True

@@ -26,7 +26,6 @@ from quire.errors import (
     QuireError,
 )
 from quire.log import Job, LogStore, LogTruncatedError
-from quire.log._ledgers import read_batch, sync_if_volatile
 from quire.spark._runtime import Runtime, runtime
 from quire.types import BookieState, LedgerType
 
@@ -122,7 +121,7 @@ async def _read_chunk(handle: ReadHandle, first: int, last: int) -> list[LedgerE
     entries: list[LedgerEntry] = []
     following = first
     while following <= last:
-        got = await read_batch(handle, following, last, READ_BATCH_BYTES)
+        got = await handle.batch_read(following, last - following + 1, READ_BATCH_BYTES)
         if got[0].entry_id != following:
             raise EntryNotAvailableError(f"ledger {handle.ledger_id}: asked for entry "
                                          f"{following}, got {got[0].entry_id}")
@@ -247,7 +246,7 @@ class TaskLedgerWriter:
         assert handle is not None
         if self._last is not None:
             await self._last
-        await sync_if_volatile(handle)
+        await handle.sync()  # BP-14: the task's VD ledger is durable before the close
         await handle.close()
 
     def discard(self) -> None:

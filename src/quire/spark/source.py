@@ -62,7 +62,6 @@ from quire.log import (
     LogTruncatedError,
     Position,
 )
-from quire.log._ledgers import read_batch
 from quire.spark._runtime import runtime
 from quire.spark.io import (
     LedgerRange,
@@ -492,7 +491,7 @@ async def _entry_size(logs: LogStore, record: LedgerRecord, first: int) -> int:
         last = await handle.read_last_add_confirmed()
         if last < first:
             return 1
-        sample = await read_batch(handle, first, min(last, first + 63), 1 << 20)
+        sample = await handle.batch_read(first, min(last, first + 63) - first + 1, 1 << 20)
         return max(1, sum(len(e.data) for e in sample) // len(sample))
     finally:
         await handle.close()
