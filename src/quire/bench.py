@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from quire.types import DigestType, LedgerType
@@ -72,30 +73,35 @@ async def bench_write(client: Client, params: WriteBenchParams,
     in_flight = 0
     error: list[BaseException] = []
 
-    def more() -> bool:
+    perf_counter = time.perf_counter
+
+    def more(now: float) -> bool:
         if error:
             return False
         if params.count:
             return sent < params.count
-        return time.perf_counter() < deadline
+        return now < deadline
 
-    def send() -> None:
+    def send(t0: float) -> None:
         nonlocal sent, in_flight
         handle = handles[sent % len(handles)]
         sent += 1
         in_flight += 1
-        t0 = time.perf_counter()
-        handle.append(payload).add_done_callback(lambda f: done(f, t0))
+        handle.append(payload).add_done_callback(partial(done, t0))
 
-    def done(future: asyncio.Future[int], t0: float) -> None:
+    def done(t0: float, future: asyncio.Future[int]) -> None:
+        # One clock read per completion: this entry's latency, the deadline
+        # check, and the next entry's start (the load generator's own cost
+        # counts against the client process it shares).
         nonlocal in_flight
+        now = perf_counter()
         in_flight -= 1
         if future.cancelled() or future.exception() is not None:
             error.append(future.exception() or asyncio.CancelledError())
         else:
-            latencies.append((time.perf_counter() - t0) * 1000.0)
-        if more():
-            send()
+            latencies.append((now - t0) * 1000.0)
+        if more(now):
+            send(now)
         elif in_flight == 0 and not finished.done():
             finished.set_result(None)
 
@@ -111,7 +117,7 @@ async def bench_write(client: Client, params: WriteBenchParams,
 
     reporter = asyncio.create_task(report())
     for _ in range(min(params.outstanding, params.count or params.outstanding)):
-        send()
+        send(perf_counter())
     try:
         await finished
     finally:

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 
 class SyncableJournal(Protocol):
@@ -30,6 +30,9 @@ class SyncableJournal(Protocol):
 
 
 DurableCallback = Callable[[BaseException | None], None]
+T = TypeVar("T")
+_PLAIN: Any = object()
+"""Waiter argument marking a plain ``callback(error)`` (see after_durable)."""
 SyncObserver = Callable[[float, int], None]
 """Called after each fsync with (seconds taken, callbacks released)."""
 DurableHook = Callable[[int], None]
@@ -45,7 +48,10 @@ class GroupCommitter:
         self._on_sync = on_sync
         self._on_durable = on_durable
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="quire-fsync")
-        self._waiters: deque[tuple[int, DurableCallback]] = deque()
+        # (seq, callback, arg, weight): callback(error) if arg is _PLAIN, else
+        # callback(arg, error); a tuple per waiter, no closure (after_durable_with
+        # is the add path).  weight: the adds it stands for (on_sync's count).
+        self._waiters: deque[tuple[int, Callable[..., None], Any, int]] = deque()
         self._durable_seq = -1
         self._syncing = False
         self._closed = False
@@ -61,8 +67,22 @@ class GroupCommitter:
         if seq <= self._durable_seq:
             callback(None)
             return
-        self._waiters.append((seq, callback))
-        self._kick()
+        self._waiters.append((seq, callback, _PLAIN, 1))
+        if not self._syncing:
+            self._kick()
+
+    def after_durable_with(self, seq: int, callback: Callable[[T, BaseException | None], None],
+                           arg: T, weight: int = 1) -> None:
+        """:meth:`after_durable` calling ``callback(arg, error)``: the waiter is
+        a tuple, so the caller needs no closure per wait (the add path).  A
+        waiter standing for several adds (a batch) gives their number as
+        ``weight``, so that ``on_sync`` still counts adds released."""
+        if seq <= self._durable_seq:
+            callback(arg, None)
+            return
+        self._waiters.append((seq, callback, arg, weight))
+        if not self._syncing:
+            self._kick()
 
     async def wait_durable(self, seq: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -100,8 +120,11 @@ class GroupCommitter:
         released = 0
         if error is not None:
             waiters, self._waiters = self._waiters, deque()
-            for _seq, callback in waiters:
-                callback(error)
+            for _seq, callback, arg, _weight in waiters:
+                if arg is _PLAIN:
+                    callback(error)
+                else:
+                    callback(arg, error)
             return
         self.fsync_count += 1
         durable = future.result()
@@ -109,9 +132,14 @@ class GroupCommitter:
         if self._on_durable is not None:
             self._on_durable(durable)
         waiters = self._waiters
+        popleft = waiters.popleft
         while waiters and waiters[0][0] <= durable:
-            waiters.popleft()[1](None)
-            released += 1
+            _seq, callback, arg, weight = popleft()
+            if arg is _PLAIN:
+                callback(None)
+            else:
+                callback(arg, None)
+            released += weight
         if self._on_sync is not None:
             self._on_sync(time.perf_counter() - started, released)
         self._kick()

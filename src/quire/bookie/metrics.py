@@ -8,6 +8,9 @@ exactly the buckets the BP lists.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from quire.protocol import OpCode
@@ -19,6 +22,72 @@ BATCH_READ_LATENCY_BUCKETS_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 3000)
 # BP-62: [0-128], [128-512], [512-1k], [1k-2k], [2k-4k], [4k-16k], [16k-128k],
 # [128k-1MB], [>1MB] bytes.
 BATCH_READ_SIZE_BUCKETS_BYTES = (128, 512, 1024, 2048, 4096, 16384, 131072, 1048576)
+
+
+class LatencyRecorder:
+    """Observations for one histogram child, gathered on one thread and
+    applied to the child in bulk by :meth:`flush`.
+
+    ``observe`` costs a ``bisect`` and two list/float updates instead of
+    prometheus_client's locked per-observation update, which shows on the
+    add path.  The child ends up with the same bucket counts, count and sum
+    (up to float rounding of the sum) once ``flush`` ran; the server flushes
+    before it writes the answers the observations belong to, so a scrape
+    that follows an answer sees its observation.  If the child does not
+    expose the internals the bulk update needs, ``flush`` replays each
+    observation through ``child.observe``.
+    """
+
+    __slots__ = ("_bounds", "_bulk", "_child", "_counts", "_sum", "_values", "pending")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        bounds: list[float] = list(getattr(child, "_upper_bounds", None) or ())
+        self._bulk = (bool(bounds) and hasattr(child, "_buckets") and hasattr(child, "_sum")
+                      and len(child._buckets) == len(bounds))
+        self._bounds = bounds if self._bulk else []
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._values: list[float] = []
+        self.pending = False
+        """True from the first observation until the next flush."""
+
+    def observe(self, amount: float) -> None:
+        if self._bulk:
+            # The first bucket whose upper bound is >= amount, as Histogram.observe.
+            self._counts[bisect_left(self._bounds, amount)] += 1
+            self._sum += amount
+        else:
+            self._values.append(amount)
+        self.pending = True
+
+    def observe_many(self, amount: float, count: int) -> None:
+        """``count`` observations of the same ``amount`` (a batch answered at once)."""
+        if self._bulk:
+            self._counts[bisect_left(self._bounds, amount)] += count
+            self._sum += amount * count
+        else:
+            self._values.extend([amount] * count)
+        self.pending = True
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        self.pending = False
+        child = self._child
+        if not self._bulk:
+            values, self._values = self._values, []
+            for value in values:
+                child.observe(value)
+            return
+        counts = self._counts
+        buckets = child._buckets
+        for i, n in enumerate(counts):
+            if n:
+                buckets[i].inc(n)
+                counts[i] = 0
+        child._sum.inc(self._sum)
+        self._sum = 0.0
 
 
 class BookieMetrics:

@@ -30,7 +30,7 @@ from typing import cast
 from quire.bookie.config import BookieConfig
 from quire.bookie.cookie import validate_or_create_cookie
 from quire.bookie.group_commit import GroupCommitter
-from quire.bookie.metrics import BookieMetrics
+from quire.bookie.metrics import BookieMetrics, LatencyRecorder
 from quire.bookie.storage import BookieStorage, StorageConfig
 from quire.bookie.sync_cursor import SyncCursor, decode_cursor, encode_cursor
 from quire.errors import (
@@ -45,9 +45,10 @@ from quire.errors import (
 )
 from quire.metadata import BookieInfo, MetadataStore, open_store
 from quire.protocol import (
+    FLAG_RECOVERY_ADD,
+    FLAG_VOLATILE_DURABILITY,
     LAST_ENTRY_ID,
     AddRequest,
-    AddResponse,
     BatchReadRequest,
     BatchReadResponse,
     BookieInfoRequest,
@@ -66,6 +67,7 @@ from quire.protocol import (
     WriteLacRequest,
     WriteLacResponse,
 )
+from quire.protocol.codec import encode_add_response
 from quire.types import BookieState
 
 log = logging.getLogger("quire.bookie")
@@ -73,6 +75,8 @@ log = logging.getLogger("quire.bookie")
 _LAC_FIELD = struct.Struct(">q")
 _LAC_OFFSET = 16  # stored entry: ledger_id, entry_id, lac, ...
 _BATCH_OVERHEAD_BYTES = 64
+_perf_counter = time.perf_counter
+_OK = StatusCode.OK
 
 
 def _status_of(error: BaseException) -> StatusCode:
@@ -99,6 +103,9 @@ class BookieConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self.peer = "?"
+        self._add_batch: Callable[[BookieConnection, list[AddRequest]], None] | None = getattr(
+            server, "add_batch", None)
+        """The server's batched path for plain adds (without one: handle() each)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -112,18 +119,40 @@ class BookieConnection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        # Plain adds (no flags) are gathered and handed to the server's
+        # add_batch together; anything else first flushes the batch, so
+        # requests are still handled in arrival order.
+        server = self.server
+        handle = server.handle
+        add_batch = self._add_batch
+        batch: list[AddRequest] | None = None
         try:
-            self.decoder.feed(data)
-            for message in self.decoder:
-                self.server.handle(self, message)  # type: ignore[arg-type]
+            decoder = self.decoder
+            decoder.feed(data)
+            next_message = decoder.next_message
+            while (message := next_message()) is not None:
+                if type(message) is AddRequest and not message.flags and add_batch is not None:
+                    if batch is None:
+                        batch = [message]
+                    else:
+                        batch.append(message)
+                    continue
+                if batch is not None:
+                    add_batch(self, batch)  # type: ignore[misc]
+                    batch = None
+                handle(self, message)  # type: ignore[arg-type]
         except ProtocolError as e:
+            if batch is not None:  # decoded before the malformed frame: served as before
+                add_batch(self, batch)  # type: ignore[misc]
             log.warning("closing connection from %s: malformed frame: %s", self.peer, e)
             self.server.metrics.malformed_frames.inc()
             if self.transport is not None:
                 self.transport.abort()
             return
+        if batch is not None:
+            add_batch(self, batch)  # type: ignore[misc]
         if self.volatile_acks:
-            self.server.release_volatile_acks(self)
+            server.release_volatile_acks(self)
         self._update_flow()
 
     def send(self, frame: bytes, request_bytes: int = 0) -> None:
@@ -133,6 +162,13 @@ class BookieConnection(asyncio.Protocol):
         if not self._out:
             self.server.schedule_flush(self)
         self._out.append(frame)
+
+    def send_many(self, frames: list[bytes], request_bytes: int = 0) -> None:
+        """:meth:`send` for several answers at once."""
+        self.pending_bytes -= request_bytes
+        if not self._out:
+            self.server.schedule_flush(self)
+        self._out += frames
 
     def flush(self) -> None:
         out, self._out = self._out, []
@@ -185,7 +221,13 @@ class BookieServer:
         self._checkpointing: asyncio.Task[object] | None = None
         self._stopped = asyncio.Event()
         self._flush_queue: list[BookieConnection] = []
-        self._observers: dict[tuple[OpCode, StatusCode], Callable[[float], None]] = {}
+        self._flush_scheduled = False
+        self._recorders: dict[tuple[OpCode, StatusCode], LatencyRecorder] = {}
+        """Request latency histograms, batched per loop iteration (see _observe)."""
+        self._dirty_recorders: list[LatencyRecorder] = []
+        self._add_ok_recorder: LatencyRecorder | None = None
+        self._add_durable_callback = self._add_durable
+        self._adds_durable_callback = self._adds_durable
         self._handlers: dict[type, Callable[[BookieConnection, Request], None]] = {
             AddRequest: self._add,  # type: ignore[dict-item]
             ReadRequest: self._read,  # type: ignore[dict-item]
@@ -361,11 +403,24 @@ class BookieServer:
     # --- request handling (loop thread) -------------------------------------
 
     def schedule_flush(self, conn: BookieConnection) -> None:
-        if not self._flush_queue:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_all)
         self._flush_queue.append(conn)
 
     def _flush_all(self) -> None:
+        """Once per loop iteration: apply the latency observations gathered,
+        then write every connection's queued answers (the observations first,
+        so a scrape that follows an answer sees it)."""
+        self._flush_scheduled = False
+        dirty = self._dirty_recorders
+        if dirty:
+            self._dirty_recorders = []
+            for recorder in dirty:
+                try:
+                    recorder.flush()
+                except Exception:  # pragma: no cover - metrics never cost an answer
+                    log.exception("applying latency observations failed")
         queue, self._flush_queue = self._flush_queue, []
         for conn in queue:
             conn.flush()
@@ -377,70 +432,211 @@ class BookieServer:
         try:
             handler(conn, request)
         except Exception as e:  # contain bugs to one request
-            log.exception("error handling %s from %s", type(request).__name__, conn.peer)
-            rid = getattr(request, "request_id", None)
-            op = request.op_code if isinstance(request, UnknownRequest) else int(request.op)
-            if rid is not None:
-                conn.send(ErrorResponse(op, rid, _status_of(e)).encode())
+            self._request_failed(conn, request, e)
+
+    def _request_failed(self, conn: BookieConnection, request: Request, e: Exception) -> None:
+        log.error("error handling %s from %s", type(request).__name__, conn.peer, exc_info=e)
+        rid = getattr(request, "request_id", None)
+        op = request.op_code if isinstance(request, UnknownRequest) else int(request.op)
+        if rid is not None:
+            conn.send(ErrorResponse(op, rid, _status_of(e)).encode())
+
+    def _recorder(self, op: OpCode, status: StatusCode) -> LatencyRecorder:
+        key = (op, status)
+        recorder = self._recorders.get(key)
+        if recorder is None:
+            recorder = self._recorders[key] = LatencyRecorder(
+                self.metrics.requests[op].labels(status.name))
+            if key == (OpCode.ADD_ENTRY, _OK):
+                self._add_ok_recorder = recorder
+        return recorder
 
     def _observe(self, op: OpCode, started: float, status: StatusCode) -> None:
-        key = (op, status)
-        observe = self._observers.get(key)
-        if observe is None:
-            observe = self._observers[key] = self.metrics.requests[op].labels(status.name).observe
-        observe((time.perf_counter() - started) * 1000.0)
+        self._record(self._recorder(op, status), started)
+
+    def _record(self, recorder: LatencyRecorder, started: float) -> None:
+        """Observe the latency since ``started`` (ms); applied to the histogram
+        in _flush_all, which runs before any answer queued now is written."""
+        if not recorder.pending:
+            self._dirty_recorders.append(recorder)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_all)
+        recorder.observe((_perf_counter() - started) * 1000.0)
+
+    def _answer_add(self, conn: BookieConnection, req: AddRequest, started: float,
+                    status: StatusCode, held: int = 0) -> None:
+        cursor = self._cursors.get(req.ledger_id)
+        las = cursor.reported if cursor is not None else -1
+        conn.send(encode_add_response(req.request_id, status, req.ledger_id, req.entry_id, las),
+                  held)
+        self._observe(OpCode.ADD_ENTRY, started, status)
 
     def _add(self, conn: BookieConnection, req: AddRequest) -> None:
-        started = time.perf_counter()
-
-        def answer(status: StatusCode, held: int = 0) -> None:
-            cursor = self._cursors.get(req.ledger_id)
-            las = cursor.reported if cursor is not None else -1
-            conn.send(AddResponse(req.request_id, status, req.ledger_id, req.entry_id,
-                                  las).encode(), held)
-            self._observe(OpCode.ADD_ENTRY, started, status)
-
-        if self.read_only and not req.is_recovery:
-            answer(StatusCode.READ_ONLY)
+        # The hot path: one call per entry, no closure (the durable wait is a
+        # tuple handed to the committer); see _add_durable for the answer.
+        started = _perf_counter()
+        flags = req.flags
+        recovery = bool(flags & FLAG_RECOVERY_ADD)
+        if self.read_only and not recovery:
+            self._answer_add(conn, req, started, StatusCode.READ_ONLY)
             return
+        storage = self._storage
+        assert storage is not None, "bookie not started"
+        ledger_id = req.ledger_id
+        entry = req.entry
         try:
-            seq = self.storage.add_entry(req.ledger_id, req.entry_id, req.entry,
-                                         req.master_key, recovery=req.is_recovery)
+            seq = storage.add_entry(ledger_id, req.entry_id, entry, req.master_key,
+                                    recovery=recovery)
         except QuireError as e:
-            answer(_status_of(e))
+            self._answer_add(conn, req, started, _status_of(e))
             return
-        size = len(req.entry)
-        self.metrics.entries_written += 1
-        self.metrics.bytes_written += size
-        lac = _entry_lac(req.entry)
-        if lac > self._lac.get(req.ledger_id, -1):
-            self._lac[req.ledger_id] = lac
-        cursor = self._cursors.get(req.ledger_id)
-        if cursor is None and req.is_volatile:
-            cursor = self._new_cursor(req.ledger_id)
+        size = len(entry)
+        metrics = self.metrics
+        metrics.entries_written += 1
+        metrics.bytes_written += size
+        lac = _entry_lac(entry)
+        lacs = self._lac
+        if lac > lacs.get(ledger_id, -1):
+            lacs[ledger_id] = lac
+        volatile = flags & FLAG_VOLATILE_DURABILITY
+        cursors = self._cursors
+        cursor = cursors.get(ledger_id) if cursors else None
+        if cursor is None and volatile:
+            cursor = self._new_cursor(ledger_id)
         if cursor is not None:
             cursor.added(seq, req.entry_id)
             if cursor.confirmed(lac):
-                self._persist_cursor(req.ledger_id, cursor)
-        if req.is_volatile and not req.is_recovery:
+                self._persist_cursor(ledger_id, cursor)
+        if volatile and not recovery:
             # BP-14 VD: acknowledged once in the journal file (page cache);
             # released after this read's batch is written (release_volatile_acks).
             assert cursor is not None
-            conn.volatile_acks.append(AddResponse(
-                req.request_id, StatusCode.OK, req.ledger_id, req.entry_id,
-                cursor.reported).encode())
+            conn.volatile_acks.append(encode_add_response(
+                req.request_id, StatusCode.OK, ledger_id, req.entry_id, cursor.reported))
             self._observe(OpCode.ADD_ENTRY, started, StatusCode.OK)
             return
-        conn.hold(size)
+        conn.pending_bytes += size  # conn.hold(size)
+        committer = self._committer
+        assert committer is not None, "bookie not started"
+        committer.after_durable_with(seq, self._add_durable_callback, (conn, req, started, size))
 
-        def durable(error: BaseException | None) -> None:
-            if error is not None:
+    def _add_durable(self, waiter: tuple[BookieConnection, AddRequest, float, int],
+                     error: BaseException | None) -> None:
+        """Answer a PD (or recovery) add once its journal fsync returned."""
+        conn, req, started, size = waiter
+        if error is not None:
+            self._on_journal_failure(error)
+            self._answer_add(conn, req, started, StatusCode.IO_ERROR, size)
+            return
+        ledger_id = req.ledger_id
+        cursors = self._cursors
+        cursor = cursors.get(ledger_id) if cursors else None
+        conn.send(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
+                                      cursor.reported if cursor is not None else -1), size)
+        recorder = self._add_ok_recorder
+        if recorder is None:
+            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
+        self._record(recorder, started)
+
+    def add_batch(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
+        """Plain adds (no flags) decoded from one read, in arrival order.  For
+        each, what _add does (checks, journal, write cache, LAC, an answer once
+        durable, or an error answer now); adds to ledgers without a BP-14
+        cursor share one storage call, one durable wait and one batch of
+        answers, the others go through _add, in order."""
+        cursors = self._cursors
+        if cursors and any(req.ledger_id in cursors for req in reqs):
+            run: list[AddRequest] = []
+            for req in reqs:
+                if req.ledger_id in cursors:
+                    if run:
+                        self._add_plain(conn, run)
+                        run = []
+                    self.handle(conn, req)
+                else:
+                    run.append(req)
+            if run:
+                self._add_plain(conn, run)
+            return
+        self._add_plain(conn, reqs)
+
+    def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
+        if self.read_only:
+            for req in reqs:
+                self.handle(conn, req)  # _add answers READ_ONLY
+            return
+        started = _perf_counter()
+        storage = self._storage
+        committer = self._committer
+        assert storage is not None and committer is not None, "bookie not started"
+        try:
+            results = storage.add_entries(
+                [(req.ledger_id, req.entry_id, req.entry, req.master_key) for req in reqs])
+        except Exception as e:  # an engine bug (items fail one by one): contain it
+            for req in reqs:
+                self._request_failed(conn, req, e)
+            return
+        stored: list[AddRequest] = []
+        held = 0
+        last_seq = 0
+        lacs = self._lac
+        unpack_lac = _LAC_FIELD.unpack_from
+        for req, result in zip(reqs, results, strict=True):
+            if type(result) is int:
+                entry = req.entry
+                size = len(entry)
+                held += size
+                lac = unpack_lac(entry, _LAC_OFFSET)[0] if size >= 24 else -1
+                ledger_id = req.ledger_id
+                if lac > lacs.get(ledger_id, -1):
+                    lacs[ledger_id] = lac
+                stored.append(req)
+                last_seq = result
+            elif isinstance(result, QuireError):
+                self._answer_add(conn, req, started, _status_of(result))
+            else:  # a bug: contained to this request, as handle() does
+                assert isinstance(result, Exception)
+                self._request_failed(conn, req, result)
+        if not stored:
+            return
+        metrics = self.metrics
+        metrics.entries_written += len(stored)
+        metrics.bytes_written += held
+        conn.pending_bytes += held  # conn.hold(size) for each
+        committer.after_durable_with(last_seq, self._adds_durable_callback,
+                                     (conn, stored, started, held), len(stored))
+
+    def _adds_durable(self, waiter: tuple[BookieConnection, list[AddRequest], float, int],
+                      error: BaseException | None) -> None:
+        """Answer a batch of PD adds once the journal fsync covering them returned."""
+        conn, reqs, started, held = waiter
+        if error is not None:
+            for req in reqs:
                 self._on_journal_failure(error)
-                answer(StatusCode.IO_ERROR, size)
-            else:
-                answer(StatusCode.OK, size)
-
-        self.committer.after_durable(seq, durable)
+                self._answer_add(conn, req, started, StatusCode.IO_ERROR, len(req.entry))
+            return
+        cursors = self._cursors
+        if cursors:
+            frames = []
+            for req in reqs:
+                cursor = cursors.get(req.ledger_id)
+                frames.append(encode_add_response(
+                    req.request_id, _OK, req.ledger_id, req.entry_id,
+                    cursor.reported if cursor is not None else -1))
+        else:
+            frames = [encode_add_response(req.request_id, _OK, req.ledger_id, req.entry_id, -1)
+                      for req in reqs]
+        conn.send_many(frames, held)
+        recorder = self._add_ok_recorder
+        if recorder is None:
+            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
+        if not recorder.pending:
+            self._dirty_recorders.append(recorder)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_all)
+        recorder.observe_many((_perf_counter() - started) * 1000.0, len(reqs))
 
     def release_volatile_acks(self, conn: BookieConnection) -> None:
         acks, conn.volatile_acks = conn.volatile_acks, []

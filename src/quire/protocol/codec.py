@@ -57,6 +57,15 @@ _WRITE_LAC_RESP = struct.Struct(">Qiq")
 _INFO_RESP = struct.Struct(">Qiqq")
 _BATCH_RESP = struct.Struct(">iqqQ")
 _SYNC_RESP = struct.Struct(">Qiqq")
+# Hot-path layouts (same bytes as the generic encoders/decoders above).
+_ADD_REQ_IDS = struct.Struct(">Q20sqq")  # request_id, master_key, ledger_id, entry_id
+_ADD_REQ_MIN_FRAME = 4 + _ADD_REQ.size + _ADD_ENTRY_IDS.size
+_ADD_RESP_FRAME = struct.Struct(">II" + _ADD_RESP.format[1:])  # frame header + ADD response
+_ADD_RESP_FRAME_LEN = 4 + _ADD_RESP.size
+_ADD_REQ_FRAME = struct.Struct(">II" + _ADD_REQ.format[1:])  # frame header + ADD request head
+_ADD_REQ_HEADER = (PROTOCOL_VERSION << 24) | (int(OpCode.ADD_ENTRY) << 16)  # without flags
+_OP_ADD_ENTRY = int(OpCode.ADD_ENTRY)
+_new = object.__new__
 
 _MAX_U64 = (1 << 64) - 1
 
@@ -65,12 +74,12 @@ def _frame(op: int, flags: int, body_len: int) -> bytes:
     return _HEADER.pack(4 + body_len, (PROTOCOL_VERSION << 24) | (op << 16) | flags)
 
 
+_STATUS_BY_VALUE: dict[int, StatusCode] = {int(code): code for code in StatusCode}
+
+
 def _status(value: int) -> StatusCode:
-    try:
-        return StatusCode(value)
-    except ValueError:
-        # A status this build does not know is an unknown, never a negative.
-        return StatusCode.UNKNOWN
+    # A status this build does not know is an unknown, never a negative.
+    return _STATUS_BY_VALUE.get(value, StatusCode.UNKNOWN)
 
 
 # --- requests ---------------------------------------------------------------
@@ -106,12 +115,10 @@ class AddRequest:
 
 
 def encode_add_request(request_id: int, master_key: bytes, entry: bytes, flags: int = 0) -> bytes:
-    """The whole ADD_ENTRY frame (the client's hot path: one join, no object)."""
-    return b"".join((
-        _frame(OpCode.ADD_ENTRY, flags, _ADD_REQ.size + len(entry)),
-        _ADD_REQ.pack(request_id, master_key),
-        entry,
-    ))
+    """The whole ADD_ENTRY frame (the client's hot path: one pack, one join, no object)."""
+    return _ADD_REQ_FRAME.pack(
+        4 + _ADD_REQ.size + len(entry), _ADD_REQ_HEADER | flags, request_id,
+        master_key) + entry
 
 
 @dataclass(slots=True)
@@ -237,8 +244,19 @@ class AddResponse:
     last_add_synced: int = -1
 
     def encode(self) -> bytes:
-        return _frame(self.op, 0, _ADD_RESP.size) + _ADD_RESP.pack(
-            self.request_id, self.status, self.ledger_id, self.entry_id, self.last_add_synced)
+        return encode_add_response(self.request_id, self.status, self.ledger_id, self.entry_id,
+                                   self.last_add_synced)
+
+
+_ADD_RESP_HEADER = (PROTOCOL_VERSION << 24) | (OpCode.ADD_ENTRY << 16)
+
+
+def encode_add_response(request_id: int, status: int, ledger_id: int, entry_id: int,
+                        last_add_synced: int = -1) -> bytes:
+    """The whole ADD_ENTRY response frame (the bookie's hot path: one pack, no
+    object); the same bytes as ``AddResponse(...).encode()``."""
+    return _ADD_RESP_FRAME.pack(_ADD_RESP_FRAME_LEN, _ADD_RESP_HEADER, request_id, status,
+                                ledger_id, entry_id, last_add_synced)
 
 
 @dataclass(slots=True)
@@ -525,6 +543,31 @@ class Decoder:
             version, op, flags = header >> 24, (header >> 16) & 0xFF, header & 0xFFFF
             if version != PROTOCOL_VERSION:
                 raise ProtocolError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
+            if op == _OP_ADD_ENTRY and self._is_requests and frame_len >= _ADD_REQ_MIN_FRAME:
+                # The bookie's hot path: what _decode_request does for a
+                # well-sized ADD_ENTRY, without the memoryview and __init__.
+                request_id, key, ledger_id, entry_id = _ADD_REQ_IDS.unpack_from(buf, pos + 8)
+                add: AddRequest = _new(AddRequest)
+                add.request_id = request_id
+                add.master_key = key
+                add.entry = bytes(buf[pos + 8 + _ADD_REQ.size:pos + 4 + frame_len])
+                add.flags = flags
+                add.ledger_id = ledger_id
+                add.entry_id = entry_id
+                self._pos = pos + 4 + frame_len
+                return add
+            if op == _OP_ADD_ENTRY and not self._is_requests and not flags & FLAG_BARE_ERROR \
+                    and frame_len == _ADD_RESP_FRAME_LEN:
+                # The client's hot path: what _decode_response does for an ADD_ENTRY answer.
+                rid, status, ledger_id, entry_id, las = _ADD_RESP.unpack_from(buf, pos + 8)
+                answer: AddResponse = _new(AddResponse)
+                answer.request_id = rid
+                answer.status = _STATUS_BY_VALUE.get(status, StatusCode.UNKNOWN)
+                answer.ledger_id = ledger_id
+                answer.entry_id = entry_id
+                answer.last_add_synced = las
+                self._pos = pos + 4 + frame_len
+                return answer
             with memoryview(buf) as view:
                 body = view[pos + 8:pos + 4 + frame_len]
                 try:

@@ -66,6 +66,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,6 +212,8 @@ class BookieStorage:
             journal = Journal.open(journal_dir, file_size_bytes=config.journal_file_size_bytes,
                                    max_group_bytes=config.journal_max_group_bytes,
                                    preallocate=config.journal_preallocate,
+                                   remove_pages_from_cache=(
+                                       config.journal_remove_pages_from_cache),
                                    tracker=journal_tracker,
                                    skip_fsync_for_testing=config.test_skip_journal_fsync)
             if config.test_skip_journal_fsync:
@@ -376,6 +379,56 @@ class BookieStorage:
             if entry_id > info.max_added:
                 info.max_added = entry_id
             return seq
+
+    def add_entries(self, adds: Iterable[tuple[int, int, bytes, bytes]]
+                    ) -> list[int | Exception]:
+        """:meth:`add_entry` (``recovery=False``) for each ``(ledger_id,
+        entry_id, entry, master_key)`` in order, under one lock acquisition:
+        the same checks, journal records and cache updates, one at a time.
+        Each result is the entry's journal seq, or the exception
+        ``add_entry`` would have raised for it (later items are still added).
+        The server's batched add path (one read's plain adds)."""
+        results: list[int | Exception] = []
+        append_result = results.append
+        ledgers = self._ledgers
+        cache = self._cache
+        append_add = self.journal.append_add_entry
+        reject_bytes = self._reject_bytes
+        with self._lock:
+            epoch = self._epoch
+            for ledger_id, entry_id, entry, master_key in adds:
+                try:
+                    if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
+                        raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
+                    if type(entry) is not bytes:
+                        entry = bytes(entry)
+                    size = len(entry)
+                    if self._closed:
+                        raise StorageError("storage engine closed")
+                    if reject_bytes and self._cache_bytes + size > reject_bytes:
+                        raise TooManyRequestsError("write cache full: checkpoint behind")
+                    info = ledgers.get(ledger_id)
+                    if info is None:
+                        info = self._create_locked(ledger_id, master_key)
+                    else:
+                        state = info.state
+                        if state.master_key != master_key:
+                            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+                        if state.fenced:
+                            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+                    seq = append_add(ledger_id, entry_id, entry)
+                except Exception as e:  # returned: the caller answers it, as for add_entry
+                    append_result(e)
+                    continue
+                key = (ledger_id, entry_id)
+                old = cache.get(key)
+                cache[key] = entry
+                self._cache_bytes += size if old is None else size - len(old)
+                info.cache_epoch = epoch
+                if entry_id > info.max_added:
+                    info.max_added = entry_id
+                append_result(seq)
+        return results
 
     def fence(self, ledger_id: int, master_key: bytes) -> int:
         """Fence the ledger (creating it with this key if unknown); return the

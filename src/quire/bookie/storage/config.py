@@ -44,6 +44,11 @@ class StorageConfig:
     journal_preallocate: bool = True
     """Preallocate journal files (turn off only on filesystems without
     ``fallocate`` support)."""
+    journal_remove_pages_from_cache: bool = True
+    """After each journal fsync, advise the kernel to drop the synced journal
+    pages from the page cache (BookKeeper's ``journalRemovePagesFromCache``):
+    the journal is only read back at replay, and the freed pages serve the
+    next writes instead of the page cache growing with journal data."""
     write_cache_max_bytes: int = 64 * _MiB
     """Write cache size above which :attr:`BookieStorage.checkpoint_due` is true."""
     write_cache_reject_ratio: float = 2.0

@@ -73,6 +73,11 @@ Threading
 * :meth:`sync`: any thread (the dedicated fsync thread); the write lock is
   held only to write the buffer and collect the files to sync, the
   ``fdatasync`` runs with no lock held, so appends and volatile writes go on.
+* After each fsync, the synced whole pages of each file are dropped from the
+  page cache (``posix_fadvise(DONTNEED)``, advisory; see
+  ``remove_pages_from_cache``): the journal is only read back at replay.
+  The page holding a file's tail is never dropped, as the next write
+  continues it.
 * After any write or fsync error the journal is *failed*: every later
   ``write_buffered``/``sync`` raises :class:`~quire.errors.StorageError`
   (an fsync is never retried: its failure leaves durability unknown).
@@ -121,6 +126,9 @@ _LEDGER_ENTRY = struct.Struct(">QQ")
 _TYPE = struct.Struct(">B")
 _SUFFIX = ".jnl"
 MAX_RECORD_BYTES = 0xFFFFFFFF
+_PAGE = mmap.PAGESIZE
+_HAVE_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
+_FADV_DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 0)
 
 
 class JournalMark(NamedTuple):
@@ -273,8 +281,12 @@ class Journal:
 
     def __init__(self, directory: Path, *, file_size_bytes: int, max_group_bytes: int,
                  preallocate: bool = True, tracker: SyncTracker | None = None,
-                 skip_fsync_for_testing: bool = False) -> None:
+                 skip_fsync_for_testing: bool = False,
+                 remove_pages_from_cache: bool = False) -> None:
         self.directory = Path(directory)
+        self._drop_pages = remove_pages_from_cache and _HAVE_FADVISE
+        self._dropped: dict[int, int] = {}  # file seq -> offset up to which pages were dropped
+        """Sync side: page-cache drop position per file (see _drop_synced_pages)."""
         self._skip_fsync = skip_fsync_for_testing
         self._file_size = file_size_bytes
         self._max_group_bytes = max_group_bytes
@@ -318,11 +330,13 @@ class Journal:
     @classmethod
     def open(cls, directory: Path, *, file_size_bytes: int, max_group_bytes: int,
              preallocate: bool = True, tracker: SyncTracker | None = None,
-             skip_fsync_for_testing: bool = False) -> Journal:
+             skip_fsync_for_testing: bool = False,
+             remove_pages_from_cache: bool = False) -> Journal:
         Path(directory).mkdir(parents=True, exist_ok=True)
         return cls(directory, file_size_bytes=file_size_bytes,
                    max_group_bytes=max_group_bytes, preallocate=preallocate, tracker=tracker,
-                   skip_fsync_for_testing=skip_fsync_for_testing)
+                   skip_fsync_for_testing=skip_fsync_for_testing,
+                   remove_pages_from_cache=remove_pages_from_cache)
 
     def _fsync(self, fd: int, name: str, length: int) -> None:
         if not self._skip_fsync:
@@ -598,6 +612,8 @@ class Journal:
                 self._failure = e
                 raise StorageError(f"journal fsync failed: {e}") from e
             latency = time.perf_counter() - started
+            if self._drop_pages:
+                self._drop_synced_pages(fds, dirty)
             with self._write_lock:
                 for file_seq in [s for s in self._open_fds
                                  if s != self._cur_seq and s not in self._dirty]:
@@ -610,6 +626,25 @@ class Journal:
             self._synced_bytes = written_bytes
             self._synced_seq = seq
             return seq
+
+    def _drop_synced_pages(self, fds: dict[int, int], synced: dict[int, int]) -> None:
+        """Advise the kernel to drop the whole pages just made durable (sync
+        lock held, after the fsync).  Only pages entirely below each file's
+        synced length go, so the partly written tail page stays cached; the
+        file's fd is open (the write lock only closes fds after this).  Purely
+        advisory: an error changes nothing but the page cache."""
+        dropped = self._dropped
+        for file_seq, length in synced.items():
+            start = dropped.get(file_seq, 0)
+            end = length - length % _PAGE
+            if end <= start:
+                continue
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fds[file_seq], start, end - start, _FADV_DONTNEED)
+            dropped[file_seq] = end
+        if len(dropped) > len(synced) + 4:
+            for file_seq in [s for s in dropped if s not in synced]:
+                del dropped[file_seq]
 
     # --- housekeeping -------------------------------------------------------
 

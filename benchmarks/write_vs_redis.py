@@ -1,0 +1,288 @@
+"""Quire durable appends against Redis 7 XADD with ``appendfsync always``.
+
+One run, each system measured alone on this machine (loopback only):
+
+1. a 3-bookie sandbox (``quire.sandbox.Sandbox`` in a temporary directory)
+   takes ``quire bench write`` (``quire.bench.bench_write``, in process, on
+   uvloop) with PD_JOURNAL entries at E=W=A=1, then at E=3 W=3 A=2; the
+   sandbox is stopped before Redis starts;
+2. Debian's ``redis-server`` (started here on a free loopback port with a
+   temporary directory, ``--appendonly yes --appendfsync always --save ""``)
+   takes XADD of the same entries from redis-py (``redis.asyncio``).
+
+Both sides keep ``--outstanding`` (256) entries in flight and time each
+entry from the moment it is handed to the client until its acknowledgement.
+Redis's side keeps the window full with ``--redis-pipelines`` pipelines
+(default 4 of 64 commands each, one connection each) that are re-sent as
+soon as they are answered; ``--redis-pipelines 1`` sends windows of 256.
+
+Prints entries/s, latency p50/p99 and the ratios Quire / Redis against the
+goals (E=W=A=1 >= 1.5x Redis, E=3 W=3 A=2 >= 1.0x Redis); ``--json`` prints
+one JSON object instead.  Progress goes to stderr.
+
+    .venv/bin/python benchmarks/write_vs_redis.py [--seconds 10] [--outstanding 256]
+        [--entry-bytes 1024] [--shapes 1/1/1,3/3/2] [--redis-pipelines 4]
+        [--skip-quire | --skip-redis] [--json] [--quiet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvloop
+
+from quire.bench import WriteBenchParams, bench_write, summarize
+from quire.client import Client
+from quire.sandbox import Sandbox
+from quire.types import LedgerType
+
+SHAPES = ((1, 1, 1), (3, 3, 2))
+GOALS = {"E=1 W=1 A=1": 1.5, "E=3 W=3 A=2": 1.0}
+REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def shape_name(ensemble: int, write: int, ack: int) -> str:
+    return f"E={ensemble} W={write} A={ack}"
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
+    shapes = []
+    for part in text.split(","):
+        e, w, a = (int(x) for x in part.split("/"))
+        shapes.append((e, w, a))
+    return tuple(shapes)
+
+
+class Progress:
+    """One self-overwriting status line on stderr (a plain line when not a tty)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, label: str, snapshot: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = (f"[{label}] {snapshot['elapsed_s']:5.1f}s {snapshot['entries']:>10,} entries "
+                f"{snapshot['entries_per_s']:>10,.0f}/s")
+        if self.tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            print(("\n" if self.tty else "") + text, file=sys.stderr, flush=True)
+
+
+# --- Quire --------------------------------------------------------------------
+
+
+def run_quire(args: argparse.Namespace, root: Path, progress: Progress) -> dict[str, Any]:
+    sandbox = Sandbox(root / "sandbox", bookies=3)
+    progress.note("quire: starting a 3-bookie sandbox ...")
+    sandbox.start()
+    try:
+        return uvloop.run(_quire_shapes(sandbox.metadata_uri, args, progress))
+    finally:
+        progress.note("quire: stopping the sandbox ...")
+        sandbox.stop()
+
+
+async def _quire_shapes(uri: str, args: argparse.Namespace,
+                        progress: Progress) -> dict[str, Any]:
+    client = await Client.connect(uri)
+    results: dict[str, Any] = {}
+    try:
+        for ensemble, write, ack in args.shapes:
+            name = shape_name(ensemble, write, ack)
+            progress.note(f"quire {name}: {args.seconds:g} s of {args.entry_bytes} B "
+                          f"PD_JOURNAL appends, {args.outstanding} outstanding")
+            params = WriteBenchParams(
+                ensemble_size=ensemble, write_quorum_size=write, ack_quorum_size=ack,
+                entry_bytes=args.entry_bytes, outstanding=args.outstanding,
+                duration_s=args.seconds, ledger_type=LedgerType.PD_JOURNAL)
+            results[name] = await bench_write(
+                client, params, lambda s, label=f"quire {name}": progress(label, s))
+            progress.note(_line(f"quire {name}", results[name]))
+    finally:
+        await client.close()
+    return results
+
+
+# --- Redis --------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[int]:
+    """A private redis-server: AOF with an fsync before every reply batch."""
+    if not Path(REDIS_SERVER).exists():
+        raise SystemExit(f"{REDIS_SERVER} not found (apt-get install redis-server)")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    log_path = directory / "redis.log"
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+         "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+         "--daemonize", "no", "--protected-mode", "yes", "--logfile", str(log_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = log_path.read_text(errors="replace") if log_path.exists() else ""
+                raise SystemExit(f"redis-server did not start:\n{log[-2000:]}")
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def bench_redis(port: int, args: argparse.Namespace,
+                      progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    pipelines = max(1, min(args.redis_pipelines, args.outstanding))
+    depth = [args.outstanding // pipelines + (1 if i < args.outstanding % pipelines else 0)
+             for i in range(pipelines)]
+    payload = os.urandom(args.entry_bytes)
+    client = aioredis.Redis(host="127.0.0.1", port=port, max_connections=pipelines + 1)
+    await client.ping()
+    await client.config_set("appendfsync", "always")  # belt and braces: what we measure
+    latencies: list[float] = []
+    started = time.perf_counter()
+    deadline = started + args.seconds
+
+    async def worker(n: int) -> None:
+        pipe = client.pipeline(transaction=False)
+        while time.perf_counter() < deadline:
+            for _ in range(n):
+                pipe.xadd("quire-bench", {"d": payload})
+            t0 = time.perf_counter()
+            replies = await pipe.execute()
+            ms = (time.perf_counter() - t0) * 1000.0
+            latencies.extend([ms] * len(replies))
+
+    async def report() -> None:
+        last_n, last_t = 0, started
+        while True:
+            await asyncio.sleep(1.0)
+            now, n = time.perf_counter(), len(latencies)
+            progress({"elapsed_s": now - started, "entries": n,
+                      "entries_per_s": (n - last_n) / (now - last_t)})
+            last_n, last_t = n, now
+
+    reporter = asyncio.create_task(report())
+    try:
+        await asyncio.gather(*(worker(n) for n in depth))
+    finally:
+        reporter.cancel()
+    elapsed = time.perf_counter() - started
+    length = await client.xlen("quire-bench")
+    await client.aclose()
+    if length != len(latencies):
+        raise SystemExit(f"redis holds {length} entries, {len(latencies)} were acknowledged")
+    return {**summarize(latencies, elapsed, args.entry_bytes), "pipelines": pipelines}
+
+
+def run_redis(args: argparse.Namespace, root: Path, progress: Progress) -> dict[str, Any]:
+    progress.note("redis: starting redis-server (appendonly yes, appendfsync always) ...")
+    with redis_server(root / "redis") as port:
+        progress.note(f"redis: {args.seconds:g} s of {args.entry_bytes} B XADD, "
+                      f"{args.outstanding} outstanding in {args.redis_pipelines} pipeline(s)")
+        result = uvloop.run(bench_redis(port, args, lambda s: progress("redis", s)))
+    progress.note(_line("redis", result))
+    return result
+
+
+# --- output -------------------------------------------------------------------
+
+
+def _line(label: str, r: dict[str, Any]) -> str:
+    return (f"{label:<20} {r['entries_per_s']:>9,.0f} entries/s {r['mb_per_s']:>6.1f} MB/s  "
+            f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  ({r['entries']:,} entries "
+            f"in {r['seconds']:.1f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration per system/shape")
+    parser.add_argument("--outstanding", type=int, default=256)
+    parser.add_argument("--entry-bytes", type=int, default=1024)
+    parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
+                        help="Quire shapes as E/W/A, comma separated (default 1/1/1,3/3/2)")
+    parser.add_argument("--redis-pipelines", type=int, default=4,
+                        help="pipelines sharing the outstanding window (1: windows of 256)")
+    parser.add_argument("--tmpdir", type=Path, default=None,
+                        help="where sandbox and Redis keep their files (default: system temp)")
+    skip = parser.add_mutually_exclusive_group()
+    skip.add_argument("--skip-quire", action="store_true")
+    skip.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args()
+    progress = Progress(not args.quiet)
+
+    root = Path(tempfile.mkdtemp(prefix="quire-vs-redis-", dir=args.tmpdir))
+    try:
+        quire = {} if args.skip_quire else run_quire(args, root, progress)
+        redis = None if args.skip_redis else run_redis(args, root, progress)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ratios = {name: r["entries_per_s"] / redis["entries_per_s"]
+              for name, r in quire.items() if redis and redis["entries_per_s"]}
+    goals = {name: {"goal": goal, "ratio": ratios[name], "met": ratios[name] >= goal}
+             for name, goal in GOALS.items() if name in ratios}
+    if args.json:
+        print(json.dumps({
+            "params": {"seconds": args.seconds, "outstanding": args.outstanding,
+                       "entry_bytes": args.entry_bytes, "redis_pipelines": args.redis_pipelines,
+                       "ledger_type": LedgerType.PD_JOURNAL.value},
+            "quire": quire, "redis": redis, "ratios": ratios, "goals": goals}, indent=2))
+        return
+    print(f"\n{args.entry_bytes} B entries, {args.outstanding} outstanding, "
+          f"{args.seconds:g} s per run, one system at a time")
+    for name, r in quire.items():
+        print(_line(f"quire {name}", r))
+    if redis:
+        print(_line("redis XADD", redis))
+    for name, g in goals.items():
+        print(f"quire {name} / redis = {g['ratio']:.2f}x  (goal >= {g['goal']:.1f}x: "
+              f"{'met' if g['met'] else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

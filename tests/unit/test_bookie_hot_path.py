@@ -1,0 +1,127 @@
+"""The bookie's batched hot paths give what the one-at-a-time paths give."""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from quire.bookie.metrics import LATENCY_BUCKETS_MS, LatencyRecorder
+from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.errors import ProtocolError
+from quire.protocol import codec
+
+
+def _exposition(registry: CollectorRegistry) -> list[str]:
+    return [line for line in generate_latest(registry).decode().splitlines()
+            if "_created" not in line and "_sum" not in line]
+
+
+def test_latency_recorder_matches_histogram_observe() -> None:
+    direct, batched = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("lat", "latency", ["status"], buckets=LATENCY_BUCKETS_MS, registry=direct)
+    h2 = Histogram("lat", "latency", ["status"], buckets=LATENCY_BUCKETS_MS, registry=batched)
+    recorder = LatencyRecorder(h2.labels("OK"))
+    values = [0.0, 0.25, 0.2500001, 1, 3000, 3000.5, 1e9, *LATENCY_BUCKETS_MS]
+    rng = random.Random(5)
+    values += [rng.uniform(0, 4000) for _ in range(500)]
+    for value in values:
+        h1.labels("OK").observe(value)
+        recorder.observe(value)
+    h1.labels("OK").observe(7.0)
+    h1.labels("OK").observe(7.0)
+    recorder.observe_many(7.0, 2)
+    assert recorder.pending
+    recorder.flush()
+    assert not recorder.pending
+    assert _exposition(direct) == _exposition(batched)
+    assert h1.labels("OK")._sum.get() == pytest.approx(h2.labels("OK")._sum.get())
+
+
+def test_add_entries_is_add_entry_one_by_one(tmp_path: Path) -> None:
+    key, other = b"k" * 20, b"o" * 20
+
+    def items() -> list[tuple[int, int, bytes, bytes]]:
+        return [(1, 0, b"a" * 30, key), (1, 1, b"b" * 30, key), (2, 0, b"c" * 30, key),
+                (1, 2, b"d" * 30, other),  # wrong master key
+                (3, 0, b"e" * 30, key),  # fenced below
+                (-1, 0, b"f" * 30, key), (1, 1 << 63, b"g" * 30, key),  # bad ids
+                (1, 1, b"h" * 30, key),  # re-add of an entry id
+                (2, 1, b"i" * 5000, key)]  # over the reject limit
+
+    engines = []
+    for name in ("one", "batch"):
+        config = StorageConfig(journal_dirs=(tmp_path / name,), ledger_dirs=(tmp_path / name,),
+                               write_cache_max_bytes=1000, write_cache_reject_ratio=4.0)
+        engine = BookieStorage.open(config)
+        engine.fence(3, key)
+        engines.append(engine)
+    one, batch = engines
+    expected: list[object] = []
+    for ledger_id, entry_id, entry, master in items():
+        try:
+            expected.append(one.add_entry(ledger_id, entry_id, entry, master))
+        except Exception as e:
+            expected.append(e)
+    got = batch.add_entries(items())
+    assert [type(r) for r in got] == [type(r) for r in expected]
+    assert [r for r in got if isinstance(r, int)] == [r for r in expected if isinstance(r, int)]
+    assert [str(r) for r in got] == [str(r) for r in expected]
+    for engine in engines:
+        engine.journal.sync()
+    assert one.journal.mark() == batch.journal.mark()
+    for ledger_id, entry_id in ((1, 0), (1, 1), (2, 0)):
+        assert one.read_entry(ledger_id, entry_id) == batch.read_entry(ledger_id, entry_id)
+    assert one.write_cache_bytes == batch.write_cache_bytes
+    for engine in engines:
+        engine.close()
+
+
+def _generic(direction: str, data: bytes) -> list[object]:
+    decode = codec._decode_request if direction == "requests" else codec._decode_response
+    out: list[object] = []
+    pos = 0
+    while pos + 8 <= len(data):
+        (frame_len, header) = struct.unpack_from(">II", data, pos)
+        if pos + 4 + frame_len > len(data):
+            break
+        try:
+            out.append(decode((header >> 16) & 0xFF, header & 0xFFFF,
+                              memoryview(data)[pos + 8:pos + 4 + frame_len]))
+        except ProtocolError:
+            out.append("ProtocolError")
+            break
+        pos += 4 + frame_len
+    return out
+
+
+def test_decoder_fast_paths_match_the_generic_decoders() -> None:
+    rng = random.Random(1)
+    for _ in range(500):
+        frames = []
+        for _ in range(rng.randint(1, 5)):
+            if rng.random() < 0.5:  # ADD_ENTRY requests, some too short
+                body = struct.pack(">Q20s", rng.getrandbits(64), rng.randbytes(20)) + \
+                    rng.randbytes(rng.choice([0, 15, 16, 17, 100]))
+                flags = rng.choice([0, 2, 4, 6, 0x8000])
+            else:  # ADD_ENTRY responses: unknown statuses, bare errors, bad sizes
+                body = struct.pack(">Qiqqq", rng.getrandbits(64),
+                                   rng.choice([0, -1, 7, 103, 999]), rng.getrandbits(63),
+                                   rng.getrandbits(63), rng.getrandbits(63) - 2**62)
+                body = body[:rng.choice([36, 36, 36, 35, 12])]
+                flags = rng.choice([0, 0, 0x8000, 1])
+            frames.append(struct.pack(">II", 4 + len(body), (1 << 24) | (1 << 16) | flags) + body)
+        data = b"".join(frames)
+        for direction in ("requests", "responses"):
+            decoder = codec.Decoder(direction)  # type: ignore[arg-type]
+            decoder.feed(data)
+            got: list[object] = []
+            try:
+                while (message := decoder.next_message()) is not None:
+                    got.append(message)
+            except ProtocolError:
+                got.append("ProtocolError")
+            assert got == _generic(direction, data)
