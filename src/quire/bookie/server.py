@@ -347,6 +347,11 @@ class BookieServer:
         if self._checkpointing is not None:
             await self._checkpointing
             return
+        # Every add journaled so far is in the write cache this checkpoint
+        # writes to fsynced entry logs: once it succeeds they are durable, and
+        # BP-14 sync cursors may move over them (this also bounds a cursor's
+        # list of unsynced adds for a VD ledger that is never synced).
+        covered = self.storage.journal.append_seq
         task: asyncio.Task[object] = asyncio.ensure_future(
             asyncio.to_thread(self.storage.checkpoint))
         self._checkpointing = task
@@ -354,6 +359,7 @@ class BookieServer:
             await task
         finally:
             self._checkpointing = None
+        self._on_durable(covered)
 
     async def collect_garbage(self) -> None:
         """Drop ledgers whose metadata is definitely gone; remove dead entry logs.
@@ -846,7 +852,8 @@ class BookieServer:
         self.committer.after_durable(seq, durable)
 
     def _on_durable(self, durable_seq: int) -> None:
-        """After each journal fsync: the VD entries it covered are synced."""
+        """After each journal fsync or checkpoint: the VD entries it covered
+        are synced."""
         for ledger_id, cursor in self._cursors.items():
             if (cursor.unsynced and cursor.unsynced[0][0] <= durable_seq
                     and cursor.synced_through(durable_seq)):

@@ -4,7 +4,8 @@ A VD_JOURNAL add is acknowledged before its journal fsync, so the bookie
 tracks separately which entries are durable:
 
 * ``candidate``: the highest entry id such that every entry up to it has
-  been fsynced here, or is at or below a LastAddConfirmed the writer
+  been fsynced here (by a journal fsync, or a checkpoint's entry-log
+  fsync), or is at or below a LastAddConfirmed the writer
   piggy-backed (the LAC means "persisted on an ack quorum", BP-14);
 * ``ahead``: entry ids fsynced out of order above ``candidate + 1``
   (BP-14's "list of entry id ranges"), folded in as the gap closes;
