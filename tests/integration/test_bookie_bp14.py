@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -38,6 +37,12 @@ async def vd_add(client: RawBookieClient, ledger_id: int, entry_id: int,
     return response
 
 
+async def pd_add(client: RawBookieClient, ledger_id: int, entry_id: int) -> None:
+    stored = DigestManager(ledger_id, DigestType.CRC32C, b"pw").encode(entry_id, -1, 0, b"pd")
+    response = await client.call(AddRequest(client.next_id(), KEY, stored))
+    assert response.status == StatusCode.OK  # type: ignore[union-attr]
+
+
 async def sync(client: RawBookieClient, ledger_id: int) -> int:
     response = await client.call(SyncRequest(client.next_id(), ledger_id))
     assert isinstance(response, SyncResponse) and response.status == StatusCode.OK
@@ -70,14 +75,14 @@ async def test_pd_fsync_advances_a_vd_cursor(bookie: BookieProcess) -> None:
         client = await RawBookieClient.connect(bookie.address)
         for i in range(5):
             assert (await vd_add(client, 1, i)).last_add_synced == -1
-        pd = DigestManager(2, DigestType.CRC32C, b"pw").encode(0, -1, 0, b"pd")
-        assert (await client.call(AddRequest(client.next_id(), KEY, pd))).status == StatusCode.OK
         deadline, entry_id, las = time.monotonic() + 10, 5, -1
-        while las < 4:  # the cursor record itself must become durable first
-            assert time.monotonic() < deadline, "PD fsync never advanced the VD cursor"
+        while las < 4:
+            # PD traffic beside it: each PD add fsyncs the journal, which
+            # covers the VD entries, then (a later fsync) the cursor record
+            assert time.monotonic() < deadline, "PD fsyncs never advanced the VD cursor"
+            await pd_add(client, 2, entry_id - 5)
             las = (await vd_add(client, 1, entry_id)).last_add_synced
             entry_id += 1
-            await asyncio.sleep(0.01)
         assert las >= 4
         client.close()
     finally:
@@ -91,12 +96,8 @@ async def test_piggybacked_lac_advances_the_cursor(bookie: BookieProcess) -> Non
         for i in range(10):
             await vd_add(client, 1, i)
         await vd_add(client, 1, 10, lac=7)  # the writer says 0..7 are on an ack quorum
-        deadline, entry_id, las = time.monotonic() + 10, 11, -1
-        while las < 7:
-            assert time.monotonic() < deadline
-            las = (await vd_add(client, 1, entry_id)).last_add_synced
-            entry_id += 1
-            await asyncio.sleep(0.01)
+        await pd_add(client, 2, 0)  # an fsync for other reasons makes the cursor durable
+        las = (await vd_add(client, 1, 11)).last_add_synced
         # The fsync that made the cursor record durable also covered the
         # entries journaled before it, so the cursor may pass 7 - never stop short.
         assert las >= 7
@@ -142,3 +143,28 @@ async def test_sync_on_unknown_ledger_is_an_error_not_a_value(bookie: BookieProc
         client.close()
     finally:
         bookie.kill9()
+
+
+async def test_vd_traffic_alone_causes_no_journal_fsync(bookie: BookieProcess) -> None:
+    """Persisting a moved cursor never kicks an fsync of its own: VD-only
+    traffic, even with LACs that keep moving, leaves the journal unsynced."""
+    bookie.start()
+    try:
+        assert bookie.metrics_address is not None
+        client = await RawBookieClient.connect(bookie.address)
+        before = _fsyncs(bookie.metrics_address)
+        for i in range(200):
+            await vd_add(client, 1, i, lac=i - 1)  # the piggy-backed LAC moves every add
+        assert _fsyncs(bookie.metrics_address) == before
+        client.close()
+    finally:
+        bookie.kill9()
+
+
+def _fsyncs(metrics_address: str) -> float:
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10).read().decode()
+    found = re.search(r"^quire_bookie_journal_fsync_latency_count ([0-9.e+]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0

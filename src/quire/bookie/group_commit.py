@@ -52,6 +52,9 @@ class GroupCommitter:
         # callback(arg, error); a tuple per waiter, no closure (after_durable_with
         # is the add path).  weight: the adds it stands for (on_sync's count).
         self._waiters: deque[tuple[int, Callable[..., None], Any, int]] = deque()
+        self._lazy: deque[tuple[int, Callable[[], None]]] = deque()
+        """when_durable callbacks: released by fsyncs and checkpoints that
+        happen anyway, never the cause of one."""
         self._durable_seq = -1
         self._syncing = False
         self._closed = False
@@ -70,6 +73,45 @@ class GroupCommitter:
         self._waiters.append((seq, callback, _PLAIN, 1))
         if not self._syncing:
             self._kick()
+
+    def when_durable(self, seq: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once ``seq`` is durable through an fsync or a
+        checkpoint that happens for other reasons: this never causes an fsync
+        (BP-14 sync cursors use it, so persisting a cursor cannot feed a loop
+        of fsyncs).  Never called if the journal fails."""
+        if seq <= self._durable_seq:
+            callback()
+            return
+        self._lazy.append((seq, callback))
+
+    def mark_durable(self, seq: int) -> None:
+        """Records up to ``seq`` are durable by other means: a checkpoint
+        wrote their effects (entries to fsynced entry logs, ledger states to
+        the index) before the journal was fsynced.  Releases their waiters."""
+        if seq <= self._durable_seq:
+            return
+        self._release(seq)
+
+    def _release(self, durable: int) -> int:
+        """Move the durable point to ``durable``; release what it covers;
+        return the adds released."""
+        self._durable_seq = max(self._durable_seq, durable)
+        if self._on_durable is not None:
+            self._on_durable(durable)
+        released = 0
+        waiters = self._waiters
+        popleft = waiters.popleft
+        while waiters and waiters[0][0] <= durable:
+            _seq, callback, arg, weight = popleft()
+            if arg is _PLAIN:
+                callback(None)
+            else:
+                callback(arg, None)
+            released += weight
+        lazy = self._lazy
+        while lazy and lazy[0][0] <= durable:
+            lazy.popleft()[1]()
+        return released
 
     def after_durable_with(self, seq: int, callback: Callable[[T, BaseException | None], None],
                            arg: T, weight: int = 1) -> None:
@@ -117,7 +159,6 @@ class GroupCommitter:
     def _on_synced(self, future: asyncio.Future[int], started: float) -> None:
         self._syncing = False
         error = future.exception()
-        released = 0
         if error is not None:
             waiters, self._waiters = self._waiters, deque()
             for _seq, callback, arg, _weight in waiters:
@@ -127,19 +168,7 @@ class GroupCommitter:
                     callback(arg, error)
             return
         self.fsync_count += 1
-        durable = future.result()
-        self._durable_seq = max(self._durable_seq, durable)
-        if self._on_durable is not None:
-            self._on_durable(durable)
-        waiters = self._waiters
-        popleft = waiters.popleft
-        while waiters and waiters[0][0] <= durable:
-            _seq, callback, arg, weight = popleft()
-            if arg is _PLAIN:
-                callback(None)
-            else:
-                callback(arg, None)
-            released += weight
+        released = self._release(future.result())
         if self._on_sync is not None:
             self._on_sync(time.perf_counter() - started, released)
         self._kick()

@@ -359,7 +359,7 @@ class BookieServer:
             await task
         finally:
             self._checkpointing = None
-        self._on_durable(covered)
+        self.committer.mark_durable(covered)
 
     async def collect_garbage(self) -> None:
         """Drop ledgers whose metadata is definitely gone; remove dead entry logs.
@@ -844,12 +844,10 @@ class BookieServer:
         seq = self.storage.update_ledger_state(ledger_id, sync_cursor=encode_cursor(value))
         cursor.persisted_request = value
         cursor.persist_seq = seq
-
-        def durable(error: BaseException | None) -> None:
-            if error is None:
-                cursor.persisted(value)
-
-        self.committer.after_durable(seq, durable)
+        # Lazily: the record rides on the next fsync or checkpoint that happens
+        # anyway.  Kicking an fsync here would cover newer VD entries, move the
+        # cursor again, and so on: a loop of fsyncs on VD-only traffic.
+        self.committer.when_durable(seq, lambda: cursor.persisted(value))
 
     def _on_durable(self, durable_seq: int) -> None:
         """After each journal fsync or checkpoint: the VD entries it covered
