@@ -422,6 +422,8 @@ class WriteHandle(ReadHandle):
                              - DIGEST_LEN[md.digest_type])
         self._ensemble = md.last_ensemble
         self._clients = [ctx.pool.client(b) for b in self._ensemble]
+        self._on_add_answer_cb = self._on_add_answer
+        """Bound once: a bound method made per add and bookie shows in profiles."""
         self._pending: deque[_PendingAdd] = deque()
         self._queued: deque[_PendingAdd] = deque()
         self._queued_bytes = 0
@@ -523,8 +525,9 @@ class WriteHandle(ReadHandle):
         ensemble, clients = self._ensemble, self._clients
         key, entry, flags, timeout = self._master_key, add.entry, self._flags, \
             self._ctx.add_timeout_s
+        on_answer = self._on_add_answer_cb
         for index in self._write_sets[add.entry_id % len(ensemble)]:
-            clients[index].add(key, entry, flags, timeout, self._on_add_answer,
+            clients[index].add(key, entry, flags, timeout, on_answer,
                                (add, index, ensemble[index]))
 
     def _send_queued(self) -> None:
