@@ -350,85 +350,58 @@ class BookieStorage:
         different key raises :class:`UnauthorizedError`.  A fenced ledger
         refuses adds (:class:`LedgerFencedError`) unless ``recovery``.
         """
-        if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
-            raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
-        if type(entry) is not bytes:
-            entry = bytes(entry)
-        size = len(entry)
         with self._lock:
-            if self._closed:
-                raise StorageError("storage engine closed")
-            if self._reject_bytes and self._cache_bytes + size > self._reject_bytes:
-                raise TooManyRequestsError("write cache full: checkpoint behind")
-            info = self._ledgers.get(ledger_id)
-            if info is None:
-                info = self._create_locked(ledger_id, master_key)
-            else:
-                state = info.state
-                if state.master_key != master_key:
-                    raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-                if state.fenced and not recovery:
-                    raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-            seq = self.journal.append_add_entry(ledger_id, entry_id, entry)
-            cache = self._cache
-            key = (ledger_id, entry_id)
-            old = cache.get(key)
-            cache[key] = entry
-            self._cache_bytes += size if old is None else size - len(old)
-            info.cache_epoch = self._epoch
-            if entry_id > info.max_added:
-                info.max_added = entry_id
-            return seq
+            return self._add_locked(ledger_id, entry_id, entry, master_key, recovery)
 
     def add_entries(self, adds: Iterable[tuple[int, int, bytes, bytes]]
                     ) -> list[int | Exception]:
         """:meth:`add_entry` (``recovery=False``) for each ``(ledger_id,
-        entry_id, entry, master_key)`` in order, under one lock acquisition:
-        the same checks, journal records and cache updates, one at a time.
+        entry_id, entry, master_key)`` in order, under one lock acquisition.
         Each result is the entry's journal seq, or the exception
         ``add_entry`` would have raised for it (later items are still added).
         The server's batched add path (one read's plain adds)."""
         results: list[int | Exception] = []
         append_result = results.append
-        ledgers = self._ledgers
-        cache = self._cache
-        append_add = self.journal.append_add_entry
-        reject_bytes = self._reject_bytes
+        add = self._add_locked
         with self._lock:
-            epoch = self._epoch
             for ledger_id, entry_id, entry, master_key in adds:
                 try:
-                    if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
-                        raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
-                    if type(entry) is not bytes:
-                        entry = bytes(entry)
-                    size = len(entry)
-                    if self._closed:
-                        raise StorageError("storage engine closed")
-                    if reject_bytes and self._cache_bytes + size > reject_bytes:
-                        raise TooManyRequestsError("write cache full: checkpoint behind")
-                    info = ledgers.get(ledger_id)
-                    if info is None:
-                        info = self._create_locked(ledger_id, master_key)
-                    else:
-                        state = info.state
-                        if state.master_key != master_key:
-                            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-                        if state.fenced:
-                            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-                    seq = append_add(ledger_id, entry_id, entry)
+                    append_result(add(ledger_id, entry_id, entry, master_key, False))
                 except Exception as e:  # returned: the caller answers it, as for add_entry
                     append_result(e)
-                    continue
-                key = (ledger_id, entry_id)
-                old = cache.get(key)
-                cache[key] = entry
-                self._cache_bytes += size if old is None else size - len(old)
-                info.cache_epoch = epoch
-                if entry_id > info.max_added:
-                    info.max_added = entry_id
-                append_result(seq)
         return results
+
+    def _add_locked(self, ledger_id: int, entry_id: int, entry: bytes | memoryview,
+                    master_key: bytes, recovery: bool) -> int:
+        """The checks, journal record and cache update of one add (lock held)."""
+        if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
+            raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
+        if type(entry) is not bytes:
+            entry = bytes(entry)
+        size = len(entry)
+        if self._closed:
+            raise StorageError("storage engine closed")
+        if self._reject_bytes and self._cache_bytes + size > self._reject_bytes:
+            raise TooManyRequestsError("write cache full: checkpoint behind")
+        info = self._ledgers.get(ledger_id)
+        if info is None:
+            info = self._create_locked(ledger_id, master_key)
+        else:
+            state = info.state
+            if state.master_key != master_key:
+                raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+            if state.fenced and not recovery:
+                raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        seq = self.journal.append_add_entry(ledger_id, entry_id, entry)
+        cache = self._cache
+        key = (ledger_id, entry_id)
+        old = cache.get(key)
+        cache[key] = entry
+        self._cache_bytes += size if old is None else size - len(old)
+        info.cache_epoch = self._epoch
+        if entry_id > info.max_added:
+            info.max_added = entry_id
+        return seq
 
     def fence(self, ledger_id: int, master_key: bytes) -> int:
         """Fence the ledger (creating it with this key if unknown); return the
