@@ -3,12 +3,20 @@ and scraping a bookie's /metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import statistics
+import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+from quire.sandbox import free_port
+
+REDIS_SERVER = "/usr/bin/redis-server"
 
 
 def raw_fsync(directory: Path, seconds: float = 2.0) -> dict[str, float]:
@@ -48,3 +56,40 @@ FSYNC_COUNT = "quire_bookie_journal_fsync_latency_count"
 def journal_fsyncs(metrics_addresses: list[str]) -> float:
     """Journal fsyncs so far, summed over bookies."""
     return sum(scrape(a, FSYNC_COUNT)[FSYNC_COUNT] for a in metrics_addresses)
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[int]:
+    """A private redis-server: AOF with an fsync before every reply batch."""
+    if not Path(REDIS_SERVER).exists():
+        raise SystemExit(f"{REDIS_SERVER} not found (apt-get install redis-server)")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = directory / "redis.log"
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+         "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+         "--daemonize", "no", "--protected-mode", "yes", "--logfile", str(log_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = log_path.read_text(errors="replace") if log_path.exists() else ""
+                raise SystemExit(f"redis-server did not start:\n{log[-2000:]}")
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks.write_vs_redis import redis_server
+from benchmarks._common import redis_server
 from quire.bench import ReadBenchParams, bench_read
 from quire.client import Client, ClientConfig
 from quire.sandbox import Sandbox

@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
+from benchmarks._common import redis_server
 from quire.bench import WriteBenchParams, bench_write, summarize
 from quire.client import Client
 from quire.sandbox import Sandbox
@@ -53,7 +51,6 @@ from quire.types import LedgerType
 
 SHAPES = ((1, 1, 1), (3, 3, 2))
 GOALS = {"E=1 W=1 A=1": 1.5, "E=3 W=3 A=2": 1.0}
-REDIS_SERVER = "/usr/bin/redis-server"
 
 
 def shape_name(ensemble: int, write: int, ack: int) -> str:
@@ -128,47 +125,6 @@ async def _quire_shapes(uri: str, args: argparse.Namespace,
 # --- Redis --------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server(directory: Path) -> Iterator[int]:
-    """A private redis-server: AOF with an fsync before every reply batch."""
-    if not Path(REDIS_SERVER).exists():
-        raise SystemExit(f"{REDIS_SERVER} not found (apt-get install redis-server)")
-    directory.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    log_path = directory / "redis.log"
-    proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-         "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-         "--daemonize", "no", "--protected-mode", "yes", "--logfile", str(log_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log = log_path.read_text(errors="replace") if log_path.exists() else ""
-                raise SystemExit(f"redis-server did not start:\n{log[-2000:]}")
-            time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 async def bench_redis(port: int, args: argparse.Namespace,

@@ -133,10 +133,36 @@ class BookieProcess:
         return host, int(port)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free right now (for a bookie's stable port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_all(bookies: list[BookieProcess], timeout_s: float = 60.0,
+              on_ready: Callable[[BookieProcess], None] | None = None) -> None:
+    """Start the bookies in parallel, then wait until each serves; on any
+    failure stop them all and re-raise."""
+    for bookie in bookies:
+        bookie.start(expect_ready=False)
+    try:
+        for bookie in bookies:
+            bookie._wait_ready(timeout_s)
+            if on_ready is not None:
+                on_ready(bookie)
+    except BaseException:
+        stop_all(bookies)
+        raise
+
+
+def stop_all(bookies: list[BookieProcess]) -> None:
+    """Clean shutdown of every bookie, SIGTERM to all first so they stop in parallel."""
+    for bookie in bookies:
+        if bookie.running and bookie.proc is not None:
+            bookie.proc.send_signal(signal.SIGTERM)
+    for bookie in bookies:
+        bookie.stop()
 
 
 class Sandbox:
@@ -158,7 +184,7 @@ class Sandbox:
         self.bookies: list[BookieProcess] = []
         for i in range(1, bookies + 1):
             bookie_id = f"bookie-{i}"
-            port = ports.get(bookie_id) or _free_port()
+            port = ports.get(bookie_id) or free_port()
             self.bookies.append(BookieProcess(directory, self.metadata_uri, bookie_id,
                                               port=port, **bookie_settings))
 
@@ -178,23 +204,10 @@ class Sandbox:
     def start(self, on_ready: Callable[[BookieProcess], None] | None = None,
               timeout_s: float = 60.0) -> None:
         self._save_state()
-        for bookie in self.bookies:
-            bookie.start(expect_ready=False)
-        try:
-            for bookie in self.bookies:
-                bookie._wait_ready(timeout_s)
-                if on_ready is not None:
-                    on_ready(bookie)
-        except BaseException:
-            self.stop()
-            raise
+        start_all(self.bookies, timeout_s, on_ready)
 
     def stop(self) -> None:
-        for bookie in self.bookies:
-            if bookie.running and bookie.proc is not None:
-                bookie.proc.send_signal(signal.SIGTERM)
-        for bookie in self.bookies:
-            bookie.stop()
+        stop_all(self.bookies)
 
     def describe(self) -> dict[str, Any]:
         return {"metadata": self.metadata_uri, "dir": str(self.directory.resolve()),

@@ -8,11 +8,10 @@ are addressed by index: :meth:`kill9`, :meth:`stop`, :meth:`restart`.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
-from quire.sandbox import _free_port, sqlite_uri
+from quire.sandbox import free_port, sqlite_uri, start_all, stop_all
 from tests.support.bookies import BookieProcess
 
 
@@ -22,7 +21,7 @@ class Cluster:
         root.mkdir(parents=True, exist_ok=True)
         self.metadata_uri = sqlite_uri(root / "metadata.db")
         self.bookies = [
-            BookieProcess(root, self.metadata_uri, f"bookie-{i}", port=_free_port(),
+            BookieProcess(root, self.metadata_uri, f"bookie-{i}", port=free_port(),
                           **bookie_settings)
             for i in range(size)]
 
@@ -31,15 +30,7 @@ class Cluster:
 
     def start(self, timeout_s: float = 60.0) -> Cluster:
         """Start every bookie that is not running, in parallel; wait until all serve."""
-        starting = [b for b in self.bookies if not b.running]
-        for bookie in starting:
-            bookie.start(expect_ready=False)
-        try:
-            for bookie in starting:
-                bookie._wait_ready(timeout_s)
-        except BaseException:
-            self.close()
-            raise
+        start_all([b for b in self.bookies if not b.running], timeout_s)
         return self
 
     def bookie_id(self, index: int) -> str:
@@ -64,8 +55,4 @@ class Cluster:
 
     def close(self) -> None:
         """Stop every bookie (SIGTERM to all first, so they stop in parallel)."""
-        for bookie in self.bookies:
-            if bookie.running and bookie.proc is not None:
-                bookie.proc.send_signal(signal.SIGTERM)
-        for bookie in self.bookies:
-            bookie.stop()
+        stop_all(self.bookies)

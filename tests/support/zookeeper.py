@@ -11,7 +11,6 @@ import ctypes
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 from kazoo.client import KazooClient
+
+from quire.sandbox import free_port
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ENVIRONMENT = Path("/etc/zookeeper/conf/environment")
@@ -61,7 +62,7 @@ class ZooKeeperServer:
                 "(apt-get install zookeeper)")
         self._workdir = Path(tempfile.mkdtemp(prefix="quire-zookeeper-"))
         (self._workdir / "data").mkdir()
-        self._port = _free_port()
+        self._port = free_port()
         config = self._workdir / "zoo.cfg"
         config.write_text(
             f"tickTime={TICK_MS}\n"
@@ -138,11 +139,6 @@ def _classpath() -> str:
     return ":".join(entries)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:
