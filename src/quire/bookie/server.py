@@ -460,15 +460,20 @@ class BookieServer:
     def _observe(self, op: OpCode, started: float, status: StatusCode) -> None:
         self._record(self._recorder(op, status), started)
 
-    def _record(self, recorder: LatencyRecorder, started: float) -> None:
-        """Observe the latency since ``started`` (ms); applied to the histogram
-        in _flush_all, which runs before any answer queued now is written."""
+    def _record(self, recorder: LatencyRecorder, started: float, count: int = 1) -> None:
+        """Observe the latency since ``started`` (ms), ``count`` times (a batch
+        answered at once); applied to the histogram in _flush_all, which runs
+        before any answer queued now is written."""
         if not recorder.pending:
             self._dirty_recorders.append(recorder)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush_all)
-        recorder.observe((_perf_counter() - started) * 1000.0)
+        elapsed_ms = (_perf_counter() - started) * 1000.0
+        if count == 1:
+            recorder.observe(elapsed_ms)
+        else:
+            recorder.observe_many(elapsed_ms, count)
 
     def _answer_add(self, conn: BookieConnection, req: AddRequest, started: float,
                     status: StatusCode, held: int = 0) -> None:
@@ -618,8 +623,8 @@ class BookieServer:
         """Answer a batch of PD adds once the journal fsync covering them returned."""
         conn, reqs, started, held = waiter
         if error is not None:
+            self._on_journal_failure(error)
             for req in reqs:
-                self._on_journal_failure(error)
                 self._answer_add(conn, req, started, StatusCode.IO_ERROR, len(req.entry))
             return
         cursors = self._cursors
@@ -637,12 +642,7 @@ class BookieServer:
         recorder = self._add_ok_recorder
         if recorder is None:
             recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
-        if not recorder.pending:
-            self._dirty_recorders.append(recorder)
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush_all)
-        recorder.observe_many((_perf_counter() - started) * 1000.0, len(reqs))
+        self._record(recorder, started, len(reqs))
 
     def release_volatile_acks(self, conn: BookieConnection) -> None:
         acks, conn.volatile_acks = conn.volatile_acks, []
