@@ -34,6 +34,20 @@ class WriteBenchParams:
     ledger_type: LedgerType = LedgerType.PD_JOURNAL
 
 
+async def report_progress(progress: Callable[[dict[str, Any]], None] | None, started: float,
+                          count: Callable[[], int]) -> None:
+    """Every second, ``progress`` gets elapsed time, entries so far and the
+    last second's rate (until cancelled)."""
+    last_n, last_t = 0, started
+    while True:
+        await asyncio.sleep(1.0)
+        now, n = time.perf_counter(), count()
+        if progress is not None:
+            progress({"elapsed_s": now - started, "entries": n,
+                      "entries_per_s": (n - last_n) / (now - last_t)})
+        last_n, last_t = n, now
+
+
 def percentile(sorted_values: list[float], fraction: float) -> float:
     if not sorted_values:
         return 0.0
@@ -105,17 +119,7 @@ async def bench_write(client: Client, params: WriteBenchParams,
         elif in_flight == 0 and not finished.done():
             finished.set_result(None)
 
-    async def report() -> None:
-        last_n, last_t = 0, started
-        while True:
-            await asyncio.sleep(1.0)
-            now, n = time.perf_counter(), len(latencies)
-            if progress is not None:
-                progress({"elapsed_s": now - started, "entries": n,
-                          "entries_per_s": (n - last_n) / (now - last_t)})
-            last_n, last_t = n, now
-
-    reporter = asyncio.create_task(report())
+    reporter = asyncio.create_task(report_progress(progress, started, lambda: len(latencies)))
     for _ in range(min(params.outstanding, params.count or params.outstanding)):
         send(perf_counter())
     try:
@@ -181,17 +185,7 @@ async def bench_read(client: Client, params: ReadBenchParams,
                 payload_bytes += sum(len(e.data) for e in got)
                 low = got[-1].entry_id + 1
 
-    async def report() -> None:
-        last_n, last_t = 0, started
-        while True:
-            await asyncio.sleep(1.0)
-            now = time.perf_counter()
-            if progress is not None:
-                progress({"elapsed_s": now - started, "entries": entries,
-                          "entries_per_s": (entries - last_n) / (now - last_t)})
-            last_n, last_t = entries, now
-
-    reporter = asyncio.create_task(report())
+    reporter = asyncio.create_task(report_progress(progress, started, lambda: entries))
     try:
         await asyncio.gather(*(worker() for _ in range(max(1, params.window))))
     finally:
