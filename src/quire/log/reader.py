@@ -29,8 +29,6 @@ from quire.log.records import HeadRecord, LedgerRecord
 if TYPE_CHECKING:
     from quire.log.store import LogStore
 
-BATCH_BYTES = 4 * 1024 * 1024
-"""Bytes one batched read asks for (a loose limit: at least one entry comes back)."""
 _POLL_MIN_S = 0.002
 
 
@@ -153,8 +151,8 @@ class LogReader:
                 last = await handle.read_last_add_confirmed()
             if pos.entry_id <= last:
                 stop = min(last, pos.entry_id + max_entries - 1)
-                entries = await handle.batch_read(pos.entry_id, stop - pos.entry_id + 1,
-                                                  BATCH_BYTES)
+                # size 0: the client's batch_read_max_bytes (a loose limit)
+                entries = await handle.batch_read(pos.entry_id, stop - pos.entry_id + 1, 0)
                 seq = ledger.seq
                 records = [LogRecord(Position(seq, e.entry_id), e.data) for e in entries]
                 self._position = Position(seq, entries[-1].entry_id + 1)

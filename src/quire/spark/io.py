@@ -32,9 +32,6 @@ from quire.types import BookieState, LedgerType
 if TYPE_CHECKING:
     import pyarrow as pa
 
-READ_BATCH_BYTES = 8 * 1024 * 1024
-"""Bytes asked for by one batched read (a loose limit)."""
-
 
 @dataclass
 class LedgerRange(InputPartition):
@@ -121,7 +118,8 @@ async def _read_chunk(handle: ReadHandle, first: int, last: int) -> list[LedgerE
     entries: list[LedgerEntry] = []
     following = first
     while following <= last:
-        got = await handle.batch_read(following, last - following + 1, READ_BATCH_BYTES)
+        # size 0: the client's batch_read_max_bytes (a loose limit)
+        got = await handle.batch_read(following, last - following + 1, 0)
         if got[0].entry_id != following:
             raise EntryNotAvailableError(f"ledger {handle.ledger_id}: asked for entry "
                                          f"{following}, got {got[0].entry_id}")
