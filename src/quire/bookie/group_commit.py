@@ -31,8 +31,12 @@ class SyncableJournal(Protocol):
 
 DurableCallback = Callable[[BaseException | None], None]
 T = TypeVar("T")
-_PLAIN: Any = object()
-"""Waiter argument marking a plain ``callback(error)`` (see after_durable)."""
+
+
+def _call_plain(callback: DurableCallback, error: BaseException | None) -> None:
+    """The waiter callback of :meth:`GroupCommitter.after_durable`."""
+    callback(error)
+
 SyncObserver = Callable[[float, int], None]
 """Called after each fsync with (seconds taken, callbacks released)."""
 DurableHook = Callable[[int], None]
@@ -48,9 +52,9 @@ class GroupCommitter:
         self._on_sync = on_sync
         self._on_durable = on_durable
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="quire-fsync")
-        # (seq, callback, arg, weight): callback(error) if arg is _PLAIN, else
-        # callback(arg, error); a tuple per waiter, no closure (after_durable_with
-        # is the add path).  weight: the adds it stands for (on_sync's count).
+        # (seq, callback, arg, weight): callback(arg, error); a tuple per
+        # waiter, no closure (after_durable_with is the add path).  weight:
+        # the adds it stands for (on_sync's count).
         self._waiters: deque[tuple[int, Callable[..., None], Any, int]] = deque()
         self._lazy: deque[tuple[int, Callable[[], None]]] = deque()
         """when_durable callbacks: released by fsyncs and checkpoints that
@@ -67,12 +71,7 @@ class GroupCommitter:
     def after_durable(self, seq: int, callback: DurableCallback) -> None:
         """Call ``callback(None)`` once journal ``seq`` is fsynced (at once if
         it already is), or ``callback(error)`` if the fsync fails."""
-        if seq <= self._durable_seq:
-            callback(None)
-            return
-        self._waiters.append((seq, callback, _PLAIN, 1))
-        if not self._syncing:
-            self._kick()
+        self.after_durable_with(seq, _call_plain, callback)
 
     def when_durable(self, seq: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once ``seq`` is durable through an fsync or a
@@ -103,10 +102,7 @@ class GroupCommitter:
         popleft = waiters.popleft
         while waiters and waiters[0][0] <= durable:
             _seq, callback, arg, weight = popleft()
-            if arg is _PLAIN:
-                callback(None)
-            else:
-                callback(arg, None)
+            callback(arg, None)
             released += weight
         lazy = self._lazy
         while lazy and lazy[0][0] <= durable:
@@ -162,10 +158,7 @@ class GroupCommitter:
         if error is not None:
             waiters, self._waiters = self._waiters, deque()
             for _seq, callback, arg, _weight in waiters:
-                if arg is _PLAIN:
-                    callback(error)
-                else:
-                    callback(arg, error)
+                callback(arg, error)
             return
         self.fsync_count += 1
         released = self._release(future.result())
