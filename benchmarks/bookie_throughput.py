@@ -1,12 +1,14 @@
 """One bookie, 1 KiB PD adds, 256 outstanding: entries/s against raw fsync/s.
 
 Prints, per run and as the median of three runs: acknowledged entries/s,
-journal fsyncs/s and mean entries per fsync (from the bookie's /metrics), and
+journal fsyncs/s, mean entries per fsync and the journal's mean write+fsync
+time (from the bookie's /metrics), and
 the disk's raw 4 KiB write+fsync rate measured in the same run on the same
 directory.  Goals (issue 3): >= 20 entries per fsync on average, and
 entries/s >= 20x the raw fsync rate.
 
     .venv/bin/python benchmarks/bookie_throughput.py [--seconds 10] [--runs 3] [--json]
+        [--set KEY=VALUE ...]   (bookie settings, e.g. --set gil_switch_interval_us=5000)
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import os
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -26,79 +29,124 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import FSYNC_COUNT, raw_fsync, scrape
 from quire.errors import StatusCode
 from quire.protocol import DigestManager, encode_add_request, master_key
+from quire.protocol.codec import encode_add_response
 from quire.sandbox import BookieProcess, sqlite_uri
 from quire.types import DigestType
-from tests.support.bookies import RawBookieClient
 
 KEY = master_key(b"bench")
 
 
+class _AddDriver(asyncio.Protocol):
+    """Keeps ``outstanding`` PD adds on one connection until ``deadline``.
+
+    Like a client's write path, it refills the window once per received
+    chunk: every acknowledgement in one read is answered by one write of that
+    many new frames (a per-frame write would measure this driver's syscalls,
+    not the bookie)."""
+
+    def __init__(self, outstanding: int, size: int, deadline: float) -> None:
+        self.outstanding = outstanding
+        self.deadline = deadline
+        self.digest = DigestManager(1, DigestType.CRC32C, b"bench")
+        self.payload = os.urandom(size)
+        self.size = size
+        self.next_entry = 0
+        self.in_flight = 0
+        self.acked = 0
+        self.pending = b""
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.send(self.outstanding)
+
+    def send(self, count: int) -> None:
+        encode, payload, size = self.digest.encode, self.payload, self.size
+        first = self.next_entry
+        frames = [encode_add_request(e, KEY, encode(e, e - 1, (e + 1) * size, payload))
+                  for e in range(first, first + count)]
+        self.next_entry = first + count
+        self.in_flight += count
+        assert self.transport is not None
+        self.transport.write(b"".join(frames))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.pending + data if self.pending else data
+        pos, acks = 0, 0
+        while len(buf) - pos >= _ADD_RESPONSE_LEN:
+            frame_len = _U32.unpack_from(buf, pos)[0]
+            status = _STATUS.unpack_from(buf, pos + 16)[0]
+            if frame_len + 4 != _ADD_RESPONSE_LEN or status != StatusCode.OK:
+                raise SystemExit(f"add failed: status {status}, frame of {frame_len} bytes")
+            pos += _ADD_RESPONSE_LEN
+            acks += 1
+        self.pending = buf[pos:]
+        self.acked += acks
+        self.in_flight -= acks
+        if time.perf_counter() < self.deadline:
+            self.send(acks)
+        elif self.in_flight == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"bookie closed the connection: {exc}"))
+
+
+FSYNC_SUM_MS = "quire_bookie_journal_fsync_latency_sum"
+_U32 = struct.Struct(">I")
+_STATUS = struct.Struct(">i")  # after frame length, header and request id
+_ADD_RESPONSE_LEN = len(encode_add_response(0, 0, 0, 0, 0))
+
+
 async def drive(address: str, seconds: float, outstanding: int, size: int) -> tuple[int, float]:
-    client = await RawBookieClient.connect(address)
-    digest = DigestManager(1, DigestType.CRC32C, b"bench")
-    payload = os.urandom(size)
-    next_entry = 0
-    acked = 0
-    done = asyncio.Event()
-    deadline = time.perf_counter() + seconds
-    in_flight = 0
-
-    def send_one() -> None:
-        nonlocal next_entry, in_flight
-        rid = client.next_id()
-        fut = asyncio.get_running_loop().create_future()
-        client.waiting[rid] = fut
-        assert client.transport is not None
-        client.transport.write(encode_add_request(
-            rid, KEY, digest.encode(next_entry, next_entry - 1, 0, payload)))
-        next_entry += 1
-        in_flight += 1
-        fut.add_done_callback(on_ack)
-
-    def on_ack(fut: asyncio.Future[object]) -> None:
-        nonlocal acked, in_flight
-        in_flight -= 1
-        response = fut.result()
-        if response.status != StatusCode.OK:  # type: ignore[attr-defined]
-            raise SystemExit(f"add failed: {response}")
-        acked += 1
-        if time.perf_counter() < deadline:
-            send_one()
-        elif in_flight == 0:
-            done.set()
-
+    host, port = address.rsplit(":", 1)
     start = time.perf_counter()
-    for _ in range(outstanding):
-        send_one()
-    await done.wait()
+    transport, driver = await asyncio.get_running_loop().create_connection(
+        lambda: _AddDriver(outstanding, size, start + seconds), host, int(port))
+    await driver.done
     elapsed = time.perf_counter() - start
-    client.close()
-    return acked, elapsed
+    transport.close()
+    return driver.acked, elapsed
 
 
-def one_run(seconds: float, outstanding: int, size: int) -> dict[str, float]:
+def one_run(seconds: float, outstanding: int, size: int,
+            settings: dict[str, object] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="quire-bench-", dir=os.getcwd()) as tmp:
         root = Path(tmp)
         raw = raw_fsync(root)["per_s"]
         bookie = BookieProcess(root, sqlite_uri(root / "meta.db"), "bench-bookie",
-                               metrics_port=0, flush_interval_ms=1000)
+                               metrics_port=0,
+                               **{"flush_interval_ms": 1000, **(settings or {})})
         bookie.start()
         try:
             assert bookie.metrics_address
-            names = (FSYNC_COUNT, "quire_bookie_entries_written_total")
+            names = (FSYNC_COUNT, FSYNC_SUM_MS, "quire_bookie_entries_written_total")
             before = scrape(bookie.metrics_address, *names)
             acked, elapsed = asyncio.run(drive(bookie.address, seconds, outstanding, size))
             after = scrape(bookie.metrics_address, *names)
         finally:
             bookie.stop()
         fsyncs = after[FSYNC_COUNT] - before[FSYNC_COUNT]
+        fsync_ms = after[FSYNC_SUM_MS] - before[FSYNC_SUM_MS]
         return {
             "entries_per_s": acked / elapsed,
             "fsyncs_per_s": fsyncs / elapsed,
             "entries_per_fsync": acked / fsyncs if fsyncs else float("inf"),
+            "journal_sync_mean_ms": fsync_ms / fsyncs if fsyncs else 0.0,
             "raw_fsync_per_s": raw,
             "ratio_entries_to_raw_fsync": (acked / elapsed) / raw,
         }
+
+
+def _parse(value: str) -> object:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(value, value)
 
 
 def main() -> None:
@@ -107,11 +155,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--outstanding", type=int, default=256)
     parser.add_argument("--entry-bytes", type=int, default=1024)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra bookie setting (repeatable), e.g. --set flush_interval_ms=5000")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    settings = {k: _parse(v) for k, v in (s.split("=", 1) for s in args.set)}
     runs = []
     for i in range(args.runs):
-        result = one_run(args.seconds, args.outstanding, args.entry_bytes)
+        result = one_run(args.seconds, args.outstanding, args.entry_bytes, settings)
         runs.append(result)
         if not args.json:
             print(f"run {i + 1}/{args.runs}: " + "  ".join(

@@ -232,3 +232,34 @@ def test_cookie_mismatch_refuses_to_start(tmp_path: Path, metadata_uri: str) -> 
     assert process.wait_exit(60) != 0
     log = process.log()
     assert "cookie check failed" in log and str(ledger_dir) in log and "no cookie" in log
+
+
+async def test_full_write_cache_pauses_reads_instead_of_refusing_adds(
+        tmp_path: Path, metadata_uri: str) -> None:
+    # A 512 KiB write cache (adds refused beyond 1 MiB) and no periodic
+    # checkpoint: 4 MiB of adds with 256 outstanding fill it again and again.
+    # The bookie must start checkpoints itself and stop reading while one
+    # runs, so every add is acknowledged (none refused with TOO_MANY_REQUESTS)
+    # and reads back.
+    process = BookieProcess(tmp_path, metadata_uri, "bookie-1", metrics_port=0,
+                            write_cache_max_bytes=512 * 1024, flush_interval_ms=600_000,
+                            disk_check_interval_ms=600_000)
+    process.start()
+    try:
+        client = await RawBookieClient.connect(process.address)
+        payload = os.urandom(1024)
+        window = asyncio.Semaphore(256)
+
+        async def one(entry_id: int) -> StatusCode:
+            async with window:
+                response = await client.call(
+                    AddRequest(client.next_id(), KEY, entry(7, entry_id, payload)))
+                return response.status  # type: ignore[union-attr]
+
+        statuses = await asyncio.gather(*(one(i) for i in range(4096)))
+        assert set(statuses) == {StatusCode.OK}
+        for i in (0, 1000, 4095):
+            assert await read(client, 7, i) == (StatusCode.OK, entry(7, i, payload))
+        client.close()
+    finally:
+        process.stop()

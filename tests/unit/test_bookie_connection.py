@@ -46,6 +46,7 @@ class FakeServer:
         self.metrics = SimpleNamespace(connections=gauge, malformed_frames=gauge)
         self.handled: list[object] = []
         self.flush_queue: list[BookieConnection] = []
+        self.throttled = False
 
     def handle(self, conn: BookieConnection, request: object) -> None:
         self.handled.append(request)
@@ -88,6 +89,16 @@ async def test_socket_buffer_full_pauses_reading_too() -> None:
     conn.pause_writing()
     assert not transport.reading
     conn.resume_writing()
+    assert transport.reading
+
+
+async def test_a_throttled_server_pauses_reading_until_released() -> None:
+    conn, transport, server = connect()
+    server.throttled = True  # write cache full while a checkpoint runs
+    conn.update_flow()
+    assert not transport.reading
+    server.throttled = False
+    conn.update_flow()
     assert transport.reading
 
 

@@ -41,6 +41,11 @@ class BookieConfig:
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000
+    gil_switch_interval_us: int = 200
+    """``sys.setswitchinterval`` of the bookie process.  The fsync thread
+    needs the GIL for a moment after every system call; with Python's default
+    (5,000 us) it waits behind the busy event loop for up to that long, which
+    was most of each group-commit cycle (see ARCHITECTURE.md)."""
     power_loss_tracking: bool = False
     """Test seam: record fsynced lengths so power loss can be emulated."""
     test_skip_journal_fsync: bool = False

@@ -1,10 +1,16 @@
 """Group commit: many journal appends, one fsync, on one dedicated thread.
 
 Adds append to the journal's buffer on the event-loop thread and register a
-callback for their journal sequence number.  At most one fsync runs at a
-time, in the ``quire-fsync`` thread; every add that arrives while it runs
-joins the next one.  Under load that gives BookKeeper's natural batching with
-no timer; ``max_group_wait_ms`` adds an optional wait to gather more.
+callback for their journal sequence number.  The ``quire-fsync`` thread runs
+on its own, like BookKeeper's force-write thread: while any waiter needs a
+record that is not yet durable it writes and fsyncs everything appended so
+far, hands the new durable point to the loop, and goes straight on to the
+next fsync; adds that arrive while one runs join the next one.  Under load
+that gives natural batching with no timer, and the loop being busy never
+holds the next fsync back (an earlier design started each fsync from the
+loop, so every fsync waited for the loop to finish the batch in hand:
+1.7 ms cycles around 0.3 ms fsyncs).  ``max_group_wait_ms`` adds an
+optional wait to gather more.
 
 A failed fsync leaves durability unknown: the waiting callbacks get the
 exception (the server answers IO_ERROR and turns read-only), never an OK.
@@ -13,10 +19,11 @@ exception (the server answers IO_ERROR and turns read-only), never an OK.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 
@@ -44,6 +51,12 @@ DurableHook = Callable[[int], None]
 
 
 class GroupCommitter:
+    """Durable-point bookkeeping (loop thread) over one fsync thread.
+
+    Every method is called on the event loop's thread; the fsync thread only
+    reads ``_wanted_seq`` and posts results back with
+    ``call_soon_threadsafe``.  Create it inside the running loop."""
+
     def __init__(self, journal: SyncableJournal, *, max_group_wait_ms: float = 0.0,
                  on_sync: SyncObserver | None = None,
                  on_durable: DurableHook | None = None) -> None:
@@ -51,7 +64,7 @@ class GroupCommitter:
         self._wait_s = max_group_wait_ms / 1000.0
         self._on_sync = on_sync
         self._on_durable = on_durable
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="quire-fsync")
+        self._loop = asyncio.get_running_loop()
         # (seq, callback, arg, weight): callback(arg, error); a tuple per
         # waiter, no closure (after_durable_with is the add path).  weight:
         # the adds it stands for (on_sync's count).
@@ -60,9 +73,13 @@ class GroupCommitter:
         """when_durable callbacks: released by fsyncs and checkpoints that
         happen anyway, never the cause of one."""
         self._durable_seq = -1
-        self._syncing = False
+        self._wanted_seq = -1
+        """Highest seq a waiter needs (written by the loop, read by the thread)."""
+        self._wake = threading.Event()
         self._closed = False
         self.fsync_count = 0
+        self._thread = threading.Thread(target=self._run, name="quire-fsync", daemon=True)
+        self._thread.start()
 
     @property
     def durable_seq(self) -> int:
@@ -94,7 +111,9 @@ class GroupCommitter:
     def _release(self, durable: int) -> int:
         """Move the durable point to ``durable``; release what it covers;
         return the adds released."""
-        self._durable_seq = max(self._durable_seq, durable)
+        if durable > self._durable_seq:
+            self._durable_seq = durable
+        durable = self._durable_seq
         if self._on_durable is not None:
             self._on_durable(durable)
         released = 0
@@ -119,11 +138,12 @@ class GroupCommitter:
             callback(arg, None)
             return
         self._waiters.append((seq, callback, arg, weight))
-        if not self._syncing:
-            self._kick()
+        if seq > self._wanted_seq:
+            self._wanted_seq = seq
+            self._wake.set()
 
     async def wait_durable(self, seq: int) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = self._loop.create_future()
 
         def done(error: BaseException | None) -> None:
             if not future.done():
@@ -135,37 +155,48 @@ class GroupCommitter:
         self.after_durable(seq, done)
         await future
 
-    def _kick(self) -> None:
-        if self._syncing or not self._waiters or self._closed:
-            return
-        self._syncing = True
-        loop = asyncio.get_running_loop()
-        if self._wait_s > 0:
-            loop.call_later(self._wait_s, self._start_sync)
-        else:
-            # call_soon: adds decoded in this loop iteration still join.
-            loop.call_soon(self._start_sync)
+    # --- the fsync thread -----------------------------------------------------
 
-    def _start_sync(self) -> None:
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        future = loop.run_in_executor(self._executor, self._journal.sync)
-        future.add_done_callback(lambda f: self._on_synced(f, started))
+    def _run(self) -> None:
+        synced = -1
+        wake = self._wake
+        while True:
+            wake.wait()
+            wake.clear()
+            if self._closed:
+                return
+            if self._wait_s > 0:
+                time.sleep(self._wait_s)
+            # Sync until no waiter needs more: each sync covers everything
+            # appended before it started, so a burst needs one or two.
+            while self._wanted_seq > synced and not self._closed:
+                started = time.perf_counter()
+                try:
+                    synced = self._journal.sync()
+                except BaseException as e:  # handed to the waiters
+                    self._post(self._on_failed, e)
+                    break
+                self._post(self._on_synced, synced, time.perf_counter() - started)
 
-    def _on_synced(self, future: asyncio.Future[int], started: float) -> None:
-        self._syncing = False
-        error = future.exception()
-        if error is not None:
-            waiters, self._waiters = self._waiters, deque()
-            for _seq, callback, arg, _weight in waiters:
-                callback(arg, error)
-            return
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _on_synced(self, durable: int, seconds: float) -> None:
         self.fsync_count += 1
-        released = self._release(future.result())
+        released = self._release(durable)
         if self._on_sync is not None:
-            self._on_sync(time.perf_counter() - started, released)
-        self._kick()
+            self._on_sync(seconds, released)
+
+    def _on_failed(self, error: BaseException) -> None:
+        """Durability of every waiting record is unknown: fail them all (the
+        journal refuses further use, so later waiters fail the same way)."""
+        waiters, self._waiters = self._waiters, deque()
+        self._wanted_seq = self._durable_seq
+        for _seq, callback, arg, _weight in waiters:
+            callback(arg, error)
 
     def close(self) -> None:
         self._closed = True
-        self._executor.shutdown(wait=True)
+        self._wake.set()
+        self._thread.join()

@@ -22,6 +22,7 @@ import json
 import logging
 import signal
 import struct
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,7 +154,7 @@ class BookieConnection(asyncio.Protocol):
             add_batch(self, batch)  # type: ignore[misc]
         if self.volatile_acks:
             server.release_volatile_acks(self)
-        self._update_flow()
+        self.update_flow()
 
     def send(self, frame: bytes, request_bytes: int = 0) -> None:
         """Queue an answer; all answers queued in one loop iteration go out
@@ -175,16 +176,19 @@ class BookieConnection(asyncio.Protocol):
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
-        self._update_flow()
+        self.update_flow()
 
     def hold(self, request_bytes: int) -> None:
         self.pending_bytes += request_bytes
 
-    def _update_flow(self) -> None:
+    def update_flow(self) -> None:
+        """Pause or resume reading: paused while the peer does not read our
+        answers, while too many request bytes wait for an answer, or while
+        the server is throttled (write cache full)."""
         if self.transport is None:
             return
         limit = self.server.config.max_connection_pending_bytes
-        should_pause = self._writing_paused or self.pending_bytes > limit
+        should_pause = self._writing_paused or self.pending_bytes > limit or self.server.throttled
         if should_pause and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
@@ -194,11 +198,11 @@ class BookieConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
-        self._update_flow()
+        self.update_flow()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        self._update_flow()
+        self.update_flow()
 
 
 class BookieServer:
@@ -219,6 +223,12 @@ class BookieServer:
         self._listener: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._checkpointing: asyncio.Task[object] | None = None
+        self._checkpoint_kick: asyncio.Task[None] | None = None
+        self.throttled = False
+        """True while the write cache is full and the checkpoint that empties
+        it still runs: every connection stops reading until it is done
+        (BookKeeper blocks its add threads the same way).  Adds are refused
+        with TOO_MANY_REQUESTS only beyond ``write_cache_reject_ratio``."""
         self._stopped = asyncio.Event()
         self._flush_queue: list[BookieConnection] = []
         self._flush_scheduled = False
@@ -359,7 +369,26 @@ class BookieServer:
             await task
         finally:
             self._checkpointing = None
+            if self.throttled:
+                self.throttled = False
+                for conn in list(self.connections):
+                    conn.update_flow()
         self.committer.mark_durable(covered)
+        if self.storage.checkpoint_due:  # filled up again while this one ran
+            self._write_cache_full()
+
+    def _write_cache_full(self) -> None:
+        """The write cache reached ``write_cache_max_bytes``: checkpoint now,
+        or, while one runs already, stop reading until it is done."""
+        if self._checkpointing is None:
+            kick = self._checkpoint_kick
+            if kick is None or kick.done():
+                self._checkpoint_kick = asyncio.get_running_loop().create_task(self.checkpoint())
+        elif not self.throttled:
+            self.throttled = True
+            log.info("write cache full while a checkpoint runs: pausing reads")
+            for conn in list(self.connections):
+                conn.update_flow()
 
     async def collect_garbage(self) -> None:
         """Drop ledgers whose metadata is definitely gone; remove dead entry logs.
@@ -506,6 +535,8 @@ class BookieServer:
         metrics = self.metrics
         metrics.entries_written += 1
         metrics.bytes_written += size
+        if storage.checkpoint_due:
+            self._write_cache_full()
         lac = _entry_lac(entry)
         lacs = self._lac
         if lac > lacs.get(ledger_id, -1):
@@ -617,6 +648,8 @@ class BookieServer:
         conn.pending_bytes += held  # conn.hold(size) for each
         committer.after_durable_with(last_seq, self._adds_durable_callback,
                                      (conn, stored, started, held), len(stored))
+        if storage.checkpoint_due:
+            self._write_cache_full()
 
     def _adds_durable(self, waiter: tuple[BookieConnection, list[AddRequest], float, int],
                       error: BaseException | None) -> None:
@@ -921,6 +954,8 @@ async def serve(config: BookieConfig) -> None:
 def run(config: BookieConfig) -> None:
     """Blocking entry point used by ``quire bookie start``."""
     import uvloop
+
+    sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -127,6 +127,7 @@ _TYPE = struct.Struct(">B")
 _SUFFIX = ".jnl"
 MAX_RECORD_BYTES = 0xFFFFFFFF
 _PAGE = mmap.PAGESIZE
+_DROP_MIN_BYTES = 1 << 20
 _HAVE_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
 _FADV_DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 0)
 
@@ -629,15 +630,17 @@ class Journal:
 
     def _drop_synced_pages(self, fds: dict[int, int], synced: dict[int, int]) -> None:
         """Advise the kernel to drop the whole pages just made durable (sync
-        lock held, after the fsync).  Only pages entirely below each file's
-        synced length go, so the partly written tail page stays cached; the
+        lock held, after the fsync), once at least ``_DROP_MIN_BYTES`` of them
+        gathered (one fadvise per MiB, not one per fsync: every system call in
+        the fsync thread is another wait for the GIL).  Only pages entirely
+        below each file's synced length go, so the partly written tail page stays cached; the
         file's fd is open (the write lock only closes fds after this).  Purely
         advisory: an error changes nothing but the page cache."""
         dropped = self._dropped
         for file_seq, length in synced.items():
             start = dropped.get(file_seq, 0)
             end = length - length % _PAGE
-            if end <= start:
+            if end - start < _DROP_MIN_BYTES:
                 continue
             with contextlib.suppress(OSError):
                 os.posix_fadvise(fds[file_seq], start, end - start, _FADV_DONTNEED)
