@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from quire.bookie.storage import BookieStorage, LedgerState, StorageConfig
+from quire.bookie.storage import entry_log as entry_log_module
 from quire.bookie.storage.entry_log import list_entry_logs
 from quire.bookie.storage.journal import list_journal_files
 from quire.errors import (
@@ -435,6 +436,70 @@ def test_rewritten_entry_is_not_served_stale_from_the_read_cache(
     assert storage.read_entry(1, 0) == b"new"
     storage.checkpoint()
     assert storage.read_entry(1, 0) == b"new"
+
+
+def test_a_miss_reads_ahead_the_ledgers_next_entries_with_one_pread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = BookieStorage.open(make_config(tmp_path, read_cache_max_bytes=1 << 20,
+                                       read_ahead_bytes=4096))
+    try:
+        for eid in range(100):
+            s.add_entry(1, eid, entry(1, eid), KEY)
+            s.add_entry(2, eid, entry(2, eid), KEY)
+        s.checkpoint()
+        preads: list[int] = []
+        real_pread = entry_log_module.pread_exact
+
+        def counting(fd: int, n: int, offset: int) -> bytes:
+            preads.append(n)
+            return real_pread(fd, n, offset)
+
+        monkeypatch.setattr(entry_log_module, "pread_exact", counting)
+        assert [s.read_entry(1, eid) for eid in range(100)] == [
+            entry(1, eid) for eid in range(100)]
+        # 100 records of 100 bytes + header, at most 4096 bytes per pread
+        per_pread = 4096 // (100 + entry_log_module.ENTRY_HEADER_SIZE)
+        assert len(preads) == -(-100 // per_pread) and max(preads) <= 4096
+        # read-ahead stops at the ledger's end: ledger 2 was never read ahead
+        assert s.read_entry(2, 0) == entry(2, 0) and len(preads) == -(-100 // per_pread) + 1
+    finally:
+        s.close()
+
+
+def test_read_ahead_never_serves_an_older_copy_of_a_rewritten_entry(
+        storage: BookieStorage) -> None:
+    for eid in range(3):
+        storage.add_entry(1, eid, b"old-%d" % eid, KEY)
+    storage.checkpoint()
+    storage.add_entry(1, 1, b"new-1", KEY, recovery=True)  # rewritten into a later log
+    storage.checkpoint()
+    assert storage.read_entry(1, 0) == b"old-0"  # a miss: reads ahead from the first log
+    assert storage.read_entry(1, 1) == b"new-1"
+    assert storage.read_entry(1, 2) == b"old-2"
+
+
+def test_read_entries_spans_checkpointed_and_cached_entries_within_limits(
+        storage: BookieStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    for eid in range(50):
+        storage.add_entry(1, eid, entry(1, eid), KEY)
+    storage.checkpoint()  # 0..49 in an entry log
+    for eid in range(50, 80):
+        storage.add_entry(1, eid, entry(1, eid), KEY)  # 50..79 in the write cache
+    preads: list[int] = []
+    real_pread = entry_log_module.pread_exact
+    monkeypatch.setattr(entry_log_module, "pread_exact",
+                        lambda fd, n, off: preads.append(n) or real_pread(fd, n, off))
+    got = storage.read_entries(1, 10, 1000, 1 << 20)
+    assert got == [entry(1, eid) for eid in range(10, 80)]  # ends at the missing 80
+    assert len(preads) == 1  # 10..49 with one pread
+    assert storage.read_entries(1, 10, 5, 1 << 20) == [entry(1, eid) for eid in range(10, 15)]
+    # size: 100 bytes + 4 of overhead each; the first entry is always returned
+    assert len(storage.read_entries(1, 40, 1000, 520, entry_overhead_bytes=4)) == 5
+    assert len(storage.read_entries(1, 60, 1000, 1, entry_overhead_bytes=4)) == 1
+    with pytest.raises(NoSuchEntryError):
+        storage.read_entries(1, 80, 10, 1 << 20)
+    with pytest.raises(NoSuchLedgerError):
+        storage.read_entries(2, 0, 10, 1 << 20)
 
 
 def test_separate_journal_and_ledger_dirs(tmp_path: Path) -> None:

@@ -25,6 +25,9 @@ class BookieConfig:
     journal_file_size_bytes: int = 64 * 1024 * 1024
     write_cache_max_bytes: int = 64 * 1024 * 1024
     read_cache_max_bytes: int = 32 * 1024 * 1024
+    read_ahead_bytes: int = 256 * 1024
+    """A read missing the caches also reads the ledger's next entries from
+    the same entry log, up to this many bytes (one pread; 0: just the one)."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000

@@ -75,6 +75,7 @@ log = logging.getLogger("quire.bookie")
 
 _LAC_FIELD = struct.Struct(">q")
 _LAC_OFFSET = 16  # stored entry: ledger_id, entry_id, lac, ...
+_NO_COUNT_LIMIT = 1 << 62
 _BATCH_OVERHEAD_BYTES = 64
 _perf_counter = time.perf_counter
 _OK = StatusCode.OK
@@ -277,6 +278,7 @@ class BookieServer:
             journal_max_group_bytes=cfg.journal_max_group_bytes,
             write_cache_max_bytes=cfg.write_cache_max_bytes,
             read_cache_max_bytes=cfg.read_cache_max_bytes,
+            read_ahead_bytes=cfg.read_ahead_bytes,
             power_loss_tracking=cfg.power_loss_tracking,
             test_skip_journal_fsync=cfg.test_skip_journal_fsync)
         self._storage = await asyncio.to_thread(BookieStorage.open, storage_config)
@@ -817,25 +819,12 @@ class BookieServer:
         limit = min(self.config.batch_read_max_size_bytes,
                     self.config.max_frame_bytes - _BATCH_OVERHEAD_BYTES)
         max_size = limit if max_size <= 0 else min(max_size, limit)
-        entries: list[bytes] = []
-        size = 0
-        entry_id = start
-        while max_count <= 0 or len(entries) < max_count:
-            try:
-                entry = self.storage.read_entry(ledger_id, entry_id)
-            except (NoSuchEntryError, NoSuchLedgerError) as e:
-                if not entries:
-                    return _status_of(e), []
-                break
-            except QuireError as e:
-                if not entries:
-                    return _status_of(e), []
-                break
-            if entries and size + 4 + len(entry) > max_size:
-                break
-            entries.append(entry)
-            size += 4 + len(entry)
-            entry_id += 1
+        try:
+            entries = self.storage.read_entries(
+                ledger_id, start, max_count if max_count > 0 else _NO_COUNT_LIMIT, max_size,
+                entry_overhead_bytes=4)  # each entry's length prefix in the answer
+        except QuireError as e:
+            return _status_of(e), []
         return StatusCode.OK, entries
 
     # --- BP-14 sync cursors --------------------------------------------------

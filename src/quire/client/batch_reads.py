@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from quire.client.context import ClientContext
 from quire.client.reads import LedgerEntry, ReplicaLookup, read_range
-from quire.errors import DigestMismatchError, QuireError, StatusCode
+from quire.errors import QuireError, StatusCode
 from quire.protocol import (
     BatchReadRequest,
     BatchReadResponse,
@@ -89,14 +89,9 @@ async def _from_bookie(ctx: ClientContext, digest: DigestManager, bookie: str, s
         return None
     if not isinstance(answer, BatchReadResponse) or answer.status != StatusCode.OK:
         return None
-    entries: list[LedgerEntry] = []
-    for offset, raw in enumerate(answer.entries):
-        entry_id = start + offset
-        if entry_id > last:
-            break  # beyond the LAC (or the count asked for): dropped
-        try:
-            entries.append(LedgerEntry(entry_id, digest.verify_payload(raw, entry_id)))
-        except DigestMismatchError:
-            break  # a verified prefix, possibly empty
-    return entries or None
+    # anything beyond the LAC (or the count asked for) is dropped; a digest
+    # failure ends the batch at the verified prefix, possibly empty
+    payloads = digest.verify_run(answer.entries[:last - start + 1], start)
+    return [LedgerEntry(entry_id, payload)
+            for entry_id, payload in enumerate(payloads, start)] or None
 

@@ -57,6 +57,10 @@ class StorageConfig:
     ``0`` disables the limit.  The cache being checkpointed is not counted, so
     entry memory peaks near ``(ratio + 1) * write_cache_max_bytes``."""
     read_cache_max_bytes: int = 32 * _MiB
+    read_ahead_bytes: int = 256 * 1024
+    """A read that misses the caches also reads the ledger's following
+    entries from the same entry log, up to this many bytes, into the read
+    cache (one ``pread``; 0 reads the one entry)."""
     """LRU cache (by entry bytes) of entries read back from entry logs; 0 disables it."""
     entry_log_max_bytes: int = 512 * _MiB
     """An entry log is closed and a new one started once it would grow past this."""
@@ -90,6 +94,8 @@ class StorageConfig:
         if self.write_cache_reject_ratio < 0 or (
                 0 < self.write_cache_reject_ratio < 1):
             raise ConfigError("write_cache_reject_ratio must be 0 (off) or at least 1")
+        if self.read_ahead_bytes < 0:
+            raise ConfigError("read_ahead_bytes must not be negative")
         if self.read_cache_max_bytes < 0:
             raise ConfigError("read_cache_max_bytes must not be negative")
         if self.entry_log_max_bytes < 4096:

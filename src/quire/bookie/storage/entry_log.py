@@ -222,6 +222,28 @@ class EntryLogger:
                 f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
         return data[ENTRY_HEADER_SIZE:]
 
+    def read_run(self, log_id: int, ledger_id: int, run: list[tuple[int, int, int]]
+                 ) -> list[tuple[int, bytes]]:
+        """Entries laid back to back in one log (``(entry_id, offset,
+        length)`` as :meth:`LedgerIndex.locate_run` plans them), read with
+        one ``pread`` and each checked against its record header."""
+        first = run[0][1]
+        _last_id, last_offset, last_length = run[-1]
+        data = pread_exact(self._read_fd(log_id),
+                           last_offset + ENTRY_HEADER_SIZE + last_length - first, first)
+        view = memoryview(data)
+        unpack = ENTRY_HEADER.unpack_from
+        out = []
+        for entry_id, offset, length in run:
+            pos = offset - first
+            n, lid, eid = unpack(data, pos)
+            if n != length or lid != ledger_id or eid != entry_id:
+                raise StorageError(
+                    f"entry log {log_id} offset {offset} holds ({lid}, {eid}, {n} bytes), "
+                    f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
+            out.append((entry_id, bytes(view[pos + ENTRY_HEADER_SIZE:pos + ENTRY_HEADER_SIZE + n])))
+        return out
+
     # --- housekeeping --------------------------------------------------------
 
     def remove(self, log_id: int) -> None:

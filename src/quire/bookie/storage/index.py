@@ -36,7 +36,7 @@ from pathlib import Path
 
 import lmdb
 
-from quire.bookie.storage.entry_log import IndexRow
+from quire.bookie.storage.entry_log import ENTRY_HEADER_SIZE, IndexRow
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.errors import StorageError
@@ -98,6 +98,45 @@ class LedgerIndex:
             return None
         log_id, offset, length = ENTRY_VALUE.unpack(value)
         return log_id, offset, length
+
+    def locate_run(self, ledger_id: int, entry_id: int, max_bytes: int,
+                   max_count: int = 1 << 62) -> tuple[int, list[tuple[int, int, int]]]:
+        """Read-ahead plan: the entry log id, and ``(entry_id, offset,
+        length)`` of ``entry_id`` and the ledger's following entries while
+        they sit back to back in that log, up to ``max_bytes`` of records
+        (the first always) and ``max_count`` entries.  ``(0, [])`` if
+        ``entry_id`` is not indexed.  One cursor walk: what the index says,
+        never a guess from the log's bytes, so a copy of an entry that a later
+        checkpoint rewrote elsewhere is never picked up."""
+        run: list[tuple[int, int, int]] = []
+        key_unpack, value_unpack = ENTRY_KEY.unpack, ENTRY_VALUE.unpack
+        header = ENTRY_HEADER_SIZE
+        try:
+            with self.env.begin(db=self._entries) as txn:
+                cursor = txn.cursor()
+                if not cursor.set_key(ENTRY_KEY.pack(ledger_id, entry_id)):
+                    return 0, run
+                log_id, offset, length = value_unpack(cursor.value())
+                run.append((entry_id, offset, length))
+                end = offset + header + length
+                limit = offset + max_bytes
+                expected = entry_id + 1
+                last_wanted = entry_id + max_count - 1
+                if expected <= last_wanted and cursor.next():
+                    for key, value in cursor.iternext():
+                        lid, eid = key_unpack(key)
+                        next_log, next_offset, next_length = value_unpack(value)
+                        if lid != ledger_id or eid != expected or next_log != log_id \
+                                or next_offset != end or end + header + next_length > limit:
+                            break
+                        run.append((eid, next_offset, next_length))
+                        end = next_offset + header + next_length
+                        if eid == last_wanted:
+                            break
+                        expected += 1
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index read failed: {e}") from e
+        return log_id, run
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest indexed entry id of the ledger, -1 if none."""

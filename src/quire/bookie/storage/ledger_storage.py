@@ -7,7 +7,9 @@ This is the durable half of the engine, below the write cache that
   the current entry log, fsyncs it, then commits index rows, ledger states,
   per-log ledger sets and the journal replay mark in one LMDB transaction;
 * :meth:`LedgerStorage.read` (any thread) serves an entry from the read
-  cache, or looks it up in the index and ``pread`` s it from its entry log;
+  cache, or looks it up in the index and ``pread`` s it from its entry log,
+  together with the ledger's entries that follow it there (read-ahead, up to
+  ``read_ahead_bytes``: sequential readers then cost one ``pread`` per run);
 * :meth:`LedgerStorage.gc_entry_logs` deletes entry logs whose ledgers are
   all gone.  **Compaction** (copying the live entries out of partly dead logs
   so they can be deleted) is out of scope: a log with a single live ledger is
@@ -58,6 +60,27 @@ class ReadCache:
             self.hits += 1
             return data
 
+    def get_run(self, ledger_id: int, start: int, max_count: int) -> list[bytes]:
+        """Cached entries ``start, start + 1, ...`` up to the first one not
+        cached (at most ``max_count``; one lock for the run)."""
+        out: list[bytes] = []
+        with self._lock:
+            entries = self._entries
+            move = entries.move_to_end
+            entry_id = start
+            while len(out) < max_count:
+                key = (ledger_id, entry_id)
+                data = entries.get(key)
+                if data is None:
+                    break
+                move(key)
+                out.append(data)
+                entry_id += 1
+            self.hits += len(out)
+            if len(out) < max_count:
+                self.misses += 1
+        return out
+
     def put(self, key: EntryKey, data: bytes) -> None:
         size = len(data)
         if size > self._max_bytes:
@@ -71,6 +94,26 @@ class ReadCache:
             while self._bytes > self._max_bytes:
                 _key, evicted = self._entries.popitem(last=False)
                 self._bytes -= len(evicted)
+
+    def put_many(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        """:meth:`put` of ``(entry_id, data)`` pairs of one ledger (read-ahead)."""
+        with self._lock:
+            cache = self._entries
+            total = self._bytes
+            for entry_id, data in entries:
+                size = len(data)
+                if size > self._max_bytes:
+                    continue
+                key = (ledger_id, entry_id)
+                old = cache.pop(key, None)
+                if old is not None:
+                    total -= len(old)
+                cache[key] = data
+                total += size
+            while total > self._max_bytes:
+                _key, evicted = cache.popitem(last=False)
+                total -= len(evicted)
+            self._bytes = total
 
     def invalidate(self, keys: Mapping[EntryKey, object]) -> None:
         """Drop cached entries that ``keys`` rewrote (an entry added again
@@ -110,6 +153,7 @@ class LedgerStorage:
             self.index.close()
             raise
         self.read_cache = ReadCache(config.read_cache_max_bytes)
+        self._read_ahead_bytes = config.read_ahead_bytes
 
     def read(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The checkpointed entry, or None if the index does not have it."""
@@ -117,16 +161,39 @@ class LedgerStorage:
         data = self.read_cache.get(key)
         if data is not None:
             return data
-        location = self.index.get(ledger_id, entry_id)
-        if location is None:
+        # Read-ahead (BookKeeper's DbLedgerStorage does the same): a miss
+        # reads the entry and the ledger's next ones that follow it in the
+        # same log, up to read_ahead_bytes, with one pread, and caches them.
+        log_id, run = self.index.locate_run(ledger_id, entry_id, self._read_ahead_bytes)
+        if not run:
             return None
-        log_id, offset, length = location
         try:
-            data = self.entry_logger.read(log_id, offset, length, ledger_id, entry_id)
+            entries = self.entry_logger.read_run(log_id, ledger_id, run)
         except OSError as e:
             raise StorageError(f"reading entry log {log_id}: {e}") from e
-        self.read_cache.put(key, data)
-        return data
+        self.read_cache.put_many(ledger_id, entries)
+        return entries[0][1]
+
+    def read_run(self, ledger_id: int, start: int, max_count: int,
+                 max_bytes: int) -> list[bytes]:
+        """Checkpointed entries ``start, start + 1, ...`` (at most
+        ``max_count``, about ``max_bytes`` of records, at least one unless
+        ``start`` is not indexed): the run the read cache holds, or else what
+        one ``pread`` of the entry log gives.  A batch asks for what it
+        needs, so this reads no further and caches nothing: with batches
+        spread over the replicas, read-ahead made every bookie read (and
+        cache) every entry to serve a third of them."""
+        run = self.read_cache.get_run(ledger_id, start, max_count)
+        if run:
+            return run
+        log_id, plan = self.index.locate_run(ledger_id, start, max_bytes, max_count)
+        if not plan:
+            return []
+        try:
+            entries = self.entry_logger.read_run(log_id, ledger_id, plan)
+        except OSError as e:
+            raise StorageError(f"reading entry log {log_id}: {e}") from e
+        return [data for _entry_id, data in entries]
 
     def flush(self, entries: Mapping[EntryKey, bytes], states: Mapping[int, LedgerState],
               deletions: Iterable[int], mark: JournalMark) -> int:
