@@ -121,9 +121,9 @@ class BookieConnection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        # Plain adds (no flags) are gathered and handed to the server's
-        # add_batch together; anything else first flushes the batch, so
-        # requests are still handled in arrival order.
+        # Plain and VD adds (no flag but VOLATILE_DURABILITY) are gathered
+        # and handed to the server's add_batch together; anything else first
+        # flushes the batch, so requests are still handled in arrival order.
         server = self.server
         handle = server.handle
         add_batch = self._add_batch
@@ -133,7 +133,8 @@ class BookieConnection(asyncio.Protocol):
             decoder.feed(data)
             next_message = decoder.next_message
             while (message := next_message()) is not None:
-                if type(message) is AddRequest and not message.flags and add_batch is not None:
+                if type(message) is AddRequest and add_batch is not None \
+                        and not message.flags & ~FLAG_VOLATILE_DURABILITY:
                     if batch is None:
                         batch = [message]
                     else:
@@ -584,26 +585,94 @@ class BookieServer:
         self._record(recorder, started)
 
     def add_batch(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
-        """Plain adds (no flags) decoded from one read, in arrival order.  For
-        each, what _add does (checks, journal, write cache, LAC, an answer once
-        durable, or an error answer now); adds to ledgers without a BP-14
-        cursor share one storage call, one durable wait and one batch of
-        answers, the others go through _add, in order."""
+        """Adds with no flag but VOLATILE_DURABILITY, decoded from one read,
+        in arrival order.  For each, what _add does (checks, journal, write
+        cache, LAC, cursor, an answer); runs of PD adds to ledgers without a
+        BP-14 cursor share one storage call, one durable wait and one batch
+        of answers (_add_plain), runs of VD adds one storage call and one
+        write of acks (_add_volatile); a PD add to a VD ledger goes through
+        _add.  Order is kept across runs."""
         cursors = self._cursors
-        if cursors and any(req.ledger_id in cursors for req in reqs):
-            run: list[AddRequest] = []
-            for req in reqs:
-                if req.ledger_id in cursors:
-                    if run:
-                        self._add_plain(conn, run)
-                        run = []
-                    self.handle(conn, req)
-                else:
-                    run.append(req)
-            if run:
-                self._add_plain(conn, run)
+        if not cursors and not any(req.flags for req in reqs):
+            self._add_plain(conn, reqs)  # the common case: PD traffic only
             return
-        self._add_plain(conn, reqs)
+        run: list[AddRequest] = []
+        run_kind = 0
+        for req in reqs:
+            kind = 2 if req.flags else (3 if req.ledger_id in cursors else 1)
+            if kind != run_kind and run:
+                self._add_run(conn, run_kind, run)
+                run = []
+            run_kind = kind
+            run.append(req)
+        if run:
+            self._add_run(conn, run_kind, run)
+
+    def _add_run(self, conn: BookieConnection, kind: int, run: list[AddRequest]) -> None:
+        if kind == 1:
+            self._add_plain(conn, run)
+        elif kind == 2:
+            self._add_volatile(conn, run)
+        else:
+            for req in run:
+                self.handle(conn, req)
+
+    def _add_volatile(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
+        """BP-14 VD adds: acknowledged once in the journal file (page cache),
+        which release_volatile_acks does after this read's batch; the cursor
+        of each ledger learns every add and the piggy-backed LAC, as in _add."""
+        if self.read_only:
+            for req in reqs:
+                self.handle(conn, req)  # _add answers READ_ONLY
+            return
+        started = _perf_counter()
+        storage = self._storage
+        assert storage is not None, "bookie not started"
+        try:
+            results = storage.add_entries(
+                [(req.ledger_id, req.entry_id, req.entry, req.master_key) for req in reqs])
+        except Exception as e:  # an engine bug (items fail one by one): contain it
+            for req in reqs:
+                self._request_failed(conn, req, e)
+            return
+        acks = conn.volatile_acks
+        lacs, cursors = self._lac, self._cursors
+        unpack_lac = _LAC_FIELD.unpack_from
+        stored = held = 0
+        for req, result in zip(reqs, results, strict=True):
+            if type(result) is int:
+                entry = req.entry
+                size = len(entry)
+                held += size
+                lac = unpack_lac(entry, _LAC_OFFSET)[0] if size >= 24 else -1
+                ledger_id = req.ledger_id
+                if lac > lacs.get(ledger_id, -1):
+                    lacs[ledger_id] = lac
+                cursor = cursors.get(ledger_id)
+                if cursor is None:
+                    cursor = self._new_cursor(ledger_id)
+                cursor.added(result, req.entry_id)
+                if cursor.confirmed(lac):
+                    self._persist_cursor(ledger_id, cursor)
+                acks.append(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
+                                                cursor.reported))
+                stored += 1
+            elif isinstance(result, QuireError):
+                self._answer_add(conn, req, started, _status_of(result))
+            else:  # a bug: contained to this request, as handle() does
+                assert isinstance(result, Exception)
+                self._request_failed(conn, req, result)
+        if not stored:
+            return
+        metrics = self.metrics
+        metrics.entries_written += stored
+        metrics.bytes_written += held
+        recorder = self._add_ok_recorder
+        if recorder is None:
+            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
+        self._record(recorder, started, stored)
+        if storage.checkpoint_due:
+            self._write_cache_full()
 
     def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         if self.read_only:
@@ -686,8 +755,7 @@ class BookieServer:
         except OSError as e:
             self._on_journal_failure(e)
             return  # no ack: durability unknown; the client times out and retries
-        for frame in acks:
-            conn.send(frame)
+        conn.send_many(acks)
 
     def _on_journal_failure(self, error: BaseException) -> None:
         if not self.read_only:
