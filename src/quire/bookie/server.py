@@ -617,15 +617,17 @@ class BookieServer:
             for req in run:
                 self.handle(conn, req)
 
-    def _add_volatile(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
-        """BP-14 VD adds: acknowledged once in the journal file (page cache),
-        which release_volatile_acks does after this read's batch; the cursor
-        of each ledger learns every add and the piggy-backed LAC, as in _add."""
+    def _store_adds(self, conn: BookieConnection, reqs: list[AddRequest], started: float
+                    ) -> tuple[list[tuple[AddRequest, int, int]], int]:
+        """The shared first step of a batch of adds: one storage call; an
+        error answer now for each add refused; the LAC of each stored add
+        noted and counted in the metrics.  Returns the stored adds as
+        ``(request, journal seq, piggy-backed LAC)`` and their entry bytes
+        (none on a read-only bookie: _add answers each READ_ONLY)."""
         if self.read_only:
             for req in reqs:
-                self.handle(conn, req)  # _add answers READ_ONLY
-            return
-        started = _perf_counter()
+                self.handle(conn, req)
+            return [], 0
         storage = self._storage
         assert storage is not None, "bookie not started"
         try:
@@ -634,65 +636,9 @@ class BookieServer:
         except Exception as e:  # an engine bug (items fail one by one): contain it
             for req in reqs:
                 self._request_failed(conn, req, e)
-            return
-        acks = conn.volatile_acks
-        lacs, cursors = self._lac, self._cursors
-        unpack_lac = _LAC_FIELD.unpack_from
-        stored = held = 0
-        for req, result in zip(reqs, results, strict=True):
-            if type(result) is int:
-                entry = req.entry
-                size = len(entry)
-                held += size
-                lac = unpack_lac(entry, _LAC_OFFSET)[0] if size >= 24 else -1
-                ledger_id = req.ledger_id
-                if lac > lacs.get(ledger_id, -1):
-                    lacs[ledger_id] = lac
-                cursor = cursors.get(ledger_id)
-                if cursor is None:
-                    cursor = self._new_cursor(ledger_id)
-                cursor.added(result, req.entry_id)
-                if cursor.confirmed(lac):
-                    self._persist_cursor(ledger_id, cursor)
-                acks.append(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
-                                                cursor.reported))
-                stored += 1
-            elif isinstance(result, QuireError):
-                self._answer_add(conn, req, started, _status_of(result))
-            else:  # a bug: contained to this request, as handle() does
-                assert isinstance(result, Exception)
-                self._request_failed(conn, req, result)
-        if not stored:
-            return
-        metrics = self.metrics
-        metrics.entries_written += stored
-        metrics.bytes_written += held
-        recorder = self._add_ok_recorder
-        if recorder is None:
-            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
-        self._record(recorder, started, stored)
-        if storage.checkpoint_due:
-            self._write_cache_full()
-
-    def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
-        if self.read_only:
-            for req in reqs:
-                self.handle(conn, req)  # _add answers READ_ONLY
-            return
-        started = _perf_counter()
-        storage = self._storage
-        committer = self._committer
-        assert storage is not None and committer is not None, "bookie not started"
-        try:
-            results = storage.add_entries(
-                [(req.ledger_id, req.entry_id, req.entry, req.master_key) for req in reqs])
-        except Exception as e:  # an engine bug (items fail one by one): contain it
-            for req in reqs:
-                self._request_failed(conn, req, e)
-            return
-        stored: list[AddRequest] = []
+            return [], 0
+        stored: list[tuple[AddRequest, int, int]] = []
         held = 0
-        last_seq = 0
         lacs = self._lac
         unpack_lac = _LAC_FIELD.unpack_from
         for req, result in zip(reqs, results, strict=True):
@@ -704,23 +650,58 @@ class BookieServer:
                 ledger_id = req.ledger_id
                 if lac > lacs.get(ledger_id, -1):
                     lacs[ledger_id] = lac
-                stored.append(req)
-                last_seq = result
+                stored.append((req, result, lac))
             elif isinstance(result, QuireError):
                 self._answer_add(conn, req, started, _status_of(result))
             else:  # a bug: contained to this request, as handle() does
                 assert isinstance(result, Exception)
                 self._request_failed(conn, req, result)
+        if stored:
+            metrics = self.metrics
+            metrics.entries_written += len(stored)
+            metrics.bytes_written += held
+            if storage.checkpoint_due:
+                self._write_cache_full()
+        return stored, held
+
+    def _add_volatile(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
+        """BP-14 VD adds: acknowledged once in the journal file (page cache),
+        which release_volatile_acks does after this read's batch; the cursor
+        of each ledger learns every add and the piggy-backed LAC, as in _add."""
+        started = _perf_counter()
+        stored, _held = self._store_adds(conn, reqs, started)
         if not stored:
             return
-        metrics = self.metrics
-        metrics.entries_written += len(stored)
-        metrics.bytes_written += held
+        acks = conn.volatile_acks
+        cursors = self._cursors
+        for req, seq, lac in stored:
+            ledger_id = req.ledger_id
+            cursor = cursors.get(ledger_id)
+            if cursor is None:
+                cursor = self._new_cursor(ledger_id)
+            cursor.added(seq, req.entry_id)
+            if cursor.confirmed(lac):
+                self._persist_cursor(ledger_id, cursor)
+            acks.append(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
+                                            cursor.reported))
+        recorder = self._add_ok_recorder
+        if recorder is None:
+            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
+        self._record(recorder, started, len(stored))
+
+    def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
+        """PD adds to ledgers without a cursor: answered together once the
+        journal fsync covering the last of them returned."""
+        started = _perf_counter()
+        stored, held = self._store_adds(conn, reqs, started)
+        if not stored:
+            return
+        committer = self._committer
+        assert committer is not None, "bookie not started"
         conn.pending_bytes += held  # conn.hold(size) for each
-        committer.after_durable_with(last_seq, self._adds_durable_callback,
-                                     (conn, stored, started, held), len(stored))
-        if storage.checkpoint_due:
-            self._write_cache_full()
+        committer.after_durable_with(stored[-1][1], self._adds_durable_callback,
+                                     (conn, [req for req, _seq, _lac in stored], started, held),
+                                     len(stored))
 
     def _adds_durable(self, waiter: tuple[BookieConnection, list[AddRequest], float, int],
                       error: BaseException | None) -> None:
