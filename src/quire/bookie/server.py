@@ -78,6 +78,10 @@ _LAC_OFFSET = 16  # stored entry: ledger_id, entry_id, lac, ...
 _NO_COUNT_LIMIT = 1 << 62
 _BATCH_OVERHEAD_BYTES = 64
 _perf_counter = time.perf_counter
+_RUN_PD, _RUN_VD, _RUN_ONE_BY_ONE = 1, 2, 3
+"""add_batch's runs: PD adds batched, VD adds batched, adds taking _add."""
+_StoredAdd = tuple[AddRequest, int, int]
+"""An add the storage engine took: (request, journal seq, piggy-backed LAC)."""
 _OK = StatusCode.OK
 
 
@@ -224,8 +228,7 @@ class BookieServer:
         self._committer: GroupCommitter | None = None
         self._listener: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._checkpointing: asyncio.Task[object] | None = None
-        self._checkpoint_kick: asyncio.Task[None] | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
         self.throttled = False
         """True while the write cache is full and the checkpoint that empties
         it still runs: every connection stops reading until it is done
@@ -356,42 +359,47 @@ class BookieServer:
                 log.exception("periodic task %s failed", getattr(action, "__name__", action))
 
     async def checkpoint(self) -> None:
-        """Write cache to entry logs, index commit, journal mark (one at a time)."""
-        if self._checkpointing is not None:
-            await self._checkpointing
-            return
+        """Write cache to entry logs, index commit, journal mark (one at a
+        time: a call while one is under way waits for that one)."""
+        await self._start_checkpoint()
+
+    def _start_checkpoint(self) -> asyncio.Task[None]:
+        if self._checkpointing is None:
+            self._checkpointing = asyncio.get_running_loop().create_task(self._run_checkpoint())
+        return self._checkpointing
+
+    async def _run_checkpoint(self) -> None:
         # Every add journaled so far is in the write cache this checkpoint
         # writes to fsynced entry logs: once it succeeds they are durable, and
         # BP-14 sync cursors may move over them (this also bounds a cursor's
         # list of unsynced adds for a VD ledger that is never synced).
         covered = self.storage.journal.append_seq
-        task: asyncio.Task[object] = asyncio.ensure_future(
-            asyncio.to_thread(self.storage.checkpoint))
-        self._checkpointing = task
         try:
-            await task
+            await asyncio.to_thread(self.storage.checkpoint)
         finally:
             self._checkpointing = None
-            if self.throttled:
-                self.throttled = False
-                for conn in list(self.connections):
-                    conn.update_flow()
+            self._set_throttled(False)
         self.committer.mark_durable(covered)
         if self.storage.checkpoint_due:  # filled up again while this one ran
             self._write_cache_full()
 
     def _write_cache_full(self) -> None:
         """The write cache reached ``write_cache_max_bytes``: checkpoint now,
-        or, while one runs already, stop reading until it is done."""
+        or, while one is under way already, stop reading until it is done."""
         if self._checkpointing is None:
-            kick = self._checkpoint_kick
-            if kick is None or kick.done():
-                self._checkpoint_kick = asyncio.get_running_loop().create_task(self.checkpoint())
-        elif not self.throttled:
-            self.throttled = True
+            self._start_checkpoint()
+        else:
+            self._set_throttled(True)
+
+    def _set_throttled(self, throttled: bool) -> None:
+        """Stop (or resume) reading on every connection (see ``throttled``)."""
+        if throttled == self.throttled:
+            return
+        self.throttled = throttled
+        if throttled:
             log.info("write cache full while a checkpoint runs: pausing reads")
-            for conn in list(self.connections):
-                conn.update_flow()
+        for conn in list(self.connections):
+            conn.update_flow()
 
     async def collect_garbage(self) -> None:
         """Drop ledgers whose metadata is definitely gone; remove dead entry logs.
@@ -489,6 +497,11 @@ class BookieServer:
                 self._add_ok_recorder = recorder
         return recorder
 
+    def _add_ok(self) -> LatencyRecorder:
+        """The recorder of successful adds (looked up once, then kept)."""
+        recorder = self._add_ok_recorder
+        return recorder if recorder is not None else self._recorder(OpCode.ADD_ENTRY, _OK)
+
     def _observe(self, op: OpCode, started: float, status: StatusCode) -> None:
         self._record(self._recorder(op, status), started)
 
@@ -579,10 +592,7 @@ class BookieServer:
         cursor = cursors.get(ledger_id) if cursors else None
         conn.send(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
                                       cursor.reported if cursor is not None else -1), size)
-        recorder = self._add_ok_recorder
-        if recorder is None:
-            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
-        self._record(recorder, started)
+        self._record(self._add_ok(), started)
 
     def add_batch(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """Adds with no flag but VOLATILE_DURABILITY, decoded from one read,
@@ -599,7 +609,8 @@ class BookieServer:
         run: list[AddRequest] = []
         run_kind = 0
         for req in reqs:
-            kind = 2 if req.flags else (3 if req.ledger_id in cursors else 1)
+            kind = _RUN_VD if req.flags else (_RUN_ONE_BY_ONE if req.ledger_id in cursors
+                                              else _RUN_PD)
             if kind != run_kind and run:
                 self._add_run(conn, run_kind, run)
                 run = []
@@ -609,16 +620,16 @@ class BookieServer:
             self._add_run(conn, run_kind, run)
 
     def _add_run(self, conn: BookieConnection, kind: int, run: list[AddRequest]) -> None:
-        if kind == 1:
+        if kind == _RUN_PD:
             self._add_plain(conn, run)
-        elif kind == 2:
+        elif kind == _RUN_VD:
             self._add_volatile(conn, run)
         else:
             for req in run:
                 self.handle(conn, req)
 
     def _store_adds(self, conn: BookieConnection, reqs: list[AddRequest], started: float
-                    ) -> tuple[list[tuple[AddRequest, int, int]], int]:
+                    ) -> tuple[list[_StoredAdd], int]:
         """The shared first step of a batch of adds: one storage call; an
         error answer now for each add refused; the LAC of each stored add
         noted and counted in the metrics.  Returns the stored adds as
@@ -637,7 +648,7 @@ class BookieServer:
             for req in reqs:
                 self._request_failed(conn, req, e)
             return [], 0
-        stored: list[tuple[AddRequest, int, int]] = []
+        stored: list[_StoredAdd] = []
         held = 0
         lacs = self._lac
         unpack_lac = _LAC_FIELD.unpack_from
@@ -684,10 +695,7 @@ class BookieServer:
                 self._persist_cursor(ledger_id, cursor)
             acks.append(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
                                             cursor.reported))
-        recorder = self._add_ok_recorder
-        if recorder is None:
-            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
-        self._record(recorder, started, len(stored))
+        self._record(self._add_ok(), started, len(stored))
 
     def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """PD adds to ledgers without a cursor: answered together once the
@@ -700,34 +708,30 @@ class BookieServer:
         assert committer is not None, "bookie not started"
         conn.pending_bytes += held  # conn.hold(size) for each
         committer.after_durable_with(stored[-1][1], self._adds_durable_callback,
-                                     (conn, [req for req, _seq, _lac in stored], started, held),
-                                     len(stored))
+                                     (conn, stored, started, held), len(stored))
 
-    def _adds_durable(self, waiter: tuple[BookieConnection, list[AddRequest], float, int],
+    def _adds_durable(self, waiter: tuple[BookieConnection, list[_StoredAdd], float, int],
                       error: BaseException | None) -> None:
         """Answer a batch of PD adds once the journal fsync covering them returned."""
-        conn, reqs, started, held = waiter
+        conn, stored, started, held = waiter
         if error is not None:
             self._on_journal_failure(error)
-            for req in reqs:
+            for req, _seq, _lac in stored:
                 self._answer_add(conn, req, started, StatusCode.IO_ERROR, len(req.entry))
             return
         cursors = self._cursors
         if cursors:
             frames = []
-            for req in reqs:
+            for req, _seq, _lac in stored:
                 cursor = cursors.get(req.ledger_id)
                 frames.append(encode_add_response(
                     req.request_id, _OK, req.ledger_id, req.entry_id,
                     cursor.reported if cursor is not None else -1))
         else:
             frames = [encode_add_response(req.request_id, _OK, req.ledger_id, req.entry_id, -1)
-                      for req in reqs]
+                      for req, _seq, _lac in stored]
         conn.send_many(frames, held)
-        recorder = self._add_ok_recorder
-        if recorder is None:
-            recorder = self._recorder(OpCode.ADD_ENTRY, _OK)
-        self._record(recorder, started, len(reqs))
+        self._record(self._add_ok(), started, len(stored))
 
     def release_volatile_acks(self, conn: BookieConnection) -> None:
         acks, conn.volatile_acks = conn.volatile_acks, []

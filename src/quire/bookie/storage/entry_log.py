@@ -211,17 +211,6 @@ class EntryLogger:
                 self._read_fds[log_id] = fd
             return fd
 
-    def read(self, log_id: int, offset: int, length: int, ledger_id: int,
-             entry_id: int) -> bytes:
-        """The entry at an index location, checked against its record header."""
-        data = pread_exact(self._read_fd(log_id), ENTRY_HEADER_SIZE + length, offset)
-        n, lid, eid = ENTRY_HEADER.unpack_from(data, 0)
-        if n != length or lid != ledger_id or eid != entry_id:
-            raise StorageError(
-                f"entry log {log_id} offset {offset} holds ({lid}, {eid}, {n} bytes), "
-                f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
-        return data[ENTRY_HEADER_SIZE:]
-
     def read_run(self, log_id: int, ledger_id: int, run: list[tuple[int, int, int]]
                  ) -> list[tuple[int, bytes]]:
         """Entries laid back to back in one log (``(entry_id, offset,

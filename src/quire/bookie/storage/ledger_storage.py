@@ -81,22 +81,9 @@ class ReadCache:
                 self.misses += 1
         return out
 
-    def put(self, key: EntryKey, data: bytes) -> None:
-        size = len(data)
-        if size > self._max_bytes:
-            return
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old)
-            self._entries[key] = data
-            self._bytes += size
-            while self._bytes > self._max_bytes:
-                _key, evicted = self._entries.popitem(last=False)
-                self._bytes -= len(evicted)
-
     def put_many(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
-        """:meth:`put` of ``(entry_id, data)`` pairs of one ledger (read-ahead)."""
+        """Cache ``(entry_id, data)`` pairs of one ledger (a read-ahead run);
+        the least recently used entries go beyond ``max_bytes``."""
         with self._lock:
             cache = self._entries
             total = self._bytes
@@ -164,13 +151,9 @@ class LedgerStorage:
         # Read-ahead (BookKeeper's DbLedgerStorage does the same): a miss
         # reads the entry and the ledger's next ones that follow it in the
         # same log, up to read_ahead_bytes, with one pread, and caches them.
-        log_id, run = self.index.locate_run(ledger_id, entry_id, self._read_ahead_bytes)
-        if not run:
+        entries = self._read_log_run(ledger_id, entry_id, self._read_ahead_bytes)
+        if not entries:
             return None
-        try:
-            entries = self.entry_logger.read_run(log_id, ledger_id, run)
-        except OSError as e:
-            raise StorageError(f"reading entry log {log_id}: {e}") from e
         self.read_cache.put_many(ledger_id, entries)
         return entries[0][1]
 
@@ -186,14 +169,21 @@ class LedgerStorage:
         run = self.read_cache.get_run(ledger_id, start, max_count)
         if run:
             return run
+        return [data for _entry_id, data in
+                self._read_log_run(ledger_id, start, max_bytes, max_count)]
+
+    def _read_log_run(self, ledger_id: int, start: int, max_bytes: int,
+                      max_count: int = 1 << 62) -> list[tuple[int, bytes]]:
+        """``(entry_id, entry)`` of ``start`` and the ledger's next entries
+        back to back in its entry log (see :meth:`LedgerIndex.locate_run`),
+        with one ``pread``; empty if ``start`` is not indexed."""
         log_id, plan = self.index.locate_run(ledger_id, start, max_bytes, max_count)
         if not plan:
             return []
         try:
-            entries = self.entry_logger.read_run(log_id, ledger_id, plan)
+            return self.entry_logger.read_run(log_id, ledger_id, plan)
         except OSError as e:
             raise StorageError(f"reading entry log {log_id}: {e}") from e
-        return [data for _entry_id, data in entries]
 
     def flush(self, entries: Mapping[EntryKey, bytes], states: Mapping[int, LedgerState],
               deletions: Iterable[int], mark: JournalMark) -> int:
