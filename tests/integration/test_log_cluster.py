@@ -29,6 +29,7 @@ from quire.log import (
 from quire.metadata import CheckRecord
 from quire.types import LedgerType
 from tests.support.cluster import Cluster
+from tests.support.logs import read_all
 
 Connect = Callable[..., Awaitable[Client]]
 REPO = Path(__file__).resolve().parents[2]
@@ -58,15 +59,6 @@ async def main(uri):
 
 asyncio.run(main(sys.argv[1]))
 """
-
-
-async def read_all(logs: LogStore, name: str, start: Position | None = None
-                   ) -> list[tuple[Position, bytes]]:
-    reader = await logs.open_reader(name, start, follow=False)
-    try:
-        return [(r.position, r.payload) async for r in reader]
-    finally:
-        await reader.close()
 
 
 async def test_writer_rolls_and_a_second_writer_fences_the_first(

@@ -26,6 +26,7 @@ from quire.log import records as rec
 from quire.metadata import CheckRecord, CreateRecord
 from quire.types import LedgerState
 from tests.support.fake_bookie import FakeCluster
+from tests.support.logs import read_all
 
 
 @pytest.fixture
@@ -50,15 +51,6 @@ async def closed_ledger(client: Client, payloads: list[bytes], password: bytes =
     await asyncio.gather(*[ledger.append(p) for p in payloads])
     await ledger.close()
     return ledger.ledger_id
-
-
-async def read_all(logs: LogStore, name: str, start: Position | None = None
-                   ) -> list[tuple[Position, bytes]]:
-    reader = await logs.open_reader(name, start, follow=False)
-    try:
-        return [(r.position, r.payload) async for r in reader]
-    finally:
-        await reader.close()
 
 
 # --- positions and records ---------------------------------------------------------
