@@ -37,6 +37,7 @@ from quire.errors import (
     StorageError,
 )
 from quire.testing.power_loss import emulate_power_loss
+from tests.support.entries import filler_entry, stored_entry
 
 KEY = bytes(range(20))
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
@@ -53,7 +54,7 @@ def make_config(root: Path, **overrides: object) -> StorageConfig:
 
 
 def payload(ledger_id: int, entry_id: int, size: int = 64) -> bytes:
-    return (b"<%d:%d>" % (ledger_id, entry_id) * size)[:size]
+    return filler_entry(ledger_id, entry_id, 16 + size, b"<%d:%d>")
 
 
 def skip_fsync(fd: int, tracker: object, name: str, length: int) -> None:
@@ -164,6 +165,7 @@ def test_power_loss_after_a_kill_keeps_replayed_records(tmp_path: Path) -> None:
 CHILD = r"""
 import json, sys, threading, time
 from pathlib import Path
+import struct
 from quire.bookie.storage import BookieStorage, StorageConfig
 
 root = Path(sys.argv[1])
@@ -176,8 +178,8 @@ key = bytes(range(20))
 durable = [0]
 checkpoints = [0]
 
-def payload(i):
-    return (b"<%d>" % i * 40)[:100]
+def payload(i):  # a stored entry begins with its ledger and entry id
+    return struct.pack(">QQ", 1 + i % 3, i // 3) + (b"<%d>" % i * 40)[:100]
 
 def syncer():
     while True:
@@ -235,7 +237,8 @@ def test_kill_9_then_power_loss_keeps_every_acknowledged_entry(tmp_path: Path) -
         s = BookieStorage.open(make_config(directory, journal_file_size_bytes=65536))
         try:
             for i in range(acked):
-                assert s.read_entry(1 + i % 3, i // 3) == (b"<%d>" % i * 40)[:100], i
+                assert s.read_entry(1 + i % 3, i // 3) == stored_entry(
+                    1 + i % 3, i // 3, (b"<%d>" % i * 40)[:100]), i
         finally:
             s.close()
 

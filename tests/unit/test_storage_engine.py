@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from quire.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
+from tests.support.entries import filler_entry, stored_entry
 
 KEY = bytes(range(20))
 OTHER_KEY = bytes(range(1, 21))
@@ -37,7 +39,7 @@ def make_config(tmp_path: Path, **overrides: object) -> StorageConfig:
 
 
 def entry(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
-    return (b"L%dE%d;" % (ledger_id, entry_id) * size)[:size]
+    return filler_entry(ledger_id, entry_id, size, b"L%dE%d;")
 
 
 @pytest.fixture
@@ -429,13 +431,13 @@ def test_read_cache_serves_repeated_reads(storage: BookieStorage) -> None:
 
 def test_rewritten_entry_is_not_served_stale_from_the_read_cache(
         storage: BookieStorage) -> None:
-    storage.add_entry(1, 0, b"old", KEY)
+    storage.add_entry(1, 0, stored_entry(1, 0, b"old"), KEY)
     storage.checkpoint()
-    assert storage.read_entry(1, 0) == b"old"  # now in the read cache
-    storage.add_entry(1, 0, b"new", KEY, recovery=True)
-    assert storage.read_entry(1, 0) == b"new"
+    assert storage.read_entry(1, 0) == stored_entry(1, 0, b"old")  # now in the read cache
+    storage.add_entry(1, 0, stored_entry(1, 0, b"new"), KEY, recovery=True)
+    assert storage.read_entry(1, 0) == stored_entry(1, 0, b"new")
     storage.checkpoint()
-    assert storage.read_entry(1, 0) == b"new"
+    assert storage.read_entry(1, 0) == stored_entry(1, 0, b"new")
 
 
 def test_a_miss_reads_ahead_the_ledgers_next_entries_with_one_pread(
@@ -458,7 +460,7 @@ def test_a_miss_reads_ahead_the_ledgers_next_entries_with_one_pread(
         assert [s.read_entry(1, eid) for eid in range(100)] == [
             entry(1, eid) for eid in range(100)]
         # 100 records of 100 bytes + header, at most 4096 bytes per pread
-        per_pread = 4096 // (100 + entry_log_module.ENTRY_HEADER_SIZE)
+        per_pread = 4096 // (100 + entry_log_module.RECORD_PREFIX_SIZE)
         assert len(preads) == -(-100 // per_pread) and max(preads) <= 4096
         # read-ahead stops at the ledger's end: ledger 2 was never read ahead
         assert s.read_entry(2, 0) == entry(2, 0) and len(preads) == -(-100 // per_pread) + 1
@@ -469,16 +471,31 @@ def test_a_miss_reads_ahead_the_ledgers_next_entries_with_one_pread(
 def test_read_ahead_never_serves_an_older_copy_of_a_rewritten_entry(
         storage: BookieStorage) -> None:
     for eid in range(3):
-        storage.add_entry(1, eid, b"old-%d" % eid, KEY)
+        storage.add_entry(1, eid, stored_entry(1, eid, b"old"), KEY)
     storage.checkpoint()
-    storage.add_entry(1, 1, b"new-1", KEY, recovery=True)  # rewritten into a later log
+    # entry 1 rewritten into a later log
+    storage.add_entry(1, 1, stored_entry(1, 1, b"new"), KEY, recovery=True)
     storage.checkpoint()
-    assert storage.read_entry(1, 0) == b"old-0"  # a miss: reads ahead from the first log
-    assert storage.read_entry(1, 1) == b"new-1"
-    assert storage.read_entry(1, 2) == b"old-2"
+    # a miss: reads ahead from the first log
+    assert storage.read_entry(1, 0) == stored_entry(1, 0, b"old")
+    assert storage.read_entry(1, 1) == stored_entry(1, 1, b"new")
+    assert storage.read_entry(1, 2) == stored_entry(1, 2, b"old")
 
 
-def test_read_entries_spans_checkpointed_and_cached_entries_within_limits(
+def entries_of(records: tuple[int, list[bytes]]) -> list[bytes]:
+    """The entries of ``read_records``' answer: ``(u32 length | entry)*``."""
+    count, chunks = records
+    blob = b"".join(chunks)
+    out, pos = [], 0
+    while pos < len(blob):
+        (length,) = struct.unpack_from(">I", blob, pos)
+        out.append(blob[pos + 4:pos + 4 + length])
+        pos += 4 + length
+    assert pos == len(blob) and len(out) == count
+    return out
+
+
+def test_read_records_spans_checkpointed_and_cached_entries_within_limits(
         storage: BookieStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     for eid in range(50):
         storage.add_entry(1, eid, entry(1, eid), KEY)
@@ -489,17 +506,67 @@ def test_read_entries_spans_checkpointed_and_cached_entries_within_limits(
     real_pread = entry_log_module.pread_exact
     monkeypatch.setattr(entry_log_module, "pread_exact",
                         lambda fd, n, off: preads.append(n) or real_pread(fd, n, off))
-    got = storage.read_entries(1, 10, 1000, 1 << 20)
-    assert got == [entry(1, eid) for eid in range(10, 80)]  # ends at the missing 80
+    got = storage.read_records(1, 10, 1000, 1 << 20)
+    assert entries_of(got) == [entry(1, eid) for eid in range(10, 80)]  # ends at the missing 80
     assert len(preads) == 1  # 10..49 with one pread
-    assert storage.read_entries(1, 10, 5, 1 << 20) == [entry(1, eid) for eid in range(10, 15)]
-    # size: 100 bytes + 4 of overhead each; the first entry is always returned
-    assert len(storage.read_entries(1, 40, 1000, 520, entry_overhead_bytes=4)) == 5
-    assert len(storage.read_entries(1, 60, 1000, 1, entry_overhead_bytes=4)) == 1
+    assert entries_of(storage.read_records(1, 10, 5, 1 << 20)) == [
+        entry(1, eid) for eid in range(10, 15)]
+    # size: records of 4 + 100 bytes; the first entry is always returned
+    assert storage.read_records(1, 40, 1000, 520)[0] == 5
+    assert storage.read_records(1, 60, 1000, 520)[0] == 5  # from the write cache
+    assert storage.read_records(1, 60, 1000, 1)[0] == 1
+    assert storage.read_records(1, 45, 1000, 4 * 104 - 1)[0] == 3  # log run, then stop
     with pytest.raises(NoSuchEntryError):
-        storage.read_entries(1, 80, 10, 1 << 20)
+        storage.read_records(1, 80, 10, 1 << 20)
     with pytest.raises(NoSuchLedgerError):
-        storage.read_entries(2, 0, 10, 1 << 20)
+        storage.read_records(2, 0, 10, 1 << 20)
+
+
+def test_read_records_from_the_read_cache_and_past_a_rewritten_entry(
+        storage: BookieStorage) -> None:
+    for eid in range(10):
+        storage.add_entry(1, eid, stored_entry(1, eid, b"old"), KEY)
+    storage.checkpoint()
+    storage.add_entry(1, 5, stored_entry(1, 5, b"new"), KEY, recovery=True)
+    storage.checkpoint()  # entry 5 now lives in a later log than 0..4 and 6..9
+    expected = [stored_entry(1, eid, b"new" if eid == 5 else b"old") for eid in range(10)]
+    assert entries_of(storage.read_records(1, 0, 100, 1 << 20)) == expected
+    assert storage.read_entry(1, 0) == expected[0]  # a miss: reads 0..4 ahead into the cache
+    hits = storage.stats.read_cache_hits
+    assert entries_of(storage.read_records(1, 0, 100, 1 << 20)) == expected
+    assert storage.stats.read_cache_hits > hits
+
+
+def test_an_entry_log_that_does_not_match_the_index_is_refused_not_served(
+        storage: BookieStorage) -> None:
+    for eid in range(3):
+        storage.add_entry(1, eid, entry(1, eid), KEY)
+    storage.checkpoint()
+    log_file = storage.config.entry_log_dir / entry_log_module.entry_log_name(1)
+    data = bytearray(log_file.read_bytes())
+    # the last record's entry names another entry id (a batch checks the
+    # ends of a run; the index placed every record right after the one
+    # before, and readers verify each entry's ids and digest)
+    last = entry_log_module.LOG_HEADER_SIZE + 2 * (4 + 100)
+    data[last + 4 + 8:last + 4 + 16] = struct.pack(">Q", 7)
+    log_file.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match=r"holds \(1, 7, 100 bytes\), index expected "
+                                           r"\(1, 2, 100 bytes\)"):
+        storage.read_records(1, 0, 10, 1 << 20)
+    with pytest.raises(StorageError, match="index expected"):
+        storage.read_entry(1, 0)  # read-ahead checks every record
+
+
+def test_an_entry_log_of_format_version_1_is_refused_with_a_clear_error(
+        storage: BookieStorage) -> None:
+    storage.add_entry(1, 0, entry(1, 0), KEY)
+    storage.checkpoint()
+    log_file = storage.config.entry_log_dir / entry_log_module.entry_log_name(1)
+    data = bytearray(log_file.read_bytes())
+    data[4:6] = struct.pack(">H", 1)
+    log_file.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match="format version 1; this bookie reads version 2"):
+        storage.read_entry(1, 0)
 
 
 def test_separate_journal_and_ledger_dirs(tmp_path: Path) -> None:
@@ -534,7 +601,7 @@ def test_closed_engine_refuses_work(storage: BookieStorage) -> None:
     storage.close()
     storage.close()  # idempotent
     with pytest.raises(StorageError):
-        storage.add_entry(1, 0, b"x", KEY)
+        storage.add_entry(1, 0, entry(1, 0), KEY)
     with pytest.raises(StorageError):
         storage.read_entry(1, 0)
 

@@ -51,7 +51,6 @@ from quire.protocol import (
     LAST_ENTRY_ID,
     AddRequest,
     BatchReadRequest,
-    BatchReadResponse,
     BookieInfoRequest,
     BookieInfoResponse,
     Decoder,
@@ -67,6 +66,7 @@ from quire.protocol import (
     UnknownRequest,
     WriteLacRequest,
     WriteLacResponse,
+    encode_batch_read_records,
 )
 from quire.protocol.codec import encode_add_response
 from quire.types import BookieState
@@ -844,17 +844,17 @@ class BookieServer:
             return
         started = time.perf_counter()
 
-        def answer(status: StatusCode, entries: list[bytes] | None = None) -> None:
-            frame = BatchReadResponse(req.request_id, status, req.ledger_id,
-                                      req.start_entry_id, entries or []).encode()
+        def answer(status: StatusCode, records: list[bytes] | None = None) -> None:
+            frame = encode_batch_read_records(req.request_id, status, req.ledger_id,
+                                              req.start_entry_id, records or [])
             conn.send(frame)
             self._observe(OpCode.BATCH_READ_ENTRY, started, status)
             self.metrics.batch_read_response_size.observe(len(frame))
 
         def read_now() -> None:
-            status, entries = self.read_batch(req.ledger_id, req.start_entry_id,
+            status, records = self.read_batch(req.ledger_id, req.start_entry_id,
                                               req.max_count, req.max_size)
-            answer(status, entries)
+            answer(status, records)
 
         if req.start_entry_id < 0:
             answer(StatusCode.BAD_REQUEST)
@@ -868,17 +868,17 @@ class BookieServer:
         """BP-62 loose limits: entries from ``start`` in order until max
         count, max size (clamped to the frame limit), a missing entry or an
         error.  The first entry is always returned, whatever its size; an
-        error on the first entry is the answer's status."""
+        error on the first entry is the answer's status.  The entries come
+        as the answer's entry list, ``(u32 length | entry)*``, in pieces."""
         limit = min(self.config.batch_read_max_size_bytes,
                     self.config.max_frame_bytes - _BATCH_OVERHEAD_BYTES)
         max_size = limit if max_size <= 0 else min(max_size, limit)
         try:
-            entries = self.storage.read_entries(
-                ledger_id, start, max_count if max_count > 0 else _NO_COUNT_LIMIT, max_size,
-                entry_overhead_bytes=4)  # each entry's length prefix in the answer
+            _count, records = self.storage.read_records(
+                ledger_id, start, max_count if max_count > 0 else _NO_COUNT_LIMIT, max_size)
         except QuireError as e:
             return _status_of(e), []
-        return StatusCode.OK, entries
+        return StatusCode.OK, records
 
     # --- BP-14 sync cursors --------------------------------------------------
 

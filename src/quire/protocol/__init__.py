@@ -103,6 +103,7 @@ from quire.protocol.codec import (
     WriteLacRequest,
     WriteLacResponse,
     encode_add_request,
+    encode_batch_read_records,
 )
 from quire.protocol.entry import (
     ENTRY_HEADER_LEN,
@@ -149,6 +150,7 @@ __all__ = [
     "WriteLacRequest",
     "WriteLacResponse",
     "encode_add_request",
+    "encode_batch_read_records",
     "mac_key",
     "master_key",
     "peek_entry_ids",

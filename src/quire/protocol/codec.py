@@ -322,15 +322,21 @@ class BatchReadResponse:
     entries: list[bytes] = field(default_factory=list)
 
     def encode(self) -> bytes:
-        parts = [b"", _BATCH_RESP.pack(self.status, self.ledger_id, self.start_entry_id,
-                                       self.request_id)]
-        size = _BATCH_RESP.size
+        records = []
         for entry in self.entries:
-            parts.append(_U32.pack(len(entry)))
-            parts.append(entry)
-            size += 4 + len(entry)
-        parts[0] = _frame(self.op, 0, size)
-        return b"".join(parts)
+            records.append(_U32.pack(len(entry)))
+            records.append(entry)
+        return encode_batch_read_records(self.request_id, self.status, self.ledger_id,
+                                         self.start_entry_id, records)
+
+
+def encode_batch_read_records(request_id: int, status: StatusCode, ledger_id: int,
+                              start_entry_id: int, records: list[bytes]) -> bytes:
+    """A BATCH_READ_ENTRY response whose entry list comes laid out already:
+    ``records`` joined are ``(u32 entry_len | entry)*``.  A bookie's entry
+    log stores entries in that very layout, so it sends a run as it read it."""
+    return b"".join((_frame(OpCode.BATCH_READ_ENTRY, 0, _BATCH_RESP.size + sum(map(len, records))),
+                     _BATCH_RESP.pack(status, ledger_id, start_entry_id, request_id), *records))
 
 
 @dataclass(slots=True)

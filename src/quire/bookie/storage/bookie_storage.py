@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quire.bookie.storage.config import StorageConfig
+from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE
 from quire.bookie.storage.files import lock_directory
 from quire.bookie.storage.journal import (
     REC_ADD_ENTRY,
@@ -513,58 +514,66 @@ class BookieStorage:
             raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}")
         return data
 
-    def read_entries(self, ledger_id: int, start: int, max_count: int, max_bytes: int,
-                     entry_overhead_bytes: int = 0) -> list[bytes]:
-        """Stored entries ``start, start + 1, ...`` in order (BP-62's batch):
-        at most ``max_count`` of them, stopping at the first missing one or
-        error, or before the total of ``len(entry) + entry_overhead_bytes``
-        would pass ``max_bytes``; the first entry is always returned.  Raises
-        what :meth:`read_entry` raises when the first entry cannot be read.
-        One lock per run of cached entries, one ``pread`` per run of
-        checkpointed ones: not one of each per entry."""
-        out: list[bytes] = []
-        size = 0
+    def read_records(self, ledger_id: int, start: int, max_count: int, max_bytes: int
+                     ) -> tuple[int, list[bytes]]:
+        """Stored entries ``start, start + 1, ...`` in order (BP-62's batch)
+        as records, ``(u32 length | entry)*``, the layout of a batch
+        response's entry list and of an entry log: how many entries, and the
+        byte strings that joined make the records.  At most ``max_count``
+        entries, stopping at the first missing one or error, or before the
+        records would pass ``max_bytes``; the first entry is always
+        returned.  Raises what :meth:`read_entry` raises when the first entry
+        cannot be read.  One lock per run of cached entries, and one
+        ``pread``, passed on as read, per run of checkpointed ones: no
+        per-entry lock, lookup or copy."""
+        chunks: list[bytes] = []
+        count = size = 0
         entry_id = start
-        while len(out) < max_count:
+        pack = RECORD_PREFIX.pack
+        while count < max_count:
             with self._lock:
                 self._check_open()
                 if ledger_id not in self._ledgers:
-                    if out:
-                        return out
+                    if count:
+                        return count, chunks
                     raise NoSuchLedgerError(f"ledger {ledger_id}")
                 cache, flushing = self._cache, self._flushing
-                while len(out) < max_count:
+                while count < max_count:
                     key = (ledger_id, entry_id)
                     data = cache.get(key)
                     if data is None:
                         data = flushing.get(key)
                         if data is None:
                             break
-                    size += len(data) + entry_overhead_bytes
-                    if out and size > max_bytes:
-                        return out
-                    out.append(data)
+                    size += RECORD_PREFIX_SIZE + len(data)
+                    if count and size > max_bytes:
+                        return count, chunks
+                    chunks.append(pack(len(data)))
+                    chunks.append(data)
+                    count += 1
                     entry_id += 1
-            if len(out) >= max_count:
+            if count >= max_count:
                 break
             try:
-                run = self._store.read_run(ledger_id, entry_id, max_count - len(out),
-                                           max_bytes - size)
+                got, records = self._store.read_records(ledger_id, entry_id, max_count - count,
+                                                        max_bytes - size)
             except QuireError:
-                if out:
-                    return out
+                if count:
+                    return count, chunks
                 raise
-            if not run:
-                if out:
-                    return out
+            if not got:
+                if count:
+                    return count, chunks
                 raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id}")
-            for data in run:
-                size += len(data) + entry_overhead_bytes
-                if out and size > max_bytes:
-                    return out
-                out.append(data)
-            entry_id += len(run)
-        return out
+            run_bytes = sum(map(len, records))
+            if count and size + run_bytes > max_bytes:
+                # a run goes past the room only by its first entry
+                return count, chunks
+            chunks += records
+            size += run_bytes
+            count += got
+            entry_id += got
+        return count, chunks
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id stored for the ledger (-1 if none)."""

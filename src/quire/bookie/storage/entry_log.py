@@ -13,23 +13,28 @@ Layout, all integers big-endian::
     file header (32 bytes)
     offset  size  field
     0       4     magic b"QELG"
-    4       2     format version = 1
+    4       2     format version = 2
     6       2     reserved (0)
     8       8     log id (uint64)
     16      16    reserved (0)
 
-    entry record (20-byte header, then the entry), back to back
+    entry record (BookKeeper's entry log record), back to back
     offset  size  field
     0       4     entry length N (uint32)
-    4       8     ledger id (uint64)
-    12      8     entry id (uint64)
-    20      N     entry bytes (as stored by the client: already digested)
+    4       N     entry bytes, as stored by the client (already digested);
+                  a stored entry begins with its ledger id (uint64) and
+                  entry id (uint64), so bytes 4..20 of a record name it
 
-The index stores ``(log id, offset of the record header, N)``; a read fetches
-header and entry in one ``pread`` and checks that the header names the
-expected ledger, entry and length (:class:`~quire.errors.StorageError`
-otherwise).  There is no per-record checksum: entries carry the client's
-digest and are verified by the reader.
+The index stores ``(log id, offset of the record, N)``.  A read fetches the
+record in one ``pread`` and checks that it names the expected ledger, entry
+and length (:class:`~quire.errors.StorageError` otherwise).  A run of records
+is, byte for byte, BP-62's entry list (``(u32 length | entry)*``): a batch
+read sends what it ``pread`` s without taking it apart.  There is no
+per-record checksum: entries carry the client's digest and are verified by
+the reader.
+
+Format version 1 repeated ledger and entry id in a 20-byte record header; a
+bookie refuses to read such a log (:class:`~quire.errors.StorageError`).
 """
 
 from __future__ import annotations
@@ -46,11 +51,15 @@ from quire.errors import StorageError
 from quire.testing.power_loss import SyncTracker
 
 LOG_MAGIC = b"QELG"
-LOG_VERSION = 1
+LOG_VERSION = 2
 LOG_HEADER_SIZE = 32
 _LOG_HEADER = struct.Struct(">4sHHQ16x")
-ENTRY_HEADER = struct.Struct(">IQQ")
-ENTRY_HEADER_SIZE = ENTRY_HEADER.size
+RECORD_PREFIX = struct.Struct(">I")
+RECORD_PREFIX_SIZE = RECORD_PREFIX.size
+"""Bytes before a record's entry: its length."""
+RECORD_HEAD = struct.Struct(">IQQ")
+"""A record's length and the ledger and entry id its entry begins with."""
+MIN_ENTRY_BYTES = RECORD_HEAD.size - RECORD_PREFIX_SIZE
 _SUFFIX = ".log"
 
 IndexRow = tuple[int, int, int, int, int]
@@ -70,6 +79,25 @@ def list_entry_logs(directory: Path) -> list[int]:
             except ValueError:
                 continue
     return sorted(ids)
+
+
+def _check_log_header(log_id: int, header: bytes) -> None:
+    if len(header) != LOG_HEADER_SIZE:
+        raise StorageError(f"entry log {log_id}: {len(header)}-byte file header")
+    magic, version, _reserved, stored_id = _LOG_HEADER.unpack(header)
+    if magic != LOG_MAGIC or stored_id != log_id:
+        raise StorageError(f"entry log {log_id}: not an entry log of this bookie "
+                           f"(magic {magic!r}, log id {stored_id})")
+    if version != LOG_VERSION:
+        raise StorageError(f"entry log {log_id} has format version {version}; this bookie "
+                           f"reads version {LOG_VERSION} only (start it on empty directories)")
+
+
+def _bad_record(log_id: int, offset: int, head: tuple[int, int, int], ledger_id: int,
+                entry_id: int, length: int) -> StorageError:
+    n, lid, eid = head
+    return StorageError(f"entry log {log_id} offset {offset} holds ({lid}, {eid}, {n} bytes), "
+                        f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
 
 
 class EntryLogger:
@@ -125,7 +153,7 @@ class EntryLogger:
         rows: list[IndexRow] = []
         append_row = rows.append
         ledgers: dict[int, set[int]] = {}
-        pack = ENTRY_HEADER.pack
+        pack = RECORD_PREFIX.pack
         max_bytes = self._max_bytes
         chunk = self._write_buffer_bytes
         created = False
@@ -137,7 +165,7 @@ class EntryLogger:
         last_ledger = -1
         for (ledger_id, entry_id), entry in items:
             n = len(entry)
-            size = ENTRY_HEADER_SIZE + n
+            size = RECORD_PREFIX_SIZE + n
             if fd < 0 or (off + size > max_bytes and off > LOG_HEADER_SIZE):
                 if fd >= 0:
                     pwrite_all(fd, buf, buf_off)
@@ -154,7 +182,7 @@ class EntryLogger:
             if ledger_id != last_ledger:
                 log_ledgers.add(ledger_id)
                 last_ledger = ledger_id
-            buf += pack(n, ledger_id, entry_id)
+            buf += pack(n)
             buf += entry
             off += size
             if len(buf) >= chunk:
@@ -208,30 +236,56 @@ class EntryLogger:
                     fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
                 except FileNotFoundError:
                     raise StorageError(f"entry log {log_id} is missing") from None
+                try:
+                    _check_log_header(log_id, os.pread(fd, LOG_HEADER_SIZE, 0))
+                except BaseException:
+                    os.close(fd)
+                    raise
                 self._read_fds[log_id] = fd
             return fd
 
     def read_run(self, log_id: int, ledger_id: int, run: list[tuple[int, int, int]]
                  ) -> list[tuple[int, bytes]]:
-        """Entries laid back to back in one log (``(entry_id, offset,
-        length)`` as :meth:`LedgerIndex.locate_run` plans them), read with
-        one ``pread`` and each checked against its record header."""
-        first = run[0][1]
-        _last_id, last_offset, last_length = run[-1]
-        data = pread_exact(self._read_fd(log_id),
-                           last_offset + ENTRY_HEADER_SIZE + last_length - first, first)
+        """``(entry_id, entry)`` of records laid back to back in one log
+        (``(entry_id, offset, length)`` as :meth:`LedgerIndex.locate_run`
+        plans them), read with one ``pread``, each checked against the plan."""
+        data = self._pread_run(log_id, run)
         view = memoryview(data)
-        unpack = ENTRY_HEADER.unpack_from
+        unpack = RECORD_HEAD.unpack_from
+        first = run[0][1]
         out = []
         for entry_id, offset, length in run:
             pos = offset - first
-            n, lid, eid = unpack(data, pos)
-            if n != length or lid != ledger_id or eid != entry_id:
-                raise StorageError(
-                    f"entry log {log_id} offset {offset} holds ({lid}, {eid}, {n} bytes), "
-                    f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
-            out.append((entry_id, bytes(view[pos + ENTRY_HEADER_SIZE:pos + ENTRY_HEADER_SIZE + n])))
+            head = unpack(data, pos)
+            if head != (length, ledger_id, entry_id):
+                raise _bad_record(log_id, offset, head, ledger_id, entry_id, length)
+            out.append((entry_id, bytes(view[pos + RECORD_PREFIX_SIZE:pos + RECORD_PREFIX_SIZE
+                                              + length])))
         return out
+
+    def read_records(self, log_id: int, ledger_id: int, run: list[tuple[int, int, int]]
+                     ) -> bytes:
+        """The same run as raw records, ``(u32 length | entry)*``: BP-62's
+        entry list as is.  The first and the last record are checked against
+        the plan (the index vouches for the ones between: it placed each
+        right after the one before)."""
+        data = self._pread_run(log_id, run)
+        unpack = RECORD_HEAD.unpack_from
+        first = run[0][1]
+        for entry_id, offset, length in (run[0], run[-1]):
+            head = unpack(data, offset - first)
+            if head != (length, ledger_id, entry_id):
+                raise _bad_record(log_id, offset, head, ledger_id, entry_id, length)
+        return data
+
+    def _pread_run(self, log_id: int, run: list[tuple[int, int, int]]) -> bytes:
+        first = run[0][1]
+        _last_id, last_offset, last_length = run[-1]
+        if last_length < MIN_ENTRY_BYTES:
+            raise StorageError(f"entry log {log_id} offset {last_offset}: index gives an entry "
+                               f"of {last_length} bytes, shorter than its ids")
+        return pread_exact(self._read_fd(log_id),
+                           last_offset + RECORD_PREFIX_SIZE + last_length - first, first)
 
     # --- housekeeping --------------------------------------------------------
 

@@ -19,8 +19,8 @@ meta       b"journal_mark"              file_seq u64, offset u64
 meta       b"format"                    format version u32 (= 1)
 =========  ===========================  =====================================
 
-``offset`` is the entry record's header in the entry log (see
-``entry_log``); ``length`` is the entry's length.
+``offset`` is the entry's record in the entry log (see ``entry_log``);
+``length`` is the entry's length.
 
 A checkpoint commits, in **one** transaction: removal of deleted ledgers
 (their entries and state), the new index rows, the dirty ledger states, the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import lmdb
 
-from quire.bookie.storage.entry_log import ENTRY_HEADER_SIZE, IndexRow
+from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRow
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.errors import StorageError
@@ -110,7 +110,7 @@ class LedgerIndex:
         checkpoint rewrote elsewhere is never picked up."""
         run: list[tuple[int, int, int]] = []
         key_unpack, value_unpack = ENTRY_KEY.unpack, ENTRY_VALUE.unpack
-        header = ENTRY_HEADER_SIZE
+        header = RECORD_PREFIX_SIZE
         try:
             with self.env.begin(db=self._entries) as txn:
                 cursor = txn.cursor()

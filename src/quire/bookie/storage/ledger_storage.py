@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
 from quire.bookie.storage.config import StorageConfig
-from quire.bookie.storage.entry_log import EntryLogger
+from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, EntryLogger
 from quire.bookie.storage.index import LedgerIndex
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
@@ -60,10 +60,13 @@ class ReadCache:
             self.hits += 1
             return data
 
-    def get_run(self, ledger_id: int, start: int, max_count: int) -> list[bytes]:
+    def get_run(self, ledger_id: int, start: int, max_count: int,
+                max_bytes: int) -> list[bytes]:
         """Cached entries ``start, start + 1, ...`` up to the first one not
-        cached (at most ``max_count``; one lock for the run)."""
+        cached, at most ``max_count`` and, as entry log records, about
+        ``max_bytes`` (the first always); one lock for the run."""
         out: list[bytes] = []
+        size = 0
         with self._lock:
             entries = self._entries
             move = entries.move_to_end
@@ -72,13 +75,15 @@ class ReadCache:
                 key = (ledger_id, entry_id)
                 data = entries.get(key)
                 if data is None:
+                    self.misses += 1
+                    break
+                size += RECORD_PREFIX_SIZE + len(data)
+                if out and size > max_bytes:
                     break
                 move(key)
                 out.append(data)
                 entry_id += 1
             self.hits += len(out)
-            if len(out) < max_count:
-                self.misses += 1
         return out
 
     def put_many(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
@@ -157,27 +162,39 @@ class LedgerStorage:
         self.read_cache.put_many(ledger_id, entries)
         return entries[0][1]
 
-    def read_run(self, ledger_id: int, start: int, max_count: int,
-                 max_bytes: int) -> list[bytes]:
-        """Checkpointed entries ``start, start + 1, ...`` (at most
-        ``max_count``, about ``max_bytes`` of records, at least one unless
-        ``start`` is not indexed): the run the read cache holds, or else what
-        one ``pread`` of the entry log gives.  A batch asks for what it
-        needs, so this reads no further and caches nothing: with batches
-        spread over the replicas, read-ahead made every bookie read (and
-        cache) every entry to serve a third of them."""
-        run = self.read_cache.get_run(ledger_id, start, max_count)
+    def read_records(self, ledger_id: int, start: int, max_count: int,
+                     max_bytes: int) -> tuple[int, list[bytes]]:
+        """Checkpointed entries ``start, start + 1, ...`` as entry log
+        records, ``(u32 length | entry)*`` (BP-62's entry list): how many,
+        and the byte strings that joined make them.  At most ``max_count``,
+        about ``max_bytes`` of records, at least one unless ``start`` is not
+        indexed (then ``(0, [])``).  The run the read cache holds, or else
+        one ``pread`` of the entry log, passed on as read.  A batch asks for
+        what it needs, so this reads no further and caches nothing: with
+        batches spread over the replicas, read-ahead made every bookie read
+        (and cache) every entry to serve a third of them."""
+        run = self.read_cache.get_run(ledger_id, start, max_count, max_bytes)
         if run:
-            return run
-        return [data for _entry_id, data in
-                self._read_log_run(ledger_id, start, max_bytes, max_count)]
+            pack = RECORD_PREFIX.pack
+            chunks = []
+            for data in run:
+                chunks.append(pack(len(data)))
+                chunks.append(data)
+            return len(run), chunks
+        log_id, plan = self.index.locate_run(ledger_id, start, max_bytes, max_count)
+        if not plan:
+            return 0, []
+        try:
+            return len(plan), [self.entry_logger.read_records(log_id, ledger_id, plan)]
+        except OSError as e:
+            raise StorageError(f"reading entry log {log_id}: {e}") from e
 
-    def _read_log_run(self, ledger_id: int, start: int, max_bytes: int,
-                      max_count: int = 1 << 62) -> list[tuple[int, bytes]]:
+    def _read_log_run(self, ledger_id: int, start: int, max_bytes: int
+                      ) -> list[tuple[int, bytes]]:
         """``(entry_id, entry)`` of ``start`` and the ledger's next entries
         back to back in its entry log (see :meth:`LedgerIndex.locate_run`),
         with one ``pread``; empty if ``start`` is not indexed."""
-        log_id, plan = self.index.locate_run(ledger_id, start, max_bytes, max_count)
+        log_id, plan = self.index.locate_run(ledger_id, start, max_bytes)
         if not plan:
             return []
         try:
