@@ -71,7 +71,7 @@ responses = st.one_of(
     st.builds(ReadLacResponse, u64, status, i64, i64),
     st.builds(WriteLacResponse, u64, status, i64),
     st.builds(BookieInfoResponse, u64, status, i64, i64),
-    st.builds(BatchReadResponse, u64, status, i64, i64, st.lists(blob, max_size=5)),
+    st.builds(BatchReadResponse.from_entries, u64, status, i64, i64, st.lists(blob, max_size=5)),
     st.builds(SyncResponse, u64, status, i64, i64),
     st.builds(ErrorResponse, st.integers(1, 255), u64, status),
 )
@@ -134,7 +134,7 @@ def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:
 
 
 def test_batch_response_with_lying_entry_length_is_refused() -> None:
-    good = BatchReadResponse(1, StatusCode.OK, 2, 3, [b"abcd"]).encode()
+    good = BatchReadResponse.from_entries(1, StatusCode.OK, 2, 3, [b"abcd"]).encode()
     bad = good[:-8] + struct.pack(">I", 999) + b"abcd"
     decoder = Decoder("responses")
     decoder.feed(bad)
@@ -219,3 +219,59 @@ def test_verify_payload_agrees_with_verify(digest_type: DigestType) -> None:
     if digest_type is not DigestType.NONE:
         with pytest.raises(DigestMismatchError):
             manager.verify_payload(entry[:-1] + bytes([entry[-1] ^ 1]), 3)
+
+
+def _reference_prefix(manager: DigestManager, entries: list[bytes], first: int,
+                      max_count: int) -> list[bytes]:
+    out = []
+    for offset, entry in enumerate(entries[:max_count]):
+        try:
+            out.append(manager.verify_payload(entry, first + offset))
+        except DigestMismatchError:
+            break
+    return out
+
+
+@SETTINGS
+@given(digest_type=st.sampled_from(list(DigestType)),
+       payloads=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=6),
+       max_count=st.integers(1, 8), damage=st.data())
+def test_verify_records_returns_the_verified_prefix(
+        digest_type: DigestType, payloads: list[bytes], max_count: int,
+        damage: st.DataObject) -> None:
+    """verify_records over a batch's entry list agrees, entry for entry, with
+    verify_payload on each entry: the prefix up to the first failure."""
+    manager = DigestManager(7, digest_type, b"secret")
+    entries = [manager.encode(10 + i, 9 + i, 0, p) for i, p in enumerate(payloads)]
+    victim = damage.draw(st.integers(-1, len(entries) - 1))
+    if victim >= 0:
+        kind = damage.draw(st.sampled_from(["flip", "other id", "short", "other ledger"]))
+        entry = bytearray(entries[victim])
+        if kind == "flip":
+            at = damage.draw(st.integers(0, len(entry) - 1))
+            entry[at] ^= 1
+        elif kind == "other id":
+            entry[8:16] = struct.pack(">q", 99)
+        elif kind == "other ledger":
+            entry[0:8] = struct.pack(">q", 8)
+        else:
+            del entry[damage.draw(st.integers(0, len(entry) - 1)):]
+        entries[victim] = bytes(entry)
+    records = BatchReadResponse.from_entries(1, StatusCode.OK, 7, 10, entries).records
+    got = manager.verify_records(records, 10, max_count)
+    assert got == _reference_prefix(manager, entries, 10, max_count)
+    if victim < 0:
+        assert got == payloads[:max_count]
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_verify_records_stops_at_a_corrupt_payload(digest_type: DigestType) -> None:
+    manager = DigestManager(7, digest_type, b"secret")
+    entries = [manager.encode(10 + i, 9 + i, 0, b"payload %d" % i) for i in range(4)]
+    entries[2] = entries[2][:-1] + bytes([entries[2][-1] ^ 1])
+    records = BatchReadResponse.from_entries(1, StatusCode.OK, 7, 10, entries).records
+    got = manager.verify_records(records, 10, 10)
+    if digest_type is DigestType.NONE:
+        assert len(got) == 4  # nothing to check the payload against
+    else:
+        assert got == [b"payload 0", b"payload 1"]

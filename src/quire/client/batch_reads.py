@@ -21,7 +21,7 @@ the client's ``batch_read_enabled`` is off.
 from __future__ import annotations
 
 from quire.client.context import ClientContext
-from quire.client.reads import LedgerEntry, ReplicaLookup, read_range
+from quire.client.reads import LedgerEntry, ReplicaLookup, ledger_entries, read_range
 from quire.errors import QuireError, StatusCode
 from quire.protocol import (
     BatchReadRequest,
@@ -91,7 +91,6 @@ async def _from_bookie(ctx: ClientContext, digest: DigestManager, bookie: str, s
         return None
     # anything beyond the LAC (or the count asked for) is dropped; a digest
     # failure ends the batch at the verified prefix, possibly empty
-    payloads = digest.verify_run(answer.entries[:last - start + 1], start)
-    return [LedgerEntry(entry_id, payload)
-            for entry_id, payload in enumerate(payloads, start)] or None
+    return ledger_entries(start, digest.verify_records(answer.records, start,
+                                                      last - start + 1)) or None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from itertools import repeat
 from typing import NamedTuple
 
 from quire.client.context import ClientContext
@@ -42,6 +43,19 @@ class LedgerEntry(NamedTuple):
 
     entry_id: int
     data: bytes
+
+
+_new_tuple = tuple.__new__
+
+
+def ledger_entries(first_entry_id: int, payloads: list[bytes]) -> list[LedgerEntry]:
+    """``LedgerEntry(first_entry_id, payloads[0])``, ``(+1, payloads[1])``...
+    built by ``tuple.__new__`` in C: a NamedTuple's own ``__new__`` is
+    Python code, three times slower over a batch's hundreds of entries."""
+    count = len(payloads)
+    return list(map(_new_tuple, repeat(LedgerEntry, count),
+                    zip(range(first_entry_id, first_entry_id + count), payloads,
+                        strict=True)))
 
 
 ReplicaLookup = Callable[[int], tuple[str, ...]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, TypeAlias
 
@@ -314,20 +314,60 @@ class BookieInfoResponse:
 
 @dataclass(slots=True)
 class BatchReadResponse:
+    """BP-62's answer.  ``records`` is the entry list exactly as sent,
+    ``(u32 entry_len | entry)*`` (a decoded one is checked: its lengths add
+    up to the frame), so a reader verifies entries straight from it
+    (:meth:`~quire.protocol.DigestManager.verify_records`) without a copy
+    per entry first; :attr:`entries` splits it."""
+
     op: ClassVar[OpCode] = OpCode.BATCH_READ_ENTRY
     request_id: int
     status: StatusCode
     ledger_id: int
     start_entry_id: int
-    entries: list[bytes] = field(default_factory=list)
+    records: bytes = b""
+
+    @classmethod
+    def from_entries(cls, request_id: int, status: StatusCode, ledger_id: int,
+                     start_entry_id: int, entries: Iterable[bytes]) -> BatchReadResponse:
+        parts = []
+        for entry in entries:
+            parts.append(_U32.pack(len(entry)))
+            parts.append(entry)
+        return cls(request_id, status, ledger_id, start_entry_id, b"".join(parts))
+
+    @property
+    def entries(self) -> list[bytes]:
+        """The entries of :attr:`records`, in order."""
+        return split_records(self.records)
 
     def encode(self) -> bytes:
-        records = []
-        for entry in self.entries:
-            records.append(_U32.pack(len(entry)))
-            records.append(entry)
         return encode_batch_read_records(self.request_id, self.status, self.ledger_id,
-                                         self.start_entry_id, records)
+                                         self.start_entry_id, [self.records])
+
+
+def split_records(records: bytes | memoryview) -> list[bytes]:
+    """The entries of an entry list ``(u32 entry_len | entry)*``; raises
+    :class:`ProtocolError` if the lengths do not add up to its size."""
+    _check_records(records)
+    entries = []
+    pos, end = 0, len(records)
+    while pos < end:
+        (size,) = _U32.unpack_from(records, pos)
+        entries.append(bytes(records[pos + 4:pos + 4 + size]))
+        pos += 4 + size
+    return entries
+
+
+def _check_records(records: bytes | memoryview) -> None:
+    unpack = _U32.unpack_from
+    pos, end = 0, len(records)
+    while pos < end:
+        if end - pos < 4:
+            raise ProtocolError("BATCH_READ_ENTRY response: truncated entry length")
+        pos += 4 + unpack(records, pos)[0]
+    if pos != end:
+        raise ProtocolError("BATCH_READ_ENTRY response: entry length past the frame")
 
 
 def encode_batch_read_records(request_id: int, status: StatusCode, ledger_id: int,
@@ -466,18 +506,9 @@ def _decode_response(op: int, flags: int, body: memoryview) -> Response:
     if op == OpCode.BATCH_READ_ENTRY:
         _need(body, _BATCH_RESP.size, "BATCH_READ_ENTRY response")
         status, ledger_id, start, rid = _BATCH_RESP.unpack_from(body)
-        entries: list[bytes] = []
-        pos, end = _BATCH_RESP.size, len(body)
-        while pos < end:
-            if end - pos < 4:
-                raise ProtocolError("BATCH_READ_ENTRY response: truncated entry length")
-            (size,) = _U32.unpack_from(body, pos)
-            pos += 4
-            if size > end - pos:
-                raise ProtocolError("BATCH_READ_ENTRY response: entry length past the frame")
-            entries.append(bytes(body[pos:pos + size]))
-            pos += size
-        return BatchReadResponse(rid, _status(status), ledger_id, start, entries)
+        records = bytes(body[_BATCH_RESP.size:])
+        _check_records(records)
+        return BatchReadResponse(rid, _status(status), ledger_id, start, records)
     if op == OpCode.SYNC:
         _exact(body, _SYNC_RESP.size, "SYNC response")
         rid, status, ledger_id, las = _SYNC_RESP.unpack_from(body)

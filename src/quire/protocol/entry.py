@@ -24,6 +24,9 @@ _ENTRY_HEADER = struct.Struct(">qqqq")
 _IDS = struct.Struct(">qq")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_CRC32C_RECORD = struct.Struct(">Iqq16xI")
+"""A batch answer's record of a CRC32C entry: length, ledger and entry id,
+(lac and length skipped), digest."""
 
 DIGEST_LEN = {
     DigestType.CRC32C: 4,
@@ -112,38 +115,52 @@ class DigestManager:
             raise DigestMismatchError(f"digest mismatch on entry {ledger_id}:{found_id}")
         return entry[head_len:]
 
-    def verify_run(self, entries: list[bytes], first_entry_id: int) -> list[bytes]:
-        """The payloads of ``entries`` (ids ``first_entry_id, +1, ...``) up to
-        the first that fails :meth:`verify_payload`'s checks: the verified
-        prefix, possibly empty (a batch read's hot path: for CRC32C, two
-        slices and two checksum calls per entry, no memoryview)."""
-        if self.digest_type is not DigestType.CRC32C:
-            out = []
-            for offset, entry in enumerate(entries):
-                try:
-                    out.append(self.verify_payload(entry, first_entry_id + offset))
-                except DigestMismatchError:
-                    break
-            return out
+    def verify_records(self, records: bytes, first_entry_id: int, max_count: int
+                       ) -> list[bytes]:
+        """The payloads of the first ``max_count`` entries of ``records``, a
+        batch answer's entry list ``(u32 entry_len | entry)*`` whose entries
+        should be ``first_entry_id, +1, ...``, up to the first that fails
+        :meth:`verify_payload`'s checks: the verified prefix, possibly empty.
+        For CRC32C (the batch-read hot path) one pass over the bytes: per
+        entry one unpack, two checksum calls over views, one payload copy."""
         payloads: list[bytes] = []
         append = payloads.append
-        crc = _crc32c.crc32c
-        unpack_ids, unpack_digest = _IDS.unpack_from, _U32.unpack_from
-        ledger = self.ledger_id
         expected = first_entry_id
-        head_len = ENTRY_HEADER_LEN + 4
-        for entry in entries:
-            if len(entry) < head_len:
-                break
-            ledger_id, entry_id = unpack_ids(entry)
-            if ledger_id != ledger or entry_id != expected:
-                break
-            payload = entry[head_len:]
-            if unpack_digest(entry, ENTRY_HEADER_LEN)[0] != crc(
-                    payload, crc(entry[:ENTRY_HEADER_LEN])):
-                break
-            append(payload)
-            expected += 1
+        end = len(records)
+        if self.digest_type is not DigestType.CRC32C:
+            pos = 0
+            while pos + 4 <= end and len(payloads) < max_count:
+                stop = pos + 4 + _U32.unpack_from(records, pos)[0]
+                try:
+                    append(self.verify_payload(records[pos + 4:stop], expected))
+                except DigestMismatchError:
+                    break
+                pos = stop
+                expected += 1
+            return payloads
+        crc = _crc32c.crc32c
+        unpack = _CRC32C_RECORD.unpack_from
+        view = memoryview(records)
+        ledger = self.ledger_id
+        last = first_entry_id + max_count - 1
+        header_at = 4  # record offset of the entry (and of its 32-byte header)
+        payload_at = header_at + ENTRY_HEADER_LEN + 4  # after the u32 digest
+        pos = 0
+        try:
+            while pos < end and expected <= last:
+                size, ledger_id, entry_id, digest = unpack(records, pos)
+                stop = pos + 4 + size
+                if (ledger_id != ledger or entry_id != expected or size < payload_at - 4
+                        or stop > end):
+                    break
+                start = pos + payload_at
+                if crc(view[start:stop], crc(view[pos + header_at:start - 4])) != digest:
+                    break
+                append(records[start:stop])
+                pos = stop
+                expected += 1
+        except struct.error:  # a record too short for its header
+            pass
         return payloads
 
     def verify(self, entry: bytes, expected_entry_id: int | None = None
