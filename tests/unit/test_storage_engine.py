@@ -22,6 +22,7 @@ from quire.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
+from quire.protocol.codec import split_records
 from tests.support.entries import filler_entry, stored_entry
 
 KEY = bytes(range(20))
@@ -483,16 +484,12 @@ def test_read_ahead_never_serves_an_older_copy_of_a_rewritten_entry(
 
 
 def entries_of(records: tuple[int, list[bytes]]) -> list[bytes]:
-    """The entries of ``read_records``' answer: ``(u32 length | entry)*``."""
+    """The entries of ``read_records``' answer, split as a client splits a
+    batch answer's entry list (which raises if the lengths do not add up)."""
     count, chunks = records
-    blob = b"".join(chunks)
-    out, pos = [], 0
-    while pos < len(blob):
-        (length,) = struct.unpack_from(">I", blob, pos)
-        out.append(blob[pos + 4:pos + 4 + length])
-        pos += 4 + length
-    assert pos == len(blob) and len(out) == count
-    return out
+    entries = split_records(b"".join(chunks))
+    assert len(entries) == count
+    return entries
 
 
 def test_read_records_spans_checkpointed_and_cached_entries_within_limits(

@@ -348,6 +348,10 @@ class BookieStorage:
                   master_key: bytes, *, recovery: bool = False) -> int:
         """Store an entry; return its journal seq (ack once that is durable).
 
+        ``entry`` is kept verbatim.  Like every stored entry of the protocol
+        it must begin with its ledger id and entry id (u64 each): reads from
+        an entry log check those against the index (StorageError if not).
+
         The first add (or fence) of an unknown ledger sets its master key; a
         different key raises :class:`UnauthorizedError`.  A fenced ledger
         refuses adds (:class:`LedgerFencedError`) unless ``recovery``.

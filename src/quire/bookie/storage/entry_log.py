@@ -279,13 +279,17 @@ class EntryLogger:
         return data
 
     def _pread_run(self, log_id: int, run: list[tuple[int, int, int]]) -> bytes:
+        """The bytes of the run's records; an I/O error is a StorageError."""
         first = run[0][1]
         _last_id, last_offset, last_length = run[-1]
         if last_length < MIN_ENTRY_BYTES:
             raise StorageError(f"entry log {log_id} offset {last_offset}: index gives an entry "
                                f"of {last_length} bytes, shorter than its ids")
-        return pread_exact(self._read_fd(log_id),
-                           last_offset + RECORD_PREFIX_SIZE + last_length - first, first)
+        try:
+            return pread_exact(self._read_fd(log_id),
+                               last_offset + RECORD_PREFIX_SIZE + last_length - first, first)
+        except OSError as e:
+            raise StorageError(f"reading entry log {log_id}: {e}") from e
 
     # --- housekeeping --------------------------------------------------------
 

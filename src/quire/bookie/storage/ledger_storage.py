@@ -31,7 +31,6 @@ from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, En
 from quire.bookie.storage.index import LedgerIndex
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
-from quire.errors import StorageError
 from quire.testing.power_loss import SyncTracker
 
 log = logging.getLogger(__name__)
@@ -156,9 +155,10 @@ class LedgerStorage:
         # Read-ahead (BookKeeper's DbLedgerStorage does the same): a miss
         # reads the entry and the ledger's next ones that follow it in the
         # same log, up to read_ahead_bytes, with one pread, and caches them.
-        entries = self._read_log_run(ledger_id, entry_id, self._read_ahead_bytes)
-        if not entries:
+        log_id, plan = self.index.locate_run(ledger_id, entry_id, self._read_ahead_bytes)
+        if not plan:
             return None
+        entries = self.entry_logger.read_run(log_id, ledger_id, plan)
         self.read_cache.put_many(ledger_id, entries)
         return entries[0][1]
 
@@ -184,23 +184,7 @@ class LedgerStorage:
         log_id, plan = self.index.locate_run(ledger_id, start, max_bytes, max_count)
         if not plan:
             return 0, []
-        try:
-            return len(plan), [self.entry_logger.read_records(log_id, ledger_id, plan)]
-        except OSError as e:
-            raise StorageError(f"reading entry log {log_id}: {e}") from e
-
-    def _read_log_run(self, ledger_id: int, start: int, max_bytes: int
-                      ) -> list[tuple[int, bytes]]:
-        """``(entry_id, entry)`` of ``start`` and the ledger's next entries
-        back to back in its entry log (see :meth:`LedgerIndex.locate_run`),
-        with one ``pread``; empty if ``start`` is not indexed."""
-        log_id, plan = self.index.locate_run(ledger_id, start, max_bytes)
-        if not plan:
-            return []
-        try:
-            return self.entry_logger.read_run(log_id, ledger_id, plan)
-        except OSError as e:
-            raise StorageError(f"reading entry log {log_id}: {e}") from e
+        return len(plan), [self.entry_logger.read_records(log_id, ledger_id, plan)]
 
     def flush(self, entries: Mapping[EntryKey, bytes], states: Mapping[int, LedgerState],
               deletions: Iterable[int], mark: JournalMark) -> int:
