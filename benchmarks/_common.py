@@ -1,5 +1,5 @@
 """Pieces the benchmark scripts share: the disk's raw fsync rate and latency,
-and scraping a bookie's /metrics."""
+scraping a bookie's /metrics, a Redis server, and the median of rounds."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from quire.sandbox import free_port
 
@@ -93,3 +94,12 @@ def redis_server(directory: Path) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median entries/s (of an even number, the upper one),
+    with every run's entries/s added as ``runs_entries_per_s``."""
+    ordered = sorted(runs, key=lambda r: r["entries_per_s"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["runs_entries_per_s"] = [r["entries_per_s"] for r in runs]
+    return chosen

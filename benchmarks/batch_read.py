@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import redis_server
+from benchmarks._common import median_run, redis_server
 from quire.bench import ReadBenchParams, bench_read
 from quire.client import Client, ClientConfig
 from quire.sandbox import Sandbox
@@ -159,14 +159,6 @@ def one_round(uri: str, ledger_id: int, r: Any, stream: str, count: int, size: i
         yield label, result
 
 
-def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
-    """The run with the median entries/s, plus every run's rate."""
-    ordered = sorted(runs, key=lambda r: r["entries_per_s"])
-    chosen = dict(ordered[len(ordered) // 2])
-    chosen["runs_entries_per_s"] = [r["entries_per_s"] for r in runs]  # type: ignore[assignment]
-    return chosen
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", type=int, default=1_000_000, help="100-byte entries")
@@ -205,7 +197,7 @@ def main() -> None:
                             runs.setdefault(f"{name} {label}", []).append(result)
         finally:
             sandbox.stop()
-    results = {label: median_of(rs) for label, rs in runs.items()}
+    results = {label: median_run(rs) for label, rs in runs.items()}
     ratios: dict[str, Any] = {}
     for name in datasets:
         single = results[f"{name} single, one at a time"]["entries_per_s"]

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import journal_fsyncs, raw_fsync
+from benchmarks._common import journal_fsyncs, median_run, raw_fsync
 from quire.bench import WriteBenchParams, bench_write
 from quire.client import Client
 from quire.sandbox import Sandbox
@@ -85,8 +85,7 @@ def main() -> None:
                             sandbox.metadata_uri, metrics, case, ledger_type, args.seconds)))
         finally:
             sandbox.stop()
-    results = {label: rs[sorted(range(len(rs)), key=lambda i: rs[i]["entries_per_s"])
-                         [len(rs) // 2]] for label, rs in runs.items()}
+    results = {label: median_run(rs) for label, rs in runs.items()}
     ratios = {}
     for case in CASES:
         pds, vds = runs[f"{case}-PD_JOURNAL"], runs[f"{case}-VD_JOURNAL"]
