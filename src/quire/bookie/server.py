@@ -657,6 +657,7 @@ class BookieServer:
                 entry = req.entry
                 size = len(entry)
                 held += size
+                # _entry_lac(entry), inlined: this loop runs once per add
                 lac = unpack_lac(entry, _LAC_OFFSET)[0] if size >= 24 else -1
                 ledger_id = req.ledger_id
                 if lac > lacs.get(ledger_id, -1):
