@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import FSYNC_COUNT, raw_fsync, scrape
+from quire.client.connection import FLUSH_AFTER_FRAMES
 from quire.errors import StatusCode
 from quire.protocol import DigestManager, encode_add_request, master_key
 from quire.protocol.codec import encode_add_response
@@ -40,9 +41,11 @@ class _AddDriver(asyncio.Protocol):
     """Keeps ``outstanding`` PD adds on one connection until ``deadline``.
 
     Like a client's write path, it refills the window once per received
-    chunk: every acknowledgement in one read is answered by one write of that
-    many new frames (a per-frame write would measure this driver's syscalls,
-    not the bookie)."""
+    chunk: every acknowledgement in one read is answered by that many new
+    frames, written in pieces of ``FLUSH_AFTER_FRAMES`` as the client's
+    connection does (a per-frame write would measure this driver's syscalls,
+    not the bookie; one write per refill would keep the bookie waiting for
+    the last frame of the refill)."""
 
     def __init__(self, outstanding: int, size: int, deadline: float) -> None:
         self.outstanding = outstanding
@@ -64,12 +67,14 @@ class _AddDriver(asyncio.Protocol):
     def send(self, count: int) -> None:
         encode, payload, size = self.digest.encode, self.payload, self.size
         first = self.next_entry
-        frames = [encode_add_request(e, KEY, encode(e, e - 1, (e + 1) * size, payload))
-                  for e in range(first, first + count)]
         self.next_entry = first + count
         self.in_flight += count
         assert self.transport is not None
-        self.transport.write(b"".join(frames))
+        for start in range(first, first + count, FLUSH_AFTER_FRAMES):
+            end = min(start + FLUSH_AFTER_FRAMES, first + count)
+            self.transport.write(b"".join(
+                [encode_add_request(e, KEY, encode(e, e - 1, (e + 1) * size, payload))
+                 for e in range(start, end)]))
 
     def data_received(self, data: bytes) -> None:
         buf = self.pending + data if self.pending else data

@@ -14,7 +14,8 @@ where ``result`` is the decoded :data:`~quire.protocol.Response` or a
 
 Requests may be sent at any time: while no connection exists the first one
 starts a connect (reconnect on demand) and frames wait in an outbox.  Frames
-sent in one loop iteration leave in one ``writelines`` call.  I/O is an
+sent in one loop iteration leave in one write, or in writes of
+:data:`FLUSH_AFTER_FRAMES` frames when a burst is larger.  I/O is an
 ``asyncio.Protocol`` over the sans-IO :class:`~quire.protocol.Decoder`; this
 is the client's hot path, so per-request work is a dict insert, one frame
 and one dict pop.
@@ -53,6 +54,15 @@ Handler: TypeAlias = Callable[[Any, Result], None]
 """``handler(token, result)``; the token is the caller's, passed back as is."""
 Resolver: TypeAlias = Callable[[str], Awaitable[str]]
 """Bookie id -> ``"host:port"`` (raises BookieUnavailableError if unknown)."""
+FLUSH_AFTER_FRAMES = 64
+"""Frames queued in one loop iteration that are written at once rather than
+at the end of the iteration.  A writer that refills a window of 256 adds
+from one burst of acknowledgements would otherwise hand the bookie all 256
+in one write, after encoding the last of them: bookie and client then work
+in turn, and every journal fsync covers the whole window.  Written in pieces
+of 64, the bookie starts on the first piece while the client encodes the
+rest (measured on 2 cores, E=W=A=1, 1 KiB: 44k -> 70k adds/s, 240 -> 86
+adds per fsync)."""
 OutgoingRequest: TypeAlias = ReadRequest | ReadLacRequest | WriteLacRequest | BatchReadRequest \
     | SyncRequest
 
@@ -150,9 +160,12 @@ class BookieClient:
             self._loop.call_soon(self._fail_all,
                                  ClientClosedError(f"client closed (bookie {self.bookie_id})"))
             return
-        self._outbox.append(frame)
+        outbox = self._outbox
+        outbox.append(frame)
         if self._protocol is not None:
-            if not self._flush_scheduled:
+            if len(outbox) >= FLUSH_AFTER_FRAMES:
+                self._write_outbox()
+            elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
         elif self._connecting is None:
@@ -160,6 +173,9 @@ class BookieClient:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_outbox()
+
+    def _write_outbox(self) -> None:
         protocol = self._protocol
         if protocol is None or protocol.transport is None or not self._outbox:
             return  # a connect in progress flushes when it lands
@@ -202,7 +218,7 @@ class BookieClient:
             return
         self._protocol = protocol
         self.last_failure = None
-        self._flush()
+        self._write_outbox()
 
     def _lost(self, protocol: _BookieProtocol, exc: Exception | None) -> None:
         if self._protocol is not protocol:

@@ -1,0 +1,63 @@
+"""BookieClient's writes: frames of one loop iteration leave together, in
+pieces of FLUSH_AFTER_FRAMES when the burst is larger."""
+
+from __future__ import annotations
+
+import asyncio
+
+from quire.client.connection import FLUSH_AFTER_FRAMES, BookieClient, _BookieProtocol
+from quire.protocol import Decoder, DigestManager, master_key
+from quire.types import DigestType
+
+
+class RecordingTransport:
+    """The part of asyncio.Transport the connection uses; keeps each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        pass
+
+
+def frames_in(data: bytes) -> int:
+    decoder = Decoder("requests", 1 << 20)
+    decoder.feed(data)
+    count = 0
+    while decoder.next_message() is not None:
+        count += 1
+    return count
+
+
+async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
+    async def resolve(_bookie: str) -> str:
+        raise AssertionError("no connect: the protocol is attached by hand")
+
+    client = BookieClient("b1", resolve, connect_timeout_s=1.0, max_frame_bytes=1 << 20)
+    protocol = _BookieProtocol(client, 1 << 20)
+    transport = RecordingTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    key = master_key(b"pw")
+    digest = DigestManager(7, DigestType.CRC32C, b"pw")
+    burst = 2 * FLUSH_AFTER_FRAMES + 5
+
+    def add(entry_id: int) -> None:
+        client.add(key, digest.encode(entry_id, -1, entry_id + 1, b"e"), 0, 60.0,
+                   lambda _token, _result: None, None)
+
+    for entry_id in range(burst):
+        add(entry_id)
+    # The whole pieces are on the wire before the loop runs again ...
+    assert [frames_in(w) for w in transport.writes] == [FLUSH_AFTER_FRAMES] * 2
+    await asyncio.sleep(0)
+    # ... and the rest leaves at the end of the iteration, in one write.
+    assert [frames_in(w) for w in transport.writes] == [FLUSH_AFTER_FRAMES] * 2 + [5]
+    add(burst)
+    await asyncio.sleep(0)
+    assert frames_in(transport.writes[-1]) == 1 and len(transport.writes) == 4
