@@ -312,3 +312,43 @@ def test_append_before_start_is_refused(tmp_path: Path) -> None:
     j.start()
     j.close()
     assert os.path.exists(tmp_path / journal_file_name(1))
+
+
+def test_unsynced_writes_are_handed_to_writeback_and_dropped_a_mib_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BP-14 volatile writes (write_buffered, no fsync): every MiB one
+    DONTNEED from the start of the previous stretch to the last whole page
+    written, so each stretch is advised twice (writeback, then drop); no
+    fsync comes of it and every record still replays."""
+    calls: list[tuple[int, int]] = []
+    real_fadvise = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_DONTNEED
+        calls.append((offset, length))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    j = Journal.open(tmp_path, file_size_bytes=16 << 20, max_group_bytes=1 << 20,
+                     remove_pages_from_cache=True)
+    j.start()
+    written = []
+    for i in range(56):  # 56 x 64 KiB: 3.5 MiB
+        j.append_add_entry(1, i, entry(i, 64 << 10))
+        j.write_buffered()
+        written.append(j.mark().offset)
+    assert j.counters().fsync_count == 0 and j.synced_seq == 0
+    assert len(calls) == 3
+    kicked = 0
+    previous_start = 0
+    for offset, length in calls:
+        end = offset + length
+        assert offset == previous_start and end % 4096 == 0
+        assert end - kicked >= 1 << 20
+        assert any(end <= w < end + 4096 + (64 << 10) for w in written)
+        previous_start, kicked = kicked, end
+    j.close()
+    monkeypatch.undo()
+    _, adds = started(tmp_path, file_size=16 << 20)
+    assert [a[1] for a in adds] == list(range(56))
+    assert all(a[2] == entry(a[1], 64 << 10) for a in adds)

@@ -48,7 +48,9 @@ class StorageConfig:
     """After each journal fsync, advise the kernel to drop the synced journal
     pages from the page cache (BookKeeper's ``journalRemovePagesFromCache``):
     the journal is only read back at replay, and the freed pages serve the
-    next writes instead of the page cache growing with journal data."""
+    next writes instead of the page cache growing with journal data.  BP-14
+    volatile writes, never fsynced by themselves, are handed to writeback
+    every MiB and dropped once written."""
     write_cache_max_bytes: int = 64 * _MiB
     """Write cache size above which :attr:`BookieStorage.checkpoint_due` is true."""
     write_cache_reject_ratio: float = 2.0

@@ -319,6 +319,10 @@ class Journal:
         self._dir_dirty = False
         self._written_bytes = 0
         self._write_calls = 0
+        self._recycle_file = 0
+        self._recycle_from = 0
+        self._recycle_kicked = 0
+        """Write side: the file and stretches :meth:`_recycle_written_pages` works on."""
         self._files_created = 0
         self._files_removed = 0
         # Sync side (guarded by _sync_lock).
@@ -583,7 +587,30 @@ class Journal:
         with self._write_lock:
             self._check_usable()
             self._write_locked()
+            if self._drop_pages:
+                self._recycle_written_pages()
             return self._written_seq
+
+    def _recycle_written_pages(self) -> None:
+        """Keep BP-14 volatile writes from piling up in the page cache (write
+        lock held).  They are not fsynced, so :meth:`_drop_synced_pages` never
+        sees them: their pages would stay dirty until the kernel's flusher
+        wrote them (30 s by default), and the cache would grow by every byte
+        written, each new page costing more to fill than a recycled one.
+        Once ``_DROP_MIN_BYTES`` more of the current file are written, one
+        ``POSIX_FADV_DONTNEED`` from the start of the previous stretch to
+        here drops the previous stretch (written back since) and starts the
+        writeback of this one.  Advisory only: it is not an fsync, so nothing
+        counts as durable because of it."""
+        seq, end = self._cur_seq, self._cur_off - self._cur_off % _PAGE
+        if self._recycle_file != seq:
+            self._recycle_file, self._recycle_from, self._recycle_kicked = seq, 0, 0
+        if end - self._recycle_kicked < _DROP_MIN_BYTES:
+            return
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self._cur_fd, self._recycle_from, end - self._recycle_from,
+                             _FADV_DONTNEED)
+        self._recycle_from, self._recycle_kicked = self._recycle_kicked, end
 
     def sync(self) -> int:
         """Write anything buffered, fdatasync every file written since the last
