@@ -24,6 +24,7 @@ and one dict pop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, cast
@@ -54,6 +55,11 @@ Handler: TypeAlias = Callable[[Any, Result], None]
 """``handler(token, result)``; the token is the caller's, passed back as is."""
 Resolver: TypeAlias = Callable[[str], Awaitable[str]]
 """Bookie id -> ``"host:port"`` (raises BookieUnavailableError if unknown)."""
+next_request_id: Callable[[], int] = itertools.count(1).__next__
+"""Request ids come from one counter per process, not one per connection:
+unique on every connection all the same, and an add's frame can then be
+encoded once and written to each bookie of its write set."""
+
 FLUSH_AFTER_FRAMES = 64
 """Frames queued in one loop iteration that are written at once rather than
 at the end of the iteration.  A writer that refills a window of 256 adds
@@ -118,7 +124,6 @@ class BookieClient:
         self._protocol: _BookieProtocol | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._flush_scheduled = False
-        self._next_id = 0
         self._closed = False
         self.last_failure: float | None = None
         """Loop time of the last failed connect or lost connection (None: none)."""
@@ -127,16 +132,24 @@ class BookieClient:
 
     def add(self, master_key: bytes, entry: bytes, flags: int, timeout_s: float,
             handler: Handler, token: Any) -> None:
-        """Send ADD_ENTRY for the stored ``entry`` (the writer's hot path)."""
-        self._next_id = request_id = self._next_id + 1
-        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s)
-        self._write(encode_add_request(request_id, master_key, entry, flags))
+        """Send ADD_ENTRY for the stored ``entry``."""
+        request_id = next_request_id()
+        self.add_frame(request_id, encode_add_request(request_id, master_key, entry, flags),
+                       self._loop.time() + timeout_s, handler, token)
+
+    def add_frame(self, request_id: int, frame: bytes, deadline: float, handler: Handler,
+                  token: Any) -> None:
+        """Send an ADD_ENTRY frame encoded with ``request_id`` (from
+        :func:`next_request_id`), due by loop time ``deadline``: the writer's
+        hot path, one frame for its whole write set."""
+        self._pending[request_id] = (handler, token, deadline)
+        self._write(frame)
 
     def send(self, request: OutgoingRequest, timeout_s: float, handler: Handler,
              token: Any) -> None:
         """Send ``request`` (its ``request_id`` is assigned here)."""
-        self._next_id = request.request_id = self._next_id + 1
-        self._pending[request.request_id] = (handler, token, self._loop.time() + timeout_s)
+        request.request_id = request_id = next_request_id()
+        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s)
         self._write(request.encode())
 
     async def call(self, request: OutgoingRequest, timeout_s: float) -> Response:

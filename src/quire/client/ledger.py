@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quire.client.batch_reads import batch_read
+from quire.client.connection import next_request_id
 from quire.client.context import ClientContext
 from quire.client.placement import write_set_bookies, write_set_table
 from quire.client.reads import LedgerEntry, read_range
@@ -93,6 +94,7 @@ from quire.protocol import (
     SyncRequest,
     SyncResponse,
     WriteLacRequest,
+    encode_add_request,
     master_key,
 )
 from quire.protocol.entry import DIGEST_LEN
@@ -523,12 +525,13 @@ class WriteHandle(ReadHandle):
             self._piggybacked_lac = self._lac
         self._pending.append(add)
         ensemble, clients = self._ensemble, self._clients
-        key, entry, flags, timeout = self._master_key, add.entry, self._flags, \
-            self._ctx.add_timeout_s
+        request_id = next_request_id()
+        frame = encode_add_request(request_id, self._master_key, add.entry, self._flags)
+        deadline = self._loop.time() + self._ctx.add_timeout_s
         on_answer = self._on_add_answer_cb
         for index in self._write_sets[add.entry_id % len(ensemble)]:
-            clients[index].add(key, entry, flags, timeout, on_answer,
-                               (add, index, ensemble[index]))
+            clients[index].add_frame(request_id, frame, deadline, on_answer,
+                                     (add, index, ensemble[index]))
 
     def _send_queued(self) -> None:
         limit = self._ctx.config.max_pending_adds
