@@ -684,19 +684,26 @@ class BookieServer:
         stored, _held = self._store_adds(conn, reqs, started)
         if not stored:
             return
-        acks = conn.volatile_acks
-        cursors = self._cursors
-        for req, seq, lac in stored:
-            ledger_id = req.ledger_id
-            cursor = cursors.get(ledger_id)
-            if cursor is None:
-                cursor = self._new_cursor(ledger_id)
-            cursor.added(seq, req.entry_id)
-            if cursor.confirmed(lac):
-                self._persist_cursor(ledger_id, cursor)
-            acks.append(encode_add_response(req.request_id, _OK, ledger_id, req.entry_id,
-                                            cursor.reported))
+        run_ledger = stored[0][0].ledger_id
+        run: list[tuple[int, int, int]] = []
+        for req, seq, lac in stored:  # one cursor call per run of one ledger's adds
+            if req.ledger_id != run_ledger:
+                self._cursor_learn(run_ledger, run)
+                run_ledger, run = req.ledger_id, []
+            run.append((seq, req.entry_id, lac))
+        self._cursor_learn(run_ledger, run)
+        cursors = self._cursors  # learning moves no reported value: the acks can follow
+        conn.volatile_acks += [encode_add_response(req.request_id, _OK, req.ledger_id,
+                                                   req.entry_id, cursors[req.ledger_id].reported)
+                               for req, _seq, _lac in stored]
         self._record(self._add_ok(), started, len(stored))
+
+    def _cursor_learn(self, ledger_id: int, adds: list[tuple[int, int, int]]) -> None:
+        cursor = self._cursors.get(ledger_id)
+        if cursor is None:
+            cursor = self._new_cursor(ledger_id)
+        if cursor.learn(adds):
+            self._persist_cursor(ledger_id, cursor)
 
     def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """PD adds to ledgers without a cursor: answered together once the

@@ -65,6 +65,22 @@ class SyncCursor:
         if entry_id > self.candidate:
             self.unsynced.append((seq, entry_id))
 
+    def learn(self, adds: list[tuple[int, int, int]]) -> bool:
+        """:meth:`added` and :meth:`confirmed` for a run of adds in arrival
+        order, as ``(journal seq, entry id, piggy-backed LAC)``, in one call
+        (the VD add path); return True if the candidate moved.  An add at or
+        below a LAC of the same run is still noted as unsynced: harmless,
+        :meth:`synced_through` skips it."""
+        candidate = self.candidate
+        note = self.unsynced.append
+        top_lac = -1
+        for seq, entry_id, lac in adds:
+            if entry_id > candidate:
+                note((seq, entry_id))
+            if lac > top_lac:
+                top_lac = lac
+        return self.confirmed(top_lac)
+
     def _advance(self) -> None:
         ahead = self.ahead
         while self.candidate + 1 in ahead:
@@ -74,13 +90,18 @@ class SyncCursor:
     def synced_through(self, durable_seq: int) -> bool:
         """Every add with journal seq <= ``durable_seq`` is fsynced; return
         True if the candidate moved."""
-        before = self.candidate
-        unsynced = self.unsynced
+        before = candidate = self.candidate
+        unsynced, ahead = self.unsynced, self.ahead
+        pop = unsynced.popleft
         while unsynced and unsynced[0][0] <= durable_seq:
-            _seq, entry_id = unsynced.popleft()
-            if entry_id > self.candidate:
-                self.ahead.add(entry_id)
-        self._advance()
+            entry_id = pop()[1]
+            if entry_id == candidate + 1:  # in order, the usual case: no set
+                candidate = entry_id
+            elif entry_id > candidate:
+                ahead.add(entry_id)
+        self.candidate = candidate
+        if ahead:
+            self._advance()
         return self.candidate != before
 
     def confirmed(self, lac: int) -> bool:
