@@ -43,8 +43,13 @@ import contextlib
 import os
 import struct
 import threading
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Sequence
+from functools import partial
+from itertools import accumulate, chain, repeat
+from operator import add, itemgetter, sub
 from pathlib import Path
+from typing import NamedTuple
 
 from quire.bookie.storage.files import fsync_dir, pread_exact, pwrite_all, sync_file
 from quire.errors import StorageError
@@ -60,10 +65,23 @@ RECORD_PREFIX_SIZE = RECORD_PREFIX.size
 RECORD_HEAD = struct.Struct(">IQQ")
 """A record's length and the ledger and entry id its entry begins with."""
 MIN_ENTRY_BYTES = RECORD_HEAD.size - RECORD_PREFIX_SIZE
+_KEY, _ENTRY = itemgetter(0), itemgetter(1)
+_PLUS_PREFIX = partial(add, RECORD_PREFIX_SIZE)
 _SUFFIX = ".log"
 
-IndexRow = tuple[int, int, int, int, int]
-"""``(ledger_id, entry_id, log_id, offset, length)`` for one written entry."""
+class IndexRows(NamedTuple):
+    """Where a batch's entries were written: one column per field, one
+    position per entry, in write order.  Columns, because the index packs
+    them with ``map`` (no Python bytecode per entry, so the checkpoint thread
+    holds the GIL that the event loop needs for as short as possible)."""
+
+    ledger_ids: list[int]
+    entry_ids: list[int]
+    log_ids: list[int]
+    offsets: list[int]
+    """Of each entry's record (its length prefix) in its log."""
+    lengths: list[int]
+    """Of each entry."""
 
 
 def entry_log_name(log_id: int) -> str:
@@ -131,11 +149,11 @@ class EntryLogger:
 
     # --- writing (checkpoint thread only) --------------------------------------
 
-    def write_batch(self, items: Iterable[tuple[tuple[int, int], bytes]]
-                    ) -> tuple[list[IndexRow], dict[int, set[int]]]:
+    def write_batch(self, items: Sequence[tuple[tuple[int, int], bytes]]
+                    ) -> tuple[IndexRows, dict[int, set[int]]]:
         """Append ``((ledger_id, entry_id), entry)`` items in the given order;
-        when it returns, everything written is fsynced.  Returns the index
-        rows and, per log id written, the set of ledger ids it received."""
+        when it returns, everything written is fsynced.  Returns where each
+        entry went and, per log id written, the set of ledger ids it received."""
         try:
             return self._write_batch(items)
         except BaseException:
@@ -147,56 +165,59 @@ class EntryLogger:
                 self._cur_id = 0
             raise
 
-    def _write_batch(self, items: Iterable[tuple[tuple[int, int], bytes]]
-                     ) -> tuple[list[IndexRow], dict[int, set[int]]]:
-        # Hot loop (one iteration per checkpointed entry): locals only.
-        rows: list[IndexRow] = []
-        append_row = rows.append
+    def _write_batch(self, items: Sequence[tuple[tuple[int, int], bytes]]
+                     ) -> tuple[IndexRows, dict[int, set[int]]]:
+        # One checkpoint writes the whole write cache: every per-entry step
+        # below is a C-level map/accumulate/join, Python only loops per log
+        # and per write_buffer_bytes chunk.
+        keys = list(map(_KEY, items))
+        entries = list(map(_ENTRY, items))
+        lengths = list(map(len, entries))
+        ends = list(accumulate(map(_PLUS_PREFIX, lengths)))
+        """ends[i]: bytes of records 0..i together."""
+        rows = IndexRows(list(map(_KEY, keys)), list(map(_ENTRY, keys)), [], [], lengths)
         ledgers: dict[int, set[int]] = {}
-        pack = RECORD_PREFIX.pack
-        max_bytes = self._max_bytes
-        chunk = self._write_buffer_bytes
         created = False
-        buf = bytearray()
-        fd = self._cur_fd
-        log_id = self._cur_id
-        off = buf_off = self._cur_off
-        log_ledgers = ledgers.setdefault(log_id, set()) if fd >= 0 else set()
-        last_ledger = -1
-        for (ledger_id, entry_id), entry in items:
-            n = len(entry)
-            size = RECORD_PREFIX_SIZE + n
-            if fd < 0 or (off + size > max_bytes and off > LOG_HEADER_SIZE):
-                if fd >= 0:
-                    pwrite_all(fd, buf, buf_off)
-                    buf = bytearray()
-                    self._cur_off = off
-                    self._finish_current()
+        pos, count = 0, len(items)
+        while pos < count:
+            if self._cur_fd < 0:
                 self._start_log()
                 created = True
-                fd, log_id, off = self._cur_fd, self._cur_id, self._cur_off
-                buf_off = off
-                log_ledgers = ledgers.setdefault(log_id, set())
-                last_ledger = -1
-            append_row((ledger_id, entry_id, log_id, off, n))
-            if ledger_id != last_ledger:
-                log_ledgers.add(ledger_id)
-                last_ledger = ledger_id
-            buf += pack(n)
-            buf += entry
-            off += size
-            if len(buf) >= chunk:
-                pwrite_all(fd, buf, buf_off)
-                buf = bytearray()
-                buf_off = off
-        if buf:
-            pwrite_all(fd, buf, buf_off)
-        self._cur_off = off
-        if rows:
-            sync_file(fd, self._tracker, entry_log_name(log_id), off)
+            off = self._cur_off
+            base = ends[pos - 1] if pos else 0
+            cut = bisect_right(ends, base + self._max_bytes - off, pos)
+            if cut == pos:  # the next record does not fit
+                if off > LOG_HEADER_SIZE:
+                    self._finish_current()
+                    continue
+                cut = pos + 1  # larger than a whole log: a log of its own
+            self._write_records(entries, lengths, ends, pos, cut)
+            log_id = self._cur_id
+            rows.log_ids.extend(repeat(log_id, cut - pos))
+            # offset of record i = off + (ends[i] - base) - (lengths[i] + prefix)
+            rows.offsets.extend(map(sub, ends[pos:cut], map(
+                partial(add, RECORD_PREFIX_SIZE + base - off), lengths[pos:cut])))
+            ledgers.setdefault(log_id, set()).update(rows.ledger_ids[pos:cut])
+            pos = cut
+        if count:
+            sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
         if created:
             fsync_dir(self.directory)
-        return rows, {lid: lids for lid, lids in ledgers.items() if lids}
+        return rows, ledgers
+
+    def _write_records(self, entries: list[bytes], lengths: list[int], ends: list[int],
+                       pos: int, cut: int) -> None:
+        """Write records ``pos..cut-1`` at the end of the current log, in
+        pieces of about ``write_buffer_bytes``."""
+        fd, off, chunk = self._cur_fd, self._cur_off, self._write_buffer_bytes
+        while pos < cut:
+            base = ends[pos - 1] if pos else 0
+            end = max(pos + 1, bisect_right(ends, base + chunk, pos, cut))
+            off = pwrite_all(fd, b"".join(chain.from_iterable(
+                zip(map(RECORD_PREFIX.pack, lengths[pos:end]), entries[pos:end],
+                    strict=True))), off)
+            pos = end
+        self._cur_off = off
 
     def _start_log(self) -> None:
         log_id = self._next_id

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import lmdb
 
-from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRow
+from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRows
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.errors import StorageError
@@ -192,7 +192,7 @@ class LedgerIndex:
 
     # --- writes -------------------------------------------------------------
 
-    def commit_checkpoint(self, rows: list[IndexRow], log_ledgers: Mapping[int, set[int]],
+    def commit_checkpoint(self, rows: IndexRows, log_ledgers: Mapping[int, set[int]],
                           states: Mapping[int, LedgerState], deletions: Iterable[int],
                           mark: JournalMark) -> None:
         """One durable transaction: deletions first, then rows, states, the
@@ -202,18 +202,17 @@ class LedgerIndex:
         except lmdb.Error as e:
             raise StorageError(f"ledger index commit failed: {e}") from e
 
-    def _commit_checkpoint(self, rows: list[IndexRow], log_ledgers: Mapping[int, set[int]],
+    def _commit_checkpoint(self, rows: IndexRows, log_ledgers: Mapping[int, set[int]],
                            states: Mapping[int, LedgerState], deletions: Iterable[int],
                            mark: JournalMark) -> None:
-        key_pack = ENTRY_KEY.pack
-        value_pack = ENTRY_VALUE.pack
         with self.env.begin(write=True) as txn:
             for ledger_id in deletions:
                 self._delete_ledger(txn, ledger_id)
-            if rows:
+            if rows.ledger_ids:
                 cursor = txn.cursor(db=self._entries)
-                cursor.putmulti([(key_pack(lid, eid), value_pack(log_id, offset, length))
-                                 for lid, eid, log_id, offset, length in rows])
+                cursor.putmulti(zip(map(ENTRY_KEY.pack, rows.ledger_ids, rows.entry_ids),
+                                    map(ENTRY_VALUE.pack, rows.log_ids, rows.offsets,
+                                        rows.lengths), strict=True))
             for ledger_id, state in states.items():
                 txn.put(LEDGER_KEY.pack(ledger_id), state.encode(), db=self._ledgers)
             for log_id, ledger_ids in log_ledgers.items():

@@ -113,11 +113,7 @@ class ReadCache:
             entries = self._entries
             if not entries:
                 return
-            if len(entries) <= len(keys):
-                stale = [k for k in entries if k in keys]
-            else:
-                stale = [k for k in keys if k in entries]
-            for key in stale:
+            for key in entries.keys() & keys.keys():
                 self._bytes -= len(entries.pop(key))
 
     def discard_ledger(self, ledger_id: int) -> None:
@@ -194,9 +190,7 @@ class LedgerStorage:
         ``entries`` from memory (the read cache may hold older versions of
         them until the end)."""
         items = sorted(entries.items())
-        nbytes = 0
-        for _key, value in items:
-            nbytes += len(value)
+        nbytes = sum(map(len, entries.values()))
         rows, log_ledgers = self.entry_logger.write_batch(items)
         deletions = list(deletions)
         self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark)
