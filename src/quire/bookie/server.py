@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -936,8 +937,7 @@ class BookieServer:
         """After each journal fsync or checkpoint: the VD entries it covered
         are synced."""
         for ledger_id, cursor in self._cursors.items():
-            if (cursor.unsynced and cursor.unsynced[0][0] <= durable_seq
-                    and cursor.synced_through(durable_seq)):
+            if cursor.has_unsynced_through(durable_seq) and cursor.synced_through(durable_seq):
                 self._persist_cursor(ledger_id, cursor)
 
     def _sync(self, conn: BookieConnection, req: SyncRequest) -> None:
@@ -1006,6 +1006,9 @@ def run(config: BookieConfig) -> None:
     import uvloop
 
     sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(config.gc_gen0_threshold_allocations, gen1, gen2)
+    gc.freeze()
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -47,7 +47,8 @@ class SyncCursor:
         "persist_seq",
         "persisted_request",
         "reported",
-        "unsynced",
+        "unsynced_ids",
+        "unsynced_seqs",
     )
 
     def __init__(self, last_add_synced: int = -1) -> None:
@@ -58,12 +59,22 @@ class SyncCursor:
         self.persist_seq = 0
         """Journal seq of the latest cursor record (0: none pending)."""
         self.ahead: set[int] = set()
-        self.unsynced: deque[tuple[int, int]] = deque()
-        """(journal seq, entry id) of adds not yet covered by an fsync."""
+        self.unsynced_seqs: deque[int] = deque()
+        self.unsynced_ids: deque[int] = deque()
+        """Journal seq and entry id of each add not yet covered by an fsync,
+        side by side: two deques of ints, not one of tuples, because a VD
+        ledger never synced piles up every add here until a checkpoint, and
+        the garbage collector walks tuples, not ints."""
+
+    def has_unsynced_through(self, durable_seq: int) -> bool:
+        """Whether an fsync through ``durable_seq`` covers a noted add."""
+        seqs = self.unsynced_seqs
+        return bool(seqs) and seqs[0] <= durable_seq
 
     def added(self, seq: int, entry_id: int) -> None:
         if entry_id > self.candidate:
-            self.unsynced.append((seq, entry_id))
+            self.unsynced_seqs.append(seq)
+            self.unsynced_ids.append(entry_id)
 
     def learn(self, adds: list[tuple[int, int, int]]) -> bool:
         """:meth:`added` and :meth:`confirmed` for a run of adds in arrival
@@ -72,11 +83,12 @@ class SyncCursor:
         below a LAC of the same run is still noted as unsynced: harmless,
         :meth:`synced_through` skips it."""
         candidate = self.candidate
-        note = self.unsynced.append
+        note_seq, note_id = self.unsynced_seqs.append, self.unsynced_ids.append
         top_lac = -1
         for seq, entry_id, lac in adds:
             if entry_id > candidate:
-                note((seq, entry_id))
+                note_seq(seq)
+                note_id(entry_id)
             if lac > top_lac:
                 top_lac = lac
         return self.confirmed(top_lac)
@@ -91,10 +103,11 @@ class SyncCursor:
         """Every add with journal seq <= ``durable_seq`` is fsynced; return
         True if the candidate moved."""
         before = candidate = self.candidate
-        unsynced, ahead = self.unsynced, self.ahead
-        pop = unsynced.popleft
-        while unsynced and unsynced[0][0] <= durable_seq:
-            entry_id = pop()[1]
+        seqs, ahead = self.unsynced_seqs, self.ahead
+        pop_seq, pop_id = seqs.popleft, self.unsynced_ids.popleft
+        while seqs and seqs[0] <= durable_seq:
+            pop_seq()
+            entry_id = pop_id()
             if entry_id == candidate + 1:  # in order, the usual case: no set
                 candidate = entry_id
             elif entry_id > candidate:
