@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,3 +60,48 @@ def test_rows_point_at_their_entries_and_logs_roll_in_time(
             assert size <= max_bytes or size - LOG_HEADER_SIZE - RECORD_PREFIX_SIZE in {
                 len(e) for e in written.values()}
         logger.close()
+
+
+def test_checkpointed_pages_are_dropped_after_their_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch drops the whole pages it wrote, from where the previous one
+    stopped (the partly written last page stays); a finished log is dropped
+    to its end; everything still reads back."""
+    calls: list[tuple[int, int]] = []
+    real_fadvise = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_DONTNEED
+        calls.append((offset, length))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    logger = EntryLogger(tmp_path, max_bytes=40_000, write_buffer_bytes=4096,
+                         remove_pages_from_cache=True)
+    first = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(10)]
+    rows, _ = logger.write_batch(first)
+    end = rows.offsets[-1] + RECORD_PREFIX_SIZE + 1000
+    assert calls == [(0, end - end % 4096)]
+    second = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(10, 50)]
+    rows2, _ = logger.write_batch(second)  # 50 KB: rolls past max_bytes
+    assert calls[1] == (calls[0][1], 0)  # the first log, to its end, when it closed
+    assert rows2.log_ids[-1] != rows.log_ids[0]
+    assert all(offset % 4096 == 0 and (length % 4096 == 0) for offset, length in calls[2:])
+    for (ledger_id, entry_id), entry in first + second:
+        position = (rows.ledger_ids + rows2.ledger_ids, rows.entry_ids + rows2.entry_ids)
+        index = list(zip(*position, strict=True)).index((ledger_id, entry_id))
+        log_id = (rows.log_ids + rows2.log_ids)[index]
+        offset = (rows.offsets + rows2.offsets)[index]
+        assert logger.read_run(log_id, ledger_id, [(entry_id, offset, len(entry))]) == [
+            (entry_id, entry)]
+    logger.close()
+
+
+def test_pages_stay_cached_when_removal_is_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda *args: calls.append(1))
+    logger = EntryLogger(tmp_path, max_bytes=40_000, write_buffer_bytes=4096)
+    logger.write_batch([((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(60)])
+    assert calls == []
+    logger.close()

@@ -28,6 +28,9 @@ class BookieConfig:
     read_ahead_bytes: int = 256 * 1024
     """A read missing the caches also reads the ledger's next entries from
     the same entry log, up to this many bytes (one pread; 0: just the one)."""
+    entry_log_remove_pages_from_cache: bool = True
+    """Drop the entry-log pages a checkpoint wrote from the page cache once
+    they are fsynced (see ``StorageConfig``)."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000

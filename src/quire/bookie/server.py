@@ -284,6 +284,7 @@ class BookieServer:
             write_cache_max_bytes=cfg.write_cache_max_bytes,
             read_cache_max_bytes=cfg.read_cache_max_bytes,
             read_ahead_bytes=cfg.read_ahead_bytes,
+            entry_log_remove_pages_from_cache=cfg.entry_log_remove_pages_from_cache,
             power_loss_tracking=cfg.power_loss_tracking,
             test_skip_journal_fsync=cfg.test_skip_journal_fsync)
         self._storage = await asyncio.to_thread(BookieStorage.open, storage_config)

@@ -59,15 +59,24 @@ class StorageConfig:
     ``0`` disables the limit.  The cache being checkpointed is not counted, so
     entry memory peaks near ``(ratio + 1) * write_cache_max_bytes``."""
     read_cache_max_bytes: int = 32 * _MiB
+    """LRU cache (by entry bytes) of entries read back from entry logs; 0 disables it."""
     read_ahead_bytes: int = 256 * 1024
     """A read that misses the caches also reads the ledger's following
     entries from the same entry log, up to this many bytes, into the read
     cache (one ``pread``; 0 reads the one entry)."""
-    """LRU cache (by entry bytes) of entries read back from entry logs; 0 disables it."""
     entry_log_max_bytes: int = 512 * _MiB
     """An entry log is closed and a new one started once it would grow past this."""
     entry_log_write_buffer_bytes: int = 1 * _MiB
     """Checkpoint writes entry logs in chunks of about this size."""
+    entry_log_remove_pages_from_cache: bool = True
+    """After each checkpoint's fsync, advise the kernel to drop the entry-log
+    pages it wrote (the partly written last page stays), as BookKeeper's
+    direct-I/O entry logger never caches them.  Recent entries are read from
+    the write cache until their checkpoint; after it, from the read cache
+    and the disk, where the kernel's read-ahead serves sequential reads.  The
+    page cache then does not grow by every byte checkpointed, and the next
+    checkpoint fills pages just freed rather than new ones.  Off: written
+    pages stay cached until the kernel evicts them."""
     index_map_size_bytes: int = 64 * _GiB
     """LMDB map size (address space, sparse on disk)."""
     power_loss_tracking: bool = False

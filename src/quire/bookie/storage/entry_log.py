@@ -40,6 +40,7 @@ bookie refuses to read such a log (:class:`~quire.errors.StorageError`).
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import struct
 import threading
@@ -66,6 +67,8 @@ RECORD_HEAD = struct.Struct(">IQQ")
 """A record's length and the ledger and entry id its entry begins with."""
 MIN_ENTRY_BYTES = RECORD_HEAD.size - RECORD_PREFIX_SIZE
 _KEY, _ENTRY = itemgetter(0), itemgetter(1)
+_PAGE = mmap.PAGESIZE
+_FADV_DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 0)
 _PLUS_PREFIX = partial(add, RECORD_PREFIX_SIZE)
 _SUFFIX = ".log"
 
@@ -123,8 +126,12 @@ class EntryLogger:
     lookups (any thread)."""
 
     def __init__(self, directory: Path, *, max_bytes: int, write_buffer_bytes: int,
-                 tracker: SyncTracker | None = None) -> None:
+                 tracker: SyncTracker | None = None,
+                 remove_pages_from_cache: bool = False) -> None:
         self.directory = Path(directory)
+        self._drop_pages = remove_pages_from_cache and hasattr(os, "posix_fadvise")
+        self._cur_dropped = 0
+        """Offset of the current log below which its pages were dropped."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
         self._write_buffer_bytes = write_buffer_bytes
@@ -201,6 +208,10 @@ class EntryLogger:
             pos = cut
         if count:
             sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
+            if self._drop_pages:
+                end = self._cur_off - self._cur_off % _PAGE
+                self._drop_synced_pages(self._cur_fd, self._cur_dropped, end)
+                self._cur_dropped = end
         if created:
             fsync_dir(self.directory)
         return rows, ledgers
@@ -219,6 +230,14 @@ class EntryLogger:
             pos = end
         self._cur_off = off
 
+    @staticmethod
+    def _drop_synced_pages(fd: int, start: int, end: int) -> None:
+        """Advise the kernel to drop the fsynced pages from ``start`` to
+        ``end`` (0: the end of the file).  Advisory only."""
+        if end == 0 or end > start:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, start, end - start if end else 0, _FADV_DONTNEED)
+
     def _start_log(self) -> None:
         log_id = self._next_id
         name = entry_log_name(log_id)
@@ -234,11 +253,14 @@ class EntryLogger:
         self._cur_id = log_id
         self._cur_fd = fd
         self._cur_off = LOG_HEADER_SIZE
+        self._cur_dropped = 0
         with self._fd_lock:
             self._logs.append(log_id)
 
     def _finish_current(self) -> None:
         sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
+        if self._drop_pages:
+            self._drop_synced_pages(self._cur_fd, self._cur_dropped, 0)  # 0: to the end
         os.close(self._cur_fd)
         self._cur_fd = -1
 
