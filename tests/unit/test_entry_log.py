@@ -18,6 +18,7 @@ from quire.bookie.storage.entry_log import (
     entry_log_name,
 )
 from tests.support.entries import filler_entry
+from tests.support.page_cache import record_dontneed
 
 batches = st.lists(st.lists(st.tuples(st.integers(1, 4), st.integers(16, 3000)),
                             min_size=0, max_size=40), min_size=1, max_size=4)
@@ -67,15 +68,7 @@ def test_checkpointed_pages_are_dropped_after_their_fsync(
     """Each batch drops the whole pages it wrote, from where the previous one
     stopped (the partly written last page stays); a finished log is dropped
     to its end; everything still reads back."""
-    calls: list[tuple[int, int]] = []
-    real_fadvise = os.posix_fadvise
-
-    def recording(fd: int, offset: int, length: int, advice: int) -> None:
-        assert advice == os.POSIX_FADV_DONTNEED
-        calls.append((offset, length))
-        real_fadvise(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
+    calls = record_dontneed(monkeypatch)
     logger = EntryLogger(tmp_path, max_bytes=40_000, write_buffer_bytes=4096,
                          remove_pages_from_cache=True)
     first = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(10)]

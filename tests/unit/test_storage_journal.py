@@ -23,6 +23,7 @@ from quire.bookie.storage.journal import (
     list_journal_files,
 )
 from quire.errors import StorageError
+from tests.support.page_cache import record_dontneed
 
 FILE_SIZE = 8192
 
@@ -320,15 +321,7 @@ def test_unsynced_writes_are_handed_to_writeback_and_dropped_a_mib_at_a_time(
     DONTNEED from the start of the previous stretch to the last whole page
     written, so each stretch is advised twice (writeback, then drop); no
     fsync comes of it and every record still replays."""
-    calls: list[tuple[int, int]] = []
-    real_fadvise = os.posix_fadvise
-
-    def recording(fd: int, offset: int, length: int, advice: int) -> None:
-        assert advice == os.POSIX_FADV_DONTNEED
-        calls.append((offset, length))
-        real_fadvise(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
+    calls = record_dontneed(monkeypatch)
     j = Journal.open(tmp_path, file_size_bytes=16 << 20, max_group_bytes=1 << 20,
                      remove_pages_from_cache=True)
     j.start()
