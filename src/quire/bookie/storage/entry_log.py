@@ -40,7 +40,6 @@ bookie refuses to read such a log (:class:`~quire.errors.StorageError`).
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import struct
 import threading
@@ -52,7 +51,15 @@ from operator import add, itemgetter, sub
 from pathlib import Path
 from typing import NamedTuple
 
-from quire.bookie.storage.files import fsync_dir, pread_exact, pwrite_all, sync_file
+from quire.bookie.storage.files import (
+    CAN_DROP_PAGES,
+    drop_cached_pages,
+    fsync_dir,
+    pread_exact,
+    pwrite_all,
+    sync_file,
+    whole_pages,
+)
 from quire.errors import StorageError
 from quire.testing.power_loss import SyncTracker
 
@@ -67,8 +74,6 @@ RECORD_HEAD = struct.Struct(">IQQ")
 """A record's length and the ledger and entry id its entry begins with."""
 MIN_ENTRY_BYTES = RECORD_HEAD.size - RECORD_PREFIX_SIZE
 _KEY, _ENTRY = itemgetter(0), itemgetter(1)
-_PAGE = mmap.PAGESIZE
-_FADV_DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 0)
 _PLUS_PREFIX = partial(add, RECORD_PREFIX_SIZE)
 _SUFFIX = ".log"
 
@@ -129,7 +134,7 @@ class EntryLogger:
                  tracker: SyncTracker | None = None,
                  remove_pages_from_cache: bool = False) -> None:
         self.directory = Path(directory)
-        self._drop_pages = remove_pages_from_cache and hasattr(os, "posix_fadvise")
+        self._drop_pages = remove_pages_from_cache and CAN_DROP_PAGES
         self._cur_dropped = 0
         """Offset of the current log below which its pages were dropped."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -180,8 +185,7 @@ class EntryLogger:
         keys = list(map(_KEY, items))
         entries = list(map(_ENTRY, items))
         lengths = list(map(len, entries))
-        ends = list(accumulate(map(_PLUS_PREFIX, lengths)))
-        """ends[i]: bytes of records 0..i together."""
+        ends = list(accumulate(map(_PLUS_PREFIX, lengths)))  # bytes of records 0..i
         rows = IndexRows(list(map(_KEY, keys)), list(map(_ENTRY, keys)), [], [], lengths)
         ledgers: dict[int, set[int]] = {}
         created = False
@@ -208,9 +212,9 @@ class EntryLogger:
             pos = cut
         if count:
             sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
-            if self._drop_pages:
-                end = self._cur_off - self._cur_off % _PAGE
-                self._drop_synced_pages(self._cur_fd, self._cur_dropped, end)
+            end = whole_pages(self._cur_off)
+            if self._drop_pages and end > self._cur_dropped:
+                drop_cached_pages(self._cur_fd, self._cur_dropped, end - self._cur_dropped)
                 self._cur_dropped = end
         if created:
             fsync_dir(self.directory)
@@ -229,14 +233,6 @@ class EntryLogger:
                     strict=True))), off)
             pos = end
         self._cur_off = off
-
-    @staticmethod
-    def _drop_synced_pages(fd: int, start: int, end: int) -> None:
-        """Advise the kernel to drop the fsynced pages from ``start`` to
-        ``end`` (0: the end of the file).  Advisory only."""
-        if end == 0 or end > start:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, start, end - start if end else 0, _FADV_DONTNEED)
 
     def _start_log(self) -> None:
         log_id = self._next_id
@@ -260,7 +256,7 @@ class EntryLogger:
     def _finish_current(self) -> None:
         sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
         if self._drop_pages:
-            self._drop_synced_pages(self._cur_fd, self._cur_dropped, 0)  # 0: to the end
+            drop_cached_pages(self._cur_fd, self._cur_dropped, 0)  # 0: to the end
         os.close(self._cur_fd)
         self._cur_fd = -1
 

@@ -8,7 +8,9 @@ the two cannot drift apart.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import mmap
 import os
 from pathlib import Path
 
@@ -22,6 +24,27 @@ def sync_file(fd: int, tracker: SyncTracker | None, name: str, length: int) -> N
     os.fdatasync(fd)
     if tracker is not None:
         tracker.synced(name, length)
+
+
+CAN_DROP_PAGES = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
+"""Whether this platform lets the journal and entry logs drop their pages
+from the page cache (:func:`drop_cached_pages`)."""
+_FADV_DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 0)
+
+
+def whole_pages(length: int) -> int:
+    """``length`` rounded down to whole pages: a partly written last page
+    stays cached, or the next write into it would read it back from disk."""
+    return length - length % mmap.PAGESIZE
+
+
+def drop_cached_pages(fd: int, offset: int, length: int) -> None:
+    """Advise the kernel to drop ``fd``'s pages from ``offset`` on,
+    ``length`` bytes of them (0: to the end of the file): dirty pages are
+    handed to writeback, clean ones freed.  Advisory only: an error changes
+    nothing but the page cache."""
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, offset, length, _FADV_DONTNEED)
 
 
 def fsync_dir(path: Path) -> None:

@@ -99,7 +99,14 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
-from quire.bookie.storage.files import fsync_dir, pwrite_all, sync_file
+from quire.bookie.storage.files import (
+    CAN_DROP_PAGES,
+    drop_cached_pages,
+    fsync_dir,
+    pwrite_all,
+    sync_file,
+    whole_pages,
+)
 from quire.errors import StorageError
 from quire.testing.power_loss import SyncTracker
 
@@ -126,10 +133,7 @@ _LEDGER_ENTRY = struct.Struct(">QQ")
 _TYPE = struct.Struct(">B")
 _SUFFIX = ".jnl"
 MAX_RECORD_BYTES = 0xFFFFFFFF
-_PAGE = mmap.PAGESIZE
 _DROP_MIN_BYTES = 1 << 20
-_HAVE_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
-_FADV_DONTNEED: int = getattr(os, "POSIX_FADV_DONTNEED", 0)
 
 
 class JournalMark(NamedTuple):
@@ -285,7 +289,7 @@ class Journal:
                  skip_fsync_for_testing: bool = False,
                  remove_pages_from_cache: bool = False) -> None:
         self.directory = Path(directory)
-        self._drop_pages = remove_pages_from_cache and _HAVE_FADVISE
+        self._drop_pages = remove_pages_from_cache and CAN_DROP_PAGES
         self._dropped: dict[int, int] = {}  # file seq -> offset up to which pages were dropped
         """Sync side: page-cache drop position per file (see _drop_synced_pages)."""
         self._skip_fsync = skip_fsync_for_testing
@@ -602,14 +606,12 @@ class Journal:
         here drops the previous stretch (written back since) and starts the
         writeback of this one.  Advisory only: it is not an fsync, so nothing
         counts as durable because of it."""
-        seq, end = self._cur_seq, self._cur_off - self._cur_off % _PAGE
+        seq, end = self._cur_seq, whole_pages(self._cur_off)
         if self._recycle_file != seq:
             self._recycle_file, self._recycle_from, self._recycle_kicked = seq, 0, 0
         if end - self._recycle_kicked < _DROP_MIN_BYTES:
             return
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(self._cur_fd, self._recycle_from, end - self._recycle_from,
-                             _FADV_DONTNEED)
+        drop_cached_pages(self._cur_fd, self._recycle_from, end - self._recycle_from)
         self._recycle_from, self._recycle_kicked = self._recycle_kicked, end
 
     def sync(self) -> int:
@@ -666,11 +668,10 @@ class Journal:
         dropped = self._dropped
         for file_seq, length in synced.items():
             start = dropped.get(file_seq, 0)
-            end = length - length % _PAGE
+            end = whole_pages(length)
             if end - start < _DROP_MIN_BYTES:
                 continue
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fds[file_seq], start, end - start, _FADV_DONTNEED)
+            drop_cached_pages(fds[file_seq], start, end - start)
             dropped[file_seq] = end
         if len(dropped) > len(synced) + 4:
             for file_seq in [s for s in dropped if s not in synced]:
