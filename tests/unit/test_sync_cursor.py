@@ -30,8 +30,8 @@ ops = st.lists(st.one_of(
 def test_candidate_matches_the_model(order: list[int], script: list[tuple[int, ...]],
                                      start: int, batched: bool) -> None:
     """Entries arrive in any order (in-order runs are the fast path, the
-    rest goes through ``ahead``); learn() of a run equals added() and
-    confirmed() one add at a time."""
+    rest goes through ``ahead``); learn() of a whole run equals learn() one
+    add at a time."""
     cursor = SyncCursor(start)
     added: list[tuple[int, int]] = []  # (seq, entry id) in arrival order
     synced: set[int] = set()
@@ -44,9 +44,8 @@ def test_candidate_matches_the_model(order: list[int], script: list[tuple[int, .
             if batched:
                 cursor.learn(run)
             else:
-                for seq, entry_id, piggy_backed in run:
-                    cursor.added(seq, entry_id)
-                    cursor.confirmed(piggy_backed)
+                for add in run:
+                    cursor.learn([add])
             added += [(seq, entry_id) for seq, entry_id, _ in run]
             if run:
                 top_lac = max(top_lac, lac)

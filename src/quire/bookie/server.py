@@ -561,19 +561,14 @@ class BookieServer:
             lacs[ledger_id] = lac
         volatile = flags & FLAG_VOLATILE_DURABILITY
         cursors = self._cursors
-        cursor = cursors.get(ledger_id) if cursors else None
-        if cursor is None and volatile:
-            cursor = self._new_cursor(ledger_id)
-        if cursor is not None:
-            cursor.added(seq, req.entry_id)
-            if cursor.confirmed(lac):
-                self._persist_cursor(ledger_id, cursor)
+        if volatile or ledger_id in cursors:  # a VD ledger (the first VD add makes its cursor)
+            self._cursor_learn(ledger_id, [(seq, req.entry_id, lac)])
         if volatile and not recovery:
             # BP-14 VD: acknowledged once in the journal file (page cache);
             # released after this read's batch is written (release_volatile_acks).
-            assert cursor is not None
             conn.volatile_acks.append(encode_add_response(
-                req.request_id, StatusCode.OK, ledger_id, req.entry_id, cursor.reported))
+                req.request_id, StatusCode.OK, ledger_id, req.entry_id,
+                cursors[ledger_id].reported))
             self._observe(OpCode.ADD_ENTRY, started, StatusCode.OK)
             return
         conn.pending_bytes += size  # conn.hold(size)

@@ -71,17 +71,12 @@ class SyncCursor:
         seqs = self.unsynced_seqs
         return bool(seqs) and seqs[0] <= durable_seq
 
-    def added(self, seq: int, entry_id: int) -> None:
-        if entry_id > self.candidate:
-            self.unsynced_seqs.append(seq)
-            self.unsynced_ids.append(entry_id)
-
     def learn(self, adds: list[tuple[int, int, int]]) -> bool:
-        """:meth:`added` and :meth:`confirmed` for a run of adds in arrival
-        order, as ``(journal seq, entry id, piggy-backed LAC)``, in one call
-        (the VD add path); return True if the candidate moved.  An add at or
-        below a LAC of the same run is still noted as unsynced: harmless,
-        :meth:`synced_through` skips it."""
+        """Note a run of adds in arrival order, as ``(journal seq, entry id,
+        piggy-backed LAC)``: each add above the candidate waits for an fsync,
+        and the highest LAC is :meth:`confirmed`; return True if the
+        candidate moved.  An add at or below a LAC of the same run is still
+        noted as unsynced: harmless, :meth:`synced_through` skips it."""
         candidate = self.candidate
         note_seq, note_id = self.unsynced_seqs.append, self.unsynced_ids.append
         top_lac = -1
