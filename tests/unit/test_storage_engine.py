@@ -469,14 +469,22 @@ def test_a_miss_reads_ahead_the_ledgers_next_entries_with_one_pread(
         s.close()
 
 
-def test_read_ahead_never_serves_an_older_copy_of_a_rewritten_entry(
-        storage: BookieStorage) -> None:
-    for eid in range(3):
+def checkpoint_then_rewrite(storage: BookieStorage, count: int, rewritten: int) -> list[bytes]:
+    """Entries ``0..count-1`` of ledger 1 ("old") checkpointed into one log,
+    then entry ``rewritten`` added again ("new", as recovery does) and
+    checkpointed into a later log; returns what ledger 1 now holds."""
+    for eid in range(count):
         storage.add_entry(1, eid, stored_entry(1, eid, b"old"), KEY)
     storage.checkpoint()
-    # entry 1 rewritten into a later log
-    storage.add_entry(1, 1, stored_entry(1, 1, b"new"), KEY, recovery=True)
+    storage.add_entry(1, rewritten, stored_entry(1, rewritten, b"new"), KEY, recovery=True)
     storage.checkpoint()
+    return [stored_entry(1, eid, b"new" if eid == rewritten else b"old")
+            for eid in range(count)]
+
+
+def test_read_ahead_never_serves_an_older_copy_of_a_rewritten_entry(
+        storage: BookieStorage) -> None:
+    checkpoint_then_rewrite(storage, 3, 1)
     # a miss: reads ahead from the first log
     assert storage.read_entry(1, 0) == stored_entry(1, 0, b"old")
     assert storage.read_entry(1, 1) == stored_entry(1, 1, b"new")
@@ -521,12 +529,7 @@ def test_read_records_spans_checkpointed_and_cached_entries_within_limits(
 
 def test_read_records_from_the_read_cache_and_past_a_rewritten_entry(
         storage: BookieStorage) -> None:
-    for eid in range(10):
-        storage.add_entry(1, eid, stored_entry(1, eid, b"old"), KEY)
-    storage.checkpoint()
-    storage.add_entry(1, 5, stored_entry(1, 5, b"new"), KEY, recovery=True)
-    storage.checkpoint()  # entry 5 now lives in a later log than 0..4 and 6..9
-    expected = [stored_entry(1, eid, b"new" if eid == 5 else b"old") for eid in range(10)]
+    expected = checkpoint_then_rewrite(storage, 10, 5)  # 5 in a later log than 0..4, 6..9
     assert entries_of(storage.read_records(1, 0, 100, 1 << 20)) == expected
     assert storage.read_entry(1, 0) == expected[0]  # a miss: reads 0..4 ahead into the cache
     hits = storage.stats.read_cache_hits
