@@ -1,6 +1,6 @@
 """Quire durable appends against Redis 7 XADD with ``appendfsync always``.
 
-One run, each system measured alone on this machine (loopback only):
+Each system is measured alone on this machine (loopback only):
 
 1. a 3-bookie sandbox (``quire.sandbox.Sandbox`` in a temporary directory)
    takes ``quire bench write`` (``quire.bench.bench_write``, in process, on
