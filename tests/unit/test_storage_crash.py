@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from quire.bookie.storage import BookieStorage, StorageConfig
 from quire.bookie.storage import entry_log as entry_log_module
 from quire.bookie.storage import journal as journal_module
+from quire.bookie.storage.files import pwrite_all
 from quire.errors import (
     LedgerFencedError,
     NoSuchEntryError,
@@ -61,6 +62,13 @@ def skip_fsync(fd: int, tracker: object, name: str, length: int) -> None:
     """Stands in for ``sync_file`` when a test removes an fsync."""
 
 
+def write_unsynced(fd: int, data: memoryview, offset: int, tracker: object, name: str,
+                   synced_length: int) -> int:
+    """Stands in for ``write_synced`` when a test removes an fsync: the
+    write happens, without ``RWF_DSYNC``."""
+    return pwrite_all(fd, data, offset)
+
+
 # --- power loss ------------------------------------------------------------------
 
 
@@ -73,6 +81,7 @@ def test_power_loss_keeps_exactly_what_sync_acknowledged(
     journal_fsync = mode == "fsync"
     if mode == "fsync-removed":
         monkeypatch.setattr(journal_module, "sync_file", skip_fsync)
+        monkeypatch.setattr(journal_module, "write_synced", write_unsynced)
     s = BookieStorage.open(cfg)
     for eid in range(20):
         s.add_entry(1, eid, payload(1, eid), KEY)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -345,3 +347,141 @@ def test_unsynced_writes_are_handed_to_writeback_and_dropped_a_mib_at_a_time(
     _, adds = started(tmp_path, file_size=16 << 20)
     assert [a[1] for a in adds] == list(range(56))
     assert all(a[2] == entry(a[1], 64 << 10) for a in adds)
+
+
+# --- reused files ------------------------------------------------------------
+
+
+def reusing(directory: Path, reuse: int, file_size: int = 4096) -> Journal:
+    return Journal.open(directory, file_size_bytes=file_size, max_group_bytes=1024,
+                        reuse_files_max=reuse)
+
+
+def free_names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("*.jnl.free"))
+
+
+def test_removed_files_are_reused_and_their_old_records_never_replay(tmp_path: Path) -> None:
+    """Every record has the same size, so in a reused file an old record
+    starts exactly where the new data ends: only the per-file salt in the
+    crc stops replay there."""
+    j = reusing(tmp_path, reuse=2)
+    j.start()
+    for i in range(60):  # about 20 records per 4 KiB file: 3 or more files
+        j.append_add_entry(1, i, entry(i, 160))
+    j.sync()
+    mark = j.mark()
+    removed = j.remove_files_before(mark)
+    assert len(removed) >= 2
+    assert free_names(tmp_path) == [journal_file_name(s) + ".free" for s in removed[:2]]
+    assert j.free_files() == free_names(tmp_path)
+    for i in range(60, 70):  # fills the mark's file, rolls into a reused one
+        j.append_add_entry(1, i, entry(i, 160))
+    j.sync()
+    assert len(free_names(tmp_path)) == 1  # one of the two taken
+    newest = max(list_journal_files(tmp_path))
+    assert (tmp_path / journal_file_name(newest)).stat().st_size == 4096
+    j.close()
+
+    j2 = reusing(tmp_path, reuse=2)
+    adds = [decode_add_entry(r.body) for r in j2.replay(mark) if r.rtype == REC_ADD_ENTRY]
+    assert adds == [(1, i, entry(i, 160)) for i in range(60, 70)]
+    j2.close()
+
+
+def test_reused_files_beyond_the_limit_are_deleted_at_open(tmp_path: Path) -> None:
+    j = reusing(tmp_path, reuse=3)
+    j.start()
+    for i in range(100):
+        j.append_add_entry(1, i, entry(i, 160))
+    j.sync()
+    j.remove_files_before(j.mark())
+    kept = free_names(tmp_path)
+    assert len(kept) == 3
+    j.close()
+    reusing(tmp_path, reuse=1).close()
+    assert free_names(tmp_path) == kept[-1:]  # the newest one stays
+    reusing(tmp_path, reuse=0).close()
+    assert free_names(tmp_path) == []
+
+
+def test_version_1_files_without_salt_still_replay(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal_module, "FILE_VERSION", 1)
+    header = journal_module._encode_file_header(1, JournalMark(0, 0))
+    records = [journal_module.encode_record(REC_ADD_ENTRY, struct.pack(">QQ", 5, i) + entry(i))
+               for i in range(3)]
+    (tmp_path / journal_file_name(1)).write_bytes(header + b"".join(records) + bytes(64))
+    monkeypatch.undo()
+    j, adds = started(tmp_path)
+    assert adds == [(5, i, entry(i)) for i in range(3)]
+    j.append_add_entry(5, 3, entry(3))  # a new (version 2) file continues it
+    j.close()
+    j2, adds = started(tmp_path)
+    assert adds == [(5, i, entry(i)) for i in range(4)]
+    j2.close()
+
+
+# --- a group's write as its own fsync --------------------------------------------
+
+
+class SyncCalls:
+    """Counts the journal's two ways of making a write durable."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, refuse_dsync: bool = False) -> None:
+        self.fsyncs = 0
+        self.dsync_writes = 0
+        real_write_synced = journal_module.write_synced
+
+        def sync_file(fd: int, tracker: object, name: str, length: int) -> None:
+            self.fsyncs += 1
+            real_sync_file(fd, None, name, length)
+
+        def write_synced(fd: int, data: memoryview, offset: int, tracker: object,
+                         name: str, synced_length: int) -> int:
+            if refuse_dsync:
+                raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+            self.dsync_writes += 1
+            return real_write_synced(fd, data, offset, None, name, synced_length)
+
+        monkeypatch.setattr(journal_module, "sync_file", sync_file)
+        monkeypatch.setattr(journal_module, "write_synced", write_synced)
+
+
+def test_sync_writes_the_group_with_dsync_unless_earlier_writes_are_unsynced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = SyncCalls(monkeypatch)
+    j = Journal.open(tmp_path, file_size_bytes=1 << 20, max_group_bytes=1024,
+                     dsync_writes=True)
+    j.start()  # the header: a dsync write (the probe), then start's own fsync
+    calls.fsyncs = calls.dsync_writes = 0
+    j.append_add_entry(1, 0, entry(0))
+    assert j.sync() == 1
+    assert (calls.dsync_writes, calls.fsyncs) == (1, 0)
+    # A BP-14 volatile write leaves bytes written but unsynced: the next
+    # sync must fdatasync them, so it cannot use a dsync write of its own.
+    j.append_add_entry(1, 1, entry(1))
+    j.write_buffered()
+    j.append_add_entry(1, 2, entry(2))
+    assert j.sync() == 3
+    assert (calls.dsync_writes, calls.fsyncs) == (1, 1)
+    j.append_add_entry(1, 3, entry(3))
+    assert j.sync() == 4
+    assert (calls.dsync_writes, calls.fsyncs) == (2, 1)
+    j.close()
+    j2, adds = started(tmp_path, file_size=1 << 20)
+    assert adds == [(1, i, entry(i)) for i in range(4)]
+    j2.close()
+
+
+def test_a_kernel_refusing_dsync_writes_means_fdatasync(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = SyncCalls(monkeypatch, refuse_dsync=True)
+    j = Journal.open(tmp_path, file_size_bytes=1 << 20, max_group_bytes=1024,
+                     dsync_writes=True)
+    j.start()
+    calls.fsyncs = 0
+    j.append_add_entry(1, 0, entry(0))
+    assert j.sync() == 1
+    assert (calls.dsync_writes, calls.fsyncs) == (0, 1)
+    j.close()

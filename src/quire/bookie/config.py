@@ -23,6 +23,8 @@ class BookieConfig:
     arrives while the previous fsync runs, BookKeeper's natural batching)."""
     journal_max_group_bytes: int = 4 * 1024 * 1024
     journal_file_size_bytes: int = 64 * 1024 * 1024
+    journal_reuse_files_max: int = 4
+    """Journal files kept for reuse instead of deleted (see ``StorageConfig``)."""
     write_cache_max_bytes: int = 64 * 1024 * 1024
     read_cache_max_bytes: int = 32 * 1024 * 1024
     read_ahead_bytes: int = 256 * 1024

@@ -281,6 +281,7 @@ class BookieServer:
             journal_dirs=cfg.journal_dirs, ledger_dirs=cfg.ledger_dirs,
             journal_file_size_bytes=cfg.journal_file_size_bytes,
             journal_max_group_bytes=cfg.journal_max_group_bytes,
+            journal_reuse_files_max=cfg.journal_reuse_files_max,
             write_cache_max_bytes=cfg.write_cache_max_bytes,
             read_cache_max_bytes=cfg.read_cache_max_bytes,
             read_ahead_bytes=cfg.read_ahead_bytes,

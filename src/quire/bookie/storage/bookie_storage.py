@@ -214,6 +214,8 @@ class BookieStorage:
             journal = Journal.open(journal_dir, file_size_bytes=config.journal_file_size_bytes,
                                    max_group_bytes=config.journal_max_group_bytes,
                                    preallocate=config.journal_preallocate,
+                                   reuse_files_max=config.journal_reuse_files_max,
+                                   dsync_writes=True,
                                    remove_pages_from_cache=(
                                        config.journal_remove_pages_from_cache),
                                    tracker=journal_tracker,

@@ -44,6 +44,12 @@ class StorageConfig:
     journal_preallocate: bool = True
     """Preallocate journal files (turn off only on filesystems without
     ``fallocate`` support)."""
+    journal_reuse_files_max: int = 4
+    """How many journal files wholly before the replay mark are kept to be
+    reused (renamed) as later files instead of deleted, as BookKeeper's
+    ``journalReuseFiles`` does; 0 deletes them.  A reused file's blocks are
+    already written, so its fsyncs have no extent conversion to commit.
+    Costs up to this many times ``journal_file_size_bytes`` of disk."""
     journal_remove_pages_from_cache: bool = True
     """After each journal fsync, advise the kernel to drop the synced journal
     pages from the page cache (BookKeeper's ``journalRemovePagesFromCache``):
@@ -100,6 +106,8 @@ class StorageConfig:
             raise ConfigError("journal_file_size_bytes must be at least 4096")
         if self.journal_max_group_bytes <= 0:
             raise ConfigError("journal_max_group_bytes must be positive")
+        if self.journal_reuse_files_max < 0:
+            raise ConfigError("journal_reuse_files_max must be 0 or more")
         if self.write_cache_max_bytes <= 0:
             raise ConfigError("write_cache_max_bytes must be positive")
         if self.write_cache_reject_ratio < 0 or (

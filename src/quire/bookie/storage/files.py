@@ -1,8 +1,9 @@
 """Small file-system helpers shared by the journal and the entry logger.
 
-Every fsync of a journal file or an entry log goes through :func:`sync_file`,
-which is also where the power-loss test seam records the synced length: the
-record is made only after the real fsync returned, in the same function, so
+Every fsync of a journal file or an entry log goes through :func:`sync_file`
+(or, for a journal write that is its own fsync, :func:`write_synced`), which
+is also where the power-loss test seam records the synced length: the
+record is made only after the real call returned, in the same function, so
 the two cannot drift apart.
 """
 
@@ -24,6 +25,24 @@ def sync_file(fd: int, tracker: SyncTracker | None, name: str, length: int) -> N
     os.fdatasync(fd)
     if tracker is not None:
         tracker.synced(name, length)
+
+
+RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
+"""The ``pwritev2`` flag that makes one write durable as ``fdatasync`` would
+(0 where the platform has none)."""
+
+
+def write_synced(fd: int, data: bytes | bytearray | memoryview, offset: int,
+                 tracker: SyncTracker | None, name: str, synced_length: int) -> int:
+    """``pwrite`` all of ``data`` at ``offset`` with ``RWF_DSYNC``, so that it
+    is durable once this returns, and, when tracking, record that
+    ``name``'s first ``synced_length`` bytes are (the other way to sync,
+    besides :func:`sync_file`; the record again follows the real call).
+    Returns the offset just after ``data``."""
+    end = pwrite_all(fd, data, offset, RWF_DSYNC)
+    if tracker is not None:
+        tracker.synced(name, synced_length)
+    return end
 
 
 CAN_DROP_PAGES = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
@@ -56,12 +75,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int,
+               flags: int = 0) -> int:
     """``pwrite`` all of ``data`` at ``offset`` (retrying short writes);
-    returns the offset just after it."""
+    returns the offset just after it.  ``flags``: ``pwritev2`` flags such
+    as ``os.RWF_DSYNC``."""
     view = memoryview(data)
     while view:
-        n = os.pwrite(fd, view, offset)
+        n = os.pwritev(fd, [view], offset, flags) if flags else os.pwrite(fd, view, offset)
         if n <= 0:  # pragma: no cover - pwrite raises rather than returning 0
             raise StorageError("pwrite wrote nothing")
         view = view[n:]

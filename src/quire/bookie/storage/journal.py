@@ -8,14 +8,14 @@ the checkpoint's *replay mark*; files wholly before the mark are removed.
 Files
 -----
 ``journal/<file seq:016x>.jnl``, file seqs start at 1 and only grow.  A new
-file is created at every start (an old file is never appended to again) and
+file is started at every start (an old file is never appended to again) and
 whenever the next record does not fit in the current one.  Each file is
-preallocated to ``journal_file_size_bytes`` with ``posix_fallocate`` (so the
-unused tail reads as zeros) and starts with a 64-byte header, big-endian::
+preallocated to ``journal_file_size_bytes`` and starts with a 64-byte
+header, big-endian::
 
     offset  size  field
     0       4     magic b"QJNL"
-    4       2     format version = 1
+    4       2     format version = 2 (1 is still read)
     6       2     reserved (0)
     8       8     file seq (uint64)
     16      8     prev file seq: the file this one continues (uint64)
@@ -29,13 +29,25 @@ survived; records after such a hole were never acknowledged as durable
 (``sync`` fsyncs files in order), so replay stops at the hole and
 :meth:`Journal.start` sets the later files aside (renamed ``*.discarded``).
 
+Reused files.  A file wholly before the replay mark is not deleted but kept
+(renamed ``<seq>.jnl.free``, at most ``reuse_files_max`` of them) and renamed
+again to become a later file, as BookKeeper's ``journalReuseFiles`` does.
+Its blocks are then already written: a ``posix_fallocate``d file's blocks
+are *unwritten extents*, and the first write to each makes the next
+``fdatasync`` commit a metadata change as well, which doubled the time of a
+journal fsync here.  A reused file still holds its old records after the
+new end of data, so from format version 2 every record's crc is XORed with
+a *salt* of the file seq it is written in (``crc32c`` of the seq, 8 bytes
+big-endian): an old record, written under another seq, fails the check and
+ends replay like a torn tail.  Version 1 files have salt 0.
+
 Records
 -------
 Records follow the header back to back, never split across files::
 
     offset  size  field
     0       4     length L of type + body (uint32, >= 1; 0 = end of data)
-    4       4     crc32c of type + body (uint32)
+    4       4     crc32c of type + body, XOR the file's salt (uint32)
     8       1     record type
     9       L-1   body
 
@@ -73,8 +85,8 @@ Threading
 * :meth:`sync`: any thread (the dedicated fsync thread); the write lock is
   held only to write the buffer and collect the files to sync, the
   ``fdatasync`` runs with no lock held, so appends and volatile writes go on.
-* After each fsync, the synced whole pages of each file are dropped from the
-  page cache (``posix_fadvise(DONTNEED)``, advisory; see
+* After each fsync, the synced whole pages of each file are
+  dropped from the page cache (``posix_fadvise(DONTNEED)``, advisory; see
   ``remove_pages_from_cache``): the journal is only read back at replay.
   The page holding a file's tail is never dropped, as the next write
   continues it.
@@ -86,6 +98,7 @@ Threading
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -99,6 +112,7 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
+from quire.bookie.storage import files
 from quire.bookie.storage.files import (
     CAN_DROP_PAGES,
     drop_cached_pages,
@@ -106,6 +120,7 @@ from quire.bookie.storage.files import (
     pwrite_all,
     sync_file,
     whole_pages,
+    write_synced,
 )
 from quire.errors import StorageError
 from quire.testing.power_loss import SyncTracker
@@ -120,7 +135,8 @@ REC_LEDGER_STATE = 5
 REC_DELETE_LEDGER = 6
 
 FILE_MAGIC = b"QJNL"
-FILE_VERSION = 1
+FILE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 FILE_HEADER_SIZE = 64
 _FILE_HEADER = struct.Struct(">4sHHQQQ")  # 32 bytes, then crc u32, then zeros
 _U32 = struct.Struct(">I")
@@ -132,6 +148,7 @@ _LEDGER_LAC = struct.Struct(">Qq")
 _LEDGER_ENTRY = struct.Struct(">QQ")
 _TYPE = struct.Struct(">B")
 _SUFFIX = ".jnl"
+_FREE_SUFFIX = ".jnl.free"
 MAX_RECORD_BYTES = 0xFFFFFFFF
 _DROP_MIN_BYTES = 1 << 20
 
@@ -231,8 +248,13 @@ def _encode_file_header(file_seq: int, prev: JournalMark) -> bytes:
     return out + bytes(FILE_HEADER_SIZE - len(out))
 
 
-def _decode_file_header(data: bytes | mmap.mmap) -> tuple[int, JournalMark] | None:
-    """``(file_seq, prev)`` or None if the header is missing or corrupt."""
+def file_salt(file_seq: int, version: int = FILE_VERSION) -> int:
+    """What record crcs of file ``file_seq`` are XORed with (see "Reused files")."""
+    return crc32c(_LEDGER.pack(file_seq)) if version >= 2 else 0
+
+
+def _decode_file_header(data: bytes | mmap.mmap) -> tuple[int, JournalMark, int] | None:
+    """``(file_seq, prev, salt)`` or None if the header is missing or corrupt."""
     if len(data) < FILE_HEADER_SIZE:
         return None
     head = bytes(data[:_FILE_HEADER.size])
@@ -240,9 +262,9 @@ def _decode_file_header(data: bytes | mmap.mmap) -> tuple[int, JournalMark] | No
     if crc != crc32c(head):
         return None
     magic, version, _reserved, file_seq, prev_seq, prev_off = _FILE_HEADER.unpack(head)
-    if magic != FILE_MAGIC or version != FILE_VERSION:
+    if magic != FILE_MAGIC or version not in _READABLE_VERSIONS:
         return None
-    return file_seq, JournalMark(prev_seq, prev_off)
+    return file_seq, JournalMark(prev_seq, prev_off), file_salt(file_seq, version)
 
 
 def journal_file_name(file_seq: int) -> str:
@@ -261,7 +283,8 @@ def list_journal_files(directory: Path) -> list[int]:
     return sorted(seqs)
 
 
-def _scan_records(data: mmap.mmap | bytes, start: int) -> Iterator[tuple[int, bytes, int]]:
+def _scan_records(data: mmap.mmap | bytes, start: int,
+                  salt: int) -> Iterator[tuple[int, bytes, int]]:
     """``(type, body, end offset)`` for each valid record from ``start``."""
     size = len(data)
     pos = start
@@ -274,7 +297,7 @@ def _scan_records(data: mmap.mmap | bytes, start: int) -> Iterator[tuple[int, by
         if end > size:
             return
         payload = data[pos + REC_HEADER_SIZE:end]
-        if crc32c(payload) != crc:
+        if crc32c(payload) ^ salt != crc:
             return
         yield payload[0], payload[1:], end
         pos = end
@@ -287,8 +310,15 @@ class Journal:
     def __init__(self, directory: Path, *, file_size_bytes: int, max_group_bytes: int,
                  preallocate: bool = True, tracker: SyncTracker | None = None,
                  skip_fsync_for_testing: bool = False,
-                 remove_pages_from_cache: bool = False) -> None:
+                 remove_pages_from_cache: bool = False, reuse_files_max: int = 0,
+                 dsync_writes: bool = False) -> None:
         self.directory = Path(directory)
+        self._dsync_writes = dsync_writes and files.RWF_DSYNC != 0 and not skip_fsync_for_testing
+        """Whether :meth:`sync` may write with ``RWF_DSYNC`` (turned off if
+        the first file's header write is refused with it)."""
+        self._reuse_max = reuse_files_max
+        self._free = self._find_free_files()
+        """Files kept for reuse, oldest first (see "Reused files")."""
         self._drop_pages = remove_pages_from_cache and CAN_DROP_PAGES
         self._dropped: dict[int, int] = {}  # file seq -> offset up to which pages were dropped
         """Sync side: page-cache drop position per file (see _drop_synced_pages)."""
@@ -310,6 +340,7 @@ class Journal:
         self._seq = 0
         self._tail_file = 0
         self._tail_off = 0
+        self._tail_salt = 0
         self._appended_bytes = 0
         # Write side (guarded by _write_lock).
         self._write_lock = threading.Lock()
@@ -340,12 +371,24 @@ class Journal:
     def open(cls, directory: Path, *, file_size_bytes: int, max_group_bytes: int,
              preallocate: bool = True, tracker: SyncTracker | None = None,
              skip_fsync_for_testing: bool = False,
-             remove_pages_from_cache: bool = False) -> Journal:
+             remove_pages_from_cache: bool = False, reuse_files_max: int = 0,
+             dsync_writes: bool = False) -> Journal:
         Path(directory).mkdir(parents=True, exist_ok=True)
         return cls(directory, file_size_bytes=file_size_bytes,
                    max_group_bytes=max_group_bytes, preallocate=preallocate, tracker=tracker,
                    skip_fsync_for_testing=skip_fsync_for_testing,
-                   remove_pages_from_cache=remove_pages_from_cache)
+                   remove_pages_from_cache=remove_pages_from_cache,
+                   reuse_files_max=reuse_files_max, dsync_writes=dsync_writes)
+
+    def _find_free_files(self) -> list[Path]:
+        """The files a previous run kept for reuse, oldest first; any beyond
+        ``reuse_files_max`` are deleted."""
+        free = sorted(p for p in self.directory.glob("*" + _FREE_SUFFIX) if p.is_file())
+        keep = free[len(free) - self._reuse_max:] if self._reuse_max > 0 else []
+        for path in free[:len(free) - len(keep)]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return keep
 
     def _fsync(self, fd: int, name: str, length: int) -> None:
         if not self._skip_fsync:
@@ -391,7 +434,7 @@ class Journal:
                     start = FILE_HEADER_SIZE
                     end = JournalMark(file_seq, start)
                 file_end = start
-                for rtype, body, rec_end in _scan_records(data, start):
+                for rtype, body, rec_end in _scan_records(data, start, header[2]):
                     end = JournalMark(file_seq, rec_end)
                     file_end = rec_end
                     yield JournalRecord(rtype, body, end)
@@ -447,18 +490,25 @@ class Journal:
         self._fsync_dir()
         self._tail_file = new_seq
         self._tail_off = FILE_HEADER_SIZE
+        self._tail_salt = file_salt(new_seq)
         self._started = True
 
     def _open_file(self, file_seq: int, prev: JournalMark) -> None:
-        """Create, preallocate and head a new current file (write lock held)."""
+        """Start a new current file, a reused one or a new preallocated one,
+        and write its header (write lock held)."""
         name = journal_file_name(file_seq)
-        fd = os.open(self.directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        path = self.directory / name
+        reused = self._free.pop(0) if self._free else None
+        if reused is not None:
+            os.replace(reused, path)
+        fd = os.open(path, os.O_RDWR | (0 if reused else os.O_CREAT | os.O_EXCL), 0o644)
         try:
             if self._tracker is not None:
                 self._tracker.created(name)
-            if self._preallocate:
+            if self._preallocate and (reused is None
+                                      or os.fstat(fd).st_size < self._file_size):
                 os.posix_fallocate(fd, 0, self._file_size)
-            pwrite_all(fd, _encode_file_header(file_seq, prev), 0)
+            self._write_header(fd, name, _encode_file_header(file_seq, prev))
         except BaseException:
             os.close(fd)
             raise
@@ -471,6 +521,28 @@ class Journal:
         self._dir_dirty = True
         self._files_created += 1
 
+    def _write_header(self, fd: int, name: str, header: bytes) -> None:
+        """Write a new file's header; the first one also probes whether the
+        kernel takes ``RWF_DSYNC`` (Linux 4.7 and later)."""
+        probe = self._dsync_writes and not self._files_created
+        try:
+            self._write_at(fd, memoryview(header), 0, name if probe else "")
+        except OSError as e:
+            if not probe or e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            log.warning("journal %s: RWF_DSYNC refused (%s); fdatasync after each write",
+                        self.directory, e)
+            self._dsync_writes = False
+            self._write_at(fd, memoryview(header), 0, "")
+
+    def _write_at(self, fd: int, data: memoryview, offset: int, synced_as: str) -> int:
+        """Write ``data`` at ``offset``, with :func:`write_synced` as file
+        ``synced_as`` unless that is empty."""
+        if synced_as:
+            return write_synced(fd, data, offset, self._tracker, synced_as,
+                                offset + len(data))
+        return pwrite_all(fd, data, offset)
+
     # --- append (event loop) -------------------------------------------------
 
     def append(self, record: bytes | bytearray | memoryview) -> int:
@@ -481,7 +553,12 @@ class Journal:
                 raise StorageError("journal not started")
             if self._tail_off + n > self._file_size and self._tail_off > FILE_HEADER_SIZE:
                 self._roll_locked()
-            self._buf += record
+            buf = self._buf
+            at = len(buf)
+            buf += record
+            if self._tail_salt:
+                (crc,) = _U32.unpack_from(buf, at + 4)
+                _U32.pack_into(buf, at + 4, crc ^ self._tail_salt)
             self._tail_off += n
             self._appended_bytes += n
             self._seq += 1
@@ -493,7 +570,7 @@ class Journal:
         head = _ADD_HEAD.pack(REC_ADD_ENTRY, ledger_id, entry_id)
         size = len(entry)
         length = 17 + size
-        rec_header = REC_HEADER.pack(length, crc32c(entry, crc32c(head)))
+        crc = crc32c(entry, crc32c(head))
         n = length + REC_HEADER_SIZE
         with self._lock:
             if not self._started:
@@ -501,7 +578,7 @@ class Journal:
             if self._tail_off + n > self._file_size and self._tail_off > FILE_HEADER_SIZE:
                 self._roll_locked()
             buf = self._buf
-            buf += rec_header
+            buf += REC_HEADER.pack(length, crc ^ self._tail_salt)
             buf += head
             buf += entry
             self._tail_off += n
@@ -513,6 +590,7 @@ class Journal:
         prev = JournalMark(self._tail_file, self._tail_off)
         self._tail_file += 1
         self._tail_off = FILE_HEADER_SIZE
+        self._tail_salt = file_salt(self._tail_file)
         self._rolls.append((len(self._buf), self._tail_file, prev))
 
     def mark(self) -> JournalMark:
@@ -554,12 +632,15 @@ class Journal:
         if not self._started:
             raise StorageError("journal not started")
 
-    def _write_locked(self) -> None:
-        """Write the buffer to the file(s) (write lock held)."""
+    def _write_locked(self, dsync: bool = False) -> bool:
+        """Write the buffer to the file(s) (write lock held).  ``dsync``: if
+        the buffer goes to the current file alone, write it with
+        ``RWF_DSYNC`` (durable when the call returns); returns whether it
+        did."""
         with self._lock:
             buf = self._buf
             if not buf:
-                return
+                return False
             rolls = self._rolls
             seq = self._seq
             self._buf = bytearray()
@@ -567,21 +648,24 @@ class Journal:
         try:
             view = memoryview(buf)
             pos = 0
+            durable = dsync and not rolls
             for at, new_seq, prev in rolls:
                 if at > pos:
                     self._write_current(view[pos:at])
                 self._open_file(new_seq, prev)
                 pos = at
             if pos < len(buf):
-                self._write_current(view[pos:])
+                self._write_current(view[pos:], durable)
         except OSError as e:
             self._failure = e
             raise StorageError(f"journal write failed: {e}") from e
         self._write_calls += 1
         self._written_seq = seq
+        return durable
 
-    def _write_current(self, data: memoryview) -> None:
-        self._cur_off = pwrite_all(self._cur_fd, data, self._cur_off)
+    def _write_current(self, data: memoryview, dsync: bool = False) -> None:
+        self._cur_off = self._write_at(self._cur_fd, data, self._cur_off,
+                                       journal_file_name(self._cur_seq) if dsync else "")
         self._dirty[self._cur_seq] = self._cur_off
         self._written_bytes += len(data)
 
@@ -617,11 +701,19 @@ class Journal:
     def sync(self) -> int:
         """Write anything buffered, fdatasync every file written since the last
         sync (in file order, then the directory if files were created) and
-        return the highest seq now durable."""
+        return the highest seq now durable.  When everything written before
+        is synced and the buffer goes to the current file, the buffer is
+        written with ``RWF_DSYNC`` instead, which makes it durable as
+        ``fdatasync`` would (``SyncStats.latency_s`` covers the write too)."""
         with self._sync_lock:
+            started = time.perf_counter()
             with self._write_lock:
                 self._check_usable()
-                self._write_locked()
+                # Nothing written and unsynced, no file to create: the
+                # group's write can be its own fsync (one system call, so
+                # one wait for the GIL afterwards instead of two).
+                durable = self._write_locked(
+                    dsync=self._dsync_writes and not self._dirty and not self._dir_dirty)
                 dirty = self._dirty
                 self._dirty = {}
                 dir_dirty = self._dir_dirty
@@ -631,11 +723,11 @@ class Journal:
                 fds = {s: self._open_fds[s] for s in dirty}
             if not dirty and not dir_dirty:
                 return self._synced_seq
-            started = time.perf_counter()
             try:
                 for file_seq in sorted(dirty):
-                    self._fsync(fds[file_seq], journal_file_name(file_seq),
-                              dirty[file_seq])
+                    if not durable:  # (else write_synced made it durable)
+                        self._fsync(fds[file_seq], journal_file_name(file_seq),
+                                    dirty[file_seq])
                 if dir_dirty:
                     self._fsync_dir()
             except OSError as e:
@@ -690,14 +782,30 @@ class Journal:
                 if file_seq >= limit:
                     continue
                 name = journal_file_name(file_seq)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.directory / name)
+                self._remove_or_keep(self.directory / name)
                 if self._tracker is not None:
                     self._tracker.removed(name)
                 self._files.remove(file_seq)
                 removed.append(file_seq)
             self._files_removed += len(removed)
         return removed
+
+    def _remove_or_keep(self, path: Path) -> None:
+        """Delete a journal file, or keep it for reuse while fewer than
+        ``reuse_files_max`` are kept (write lock held).  Neither needs to be
+        durable: a file that comes back after a crash is before the mark."""
+        with contextlib.suppress(FileNotFoundError):
+            if len(self._free) < self._reuse_max:
+                free = path.with_name(path.name[:-len(_SUFFIX)] + _FREE_SUFFIX)
+                os.replace(path, free)
+                self._free.append(free)
+            else:
+                os.unlink(path)
+
+    def free_files(self) -> list[str]:
+        """Names of the files kept for reuse, the next one to be reused first."""
+        with self._write_lock:
+            return [p.name for p in self._free]
 
     def file_seqs(self) -> list[int]:
         """Seqs of the journal files currently on disk."""
