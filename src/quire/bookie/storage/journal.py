@@ -3,7 +3,8 @@
 Every add and every ledger state change is appended here first; group
 commit (in the server) decides when to :meth:`Journal.sync`, so that many
 appends share one ``fdatasync``.  The journal is replayed at start-up from
-the checkpoint's *replay mark*; files wholly before the mark are removed.
+the checkpoint's *replay mark*; files wholly before the mark are removed
+(or kept to be reused, see "Reused files").
 
 Files
 -----
@@ -85,8 +86,8 @@ Threading
 * :meth:`sync`: any thread (the dedicated fsync thread); the write lock is
   held only to write the buffer and collect the files to sync, the
   ``fdatasync`` runs with no lock held, so appends and volatile writes go on.
-* After each fsync, the synced whole pages of each file are
-  dropped from the page cache (``posix_fadvise(DONTNEED)``, advisory; see
+* After each fsync, the synced whole pages of each file are dropped from the
+  page cache (``posix_fadvise(DONTNEED)``, advisory; see
   ``remove_pages_from_cache``): the journal is only read back at replay.
   The page holding a file's tail is never dropped, as the next write
   continues it.
@@ -112,9 +113,9 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
-from quire.bookie.storage import files
 from quire.bookie.storage.files import (
     CAN_DROP_PAGES,
+    RWF_DSYNC,
     drop_cached_pages,
     fsync_dir,
     pwrite_all,
@@ -313,7 +314,7 @@ class Journal:
                  remove_pages_from_cache: bool = False, reuse_files_max: int = 0,
                  dsync_writes: bool = False) -> None:
         self.directory = Path(directory)
-        self._dsync_writes = dsync_writes and files.RWF_DSYNC != 0 and not skip_fsync_for_testing
+        self._dsync_writes = dsync_writes and RWF_DSYNC != 0 and not skip_fsync_for_testing
         """Whether :meth:`sync` may write with ``RWF_DSYNC`` (turned off if
         the first file's header write is refused with it)."""
         self._reuse_max = reuse_files_max
@@ -724,8 +725,8 @@ class Journal:
             if not dirty and not dir_dirty:
                 return self._synced_seq
             try:
-                for file_seq in sorted(dirty):
-                    if not durable:  # (else write_synced made it durable)
+                if not durable:  # (else the write itself was the fsync)
+                    for file_seq in sorted(dirty):
                         self._fsync(fds[file_seq], journal_file_name(file_seq),
                                     dirty[file_seq])
                 if dir_dirty:
