@@ -240,10 +240,11 @@ async def test_full_write_cache_pauses_reads_instead_of_refusing_adds(
     # checkpoint: 4 MiB of adds with 256 outstanding fill it again and again.
     # The bookie must start checkpoints itself and stop reading while one
     # runs, so every add is acknowledged (none refused with TOO_MANY_REQUESTS)
-    # and reads back.
+    # and reads back.  No periodic GC either: ledger 7 has no metadata, so a
+    # GC pass (300 ms in tests) would rightly drop it if the adds took longer.
     process = BookieProcess(tmp_path, metadata_uri, "bookie-1", metrics_port=0,
                             write_cache_max_bytes=512 * 1024, flush_interval_ms=600_000,
-                            disk_check_interval_ms=600_000)
+                            disk_check_interval_ms=600_000, gc_interval_ms=600_000)
     process.start()
     try:
         client = await RawBookieClient.connect(process.address)
