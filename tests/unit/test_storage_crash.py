@@ -63,10 +63,10 @@ def skip_fsync(fd: int, tracker: object, name: str, length: int) -> None:
 
 
 def write_unsynced(fd: int, data: memoryview, offset: int, tracker: object, name: str,
-                   synced_length: int) -> int:
+                   synced_length: int, *, pad_to_page: bool = False) -> int:
     """Stands in for ``write_synced`` when a test removes an fsync: the
     write happens, without ``RWF_DSYNC``."""
-    return pwrite_all(fd, data, offset)
+    return pwrite_all(fd, data, offset, pad_to_page=pad_to_page)
 
 
 # --- power loss ------------------------------------------------------------------

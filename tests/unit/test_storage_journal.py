@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import struct
 import threading
@@ -389,6 +390,45 @@ def test_removed_files_are_reused_and_their_old_records_never_replay(tmp_path: P
     j2.close()
 
 
+@pytest.mark.parametrize("dsync", [False, True], ids=["fdatasync", "dsync"])
+def test_writes_into_a_reused_file_end_on_a_page_boundary(tmp_path: Path, dsync: bool) -> None:
+    """A group's write is padded with zeros to the next page boundary, so
+    the kernel never reads the partly covered last page of a reused file
+    back from disk first.  Seen from outside: after the write, the rest of
+    that page holds zeros, not the file's old records, and the next group
+    still starts right after the data (replay returns every record)."""
+    page = mmap.PAGESIZE
+    j = Journal.open(tmp_path, file_size_bytes=4 * page, max_group_bytes=1024,
+                     reuse_files_max=1, dsync_writes=dsync)
+    j.start()
+    i = 0
+    while len(list_journal_files(tmp_path)) < 3:  # fill file 1 and 2 with old records
+        j.append_add_entry(1, i, entry(i, 300))
+        j.sync()
+        i += 1
+    j.remove_files_before(j.mark())
+    assert len(free_names(tmp_path)) == 1
+    while len(free_names(tmp_path)) == 1:  # fill the current file, roll into the reused one
+        j.append_add_entry(1, i, entry(i, 300))
+        j.sync()
+        i += 1
+    reused = max(list_journal_files(tmp_path))
+    mark = JournalMark(reused, 0)
+    first, second = i, i + 1
+    for k in (first, second):
+        j.append_add_entry(1, k, entry(k, 300))
+        j.sync()
+        data = (tmp_path / journal_file_name(reused)).read_bytes()
+        end = j.mark().offset
+        assert end % page  # the data ends inside a page ...
+        assert data[end:end - end % page + page] == bytes(page - end % page)  # ... zeros after it
+    j.close()
+    j2 = Journal.open(tmp_path, file_size_bytes=4 * page, max_group_bytes=1024)
+    adds = [decode_add_entry(r.body) for r in j2.replay(mark) if r.rtype == REC_ADD_ENTRY]
+    assert adds == [(1, k, entry(k, 300)) for k in (first - 1, first, second)]  # (first - 1 rolled)
+    j2.close()
+
+
 def test_reused_files_beyond_the_limit_are_deleted_at_open(tmp_path: Path) -> None:
     j = reusing(tmp_path, reuse=3)
     j.start()
@@ -438,11 +478,12 @@ class SyncCalls:
             real_sync_file(fd, None, name, length)
 
         def write_synced(fd: int, data: memoryview, offset: int, tracker: object,
-                         name: str, synced_length: int) -> int:
+                         name: str, synced_length: int, *, pad_to_page: bool = False) -> int:
             if refuse_dsync:
                 raise OSError(errno.EOPNOTSUPP, "Operation not supported")
             self.dsync_writes += 1
-            return real_write_synced(fd, data, offset, None, name, synced_length)
+            return real_write_synced(fd, data, offset, None, name, synced_length,
+                                     pad_to_page=pad_to_page)
 
         monkeypatch.setattr(journal_module, "sync_file", sync_file)
         monkeypatch.setattr(journal_module, "write_synced", write_synced)

@@ -33,13 +33,15 @@ RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
 
 
 def write_synced(fd: int, data: bytes | bytearray | memoryview, offset: int,
-                 tracker: SyncTracker | None, name: str, synced_length: int) -> int:
+                 tracker: SyncTracker | None, name: str, synced_length: int, *,
+                 pad_to_page: bool = False) -> int:
     """``pwrite`` all of ``data`` at ``offset`` with ``RWF_DSYNC``, so that it
     is durable once this returns, and, when tracking, record that
     ``name``'s first ``synced_length`` bytes are (the other way to sync,
     besides :func:`sync_file`; the record again follows the real call).
-    Returns the offset just after ``data``."""
-    end = pwrite_all(fd, data, offset, RWF_DSYNC)
+    Returns the offset just after ``data``; ``pad_to_page`` as for
+    :func:`pwrite_all`."""
+    end = pwrite_all(fd, data, offset, RWF_DSYNC, pad_to_page=pad_to_page)
     if tracker is not None:
         tracker.synced(name, synced_length)
     return end
@@ -75,12 +77,31 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_ZERO_PAGE = bytes(mmap.PAGESIZE)
+
+
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int,
-               flags: int = 0) -> int:
+               flags: int = 0, *, pad_to_page: bool = False) -> int:
     """``pwrite`` all of ``data`` at ``offset`` (retrying short writes);
     returns the offset just after it.  ``flags``: ``pwritev2`` flags such
-    as ``os.RWF_DSYNC``."""
+    as ``os.RWF_DSYNC``.
+
+    ``pad_to_page``: in the same call, also write zeros from the end of
+    ``data`` to the next page boundary.  A write that covers only part of
+    a page the page cache does not hold makes the kernel read that page
+    from disk first, inside the write; in a reused file whose pages were
+    dropped that was one device read per journal group.  The padding
+    carries nothing (the next write overwrites it, and the returned offset
+    is still the end of ``data``)."""
     view = memoryview(data)
+    pad = -(offset + len(view)) % mmap.PAGESIZE if pad_to_page else 0
+    if pad and view:
+        end = offset + len(view)
+        n = os.pwritev(fd, [view, _ZERO_PAGE[:pad]], offset, flags)
+        if n >= len(view):
+            return end  # (a short write of the padding alone loses nothing)
+        view = view[n:]
+        offset += n
     while view:
         n = os.pwritev(fd, [view], offset, flags) if flags else os.pwrite(fd, view, offset)
         if n <= 0:  # pragma: no cover - pwrite raises rather than returning 0

@@ -539,10 +539,14 @@ class Journal:
     def _write_at(self, fd: int, data: memoryview, offset: int, synced_as: str) -> int:
         """Write ``data`` at ``offset``, with :func:`write_synced` as file
         ``synced_as`` unless that is empty."""
+        # Zeros to the page boundary, so the write never reads a page back
+        # (see pwrite_all); only inside a preallocated file's size, where
+        # they cannot grow the file.
+        pad = self._preallocate and offset + len(data) + mmap.PAGESIZE <= self._file_size
         if synced_as:
             return write_synced(fd, data, offset, self._tracker, synced_as,
-                                offset + len(data))
-        return pwrite_all(fd, data, offset)
+                                offset + len(data), pad_to_page=pad)
+        return pwrite_all(fd, data, offset, pad_to_page=pad)
 
     # --- append (event loop) -------------------------------------------------
 
