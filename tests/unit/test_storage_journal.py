@@ -127,6 +127,26 @@ def test_record_larger_than_a_file_gets_its_own_file(tmp_path: Path) -> None:
     _j2.close()
 
 
+def test_batched_appends_write_what_single_appends_write_across_rolls(tmp_path: Path) -> None:
+    """append_add_entries is append_add_entry in a loop: same seqs, same
+    marks, same files, even when the batch rolls over two files."""
+    adds = [(1 + i % 3, i, entry(i, 700)) for i in range(30)]  # ~21 KB: 8 KiB files roll
+    one, batch = started(tmp_path / "one")[0], started(tmp_path / "batch")[0]
+    seqs = [one.append_add_entry(*add) for add in adds]
+    assert batch.append_add_entries(adds[:1]) == seqs[0]
+    assert batch.append_add_entries(adds[1:]) == seqs[-1]
+    assert batch.mark() == one.mark()
+    for j in (one, batch):
+        j.sync()
+        j.close()
+    assert list_journal_files(tmp_path / "batch") == list_journal_files(tmp_path / "one")
+    assert len(list_journal_files(tmp_path / "one")) >= 3
+    for seq in list_journal_files(tmp_path / "one"):
+        name = journal_file_name(seq)
+        assert (tmp_path / "batch" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    assert started(tmp_path / "batch")[1] == adds
+
+
 def test_mark_is_exact_for_buffered_records_across_a_roll(tmp_path: Path) -> None:
     j, _ = started(tmp_path, file_size=4096)
     for i in range(30):  # crosses at least one roll, all still buffered
