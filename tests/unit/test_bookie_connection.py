@@ -1,14 +1,25 @@
-"""BookieConnection alone: back-pressure and malformed input, with a fake transport."""
+"""BookieConnection with a fake transport: back-pressure and malformed input
+against a fake server, the timing of answers against a real one."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from quire.bookie.config import BookieConfig
-from quire.bookie.server import BookieConnection
-from quire.protocol import ReadLacRequest
+from quire.bookie.server import BookieConnection, BookieServer
+from quire.errors import StatusCode
+from quire.protocol import (
+    AddResponse,
+    DigestManager,
+    ReadLacRequest,
+    encode_add_request,
+    master_key,
+)
+from quire.protocol.codec import Decoder
+from quire.types import DigestType
 
 
 class FakeTransport:
@@ -30,6 +41,9 @@ class FakeTransport:
         return self.aborted
 
     def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
         self.aborted = True
 
     def get_extra_info(self, name: str) -> Any:
@@ -117,3 +131,45 @@ async def test_malformed_frame_aborts_only_this_connection() -> None:
     conn.data_received(b"\xff" * 16)
     assert transport.aborted and server.handled == []
     await asyncio.sleep(0)
+
+
+async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on(
+        tmp_path: Path) -> None:
+    """A real server and storage engine, a fake transport: the answer to a
+    PD add is written inside the callback of the fsync that released it,
+    not on a later loop iteration (which would first serve other ready
+    I/O, often a read of many adds)."""
+    config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
+                          metadata_uri=f"sqlite:///{tmp_path}/meta.db",
+                          journal_dirs=(tmp_path / "data",), ledger_dirs=(tmp_path / "data",))
+    server = BookieServer(config)
+    await server.start()
+    try:
+        conn = BookieConnection(server)
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        committer = server.committer
+        observe = committer._on_sync
+        assert observe is not None
+        written_at_sync: list[int] = []
+        synced = asyncio.Event()
+
+        def on_sync(seconds: float, released: int) -> None:
+            observe(seconds, released)
+            if released:
+                written_at_sync.append(len(transport.written))
+                synced.set()
+
+        committer._on_sync = on_sync
+        key = master_key(b"pw")
+        entry = DigestManager(7, DigestType.CRC32C, b"pw").encode(0, -1, 3, b"abc")
+        conn.data_received(encode_add_request(1, key, entry))
+        await synced.wait()
+        assert written_at_sync == [1]
+        answer = Decoder("responses", 1 << 20)
+        answer.feed(transport.written[0])
+        message = answer.next_message()
+        assert isinstance(message, AddResponse)
+        assert (message.status, message.ledger_id, message.entry_id) == (StatusCode.OK, 7, 0)
+    finally:
+        await server.stop()
