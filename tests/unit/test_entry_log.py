@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quire.bookie.storage import entry_log
 from quire.bookie.storage.entry_log import (
     LOG_HEADER_SIZE,
     RECORD_PREFIX_SIZE,
@@ -26,9 +27,22 @@ batches = st.lists(st.lists(st.tuples(st.integers(1, 4), st.integers(16, 3000)),
 
 @settings(max_examples=60, deadline=None)
 @given(batches=batches, max_bytes=st.integers(LOG_HEADER_SIZE + 20, 20000),
-       chunk=st.integers(1, 9000))
+       chunk=st.integers(1, 9000), per_chunk=st.integers(1, 50))
 def test_rows_point_at_their_entries_and_logs_roll_in_time(
-        batches: list[list[tuple[int, int]]], max_bytes: int, chunk: int) -> None:
+        batches: list[list[tuple[int, int]]], max_bytes: int, chunk: int,
+        per_chunk: int) -> None:
+    """``per_chunk``: entries per checkpoint chunk (CHUNK_ENTRIES), small here
+    so that chunk boundaries fall anywhere, across log rolls too."""
+    saved = entry_log.CHUNK_ENTRIES
+    entry_log.CHUNK_ENTRIES = per_chunk
+    try:
+        check_rows_and_rolls(batches, max_bytes, chunk)
+    finally:
+        entry_log.CHUNK_ENTRIES = saved
+
+
+def check_rows_and_rolls(batches: list[list[tuple[int, int]]], max_bytes: int,
+                         chunk: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         logger = EntryLogger(directory, max_bytes=max_bytes, write_buffer_bytes=chunk)

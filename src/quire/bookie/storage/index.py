@@ -36,6 +36,7 @@ from pathlib import Path
 
 import lmdb
 
+from quire.bookie.storage import entry_log
 from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRows
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
@@ -210,9 +211,13 @@ class LedgerIndex:
                 self._delete_ledger(txn, ledger_id)
             if rows.ledger_ids:
                 cursor = txn.cursor(db=self._entries)
-                cursor.putmulti(zip(map(ENTRY_KEY.pack, rows.ledger_ids, rows.entry_ids),
-                                    map(ENTRY_VALUE.pack, rows.log_ids, rows.offsets,
-                                        rows.lengths), strict=True))
+                step = entry_log.CHUNK_ENTRIES  # (each putmulti holds the GIL throughout)
+                for start in range(0, len(rows.ledger_ids), step):
+                    end = start + step
+                    cursor.putmulti(zip(
+                        map(ENTRY_KEY.pack, rows.ledger_ids[start:end], rows.entry_ids[start:end]),
+                        map(ENTRY_VALUE.pack, rows.log_ids[start:end], rows.offsets[start:end],
+                            rows.lengths[start:end]), strict=True))
             for ledger_id, state in states.items():
                 txn.put(LEDGER_KEY.pack(ledger_id), state.encode(), db=self._ledgers)
             for log_id, ledger_ids in log_ledgers.items():
