@@ -25,7 +25,8 @@ class BookieConfig:
     journal_file_size_bytes: int = 64 * 1024 * 1024
     journal_reuse_files_max: int = 4
     """Journal files kept for reuse instead of deleted (see ``StorageConfig``)."""
-    write_cache_max_bytes: int = 64 * 1024 * 1024
+    write_cache_max_bytes: int = 256 * 1024 * 1024
+    """See ``StorageConfig.write_cache_max_bytes``."""
     read_cache_max_bytes: int = 32 * 1024 * 1024
     read_ahead_bytes: int = 256 * 1024
     """A read missing the caches also reads the ledger's next entries from
