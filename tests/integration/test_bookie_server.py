@@ -155,7 +155,11 @@ async def test_garbage_on_one_connection_does_not_disturb_fifty_others(
     assert "malformed frame" in bookie.log()
 
 
-async def test_deleted_ledger_stops_being_served(conn: RawBookieClient, metadata_uri: str) -> None:
+async def test_deleted_ledger_stops_being_served(tmp_path: Path, metadata_uri: str) -> None:
+    process = BookieProcess(tmp_path, metadata_uri, "bookie-1", metrics_port=0,
+                            gc_interval_ms=300)  # (off in the other tests)
+    process.start()
+    conn = await RawBookieClient.connect(process.address)
     store = await open_store(metadata_uri)
     try:
         keep, drop = await store.new_ledger_id(), await store.new_ledger_id()
@@ -171,6 +175,8 @@ async def test_deleted_ledger_stops_being_served(conn: RawBookieClient, metadata
         assert await read(conn, keep, 0) == (StatusCode.OK, entry(keep, 0))
     finally:
         await store.close()
+        conn.close()
+        process.kill9()
 
 
 async def test_registration_list_and_clean_unregister(bookie: BookieProcess,
