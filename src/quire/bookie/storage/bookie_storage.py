@@ -373,42 +373,26 @@ class BookieStorage:
         Each result is the entry's journal seq, or the exception
         ``add_entry`` would have raised for it (later items are still added).
         The server's batched add path (one read's plain adds)."""
-        # The checks of _add_locked for each add, then one journal call for
-        # a run of accepted adds (a ledger's creation, journaled between two
-        # runs, keeps the journal order of add_entry one by one), then the
-        # write cache: per-add work stays small.
+        # The checks of each add, then one journal call for a run of accepted
+        # adds (a ledger's creation, journaled between two runs, keeps the
+        # journal order of add_entry one by one), then the write cache.
         results: list[int | Exception] = []
         append_result = results.append
         accepted: list[tuple[int, int, bytes]] = []
         infos: list[_Ledger] = []
         seqs: list[int] = []
         with self._lock:
-            if self._closed:
-                return [StorageError("storage engine closed") for _ in adds]
             journal = self.journal
-            ledgers = self._ledgers
-            reject = self._reject_bytes
+            check = self._check_add_locked
             cache_bytes = self._cache_bytes
             for ledger_id, entry_id, entry, master_key in adds:
                 try:
-                    if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
-                        raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
-                    if type(entry) is not bytes:
-                        entry = bytes(entry)
-                    if reject and cache_bytes + len(entry) > reject:
-                        raise TooManyRequestsError("write cache full: checkpoint behind")
-                    info = ledgers.get(ledger_id)
+                    info, entry = check(ledger_id, entry_id, entry, master_key, False, cache_bytes)
                     if info is None:
                         if len(seqs) < len(accepted):  # journal the run before the creation
                             _extend_seqs(seqs, journal.append_add_entries(accepted[len(seqs):]),
                                          len(accepted) - len(seqs))
                         info = self._create_locked(ledger_id, master_key)
-                    else:
-                        state = info.state
-                        if state.master_key != master_key:
-                            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-                        if state.fenced:
-                            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
                 except Exception as e:  # returned: the caller answers it, as for add_entry
                     append_result(e)
                     continue
@@ -421,19 +405,9 @@ class BookieStorage:
             if len(seqs) < len(accepted):
                 _extend_seqs(seqs, journal.append_add_entries(accepted[len(seqs):]),
                              len(accepted) - len(seqs))
-            cache = self._cache
-            cache_get = cache.get
-            epoch = self._epoch
-            added = 0
+            cache = self._cache_locked
             for (ledger_id, entry_id, entry), info in zip(accepted, infos, strict=True):
-                key = (ledger_id, entry_id)
-                old = cache_get(key)
-                cache[key] = entry
-                added += len(entry) if old is None else len(entry) - len(old)
-                info.cache_epoch = epoch
-                if entry_id > info.max_added:
-                    info.max_added = entry_id
-            self._cache_bytes += added
+                cache(info, ledger_id, entry_id, entry)
         if len(accepted) == len(results):
             return seqs  # type: ignore[return-value]  # (list is invariant)
         return [r if type(r) is not int else seqs[r] for r in results]
@@ -441,34 +415,48 @@ class BookieStorage:
     def _add_locked(self, ledger_id: int, entry_id: int, entry: bytes | memoryview,
                     master_key: bytes, recovery: bool) -> int:
         """The checks, journal record and cache update of one add (lock held)."""
+        info, data = self._check_add_locked(ledger_id, entry_id, entry, master_key, recovery,
+                                            self._cache_bytes)
+        if info is None:
+            info = self._create_locked(ledger_id, master_key)
+        seq = self.journal.append_add_entry(ledger_id, entry_id, data)
+        self._cache_locked(info, ledger_id, entry_id, data)
+        return seq
+
+    def _check_add_locked(self, ledger_id: int, entry_id: int, entry: bytes | memoryview,
+                          master_key: bytes, recovery: bool, cache_bytes: int
+                          ) -> tuple[_Ledger | None, bytes]:
+        """The checks of one add (lock held), with ``cache_bytes`` in the
+        write cache before it: raises what :meth:`add_entry` raises, else
+        returns the ledger (None: unknown, to be created with this key) and
+        the entry as ``bytes``."""
         if not 0 <= ledger_id <= MAX_ID or not 0 <= entry_id <= MAX_ID:
             raise BadRequestError(f"bad ledger/entry id ({ledger_id}, {entry_id})")
         if type(entry) is not bytes:
             entry = bytes(entry)
-        size = len(entry)
         if self._closed:
             raise StorageError("storage engine closed")
-        if self._reject_bytes and self._cache_bytes + size > self._reject_bytes:
+        if self._reject_bytes and cache_bytes + len(entry) > self._reject_bytes:
             raise TooManyRequestsError("write cache full: checkpoint behind")
         info = self._ledgers.get(ledger_id)
-        if info is None:
-            info = self._create_locked(ledger_id, master_key)
-        else:
+        if info is not None:
             state = info.state
             if state.master_key != master_key:
                 raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
             if state.fenced and not recovery:
                 raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-        seq = self.journal.append_add_entry(ledger_id, entry_id, entry)
+        return info, entry
+
+    def _cache_locked(self, info: _Ledger, ledger_id: int, entry_id: int, entry: bytes) -> None:
+        """Put a journaled add in the write cache (lock held)."""
         cache = self._cache
         key = (ledger_id, entry_id)
         old = cache.get(key)
         cache[key] = entry
-        self._cache_bytes += size if old is None else size - len(old)
+        self._cache_bytes += len(entry) if old is None else len(entry) - len(old)
         info.cache_epoch = self._epoch
         if entry_id > info.max_added:
             info.max_added = entry_id
-        return seq
 
     def fence(self, ledger_id: int, master_key: bytes) -> int:
         """Fence the ledger (creating it with this key if unknown); return the
