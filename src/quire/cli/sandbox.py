@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
-import threading
 from pathlib import Path
 
 import click
@@ -24,9 +26,18 @@ from quire.sandbox import BookieProcess, Sandbox
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, as_json: bool) -> None:
     """Run a local Quire cluster until Ctrl-C."""
     cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0)
-    stop = threading.Event()
+    # The handler runs between two bytecodes of this thread, wherever it is,
+    # so it takes no lock: it notes the signal, and set_wakeup_fd makes the
+    # pipe readable, which ends the loop's select at once.  (It used to set
+    # a threading.Event, whose lock the loop's Event.wait could be holding
+    # when the signal landed: Ctrl-C then hung the sandbox.)
+    stop_signals: list[int] = []
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    previous_wakeup_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
 
     def ready(bookie: BookieProcess) -> None:
         if not as_json:
@@ -46,12 +57,18 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, as_json: bo
         click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
         click.echo("Ctrl-C stops the sandbox", err=True)
     try:
-        while not stop.wait(0.5):
+        while not stop_signals:
+            select.select([wake_read], [], [], 0.5)
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 512)
             for bookie in cluster.bookies:
-                if not bookie.running:
+                if not stop_signals and not bookie.running:
                     click.echo(f"bookie {bookie.bookie_id} exited; restarting", err=True)
                     bookie.start()
     finally:
         if not as_json:
             click.echo("stopping the sandbox ...", err=True)
         cluster.stop()
+        signal.set_wakeup_fd(previous_wakeup_fd)
+        os.close(wake_read)
+        os.close(wake_write)
