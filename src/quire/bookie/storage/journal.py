@@ -42,6 +42,11 @@ a *salt* of the file seq it is written in (``crc32c`` of the seq, 8 bytes
 big-endian): an old record, written under another seq, fails the check and
 ends replay like a torn tail.  Version 1 files have salt 0.
 
+Each write of a preallocated file is padded with zeros to the next page
+boundary (:func:`~quire.bookie.storage.files.pwrite_all`), so the kernel
+never reads a partly covered page of a reused file back first; the next
+write overwrites the padding, and zeros read as the end of data.
+
 Records
 -------
 Records follow the header back to back, never split across files::
