@@ -79,21 +79,37 @@ def check_rows_and_rolls(batches: list[list[tuple[int, int]]], max_bytes: int,
 
 def test_checkpointed_pages_are_dropped_after_their_fsync(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each batch drops the whole pages it wrote, from where the previous one
-    stopped (the partly written last page stays); a finished log is dropped
-    to its end; everything still reads back."""
+    """While a batch is written, the writeback of each piece's whole pages is
+    started (DONTNEED drops nothing dirty); after the fsync, the whole pages
+    written since the last drop are dropped (the partly written last page
+    stays); a finished log is dropped to its end; everything reads back."""
     calls = record_dontneed(monkeypatch)
+    real_sync = entry_log.sync_file
+
+    def sync_file(fd: int, tracker: object, name: str, length: int) -> None:
+        calls.append((-1, -1))  # marks the fsync among the advice
+        real_sync(fd, None, name, length)
+
+    monkeypatch.setattr(entry_log, "sync_file", sync_file)
     logger = EntryLogger(tmp_path, max_bytes=40_000, write_buffer_bytes=4096,
                          remove_pages_from_cache=True)
     first = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(10)]
     rows, _ = logger.write_batch(first)
     end = rows.offsets[-1] + RECORD_PREFIX_SIZE + 1000
-    assert calls == [(0, end - end % 4096)]
+    fsync = calls.index((-1, -1))
+    kicks, after = calls[:fsync], calls[fsync + 1:]
+    assert len(kicks) >= 2  # one per piece that filled a page
+    assert [offset for offset, _ in kicks] == [0] + [o + n for o, n in kicks[:-1]]  # contiguous
+    assert kicks[-1][0] + kicks[-1][1] == end - end % 4096  # up to the partly written page
+    assert after == [(0, end - end % 4096)]  # dropped once clean
+    del calls[:]
     second = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(10, 50)]
     rows2, _ = logger.write_batch(second)  # 50 KB: rolls past max_bytes
-    assert calls[1] == (calls[0][1], 0)  # the first log, to its end, when it closed
+    first_fsync = calls.index((-1, -1))  # the first log's, when it closed
+    assert calls[first_fsync + 1] == (end - end % 4096, 0)  # to its end
     assert rows2.log_ids[-1] != rows.log_ids[0]
-    assert all(offset % 4096 == 0 and (length % 4096 == 0) for offset, length in calls[2:])
+    assert all(offset % 4096 == 0 and length % 4096 == 0
+               for offset, length in calls[first_fsync + 2:] if offset >= 0)
     for (ledger_id, entry_id), entry in first + second:
         position = (rows.ledger_ids + rows2.ledger_ids, rows.entry_ids + rows2.entry_ids)
         index = list(zip(*position, strict=True)).index((ledger_id, entry_id))

@@ -143,6 +143,8 @@ class EntryLogger:
         self._drop_pages = remove_pages_from_cache and CAN_DROP_PAGES
         self._cur_dropped = 0
         """Offset of the current log below which its pages were dropped."""
+        self._cur_kicked = 0
+        """Offset of the current log below which writeback was started."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
         self._write_buffer_bytes = write_buffer_bytes
@@ -249,6 +251,15 @@ class EntryLogger:
                 zip(map(RECORD_PREFIX.pack, lengths[pos:end]), entries[pos:end],
                     strict=True))), off)
             pos = end
+            if self._drop_pages:
+                # Start the writeback of what this piece filled now (DONTNEED
+                # hands dirty pages to writeback and drops nothing dirty), so
+                # the checkpoint's fsync finds little left, and journal
+                # fsyncs never queue behind a whole checkpoint written at once.
+                kicked = whole_pages(off)
+                if kicked > self._cur_kicked:
+                    drop_cached_pages(fd, self._cur_kicked, kicked - self._cur_kicked)
+                    self._cur_kicked = kicked
         self._cur_off = off
 
     def _start_log(self) -> None:
@@ -267,6 +278,7 @@ class EntryLogger:
         self._cur_fd = fd
         self._cur_off = LOG_HEADER_SIZE
         self._cur_dropped = 0
+        self._cur_kicked = 0
         with self._fd_lock:
             self._logs.append(log_id)
 
