@@ -18,6 +18,7 @@ from quire.bookie.storage.entry_log import (
     EntryLogger,
     entry_log_name,
 )
+from quire.bookie.storage.ledger_storage import _sorted_keys
 from tests.support.entries import filler_entry
 from tests.support.page_cache import record_dontneed
 
@@ -128,3 +129,22 @@ def test_pages_stay_cached_when_removal_is_off(
     logger.write_batch([((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(60)])
     assert calls == []
     logger.close()
+
+
+@given(keys=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 40)), unique=True,
+                     max_size=60),
+       per_chunk=st.integers(1, 9))
+def test_checkpoint_keys_come_out_sorted_whatever_the_chunking(
+        keys: list[tuple[int, int]], per_chunk: int) -> None:
+    """The order check works a chunk at a time (each chunk's last key is
+    compared with the next chunk's first): keys out of order anywhere, at a
+    chunk edge too, get sorted; keys in order are kept as they are."""
+    saved = entry_log.CHUNK_ENTRIES
+    entry_log.CHUNK_ENTRIES = per_chunk
+    try:
+        entries = {key: b"" for key in keys}
+        assert _sorted_keys(entries) == sorted(keys)
+        in_order = {key: b"" for key in sorted(keys)}
+        assert _sorted_keys(in_order) == sorted(keys)
+    finally:
+        entry_log.CHUNK_ENTRIES = saved
