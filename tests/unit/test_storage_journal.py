@@ -22,6 +22,7 @@ from quire.bookie.storage.journal import (
     decode_add_entry,
     decode_ledger_id,
     encode_fence,
+    encode_record,
     journal_file_name,
     list_journal_files,
 )
@@ -128,11 +129,13 @@ def test_record_larger_than_a_file_gets_its_own_file(tmp_path: Path) -> None:
 
 
 def test_batched_appends_write_what_single_appends_write_across_rolls(tmp_path: Path) -> None:
-    """append_add_entries is append_add_entry in a loop: same seqs, same
-    marks, same files, even when the batch rolls over two files."""
+    """append_add_entries builds its records (and rolls) on its own: it
+    writes what the generic append of each encoded record writes, same
+    seqs, same marks, same files, even when the batch rolls over two files."""
     adds = [(1 + i % 3, i, entry(i, 700)) for i in range(30)]  # ~21 KB: 8 KiB files roll
     one, batch = started(tmp_path / "one")[0], started(tmp_path / "batch")[0]
-    seqs = [one.append_add_entry(*add) for add in adds]
+    seqs = [one.append(encode_record(REC_ADD_ENTRY, struct.pack(">QQ", lid, eid) + data))
+            for lid, eid, data in adds]
     assert batch.append_add_entries(adds[:1]) == seqs[0]
     assert batch.append_add_entries(adds[1:]) == seqs[-1]
     assert batch.mark() == one.mark()

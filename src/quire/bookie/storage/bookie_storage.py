@@ -155,11 +155,6 @@ class StorageStats:
     entry_logs: int
 
 
-def _extend_seqs(seqs: list[int], last: int, count: int) -> None:
-    """Append the ``count`` consecutive journal seqs ending at ``last``."""
-    seqs.extend(range(last - count + 1, last + 1))
-
-
 class BookieStorage:
     """See the module docstring.  Create with :meth:`open`."""
 
@@ -381,17 +376,20 @@ class BookieStorage:
         accepted: list[tuple[int, int, bytes]] = []
         infos: list[_Ledger] = []
         seqs: list[int] = []
+        def journal_run() -> None:  # the accepted adds not journaled yet, in one call
+            run = accepted[len(seqs):]
+            if run:
+                last = self.journal.append_add_entries(run)
+                seqs.extend(range(last - len(run) + 1, last + 1))
+
         with self._lock:
-            journal = self.journal
             check = self._check_add_locked
             cache_bytes = self._cache_bytes
             for ledger_id, entry_id, entry, master_key in adds:
                 try:
                     info, entry = check(ledger_id, entry_id, entry, master_key, False, cache_bytes)
                     if info is None:
-                        if len(seqs) < len(accepted):  # journal the run before the creation
-                            _extend_seqs(seqs, journal.append_add_entries(accepted[len(seqs):]),
-                                         len(accepted) - len(seqs))
+                        journal_run()  # before the creation record
                         info = self._create_locked(ledger_id, master_key)
                 except Exception as e:  # returned: the caller answers it, as for add_entry
                     append_result(e)
@@ -402,9 +400,7 @@ class BookieStorage:
                 infos.append(info)
             if not accepted:
                 return results
-            if len(seqs) < len(accepted):
-                _extend_seqs(seqs, journal.append_add_entries(accepted[len(seqs):]),
-                             len(accepted) - len(seqs))
+            journal_run()
             cache = self._cache_locked
             for (ledger_id, entry_id, entry), info in zip(accepted, infos, strict=True):
                 cache(info, ledger_id, entry_id, entry)

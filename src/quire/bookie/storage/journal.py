@@ -577,27 +577,10 @@ class Journal:
             self._seq += 1
             return self._seq
 
-    def append_add_entry(self, ledger_id: int, entry_id: int,
-                         entry: bytes | memoryview) -> int:
-        """Buffer an ADD_ENTRY record without building it separately first."""
-        head = _ADD_HEAD.pack(REC_ADD_ENTRY, ledger_id, entry_id)
-        size = len(entry)
-        length = 17 + size
-        crc = crc32c(entry, crc32c(head))
-        n = length + REC_HEADER_SIZE
-        with self._append_lock, self._lock:
-            if not self._started:
-                raise StorageError("journal not started")
-            if self._tail_off + n > self._file_size and self._tail_off > FILE_HEADER_SIZE:
-                self._roll_locked()
-            buf = self._buf
-            buf += REC_HEADER.pack(length, crc ^ self._tail_salt)
-            buf += head
-            buf += entry
-            self._tail_off += n
-            self._appended_bytes += n
-            self._seq += 1
-            return self._seq
+    def append_add_entry(self, ledger_id: int, entry_id: int, entry: bytes) -> int:
+        """Buffer one ADD_ENTRY record without building it separately first
+        (:meth:`append_add_entries` with one add); return its seq."""
+        return self.append_add_entries([(ledger_id, entry_id, entry)])
 
     def append_add_entries(self, adds: list[tuple[int, int, bytes]]) -> int:
         """:meth:`append_add_entry` for each ``(ledger_id, entry_id, entry)``
