@@ -233,9 +233,9 @@ class LedgerStorage:
         written.  Until this returns, the caller must keep serving
         ``entries`` from memory (the read cache may hold older versions of
         them until the end)."""
-        nbytes = sum(map(len, entries.values()))
         rows, log_ledgers = self.entry_logger.write_batch(
             _ItemsInKeyOrder(_sorted_keys(entries), entries))
+        nbytes = sum(rows.lengths)
         deletions = list(deletions)
         self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark)
         self.read_cache.invalidate(entries)
