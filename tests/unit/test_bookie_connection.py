@@ -133,6 +133,35 @@ async def test_malformed_frame_aborts_only_this_connection() -> None:
     await asyncio.sleep(0)
 
 
+class BatchingFakeServer(FakeServer):
+    """A FakeServer with the batched path for plain adds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def add_batch(self, conn: BookieConnection, reqs: list[object]) -> None:
+        self.batches.append([req.request_id for req in reqs])  # type: ignore[attr-defined]
+
+
+async def test_requests_before_a_malformed_frame_in_the_same_read_are_served() -> None:
+    """Decoded before the garbage, in one read: every request is still handed
+    on, in order (adds batched, the rest one by one), and only then is the
+    connection closed."""
+    server = BatchingFakeServer()
+    conn = BookieConnection(server)  # type: ignore[arg-type]
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    entry = DigestManager(7, DigestType.CRC32C, b"pw").encode(0, -1, 3, b"abc")
+    key = master_key(b"pw")
+    conn.data_received(encode_add_request(1, key, entry) + ReadLacRequest(2, 7).encode()
+                       + encode_add_request(3, key, entry) + encode_add_request(4, key, entry)
+                       + b"\xff" * 16)
+    assert server.batches == [[1], [3, 4]]
+    assert [r.request_id for r in server.handled] == [2]  # type: ignore[attr-defined]
+    assert transport.aborted
+
+
 async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on(
         tmp_path: Path) -> None:
     """A real server and storage engine, a fake transport: the answer to a

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from quire.client.connection import FLUSH_AFTER_FRAMES, BookieClient, _BookieProtocol
+from quire.errors import StatusCode
 from quire.protocol import Decoder, DigestManager, master_key
+from quire.protocol.codec import encode_add_response
 from quire.types import DigestType
 
 
@@ -15,6 +17,7 @@ class RecordingTransport:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.aborted = False
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
@@ -23,7 +26,7 @@ class RecordingTransport:
         return False
 
     def abort(self) -> None:
-        pass
+        self.aborted = True
 
 
 def frames_in(data: bytes) -> int:
@@ -61,3 +64,29 @@ async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
     add(burst)
     await asyncio.sleep(0)
     assert frames_in(transport.writes[-1]) == 1 and len(transport.writes) == 4
+
+
+async def test_answers_before_a_malformed_frame_are_delivered_then_the_connection_closes(
+        ) -> None:
+    async def resolve(_bookie: str) -> str:
+        raise AssertionError("no connect: the protocol is attached by hand")
+
+    client = BookieClient("b1", resolve, connect_timeout_s=1.0, max_frame_bytes=1 << 20)
+    protocol = _BookieProtocol(client, 1 << 20)
+    transport = RecordingTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    key = master_key(b"pw")
+    digest = DigestManager(7, DigestType.CRC32C, b"pw")
+    answered: list[tuple[int, object]] = []
+    for entry_id in range(2):
+        client.add(key, digest.encode(entry_id, -1, entry_id + 1, b"e"), 0, 60.0,
+                   lambda token, result: answered.append((token, result)), entry_id)
+    sent = Decoder("requests", 1 << 20)
+    sent.feed(b"".join(transport.writes) + b"".join(client._outbox))
+    request_ids = [int(m.request_id or 0) for m in sent.next_messages()]
+    protocol.data_received(
+        b"".join(encode_add_response(rid, StatusCode.OK, 7, i) for i, rid in enumerate(request_ids))
+        + b"\xff" * 16)
+    assert [(token, getattr(result, "entry_id", None)) for token, result in answered] \
+        == [(0, 0), (1, 1)]
+    assert transport.aborted

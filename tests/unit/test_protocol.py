@@ -77,28 +77,47 @@ responses = st.one_of(
 )
 
 
-def decode_all(direction: str, data: bytes, chunk: int) -> list[object]:
+def decode_all(direction: str, data: bytes, chunk: int, batched: bool = False) -> list[object]:
     decoder = Decoder(direction)  # type: ignore[arg-type]
     out: list[object] = []
     for i in range(0, len(data), chunk):
         decoder.feed(data[i:i + chunk])
-        out.extend(decoder)
+        out.extend(decoder.next_messages() if batched else decoder)
     assert decoder.buffered_bytes == 0
     return out
 
 
 @SETTINGS
-@given(st.lists(requests, min_size=1, max_size=6), st.integers(1, 64))
-def test_requests_round_trip_in_any_chunking(messages: list[object], chunk: int) -> None:
+@given(st.lists(requests, min_size=1, max_size=6), st.integers(1, 64), st.booleans())
+def test_requests_round_trip_in_any_chunking(messages: list[object], chunk: int,
+                                             batched: bool) -> None:
     wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
-    assert decode_all("requests", wire, chunk) == messages
+    assert decode_all("requests", wire, chunk, batched) == messages
 
 
 @SETTINGS
-@given(st.lists(responses, min_size=1, max_size=6), st.integers(1, 64))
-def test_responses_round_trip_in_any_chunking(messages: list[object], chunk: int) -> None:
+@given(st.lists(responses, min_size=1, max_size=6), st.integers(1, 64), st.booleans())
+def test_responses_round_trip_in_any_chunking(messages: list[object], chunk: int,
+                                              batched: bool) -> None:
     wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
-    assert decode_all("responses", wire, chunk) == messages
+    assert decode_all("responses", wire, chunk, batched) == messages
+
+
+def test_next_messages_returns_what_precedes_a_malformed_frame_then_raises() -> None:
+    entry = struct.pack(">qq", 7, 0) + b"abc"
+    good = [AddRequest(1, b"k" * 20, entry), ReadLacRequest(2, 7), AddRequest(3, b"k" * 20, entry)]
+    bad_version = struct.pack(">II", 4, (9 << 24) | (1 << 16))
+    decoder = Decoder("requests")
+    decoder.feed(b"".join(m.encode() for m in good) + bad_version)
+    assert decoder.next_messages() == good
+    assert decoder.error is not None and "version 9" in str(decoder.error)
+    with pytest.raises(ProtocolError, match="version 9"):
+        decoder.next_messages()
+    fresh = Decoder("requests")
+    fresh.feed(bad_version)
+    with pytest.raises(ProtocolError, match="version 9"):
+        fresh.next_messages()  # nothing before it: raised at once
+    assert fresh.error is not None
 
 
 def test_unknown_op_decodes_to_unknown_request_with_its_request_id() -> None:
@@ -169,13 +188,27 @@ def test_mutated_frames_give_messages_or_protocol_error(messages: list[object],
 
 
 def _fuzz(direction: str, data: bytes) -> None:
+    """Messages or ProtocolError, and next_messages() decodes exactly what
+    next_message() does, failing at the same frame."""
+    one_by_one: list[object] = []
     decoder = Decoder(direction, max_frame_bytes=4096)  # type: ignore[arg-type]
     try:
         decoder.feed(data)
         for message in decoder:
             assert message is not None
+            one_by_one.append(message)
     except ProtocolError:
         pass
+    batched = Decoder(direction, max_frame_bytes=4096)  # type: ignore[arg-type]
+    batch: list[object] = []
+    try:
+        batched.feed(data)
+        batch = list(batched.next_messages())
+    except ProtocolError:
+        pass
+    assert batch == one_by_one
+    assert (batched.error is None) == (decoder.error is None)
+    assert batched.buffered_bytes == decoder.buffered_bytes
 
 
 @pytest.mark.parametrize("digest_type", list(DigestType))

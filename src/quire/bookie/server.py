@@ -136,8 +136,7 @@ class BookieConnection(asyncio.Protocol):
         try:
             decoder = self.decoder
             decoder.feed(data)
-            next_message = decoder.next_message
-            while (message := next_message()) is not None:
+            for message in decoder.next_messages():
                 if type(message) is AddRequest and add_batch is not None \
                         and not message.flags & ~FLAG_VOLATILE_DURABILITY:
                     if batch is None:
@@ -149,6 +148,8 @@ class BookieConnection(asyncio.Protocol):
                     add_batch(self, batch)  # type: ignore[misc]
                     batch = None
                 handle(self, message)  # type: ignore[arg-type]
+            if decoder.error is not None:  # met after the messages above
+                raise decoder.error
         except ProtocolError as e:
             if batch is not None:  # decoded before the malformed frame: served as before
                 add_batch(self, batch)  # type: ignore[misc]

@@ -91,14 +91,17 @@ class _BookieProtocol(asyncio.Protocol):
         decoder = self.decoder
         try:
             decoder.feed(data)
-            while (message := decoder.next_message()) is not None:
-                waiting = client._pending.pop(message.request_id, None)  # type: ignore[arg-type]
+            pop = client._pending.pop
+            for message in decoder.next_messages():
+                waiting = pop(message.request_id, None)  # type: ignore[arg-type]
                 if waiting is None:
                     continue  # timed out or failed already: the answer is late
                 try:
                     waiting[0](waiting[1], message)  # type: ignore[arg-type]
                 except Exception:
                     log.exception("handler of a response from bookie %s failed", client.bookie_id)
+            if decoder.error is not None:  # met after the messages above
+                raise decoder.error
         except ProtocolError as e:
             log.warning("bookie %s sent a malformed frame (%s): closing the connection",
                         client.bookie_id, e)
@@ -143,7 +146,14 @@ class BookieClient:
         :func:`next_request_id`), due by loop time ``deadline``: the writer's
         hot path, one frame for its whole write set."""
         self._pending[request_id] = (handler, token, deadline)
-        self._write(frame)
+        outbox = self._outbox
+        if self._protocol is None or self._closed or len(outbox) + 1 >= FLUSH_AFTER_FRAMES:
+            self._write(frame)
+        else:  # what _write does for a connected client below a whole piece, inlined
+            outbox.append(frame)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
 
     def send(self, request: OutgoingRequest, timeout_s: float, handler: Handler,
              token: Any) -> None:

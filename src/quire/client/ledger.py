@@ -424,6 +424,7 @@ class WriteHandle(ReadHandle):
                              - DIGEST_LEN[md.digest_type])
         self._ensemble = md.last_ensemble
         self._clients = [ctx.pool.client(b) for b in self._ensemble]
+        self._add_timeout_s = ctx.add_timeout_s
         self._on_add_answer_cb = self._on_add_answer
         """Bound once: a bound method made per add and bookie shows in profiles."""
         self._pending: deque[_PendingAdd] = deque()
@@ -527,7 +528,7 @@ class WriteHandle(ReadHandle):
         ensemble, clients = self._ensemble, self._clients
         request_id = next_request_id()
         frame = encode_add_request(request_id, self._master_key, add.entry, self._flags)
-        deadline = self._loop.time() + self._ctx.add_timeout_s
+        deadline = self._loop.time() + self._add_timeout_s
         on_answer = self._on_add_answer_cb
         for index in self._write_sets[add.entry_id % len(ensemble)]:
             clients[index].add_frame(request_id, frame, deadline, on_answer,
