@@ -3,6 +3,8 @@ before max_bytes, and the per-log ledger sets are exact."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -28,25 +30,31 @@ batches = st.lists(st.lists(st.tuples(st.integers(1, 4), st.integers(16, 3000)),
 
 @settings(max_examples=60, deadline=None)
 @given(batches=batches, max_bytes=st.integers(LOG_HEADER_SIZE + 20, 20000),
-       chunk=st.integers(1, 9000), per_chunk=st.integers(1, 50))
+       chunk=st.integers(1, 9000), per_chunk=st.integers(1, 50), direct_io=st.booleans())
 def test_rows_point_at_their_entries_and_logs_roll_in_time(
         batches: list[list[tuple[int, int]]], max_bytes: int, chunk: int,
-        per_chunk: int) -> None:
+        per_chunk: int, direct_io: bool) -> None:
     """``per_chunk``: entries per checkpoint chunk (CHUNK_ENTRIES), small here
-    so that chunk boundaries fall anywhere, across log rolls too."""
+    so that chunk boundaries fall anywhere, across log rolls too.  With
+    ``direct_io`` (tmp is on a file system with O_DIRECT), every batch's
+    partly filled last page is written padded and rewritten by the next
+    batch: the final re-read of every entry checks those rewrites."""
     saved = entry_log.CHUNK_ENTRIES
     entry_log.CHUNK_ENTRIES = per_chunk
     try:
-        check_rows_and_rolls(batches, max_bytes, chunk)
+        check_rows_and_rolls(batches, max_bytes, chunk, direct_io)
     finally:
         entry_log.CHUNK_ENTRIES = saved
 
 
 def check_rows_and_rolls(batches: list[list[tuple[int, int]]], max_bytes: int,
-                         chunk: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+                         chunk: int, direct_io: bool = False) -> None:
+    with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as tmp:
         directory = Path(tmp)
-        logger = EntryLogger(directory, max_bytes=max_bytes, write_buffer_bytes=chunk)
+        logger = EntryLogger(directory, max_bytes=max_bytes, write_buffer_bytes=chunk,
+                             direct_io=direct_io)
+        assert logger._direct == direct_io  # this file system takes O_DIRECT
+        where: dict[tuple[int, int], tuple[int, int]] = {}
         next_id = {ledger: 0 for ledger in range(1, 5)}
         written: dict[tuple[int, int], bytes] = {}
         for batch in batches:
@@ -66,15 +74,23 @@ def check_rows_and_rolls(batches: list[list[tuple[int, int]]], max_bytes: int,
                     zip(rows.ledger_ids, rows.entry_ids, strict=True), rows.log_ids,
                     rows.offsets, rows.lengths, strict=True):
                 by_log.setdefault(log_id, set()).add(ledger_id)
+                where[(ledger_id, entry_id)] = (log_id, offset)
                 [(read_id, entry)] = logger.read_run(log_id, ledger_id,
                                                      [(entry_id, offset, length)])
                 assert read_id == entry_id and entry == written[(ledger_id, entry_id)]
             assert ledgers == by_log
-        for log_id in logger.log_ids():
-            size = os.path.getsize(directory / entry_log_name(log_id))
+        ends: dict[int, int] = {}
+        for key, (log_id, offset) in where.items():  # everything, after every batch
+            entry = written[key]
+            assert logger.read_run(log_id, key[0], [(key[1], offset, len(entry))]) == [
+                (key[1], entry)]
+            ends[log_id] = max(ends.get(log_id, 0), offset + RECORD_PREFIX_SIZE + len(entry))
+        for log_id, end in ends.items():
             # Over max_bytes only for a log holding one record too big for any log.
-            assert size <= max_bytes or size - LOG_HEADER_SIZE - RECORD_PREFIX_SIZE in {
+            assert end <= max_bytes or end - LOG_HEADER_SIZE - RECORD_PREFIX_SIZE in {
                 len(e) for e in written.values()}
+            size = os.path.getsize(directory / entry_log_name(log_id))
+            assert size == (-(-end // 4096) * 4096 if direct_io else end)  # padded page
         logger.close()
 
 
@@ -148,3 +164,33 @@ def test_checkpoint_keys_come_out_sorted_whatever_the_chunking(
         assert _sorted_keys(in_order) == sorted(keys)
     finally:
         entry_log.CHUNK_ENTRIES = saved
+
+
+def test_direct_io_logs_are_opened_o_direct_and_fall_back_where_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(10)]
+    direct = EntryLogger(tmp_path / "direct", max_bytes=1 << 20, write_buffer_bytes=4096,
+                         direct_io=True)
+    direct.write_batch(items)
+    assert fcntl.fcntl(direct._cur_fd, fcntl.F_GETFL) & os.O_DIRECT
+    direct.close()
+
+    real_open = os.open
+
+    def refusing_open(path: Path, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_DIRECT:  # as tmpfs does: the file is made, then refused
+            os.close(real_open(path, flags & ~os.O_DIRECT, mode))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(entry_log.os, "open", refusing_open)
+    refused = EntryLogger(tmp_path / "refused", max_bytes=1 << 20, write_buffer_bytes=4096,
+                          direct_io=True)
+    rows, _ = refused.write_batch(items)
+    assert not fcntl.fcntl(refused._cur_fd, fcntl.F_GETFL) & os.O_DIRECT
+    assert not refused._direct
+    for (key, entry), offset in zip(items, rows.offsets, strict=True):
+        assert refused.read_run(rows.log_ids[0], 1, [(key[1], offset, len(entry))]) == [
+            (key[1], entry)]
+    assert os.listdir(tmp_path / "refused") == [entry_log_name(rows.log_ids[0])]
+    refused.close()

@@ -34,6 +34,8 @@ class BookieConfig:
     entry_log_remove_pages_from_cache: bool = True
     """Drop the entry-log pages a checkpoint wrote from the page cache once
     they are fsynced (see ``StorageConfig``)."""
+    entry_log_direct_io: bool = True
+    """Write entry logs with O_DIRECT (see ``StorageConfig``)."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000

@@ -287,6 +287,7 @@ class BookieServer:
             read_cache_max_bytes=cfg.read_cache_max_bytes,
             read_ahead_bytes=cfg.read_ahead_bytes,
             entry_log_remove_pages_from_cache=cfg.entry_log_remove_pages_from_cache,
+            entry_log_direct_io=cfg.entry_log_direct_io,
             power_loss_tracking=cfg.power_loss_tracking,
             test_skip_journal_fsync=cfg.test_skip_journal_fsync)
         self._storage = await asyncio.to_thread(BookieStorage.open, storage_config)

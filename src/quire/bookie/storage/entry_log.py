@@ -35,11 +35,17 @@ the reader.
 
 Format version 1 repeated ledger and entry id in a 20-byte record header; a
 bookie refuses to read such a log (:class:`~quire.errors.StorageError`).
+
+Logs are written with ``O_DIRECT`` where the file system allows it
+(``entry_log_direct_io``; see "direct I/O" below), so a log's last page may
+hold zeros past its last record: nothing reads a log but by the index.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
 import struct
 import threading
@@ -82,6 +88,8 @@ for up to 12 ms at a time, stalling the event loop and the journal's fsync
 thread.  A chunk's steps take well under a millisecond."""
 _PLUS_PREFIX = partial(add, RECORD_PREFIX_SIZE)
 _SUFFIX = ".log"
+_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_PAGE = mmap.PAGESIZE
 
 class IndexRows(NamedTuple):
     """Where a batch's entries were written: one column per field, one
@@ -138,9 +146,17 @@ class EntryLogger:
 
     def __init__(self, directory: Path, *, max_bytes: int, write_buffer_bytes: int,
                  tracker: SyncTracker | None = None,
-                 remove_pages_from_cache: bool = False) -> None:
+                 remove_pages_from_cache: bool = False, direct_io: bool = False) -> None:
         self.directory = Path(directory)
         self._drop_pages = remove_pages_from_cache and CAN_DROP_PAGES
+        self._direct = direct_io and _O_DIRECT != 0
+        """Logs are written with O_DIRECT through :attr:`_stage` (False where
+        the platform or the file system has no direct I/O)."""
+        self._stage: mmap.mmap | None = None
+        """Direct I/O: page-aligned staging for the current log's unwritten
+        bytes; its first ``_stage_len`` bytes belong at ``_stage_base``."""
+        self._stage_base = 0
+        self._stage_len = 0
         self._cur_dropped = 0
         """Offset of the current log below which its pages were dropped."""
         self._cur_kicked = 0
@@ -193,9 +209,11 @@ class EntryLogger:
         for start in range(0, len(items), CHUNK_ENTRIES):
             created |= self._write_chunk(items[start:start + CHUNK_ENTRIES], rows, ledgers)
         if items:
+            if self._direct:
+                self._write_stage(final=True)
             sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
             end = whole_pages(self._cur_off)
-            if self._drop_pages and end > self._cur_dropped:
+            if self._drop_pages and not self._direct and end > self._cur_dropped:
                 drop_cached_pages(self._cur_fd, self._cur_dropped, end - self._cur_dropped)
                 self._cur_dropped = end
         if created:
@@ -247,10 +265,14 @@ class EntryLogger:
         while pos < cut:
             base = ends[pos - 1] if pos else 0
             end = max(pos + 1, bisect_right(ends, base + chunk, pos, cut))
-            off = pwrite_all(fd, b"".join(chain.from_iterable(
-                zip(map(RECORD_PREFIX.pack, lengths[pos:end]), entries[pos:end],
-                    strict=True))), off)
+            piece = b"".join(chain.from_iterable(
+                zip(map(RECORD_PREFIX.pack, lengths[pos:end]), entries[pos:end], strict=True)))
             pos = end
+            if self._direct:
+                self._stage_write(piece)
+                off += len(piece)
+                continue
+            off = pwrite_all(fd, piece, off)
             if self._drop_pages:
                 # Start the writeback of what this piece filled now (DONTNEED
                 # hands dirty pages to writeback and drops nothing dirty), so
@@ -262,14 +284,77 @@ class EntryLogger:
                     self._cur_kicked = kicked
         self._cur_off = off
 
+    # --- direct I/O ------------------------------------------------------------
+    # O_DIRECT writes must start at a page-aligned offset and cover whole pages
+    # from a page-aligned buffer.  Records are copied into the staging map;
+    # its whole pages are written as they fill, and the partly filled last
+    # page stays staged (file offset _stage_base) to be completed by later
+    # records.  Before an fsync that last page is written too, zero-padded,
+    # and written again once more records complete it: the bytes it held
+    # are rewritten unchanged.  The padding past the end of the last record
+    # is never read (reads go by the index).
+
+    def _stage_write(self, data: bytes) -> None:
+        stage = self._stage
+        assert stage is not None
+        with memoryview(data) as view:
+            done, size = 0, len(view)
+            while done < size:
+                n = min(size - done, len(stage) - self._stage_len)
+                stage[self._stage_len:self._stage_len + n] = view[done:done + n]
+                self._stage_len += n
+                done += n
+                if self._stage_len == len(stage) or done == size:
+                    self._write_stage(final=False)
+
+    def _write_stage(self, *, final: bool) -> None:
+        """Write the staged whole pages, and with ``final`` the partly filled
+        last page too (zero-padded); keep that page staged."""
+        stage, staged = self._stage, self._stage_len
+        assert stage is not None
+        whole = staged - staged % _PAGE
+        upto = whole
+        if final and staged > whole:
+            upto = whole + _PAGE
+            stage[staged:upto] = bytes(upto - staged)
+        if upto:
+            with memoryview(stage) as view:
+                pwrite_all(self._cur_fd, view[:upto], self._stage_base)
+        if whole:
+            stage.move(0, whole, staged - whole)
+            self._stage_base += whole
+            self._stage_len = staged - whole
+
+    def _open_log(self, name: str) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        path = self.directory / name
+        if self._direct:
+            try:
+                return os.open(path, flags | _O_DIRECT, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                # This file system has no direct I/O: buffered writes from now on.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                self._direct = False
+        return os.open(path, flags, 0o644)
+
     def _start_log(self) -> None:
         log_id = self._next_id
         name = entry_log_name(log_id)
-        fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = self._open_log(name)
         if self._tracker is not None:
             self._tracker.created(name)
+        header = _LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, 0, log_id)
         try:
-            pwrite_all(fd, _LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, 0, log_id), 0)
+            if self._direct:
+                if self._stage is None:  # room for a write piece and a part page
+                    self._stage = mmap.mmap(-1, whole_pages(self._write_buffer_bytes) + 2 * _PAGE)
+                self._stage[:len(header)] = header
+                self._stage_base, self._stage_len = 0, len(header)
+            else:
+                pwrite_all(fd, header, 0)
         except BaseException:
             os.close(fd)
             raise
@@ -283,8 +368,10 @@ class EntryLogger:
             self._logs.append(log_id)
 
     def _finish_current(self) -> None:
+        if self._direct:
+            self._write_stage(final=True)
         sync_file(self._cur_fd, self._tracker, entry_log_name(self._cur_id), self._cur_off)
-        if self._drop_pages:
+        if self._drop_pages and not self._direct:
             drop_cached_pages(self._cur_fd, self._cur_dropped, 0)  # 0: to the end
         os.close(self._cur_fd)
         self._cur_fd = -1
@@ -386,5 +473,8 @@ class EntryLogger:
         if self._cur_fd >= 0:
             os.close(self._cur_fd)
             self._cur_fd = -1
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
         if self._tracker is not None:
             self._tracker.close()
