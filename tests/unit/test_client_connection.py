@@ -38,7 +38,8 @@ def frames_in(data: bytes) -> int:
     return count
 
 
-async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
+def attached_client() -> tuple[BookieClient, _BookieProtocol, RecordingTransport]:
+    """A BookieClient whose connection is a protocol attached by hand."""
     async def resolve(_bookie: str) -> str:
         raise AssertionError("no connect: the protocol is attached by hand")
 
@@ -46,8 +47,16 @@ async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
     protocol = _BookieProtocol(client, 1 << 20)
     transport = RecordingTransport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
-    key = master_key(b"pw")
-    digest = DigestManager(7, DigestType.CRC32C, b"pw")
+    return client, protocol, transport
+
+
+KEY = master_key(b"pw")
+DIGEST = DigestManager(7, DigestType.CRC32C, b"pw")
+
+
+async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
+    client, _protocol, transport = attached_client()
+    key, digest = KEY, DIGEST
     burst = 2 * FLUSH_AFTER_FRAMES + 5
 
     def add(entry_id: int) -> None:
@@ -68,15 +77,8 @@ async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
 
 async def test_answers_before_a_malformed_frame_are_delivered_then_the_connection_closes(
         ) -> None:
-    async def resolve(_bookie: str) -> str:
-        raise AssertionError("no connect: the protocol is attached by hand")
-
-    client = BookieClient("b1", resolve, connect_timeout_s=1.0, max_frame_bytes=1 << 20)
-    protocol = _BookieProtocol(client, 1 << 20)
-    transport = RecordingTransport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    key = master_key(b"pw")
-    digest = DigestManager(7, DigestType.CRC32C, b"pw")
+    client, protocol, transport = attached_client()
+    key, digest = KEY, DIGEST
     answered: list[tuple[int, object]] = []
     for entry_id in range(2):
         client.add(key, digest.encode(entry_id, -1, entry_id + 1, b"e"), 0, 60.0,

@@ -65,7 +65,6 @@ _ADD_RESP_FRAME_LEN = 4 + _ADD_RESP.size
 _ADD_REQ_FRAME = struct.Struct(">II" + _ADD_REQ.format[1:])  # frame header + ADD request head
 _ADD_REQ_RUN = struct.Struct(">II" + _ADD_REQ_IDS.format[1:])  # ... and the entry's two ids
 _ADD_REQ_HEADER = (PROTOCOL_VERSION << 24) | (int(OpCode.ADD_ENTRY) << 16)  # without flags
-_OP_ADD_ENTRY = int(OpCode.ADD_ENTRY)
 _new = object.__new__
 
 _MAX_U64 = (1 << 64) - 1
@@ -652,31 +651,6 @@ class Decoder:
             version, op, flags = header >> 24, (header >> 16) & 0xFF, header & 0xFFFF
             if version != PROTOCOL_VERSION:
                 raise ProtocolError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
-            if op == _OP_ADD_ENTRY and self._is_requests and frame_len >= _ADD_REQ_MIN_FRAME:
-                # The bookie's hot path: what _decode_request does for a
-                # well-sized ADD_ENTRY, without the memoryview and __init__.
-                request_id, key, ledger_id, entry_id = _ADD_REQ_IDS.unpack_from(buf, pos + 8)
-                add: AddRequest = _new(AddRequest)
-                add.request_id = request_id
-                add.master_key = key
-                add.entry = bytes(buf[pos + 8 + _ADD_REQ.size:pos + 4 + frame_len])
-                add.flags = flags
-                add.ledger_id = ledger_id
-                add.entry_id = entry_id
-                self._pos = pos + 4 + frame_len
-                return add
-            if op == _OP_ADD_ENTRY and not self._is_requests and not flags & FLAG_BARE_ERROR \
-                    and frame_len == _ADD_RESP_FRAME_LEN:
-                # The client's hot path: what _decode_response does for an ADD_ENTRY answer.
-                rid, status, ledger_id, entry_id, las = _ADD_RESP.unpack_from(buf, pos + 8)
-                answer: AddResponse = _new(AddResponse)
-                answer.request_id = rid
-                answer.status = _STATUS_BY_VALUE.get(status, StatusCode.UNKNOWN)
-                answer.ledger_id = ledger_id
-                answer.entry_id = entry_id
-                answer.last_add_synced = las
-                self._pos = pos + 4 + frame_len
-                return answer
             with memoryview(buf) as view:
                 body = view[pos + 8:pos + 4 + frame_len]
                 try:
