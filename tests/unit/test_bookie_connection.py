@@ -4,6 +4,7 @@ against a fake server, the timing of answers against a real one."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -200,5 +201,77 @@ async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on
         message = answer.next_message()
         assert isinstance(message, AddResponse)
         assert (message.status, message.ledger_id, message.entry_id) == (StatusCode.OK, 7, 0)
+    finally:
+        await server.stop()
+
+
+async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
+        tmp_path: Path) -> None:
+    """A real server and storage engine: a read holding only PD adds of one
+    known ledger goes through BookieStorage.add_run (column-wise) and is
+    answered in order once durable, the LAC piggy-backed on them noted; a
+    read mixing two ledgers goes add by add, with the same answers; a
+    failed journal fsync answers every add of a run IO_ERROR."""
+    config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
+                          metadata_uri=f"sqlite:///{tmp_path}/meta.db",
+                          journal_dirs=(tmp_path / "data",), ledger_dirs=(tmp_path / "data",))
+    server = BookieServer(config)
+    await server.start()
+    try:
+        conn = BookieConnection(server)
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        storage = server.storage
+        taken: list[int | None] = []
+        real_add_run = storage.add_run
+
+        def add_run(*args: Any) -> int | None:
+            taken.append(real_add_run(*args))
+            return taken[-1]
+
+        storage.add_run = add_run  # type: ignore[method-assign]
+        key = master_key(b"pw")
+        digests = {lid: DigestManager(lid, DigestType.CRC32C, b"pw") for lid in (7, 8)}
+
+        def add(request_id: int, ledger_id: int, entry_id: int) -> bytes:
+            entry = digests[ledger_id].encode(entry_id, entry_id - 1, entry_id + 1, b"x")
+            return encode_add_request(request_id, key, entry)
+
+        answers = Decoder("responses", 1 << 20)
+
+        async def answered(count: int) -> list[tuple[int, StatusCode, int, int]]:
+            got: list[tuple[int, StatusCode, int, int]] = []
+            while len(got) < count:
+                await server.committer.wait_durable(storage.journal.append_seq)
+                await asyncio.sleep(0)  # the answers' flush
+                for data in transport.written:
+                    answers.feed(data)
+                transport.written.clear()
+                got += [(m.request_id, m.status, m.ledger_id, m.entry_id)  # type: ignore[union-attr]
+                        for m in answers.next_messages()]
+            return got
+
+        conn.data_received(add(1, 7, 0))  # ledger 7 is new: created add by add
+        assert await answered(1) == [(1, StatusCode.OK, 7, 0)]
+        conn.data_received(b"".join(add(10 + i, 7, i) for i in range(1, 6)))
+        assert await answered(5) == [(10 + i, StatusCode.OK, 7, i) for i in range(1, 6)]
+        assert taken[-1] is not None and server._lac[7] == 4
+        calls = len(taken)
+        conn.data_received(add(20, 7, 6) + add(21, 8, 0) + add(22, 7, 7))
+        assert await answered(3) == [(20, StatusCode.OK, 7, 6), (21, StatusCode.OK, 8, 0),
+                                     (22, StatusCode.OK, 7, 7)]
+        assert len(taken) == calls  # two ledgers: never offered as a run
+        for entry_id in range(8):
+            assert storage.read_entry(7, entry_id)[:16] == struct.pack(">qq", 7, entry_id)
+
+        reqs = Decoder("requests", 1 << 20)
+        reqs.feed(add(30, 7, 8) + add(31, 7, 9))
+        server._run_durable((conn, reqs.next_messages(), 0.0, 0),  # type: ignore[arg-type]
+                            OSError("disk gone"))
+        await asyncio.sleep(0)
+        answers.feed(b"".join(transport.written))
+        assert [(m.request_id, m.status) for m in answers.next_messages()] == [  # type: ignore[union-attr]
+            (30, StatusCode.IO_ERROR), (31, StatusCode.IO_ERROR)]
+        assert server.read_only
     finally:
         await server.stop()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import random
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from quire.bookie.metrics import LATENCY_BUCKETS_MS, LatencyRecorder
@@ -127,3 +131,105 @@ def test_decoder_fast_paths_match_the_generic_decoders() -> None:
             except ProtocolError:
                 got.append("ProtocolError")
             assert got == _generic(direction, data)
+
+
+_KEY, _OTHER = b"k" * 20, b"o" * 20
+runs = st.lists(st.tuples(
+    st.sampled_from([1, 1, 1, 2, 3]),           # ledger (3: fenced below, 2: unknown at first)
+    st.sampled_from([_KEY, _KEY, _KEY, _OTHER]),  # master key
+    st.integers(0, 12),                         # entry id
+    st.integers(24, 400)),                      # entry size
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(runs, min_size=1, max_size=6), tight_cache=st.booleans())
+def test_add_run_gives_what_add_entries_gives(batches: list[list[tuple[int, bytes, int, int]]],
+                                              tight_cache: bool) -> None:
+    """Twin engines take the same batches: one through add_entries only, the
+    other through add_run, falling back to add_entries when it declines.
+    Results, journal bytes, write cache and ledger state agree; a declined
+    run changes nothing.  The batches mix the usual run (one ledger, one
+    key, ids rising) with everything add_run must leave to add_entries:
+    several ledgers or keys, an unknown or fenced ledger, a wrong key,
+    repeated or falling ids, entries already cached, a full write cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = []
+        for name in ("entries", "run"):
+            config = StorageConfig(journal_dirs=(Path(tmp) / name,),
+                                   ledger_dirs=(Path(tmp) / name,),
+                                   write_cache_max_bytes=800 if tight_cache else 1 << 20,
+                                   write_cache_reject_ratio=2.0)
+            engine = BookieStorage.open(config)
+            engine.fence(3, _KEY)
+            engine.add_entry(1, 100, b"x" * 30, _KEY)  # ledger 1 known from the start
+            engines.append(engine)
+        plain, columns = engines
+        taken = 0
+        try:
+            for batch in batches:
+                items = [(ledger, entry_id, bytes([entry_id % 251]) * size, key)
+                         for ledger, key, entry_id, size in batch]
+                expected = plain.add_entries(items)
+                before = (columns.journal.mark(), columns.write_cache_bytes)
+                ledgers, keys = {i[0] for i in items}, {i[3] for i in items}
+                last = columns.add_run(items[0][0], items[0][3], [i[1] for i in items],
+                                       [i[2] for i in items]) \
+                    if len(ledgers) == 1 and len(keys) == 1 else None
+                if last is None:
+                    assert (columns.journal.mark(), columns.write_cache_bytes) == before
+                    got: list[object] = list(columns.add_entries(items))
+                else:
+                    taken += 1
+                    got = list(range(last - len(items) + 1, last + 1))
+                assert [type(r) for r in got] == [type(r) for r in expected]
+                assert [str(r) for r in got] == [str(r) for r in expected]
+                assert columns.journal.mark() == plain.journal.mark()
+                assert columns.write_cache_bytes == plain.write_cache_bytes
+            for engine in engines:
+                engine.journal.sync()
+            assert _journal_bytes(plain) == _journal_bytes(columns)
+            for ledger in (1, 2, 3):
+                for entry_id in range(13):
+                    assert _read_or_error(plain, ledger, entry_id) == _read_or_error(
+                        columns, ledger, entry_id)
+        finally:
+            for engine in engines:
+                engine.close()
+
+
+def _journal_bytes(engine: BookieStorage) -> bytes:
+    directory = engine.journal.directory
+    return b"".join((directory / name).read_bytes() for name in sorted(os.listdir(directory))
+                    if name.endswith(".jnl"))
+
+
+def _read_or_error(engine: BookieStorage, ledger_id: int, entry_id: int) -> object:
+    try:
+        return engine.read_entry(ledger_id, entry_id)
+    except Exception as e:
+        return type(e).__name__
+
+
+def test_a_run_that_would_cross_a_journal_file_is_declined_by_the_journal(
+        tmp_path: Path) -> None:
+    """append_add_run builds the records append_add_entries builds, and
+    declines (appending nothing) a run that a file roll would split."""
+    config = StorageConfig(journal_dirs=(tmp_path / "a",), ledger_dirs=(tmp_path / "a",),
+                           journal_file_size_bytes=64 * 1024)
+    engine = BookieStorage.open(config)
+    try:
+        journal = engine.journal
+        ids, entries = list(range(10)), [bytes([i]) * 1000 for i in range(10)]
+        seq = journal.append_seq
+        mark = journal.mark()
+        last = journal.append_add_run(7, ids, entries)
+        assert last == seq + 10
+        run_bytes = journal.mark().offset - mark.offset
+        assert run_bytes == sum(8 + 17 + len(e) for e in entries)
+        big = [b"z" * 1000] * 70  # 70 KB: past the 64 KiB file
+        before = journal.mark()
+        assert journal.append_add_run(7, list(range(10, 80)), big) is None
+        assert journal.mark() == before and journal.append_seq == last
+    finally:
+        engine.close()

@@ -26,6 +26,8 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from itertools import repeat
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import cast
 
@@ -69,7 +71,7 @@ from quire.protocol import (
     WriteLacResponse,
     encode_batch_read_records,
 )
-from quire.protocol.codec import encode_add_response
+from quire.protocol.codec import encode_add_response, encode_add_responses
 from quire.types import BookieState
 
 log = logging.getLogger("quire.bookie")
@@ -84,6 +86,8 @@ _RUN_PD, _RUN_VD, _RUN_ONE_BY_ONE = 1, 2, 3
 _StoredAdd = tuple[AddRequest, int, int]
 """An add the storage engine took: (request, journal seq, piggy-backed LAC)."""
 _OK = StatusCode.OK
+_LEDGER_ID, _ENTRY_ID, _ENTRY, _MASTER_KEY, _FLAGS, _REQUEST_ID = (attrgetter(name) for name in (
+    "ledger_id", "entry_id", "entry", "master_key", "flags", "request_id"))
 
 
 def _status_of(error: BaseException) -> StatusCode:
@@ -136,7 +140,13 @@ class BookieConnection(asyncio.Protocol):
         try:
             decoder = self.decoder
             decoder.feed(data)
-            for message in decoder.next_messages():
+            messages = decoder.next_messages()
+            if add_batch is not None and messages \
+                    and all(map(is_, map(type, messages), repeat(AddRequest))) \
+                    and not any(map(_FLAGS, messages)):
+                # the usual read: PD adds only (checked just above)
+                batch, messages = cast(list[AddRequest], messages), []
+            for message in messages:
                 if type(message) is AddRequest and add_batch is not None \
                         and not message.flags & ~FLAG_VOLATILE_DURABILITY:
                     if batch is None:
@@ -245,6 +255,7 @@ class BookieServer:
         self._add_ok_recorder: LatencyRecorder | None = None
         self._add_durable_callback = self._add_durable
         self._adds_durable_callback = self._adds_durable
+        self._run_durable_callback = self._run_durable
         self._handlers: dict[type, Callable[[BookieConnection, Request], None]] = {
             AddRequest: self._add,  # type: ignore[dict-item]
             ReadRequest: self._read,  # type: ignore[dict-item]
@@ -609,7 +620,7 @@ class BookieServer:
         write of acks (_add_volatile); a PD add to a VD ledger goes through
         _add.  Order is kept across runs."""
         cursors = self._cursors
-        if not cursors and not any(req.flags for req in reqs):
+        if not cursors and not any(map(_FLAGS, reqs)):
             self._add_plain(conn, reqs)  # the common case: PD traffic only
             return
         run: list[AddRequest] = []
@@ -715,6 +726,8 @@ class BookieServer:
         """PD adds to ledgers without a cursor: answered together once the
         journal fsync covering the last of them returned."""
         started = _perf_counter()
+        if self._add_pd_run(conn, reqs, started):
+            return
         stored, held = self._store_adds(conn, reqs, started)
         if not stored:
             return
@@ -723,6 +736,54 @@ class BookieServer:
         conn.pending_bytes += held  # conn.hold(size) for each
         committer.after_durable_with(stored[-1][1], self._adds_durable_callback,
                                      (conn, stored, started, held), len(stored))
+
+    def _add_pd_run(self, conn: BookieConnection, reqs: list[AddRequest], started: float
+                    ) -> bool:
+        """_add_plain for the usual batch, column-wise: PD adds of one ledger
+        (one master key), every entry long enough to carry a LAC, which
+        ``BookieStorage.add_run`` takes whole.  Returns False, having done
+        nothing, for any other batch (_add_plain then goes add by add)."""
+        storage = self._storage
+        ledger_id = reqs[0].ledger_id
+        if self.read_only or storage is None or len(set(map(_LEDGER_ID, reqs))) != 1 \
+                or len(set(map(_MASTER_KEY, reqs))) != 1:
+            return False
+        entries = list(map(_ENTRY, reqs))
+        if min(map(len, entries)) < _LAC_OFFSET + _LAC_FIELD.size:
+            return False
+        entry_ids = list(map(_ENTRY_ID, reqs))
+        try:
+            last = storage.add_run(ledger_id, reqs[0].master_key, entry_ids, entries)
+        except Exception:  # an engine bug: the add-by-add path contains it per request
+            return False
+        if last is None:
+            return False
+        held = sum(map(len, entries))
+        lac = max(map(_LAC_FIELD.unpack_from, entries, repeat(_LAC_OFFSET)))[0]
+        if lac > self._lac.get(ledger_id, -1):
+            self._lac[ledger_id] = lac
+        metrics = self.metrics
+        metrics.entries_written += len(reqs)
+        metrics.bytes_written += held
+        if storage.checkpoint_due:
+            self._write_cache_full()
+        committer = self._committer
+        assert committer is not None, "bookie not started"
+        conn.pending_bytes += held
+        committer.after_durable_with(last, self._run_durable_callback,
+                                     (conn, reqs, started, held), len(reqs))
+        return True
+
+    def _run_durable(self, waiter: tuple[BookieConnection, list[AddRequest], float, int],
+                     error: BaseException | None) -> None:
+        """Answer a run taken by _add_pd_run once the journal fsync covering it returned."""
+        conn, reqs, started, held = waiter
+        if error is not None:
+            self._adds_durable((conn, [(req, 0, -1) for req in reqs], started, held), error)
+            return
+        conn.send_many(encode_add_responses(map(_REQUEST_ID, reqs), _OK, reqs[0].ledger_id,
+                                            map(_ENTRY_ID, reqs)), held)
+        self._record(self._add_ok(), started, len(reqs))
 
     def _adds_durable(self, waiter: tuple[BookieConnection, list[_StoredAdd], float, int],
                       error: BaseException | None) -> None:

@@ -13,6 +13,7 @@ import enum
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import ClassVar, Literal, TypeAlias
 
 from quire.errors import ProtocolError, StatusCode
@@ -257,6 +258,16 @@ def encode_add_response(request_id: int, status: int, ledger_id: int, entry_id: 
     object); the same bytes as ``AddResponse(...).encode()``."""
     return _ADD_RESP_FRAME.pack(_ADD_RESP_FRAME_LEN, _ADD_RESP_HEADER, request_id, status,
                                 ledger_id, entry_id, last_add_synced)
+
+
+def encode_add_responses(request_ids: Iterable[int], status: int, ledger_id: int,
+                         entry_ids: Iterable[int], last_add_synced: int = -1) -> list[bytes]:
+    """:func:`encode_add_response` for each ``(request_id, entry_id)`` pair,
+    all with the same status, ledger and LastAddSynced (one C-level ``map``,
+    no bytecode per answer)."""
+    return list(map(_ADD_RESP_FRAME.pack, repeat(_ADD_RESP_FRAME_LEN), repeat(_ADD_RESP_HEADER),
+                    request_ids, repeat(status), repeat(ledger_id), entry_ids,
+                    repeat(last_add_synced)))
 
 
 @dataclass(slots=True)
