@@ -4,7 +4,9 @@ against a fake server, the timing of answers against a real one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -163,12 +165,10 @@ async def test_requests_before_a_malformed_frame_in_the_same_read_are_served() -
     assert transport.aborted
 
 
-async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on(
-        tmp_path: Path) -> None:
-    """A real server and storage engine, a fake transport: the answer to a
-    PD add is written inside the callback of the fsync that released it,
-    not on a later loop iteration (which would first serve other ready
-    I/O, often a read of many adds)."""
+@contextlib.asynccontextmanager
+async def served(tmp_path: Path
+                 ) -> AsyncIterator[tuple[BookieServer, BookieConnection, FakeTransport]]:
+    """A real server and storage engine, one connection on a fake transport."""
     config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
                           metadata_uri=f"sqlite:///{tmp_path}/meta.db",
                           journal_dirs=(tmp_path / "data",), ledger_dirs=(tmp_path / "data",))
@@ -178,6 +178,18 @@ async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on
         conn = BookieConnection(server)
         transport = FakeTransport()
         conn.connection_made(transport)  # type: ignore[arg-type]
+        yield server, conn, transport
+    finally:
+        await server.stop()
+
+
+async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on(
+        tmp_path: Path) -> None:
+    """A real server and storage engine, a fake transport: the answer to a
+    PD add is written inside the callback of the fsync that released it,
+    not on a later loop iteration (which would first serve other ready
+    I/O, often a read of many adds)."""
+    async with served(tmp_path) as (server, conn, transport):
         committer = server.committer
         observe = committer._on_sync
         assert observe is not None
@@ -201,8 +213,6 @@ async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on
         message = answer.next_message()
         assert isinstance(message, AddResponse)
         assert (message.status, message.ledger_id, message.entry_id) == (StatusCode.OK, 7, 0)
-    finally:
-        await server.stop()
 
 
 async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
@@ -212,15 +222,7 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
     answered in order once durable, the LAC piggy-backed on them noted; a
     read mixing two ledgers goes add by add, with the same answers; a
     failed journal fsync answers every add of a run IO_ERROR."""
-    config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
-                          metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                          journal_dirs=(tmp_path / "data",), ledger_dirs=(tmp_path / "data",))
-    server = BookieServer(config)
-    await server.start()
-    try:
-        conn = BookieConnection(server)
-        transport = FakeTransport()
-        conn.connection_made(transport)  # type: ignore[arg-type]
+    async with served(tmp_path) as (server, conn, transport):
         storage = server.storage
         taken: list[int | None] = []
         real_add_run = storage.add_run
@@ -229,7 +231,7 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
             taken.append(real_add_run(*args))
             return taken[-1]
 
-        storage.add_run = add_run  # type: ignore[method-assign]
+        storage.add_run = add_run  # type: ignore[method-assign,assignment]
         key = master_key(b"pw")
         digests = {lid: DigestManager(lid, DigestType.CRC32C, b"pw") for lid in (7, 8)}
 
@@ -247,7 +249,7 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
                 for data in transport.written:
                     answers.feed(data)
                 transport.written.clear()
-                got += [(m.request_id, m.status, m.ledger_id, m.entry_id)  # type: ignore[union-attr]
+                got += [(m.request_id, m.status, m.ledger_id, m.entry_id)  # type: ignore[union-attr,misc]
                         for m in answers.next_messages()]
             return got
 
@@ -273,5 +275,3 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
         assert [(m.request_id, m.status) for m in answers.next_messages()] == [  # type: ignore[union-attr]
             (30, StatusCode.IO_ERROR), (31, StatusCode.IO_ERROR)]
         assert server.read_only
-    finally:
-        await server.stop()
