@@ -194,3 +194,31 @@ def test_direct_io_logs_are_opened_o_direct_and_fall_back_where_refused(
             (key[1], entry)]
     assert os.listdir(tmp_path / "refused") == [entry_log_name(rows.log_ids[0])]
     refused.close()
+
+
+def test_a_refused_direct_write_goes_on_through_the_page_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system may open with O_DIRECT yet refuse the writes (EINVAL):
+    the current log drops the flag, what was staged is written buffered,
+    and every later write is buffered; nothing is lost."""
+    real_pwrite = os.pwrite
+    refused: list[int] = []
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    logger = EntryLogger(tmp_path, max_bytes=40_000, write_buffer_bytes=4096, direct_io=True)
+    first = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(3)]
+    rows1, _ = logger.write_batch(first)  # direct: staged, tail page padded
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    second = [((1, i), filler_entry(1, i, 1000, b"%d %d ")) for i in range(3, 60)]
+    rows2, _ = logger.write_batch(second)  # refused at once, then buffered, across rolls
+    assert refused and not logger._direct
+    assert not fcntl.fcntl(logger._cur_fd, fcntl.F_GETFL) & os.O_DIRECT
+    for (key, entry), log_id, offset in zip(first + second, rows1.log_ids + rows2.log_ids,
+                                            rows1.offsets + rows2.offsets, strict=True):
+        assert logger.read_run(log_id, 1, [(key[1], offset, len(entry))]) == [(key[1], entry)]
+    logger.close()

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import logging
 import mmap
 import os
 import struct
@@ -89,6 +91,7 @@ thread.  A chunk's steps take well under a millisecond."""
 _PLUS_PREFIX = partial(add, RECORD_PREFIX_SIZE)
 _SUFFIX = ".log"
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+log = logging.getLogger(__name__)
 _PAGE = mmap.PAGESIZE
 
 class IndexRows(NamedTuple):
@@ -306,6 +309,9 @@ class EntryLogger:
                 done += n
                 if self._stage_len == len(stage) or done == size:
                     self._write_stage(final=False)
+                    if not self._direct:  # refused: the rest goes through the page cache
+                        pwrite_all(self._cur_fd, view[done:], self._stage_base)
+                        return
 
     def _write_stage(self, *, final: bool) -> None:
         """Write the staged whole pages, and with ``final`` the partly filled
@@ -318,12 +324,35 @@ class EntryLogger:
             upto = whole + _PAGE
             stage[staged:upto] = bytes(upto - staged)
         if upto:
-            with memoryview(stage) as view:
-                pwrite_all(self._cur_fd, view[:upto], self._stage_base)
+            refused = ""
+            with memoryview(stage) as view, view[:upto] as pages:
+                try:
+                    pwrite_all(self._cur_fd, pages, self._stage_base)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    refused = str(e)  # (not e: its traceback holds views of the stage)
+            if refused:
+                self._leave_direct_io(refused)
+                return
         if whole:
             stage.move(0, whole, staged - whole)
             self._stage_base += whole
             self._stage_len = staged - whole
+
+    def _leave_direct_io(self, error: str) -> None:
+        """A direct write was refused (a file system that opens with O_DIRECT
+        but cannot write so): clear the flag on the current log, write what
+        is staged through the page cache, and write buffered from now on."""
+        log.warning("entry log %s: direct write refused (%s); writing through the page cache",
+                    entry_log_name(self._cur_id), error)
+        fd, stage, staged = self._cur_fd, self._stage, self._stage_len
+        assert stage is not None
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+        pwrite_all(fd, stage[:staged], self._stage_base)
+        self._stage_base += staged
+        self._stage_len = 0
+        self._direct = False
 
     def _open_log(self, name: str) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -474,7 +503,8 @@ class EntryLogger:
             os.close(self._cur_fd)
             self._cur_fd = -1
         if self._stage is not None:
-            self._stage.close()
+            with contextlib.suppress(BufferError):  # a view still held (a failed write's
+                self._stage.close()                 # traceback): freed with the last one
             self._stage = None
         if self._tracker is not None:
             self._tracker.close()
