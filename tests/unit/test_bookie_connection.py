@@ -275,3 +275,36 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
         assert [(m.request_id, m.status) for m in answers.next_messages()] == [  # type: ignore[union-attr]
             (30, StatusCode.IO_ERROR), (31, StatusCode.IO_ERROR)]
         assert server.read_only
+
+
+async def test_an_engine_error_on_a_run_answers_each_add_and_adds_nothing_twice(
+        tmp_path: Path) -> None:
+    """BookieStorage.add_run raising (a bug) is contained as the add-by-add
+    path contains one: every add of the run gets an error answer, nothing
+    is retried add by add (which could journal a half-taken run twice), and
+    the connection goes on serving."""
+    async with served(tmp_path) as (server, conn, transport):
+        key = master_key(b"pw")
+        digest = DigestManager(7, DigestType.CRC32C, b"pw")
+
+        def add(request_id: int, entry_id: int) -> bytes:
+            return encode_add_request(request_id, key,
+                                      digest.encode(entry_id, entry_id - 1, entry_id + 1, b"x"))
+
+        conn.data_received(add(1, 0))  # ledger 7 is created add by add
+        await server.committer.wait_durable(server.storage.journal.append_seq)
+
+        def broken(*_args: Any) -> int:
+            raise RuntimeError("engine bug")
+
+        server.storage.add_run = broken  # type: ignore[method-assign]
+        seq = server.storage.journal.append_seq
+        conn.data_received(add(2, 1) + add(3, 2))
+        await asyncio.sleep(0)  # the answers' flush
+        answers = Decoder("responses", 1 << 20)
+        answers.feed(b"".join(transport.written))
+        got = answers.next_messages()
+        assert [(m.request_id, m.status) for m in got[1:]] == [  # type: ignore[union-attr]
+            (2, StatusCode.IO_ERROR), (3, StatusCode.IO_ERROR)]
+        assert server.storage.journal.append_seq == seq  # not retried add by add
+        assert not transport.aborted

@@ -211,25 +211,28 @@ def _read_or_error(engine: BookieStorage, ledger_id: int, entry_id: int) -> obje
         return type(e).__name__
 
 
-def test_a_run_that_would_cross_a_journal_file_is_declined_by_the_journal(
+def test_a_run_crossing_a_journal_file_is_placed_as_append_add_entries_places_it(
         tmp_path: Path) -> None:
-    """append_add_run builds the records append_add_entries builds, and
-    declines (appending nothing) a run that a file roll would split."""
-    config = StorageConfig(journal_dirs=(tmp_path / "a",), ledger_dirs=(tmp_path / "a",),
-                           journal_file_size_bytes=64 * 1024)
-    engine = BookieStorage.open(config)
+    """append_add_run writes the records append_add_entries writes, rolls
+    included: a run past the end of a 64 KiB file leaves both journals
+    with the same seqs, marks and file bytes."""
+    engines = [BookieStorage.open(StorageConfig(
+        journal_dirs=(tmp_path / name,), ledger_dirs=(tmp_path / name,),
+        journal_file_size_bytes=64 * 1024)) for name in ("entries", "run")]
     try:
-        journal = engine.journal
+        plain, columns = (engine.journal for engine in engines)
         ids, entries = list(range(10)), [bytes([i]) * 1000 for i in range(10)]
-        seq = journal.append_seq
-        mark = journal.mark()
-        last = journal.append_add_run(7, ids, entries)
-        assert last == seq + 10
-        run_bytes = journal.mark().offset - mark.offset
-        assert run_bytes == sum(8 + 17 + len(e) for e in entries)
-        big = [b"z" * 1000] * 70  # 70 KB: past the 64 KiB file
-        before = journal.mark()
-        assert journal.append_add_run(7, list(range(10, 80)), big) is None
-        assert journal.mark() == before and journal.append_seq == last
+        mark = columns.mark()
+        assert columns.append_add_run(7, ids, entries) == plain.append_add_entries(
+            [(7, i, e) for i, e in zip(ids, entries, strict=True)])
+        assert columns.mark().offset - mark.offset == sum(8 + 17 + len(e) for e in entries)
+        big_ids, big = list(range(10, 80)), [b"z" * 1000] * 70  # 70 KB: past the file's end
+        assert columns.append_add_run(7, big_ids, big) == plain.append_add_entries(
+            [(7, i, e) for i, e in zip(big_ids, big, strict=True)])
+        assert columns.mark() == plain.mark() and columns.mark().file_seq > mark.file_seq
+        for journal in (plain, columns):
+            journal.sync()
+        assert _journal_bytes(engines[0]) == _journal_bytes(engines[1])
     finally:
-        engine.close()
+        for engine in engines:
+            engine.close()

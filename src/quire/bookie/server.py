@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from pathlib import Path
 from typing import cast
 
@@ -140,13 +140,7 @@ class BookieConnection(asyncio.Protocol):
         try:
             decoder = self.decoder
             decoder.feed(data)
-            messages = decoder.next_messages()
-            if add_batch is not None and messages \
-                    and all(map(is_, map(type, messages), repeat(AddRequest))) \
-                    and not any(map(_FLAGS, messages)):
-                # the usual read: PD adds only (checked just above)
-                batch, messages = cast(list[AddRequest], messages), []
-            for message in messages:
+            for message in decoder.next_messages():
                 if type(message) is AddRequest and add_batch is not None \
                         and not message.flags & ~FLAG_VOLATILE_DURABILITY:
                     if batch is None:
@@ -686,12 +680,17 @@ class BookieServer:
                 assert isinstance(result, Exception)
                 self._request_failed(conn, req, result)
         if stored:
-            metrics = self.metrics
-            metrics.entries_written += len(stored)
-            metrics.bytes_written += held
-            if storage.checkpoint_due:
-                self._write_cache_full()
+            self._count_stored(storage, len(stored), held)
         return stored, held
+
+    def _count_stored(self, storage: BookieStorage, count: int, held: int) -> None:
+        """Metrics of adds the storage engine took; a checkpoint if their
+        entries filled the write cache."""
+        metrics = self.metrics
+        metrics.entries_written += count
+        metrics.bytes_written += held
+        if storage.checkpoint_due:
+            self._write_cache_full()
 
     def _add_volatile(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """BP-14 VD adds: acknowledged once in the journal file (page cache),
@@ -742,7 +741,8 @@ class BookieServer:
         """_add_plain for the usual batch, column-wise: PD adds of one ledger
         (one master key), every entry long enough to carry a LAC, which
         ``BookieStorage.add_run`` takes whole.  Returns False, having done
-        nothing, for any other batch (_add_plain then goes add by add)."""
+        nothing, for any other batch (_add_plain then goes add by add); True
+        once the batch is taken, or answered with the engine's error."""
         storage = self._storage
         ledger_id = reqs[0].ledger_id
         if self.read_only or storage is None or len(set(map(_LEDGER_ID, reqs))) != 1 \
@@ -754,19 +754,17 @@ class BookieServer:
         entry_ids = list(map(_ENTRY_ID, reqs))
         try:
             last = storage.add_run(ledger_id, reqs[0].master_key, entry_ids, entries)
-        except Exception:  # an engine bug: the add-by-add path contains it per request
-            return False
+        except Exception as e:  # an engine bug: contained to these requests, as _store_adds does
+            for req in reqs:
+                self._request_failed(conn, req, e)
+            return True
         if last is None:
             return False
         held = sum(map(len, entries))
         lac = max(map(_LAC_FIELD.unpack_from, entries, repeat(_LAC_OFFSET)))[0]
         if lac > self._lac.get(ledger_id, -1):
             self._lac[ledger_id] = lac
-        metrics = self.metrics
-        metrics.entries_written += len(reqs)
-        metrics.bytes_written += held
-        if storage.checkpoint_due:
-            self._write_cache_full()
+        self._count_stored(storage, len(reqs), held)
         committer = self._committer
         assert committer is not None, "bookie not started"
         conn.pending_bytes += held

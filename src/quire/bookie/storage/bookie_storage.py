@@ -434,9 +434,6 @@ class BookieStorage:
                     or (self._reject_bytes and self._cache_bytes + size > self._reject_bytes):
                 return None
             last = self.journal.append_add_run(ledger_id, entry_ids, entries)
-            if last is None:  # the journal rolls to a new file inside the run
-                last = self.journal.append_add_entries(
-                    list(zip(repeat(ledger_id), entry_ids, entries)))
             self._cache.update(zip(keys, entries, strict=True))
             self._cache_bytes += size
             info.cache_epoch = self._epoch

@@ -111,10 +111,10 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from operator import add, sub, xor
+from operator import add, itemgetter, xor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -151,6 +151,8 @@ _U32 = struct.Struct(">I")
 REC_HEADER = struct.Struct(">II")  # length, crc
 REC_HEADER_SIZE = REC_HEADER.size
 _ADD_HEAD = struct.Struct(">BQQ")  # type, ledger, entry (covered by the crc)
+_ADD_RECORD_OVERHEAD = REC_HEADER_SIZE + _ADD_HEAD.size
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _LEDGER = struct.Struct(">Q")
 _LEDGER_LAC = struct.Struct(">Qq")
 _LEDGER_ENTRY = struct.Struct(">QQ")
@@ -212,6 +214,17 @@ def encode_record(rtype: int, body: bytes | bytearray | memoryview = b"") -> byt
     if length > MAX_RECORD_BYTES:
         raise ValueError("journal record too large")
     return REC_HEADER.pack(length, crc32c(body, crc32c(type_byte))) + type_byte + bytes(body)
+
+
+def _add_records(ledger_ids: Sequence[int], entry_ids: Sequence[int],
+                 entries: Sequence[bytes], salt: int) -> bytes:
+    """ADD_ENTRY records for one file (crcs XORed with its ``salt``), back to
+    back, built by C-level ``map`` steps: the one place their bytes are laid
+    out for appends (:func:`encode_record` frames the other types)."""
+    heads = list(map(_ADD_HEAD.pack, repeat(REC_ADD_ENTRY), ledger_ids, entry_ids))
+    crcs = map(xor, map(crc32c, entries, map(crc32c, heads)), repeat(salt))
+    records = map(REC_HEADER.pack, map(add, repeat(_ADD_HEAD.size), map(len, entries)), crcs)
+    return b"".join(chain.from_iterable(zip(records, heads, entries, strict=True)))
 
 
 def encode_set_master_key(ledger_id: int, master_key: bytes) -> bytes:
@@ -584,66 +597,63 @@ class Journal:
         (:meth:`append_add_entries` with one add); return its seq."""
         return self.append_add_entries([(ledger_id, entry_id, entry)])
 
-    def append_add_entries(self, adds: list[tuple[int, int, bytes]]) -> int:
+    def append_add_entries(self, adds: Sequence[tuple[int, int, bytes]]) -> int:
         """:meth:`append_add_entry` for each ``(ledger_id, entry_id, entry)``
         (the server's batched add path); their seqs are consecutive, and the
-        last one is returned.
+        last one is returned."""
+        return self._append_adds(list(map(_FIRST, adds)), list(map(_SECOND, adds)),
+                                 list(map(_THIRD, adds)))
 
-        The records are built under the append lock only, then published
-        under the buffer lock in one copy: the fsync thread takes the buffer
-        lock to swap the buffer, and waiting there behind a whole batch cost
-        it one more wait for the GIL."""
-        pack_head, pack_rec = _ADD_HEAD.pack, REC_HEADER.pack
+    def append_add_run(self, ledger_id: int, entry_ids: Sequence[int],
+                       entries: Sequence[bytes]) -> int:
+        """:meth:`append_add_entries` for adds of one ledger, given as columns."""
+        return self._append_adds([ledger_id] * len(entries), entry_ids, entries)
+
+    def _append_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int],
+                     entries: Sequence[bytes]) -> int:
+        """Buffer one ADD_ENTRY record per position of the three columns;
+        return the last seq.
+
+        The records between two file rolls are built in one go
+        (:func:`_add_records`, no bytecode per record); only a batch that
+        crosses the end of the file walks its record sizes one by one to
+        place the roll.  They are built under the append lock only, then
+        published under the buffer lock in one copy: the fsync thread takes
+        the buffer lock to swap the buffer, and waiting there behind a whole
+        batch cost it one more wait for the GIL."""
+        sizes = list(map(add, repeat(_ADD_RECORD_OVERHEAD), map(len, entries)))
         with self._append_lock:
             with self._lock:
                 if not self._started:
                     raise StorageError("journal not started")
                 tail_file, tail, salt = self._tail_file, self._tail_off, self._tail_salt
             limit = self._file_size
-            part = bytearray()
-            rolls: list[tuple[int, int, JournalMark]] = []
-            for ledger_id, entry_id, entry in adds:
-                head = pack_head(REC_ADD_ENTRY, ledger_id, entry_id)
-                n = REC_HEADER_SIZE + 17 + len(entry)
-                if tail + n > limit and tail > FILE_HEADER_SIZE:  # as _roll_locked does
-                    rolls.append((len(part), tail_file + 1, JournalMark(tail_file, tail)))
-                    tail_file, tail = tail_file + 1, FILE_HEADER_SIZE
-                    salt = file_salt(tail_file)
-                part += pack_rec(n - REC_HEADER_SIZE, crc32c(entry, crc32c(head)) ^ salt)
-                part += head
-                part += entry
-                tail += n
+            cuts: list[tuple[int, int, JournalMark]] = []  # (first add of a file, its seq, prev)
+            if tail + sum(sizes) > limit:
+                for i, n in enumerate(sizes):
+                    if tail + n > limit and tail > FILE_HEADER_SIZE:  # as _roll_locked does
+                        cuts.append((i, tail_file + 1, JournalMark(tail_file, tail)))
+                        tail_file, tail = tail_file + 1, FILE_HEADER_SIZE
+                    tail += n
+            else:
+                tail += sum(sizes)
+            parts: list[bytes] = []
+            rolls: list[tuple[int, int, JournalMark]] = []  # (offset in the batch, seq, prev)
+            built = first = 0
+            for cut, seq, prev in cuts:
+                parts.append(_add_records(ledger_ids[first:cut], entry_ids[first:cut],
+                                          entries[first:cut], salt))
+                built += len(parts[-1])
+                rolls.append((built, seq, prev))
+                first, salt = cut, file_salt(seq)
+            parts.append(_add_records(ledger_ids[first:], entry_ids[first:], entries[first:], salt))
+            data = b"".join(parts)
             with self._lock:
                 base = len(self._buf)
                 self._rolls += [(base + at, seq, prev) for at, seq, prev in rolls]
-                self._buf += part
+                self._buf += data
                 self._tail_file, self._tail_off, self._tail_salt = tail_file, tail, salt
-                self._appended_bytes += len(part)
-                self._seq += len(adds)
-                return self._seq
-
-    def append_add_run(self, ledger_id: int, entry_ids: list[int],
-                       entries: list[bytes]) -> int | None:
-        """:meth:`append_add_entries` for adds of one ledger that all fit in
-        the current file (None, with nothing appended, when they do not):
-        the same records, built with C-level ``map`` steps only (no
-        bytecode per record).  Returns the last seq."""
-        sizes = list(map(add, repeat(REC_HEADER_SIZE + _ADD_HEAD.size), map(len, entries)))
-        with self._append_lock:
-            with self._lock:
-                if not self._started:
-                    raise StorageError("journal not started")
-                tail, salt = self._tail_off, self._tail_salt
-            if tail + sum(sizes) > self._file_size:
-                return None  # a roll falls inside: append_add_entries places it
-            heads = list(map(_ADD_HEAD.pack, repeat(REC_ADD_ENTRY), repeat(ledger_id), entry_ids))
-            crcs = map(xor, map(crc32c, entries, map(crc32c, heads)), repeat(salt))
-            records = map(REC_HEADER.pack, map(sub, sizes, repeat(REC_HEADER_SIZE)), crcs)
-            part = b"".join(chain.from_iterable(zip(records, heads, entries, strict=True)))
-            with self._lock:
-                self._buf += part
-                self._tail_off = tail + len(part)
-                self._appended_bytes += len(part)
+                self._appended_bytes += len(data)
                 self._seq += len(entries)
                 return self._seq
 
