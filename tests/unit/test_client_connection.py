@@ -89,6 +89,6 @@ async def test_answers_before_a_malformed_frame_are_delivered_then_the_connectio
     protocol.data_received(
         b"".join(encode_add_response(rid, StatusCode.OK, 7, i) for i, rid in enumerate(request_ids))
         + b"\xff" * 16)
-    assert [(token, getattr(result, "entry_id", None)) for token, result in answered] \
-        == [(0, 0), (1, 1)]
+    # an add's handler gets the raw answer: (request id, status, ledger, entry, LAS)
+    assert answered == [(i, (rid, 0, 7, i, -1)) for i, rid in enumerate(request_ids)]
     assert transport.aborted

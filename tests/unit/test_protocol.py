@@ -33,8 +33,10 @@ from quire.protocol import (
     UnknownRequest,
     WriteLacRequest,
     WriteLacResponse,
+    add_response_of,
     master_key,
 )
+from quire.protocol.codec import encode_add_response
 from quire.types import DigestType
 
 SETTINGS = settings(deadline=None, max_examples=150,
@@ -101,6 +103,48 @@ def test_responses_round_trip_in_any_chunking(messages: list[object], chunk: int
                                               batched: bool) -> None:
     wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
     assert decode_all("responses", wire, chunk, batched) == messages
+
+
+def decode_like_the_client(data: bytes, chunk: int) -> list[object]:
+    """The client's loop: runs of ADD answers taken raw, anything else one by one."""
+    decoder = Decoder("responses")
+    out: list[object] = []
+    for i in range(0, len(data), chunk):
+        decoder.feed(data[i:i + chunk])
+        while True:
+            out.extend(add_response_of(raw) for raw in decoder.take_add_answers())
+            message = decoder.next_message()
+            if message is None:
+                break
+            out.append(message)
+    assert decoder.buffered_bytes == 0
+    return out
+
+
+add_response = st.builds(AddResponse, u64, status, i64, i64, i64)
+adds_mostly = st.lists(st.one_of(responses, add_response, add_response, add_response),
+                       min_size=1, max_size=12)
+
+
+@SETTINGS
+@given(adds_mostly, st.integers(1, 200))
+def test_add_answers_taken_raw_decode_as_the_generic_path_does(messages: list[object],
+                                                               chunk: int) -> None:
+    wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
+    assert decode_like_the_client(wire, chunk) == messages
+
+
+def test_take_add_answers_leaves_an_unknown_status_unknown_and_stops_at_other_frames() -> None:
+    strange = encode_add_response(5, 12345, 7, 1)  # a status this build does not know
+    other = ReadLacResponse(6, StatusCode.OK, 7, 3).encode()
+    decoder = Decoder("responses")
+    decoder.feed(strange + other + strange[:10])
+    (raw,) = decoder.take_add_answers()
+    assert raw == (5, 12345, 7, 1, -1)
+    assert add_response_of(raw).status is StatusCode.UNKNOWN  # never a negative
+    assert decoder.take_add_answers() == []  # the READ_LAC answer is next
+    assert decoder.next_message() == ReadLacResponse(6, StatusCode.OK, 7, 3)
+    assert decoder.take_add_answers() == [] and decoder.buffered_bytes == 10  # incomplete
 
 
 def test_next_messages_returns_what_precedes_a_malformed_frame_then_raises() -> None:

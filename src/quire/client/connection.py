@@ -39,11 +39,13 @@ from quire.errors import (
 from quire.protocol import (
     BatchReadRequest,
     Decoder,
+    RawAddAnswer,
     ReadLacRequest,
     ReadRequest,
     Response,
     SyncRequest,
     WriteLacRequest,
+    add_response_of,
     encode_add_request,
 )
 
@@ -53,6 +55,13 @@ Result: TypeAlias = Response | QuireError
 """What a request's handler receives: the bookie's answer or why there is none."""
 Handler: TypeAlias = Callable[[Any, Result], None]
 """``handler(token, result)``; the token is the caller's, passed back as is."""
+AddResult: TypeAlias = Result | RawAddAnswer
+"""What an add's handler receives: a :data:`Result`, or, for an ADD_ENTRY
+answer, the :data:`~quire.protocol.RawAddAnswer` tuple the decoder took it as
+(:func:`~quire.protocol.add_response_of` makes the response object)."""
+AddHandler: TypeAlias = Callable[[Any, AddResult], None]
+"""``handler(token, result)`` of an add (:meth:`BookieClient.add_frame`)."""
+_Waiting: TypeAlias = tuple[Handler, Any, float] | tuple[AddHandler, Any, float, bool]
 Resolver: TypeAlias = Callable[[str], Awaitable[str]]
 """Bookie id -> ``"host:port"`` (raises BookieUnavailableError if unknown)."""
 next_request_id: Callable[[], int] = itertools.count(1).__next__
@@ -96,16 +105,31 @@ class _BookieProtocol(asyncio.Protocol):
         try:
             decoder.feed(data)
             pop = client._pending.pop
-            for message in decoder.next_messages():
+            while True:
+                # Runs of ADD answers (the write path's traffic) as raw tuples,
+                # anything else one message at a time, in arrival order.
+                for answer in decoder.take_add_answers():
+                    waiting = pop(answer[0], None)
+                    if waiting is None:
+                        continue  # timed out or failed already: the answer is late
+                    try:
+                        if len(waiting) == 4:  # an add's handler: takes the raw answer
+                            waiting[0](waiting[1], answer)
+                        else:
+                            waiting[0](waiting[1], add_response_of(answer))
+                    except Exception:
+                        log.exception("handler of a response from bookie %s failed",
+                                      client.bookie_id)
+                message = decoder.next_message()
+                if message is None:
+                    return
                 waiting = pop(message.request_id, None)  # type: ignore[arg-type]
                 if waiting is None:
-                    continue  # timed out or failed already: the answer is late
+                    continue
                 try:
                     waiting[0](waiting[1], message)  # type: ignore[arg-type]
                 except Exception:
                     log.exception("handler of a response from bookie %s failed", client.bookie_id)
-            if decoder.error is not None:  # met after the messages above
-                raise decoder.error
         except ProtocolError as e:
             log.warning("bookie %s sent a malformed frame (%s): closing the connection",
                         client.bookie_id, e)
@@ -126,7 +150,9 @@ class BookieClient:
         self._connect_timeout_s = connect_timeout_s
         self._max_frame_bytes = max_frame_bytes
         self._loop = asyncio.get_running_loop()
-        self._pending: dict[int, tuple[Handler, Any, float]] = {}
+        self._pending: dict[int, _Waiting] = {}
+        """request id -> (handler, token, deadline); an add's has a fourth
+        item (True): its handler takes raw ADD answers."""
         self._outbox: list[bytes] = []
         self._protocol: _BookieProtocol | None = None
         self._connecting: asyncio.Task[None] | None = None
@@ -138,18 +164,19 @@ class BookieClient:
     # --- sending -------------------------------------------------------------
 
     def add(self, master_key: bytes, entry: bytes, flags: int, timeout_s: float,
-            handler: Handler, token: Any) -> None:
+            handler: AddHandler, token: Any) -> None:
         """Send ADD_ENTRY for the stored ``entry``."""
         request_id = next_request_id()
         self.add_frame(request_id, encode_add_request(request_id, master_key, entry, flags),
                        self._loop.time() + timeout_s, handler, token)
 
-    def add_frame(self, request_id: int, frame: bytes, deadline: float, handler: Handler,
+    def add_frame(self, request_id: int, frame: bytes, deadline: float, handler: AddHandler,
                   token: Any) -> None:
         """Send an ADD_ENTRY frame encoded with ``request_id`` (from
         :func:`next_request_id`), due by loop time ``deadline``: the writer's
-        hot path, one frame for its whole write set."""
-        self._pending[request_id] = (handler, token, deadline)
+        hot path, one frame for its whole write set.  An ADD_ENTRY answer
+        reaches ``handler`` as a raw tuple (see :data:`AddResult`)."""
+        self._pending[request_id] = (handler, token, deadline, True)
         outbox = self._outbox
         if self._protocol is None or self._closed or len(outbox) + 1 >= FLUSH_AFTER_FRAMES:
             self._write(frame)
@@ -261,9 +288,9 @@ class BookieClient:
         those requests go to a fresh dict and a fresh connection)."""
         pending, self._pending = self._pending, {}
         self._outbox = []
-        for handler, token, _deadline in pending.values():
+        for waiting in pending.values():
             try:
-                handler(token, error)
+                waiting[0](waiting[1], error)
             except Exception:
                 log.exception("handler of a failed request to bookie %s failed", self.bookie_id)
 

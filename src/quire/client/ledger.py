@@ -94,11 +94,15 @@ from quire.protocol import (
     SyncRequest,
     SyncResponse,
     WriteLacRequest,
+    add_response_of,
     encode_add_request,
     master_key,
 )
 from quire.protocol.entry import DIGEST_LEN
 from quire.types import NO_ENTRY, LedgerState, LedgerType
+
+_OK = int(StatusCode.OK)
+"""The OK status as the wire value, which raw ADD answers carry."""
 
 log = logging.getLogger("quire.client")
 
@@ -546,29 +550,37 @@ class WriteHandle(ReadHandle):
         add, index, bookie = token
         if self._ensemble[index] != bookie or self._error is not None or self._closed:
             return  # from a bookie replaced since, or the handle failed or closed
-        if isinstance(result, AddResponse):
-            status = result.status
-            if status == StatusCode.OK:
-                if self._volatile and result.last_add_synced > self._last_add_synced[index]:
-                    self._last_add_synced[index] = result.last_add_synced
-                    self._advance_volatile_lac()
-                if add.completed:
-                    return
-                bit = 1 << index
-                if not add.acked & bit:
-                    add.acked |= bit
-                    add.ack_count += 1
-                    if add.ack_count >= self._ack_quorum and self._pending \
-                            and self._pending[0] is add:
-                        self._complete_adds()
+        if type(result) is tuple:  # the connection's raw ADD answer (RawAddAnswer)
+            if result[1] != _OK:
+                self._add_refused(index, bookie, add_response_of(result))
                 return
-        elif isinstance(result, ErrorResponse):
-            status = result.status
+            last_add_synced = result[4]
+        elif type(result) is AddResponse and result.status == StatusCode.OK:
+            last_add_synced = result.last_add_synced
         else:
-            if isinstance(result, ClientClosedError):
-                self._fail(result)
-            else:
-                self._bookie_failed(index, bookie, str(result))
+            self._add_refused(index, bookie, result)
+            return
+        if self._volatile and last_add_synced > self._last_add_synced[index]:
+            self._last_add_synced[index] = last_add_synced
+            self._advance_volatile_lac()
+        if add.completed:
+            return
+        bit = 1 << index
+        if not add.acked & bit:
+            add.acked |= bit
+            add.ack_count += 1
+            if add.ack_count >= self._ack_quorum and self._pending and self._pending[0] is add:
+                self._complete_adds()
+
+    def _add_refused(self, index: int, bookie: str, result: object) -> None:
+        """An add's answer other than OK: a refusal, an error or no answer."""
+        if isinstance(result, AddResponse | ErrorResponse):
+            status = result.status
+        elif isinstance(result, ClientClosedError):
+            self._fail(result)
+            return
+        else:
+            self._bookie_failed(index, bookie, str(result))
             return
         if status == StatusCode.FENCED:
             self._fail(LedgerFencedError(

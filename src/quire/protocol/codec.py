@@ -63,6 +63,8 @@ _ADD_REQ_IDS = struct.Struct(">Q20sqq")  # request_id, master_key, ledger_id, en
 _ADD_REQ_MIN_FRAME = 4 + _ADD_REQ.size + _ADD_ENTRY_IDS.size
 _ADD_RESP_FRAME = struct.Struct(">II" + _ADD_RESP.format[1:])  # frame header + ADD response
 _ADD_RESP_FRAME_LEN = 4 + _ADD_RESP.size
+_ADD_RESP_HEADS = struct.Struct(f">II{_ADD_RESP_FRAME.size - 8}x")  # each frame's len, header
+_ADD_RESP_BODY = struct.Struct(">8x" + _ADD_RESP.format[1:])  # each frame's response fields
 _ADD_REQ_FRAME = struct.Struct(">II" + _ADD_REQ.format[1:])  # frame header + ADD request head
 _ADD_REQ_RUN = struct.Struct(">II" + _ADD_REQ_IDS.format[1:])  # ... and the entry's two ids
 _ADD_REQ_HEADER = (PROTOCOL_VERSION << 24) | (int(OpCode.ADD_ENTRY) << 16)  # without flags
@@ -268,6 +270,21 @@ def encode_add_responses(request_ids: Iterable[int], status: int, ledger_id: int
     return list(map(_ADD_RESP_FRAME.pack, repeat(_ADD_RESP_FRAME_LEN), repeat(_ADD_RESP_HEADER),
                     request_ids, repeat(status), repeat(ledger_id), entry_ids,
                     repeat(last_add_synced)))
+
+
+_ADD_RESP_HEAD = (_ADD_RESP_FRAME_LEN, _ADD_RESP_HEADER)
+
+RawAddAnswer: TypeAlias = tuple[int, int, int, int, int]
+"""An ADD_ENTRY response as :meth:`Decoder.take_add_answers` gives it:
+``(request_id, status, ledger_id, entry_id, last_add_synced)``, ``status``
+the wire value."""
+
+
+def add_response_of(answer: RawAddAnswer) -> AddResponse:
+    """The :class:`AddResponse` of a raw answer (a status this build does not
+    know becomes UNKNOWN, never a negative)."""
+    request_id, status, ledger_id, entry_id, last_add_synced = answer
+    return AddResponse(request_id, _status(status), ledger_id, entry_id, last_add_synced)
 
 
 @dataclass(slots=True)
@@ -538,9 +555,11 @@ class Decoder:
         for message in decoder:
             ...
 
-    or call :meth:`next_messages` for all of them in one list (the hot
-    paths of bookie and client do: it decodes runs of ADD_ENTRY frames in
-    one tight loop: measured, 25-40% less time per add than one call each).
+    or call :meth:`next_messages` for all of them in one list (the bookie's
+    hot path: it decodes runs of ADD_ENTRY frames in one tight loop:
+    measured, 25-40% less time per add than one call each).  The client
+    takes runs of ADD_ENTRY answers as plain tuples with
+    :meth:`take_add_answers`, then anything else with :meth:`next_message`.
 
     Any malformed input raises :class:`ProtocolError`; after that the decoder
     refuses further use, since the stream position is lost.
@@ -640,6 +659,38 @@ class Decoder:
             if not messages:
                 raise
             return messages
+
+    def take_add_answers(self) -> list[RawAddAnswer]:
+        """The leading run of well-formed ADD_ENTRY responses buffered, taken
+        as :data:`RawAddAnswer` tuples ``(request_id, status, ledger_id,
+        entry_id, last_add_synced)`` with ``status`` the wire value (an
+        unknown one is not mapped: see :func:`add_response_of`).  Empty when
+        the next frame is anything else (flags, another op, a bare error, an
+        incomplete or malformed frame): :meth:`next_messages` decodes it.
+
+        The client's hot path: a whole run is checked and unpacked by
+        ``Struct.iter_unpack`` with no bytecode per answer, about a sixth of
+        the time of an :class:`AddResponse` object each (ADD responses are
+        the only fixed-size frame, so a run of them is a run of 44-byte
+        records)."""
+        if self._broken:
+            self.next_message()  # raises
+        buf, pos = self._buf, self._pos
+        count = (len(buf) - pos) // _ADD_RESP_FRAME.size
+        if not count:
+            return []
+        end = pos + count * _ADD_RESP_FRAME.size
+        with memoryview(buf) as view, view[pos:end] as run:
+            heads = list(_ADD_RESP_HEADS.iter_unpack(run))
+            if heads.count(_ADD_RESP_HEAD) != count:  # the run ends before the buffer does
+                count = heads.index(next(h for h in heads if h != _ADD_RESP_HEAD))
+                if not count:
+                    return []
+                end = pos + count * _ADD_RESP_FRAME.size
+            with view[pos:end] as answers:
+                taken: list[RawAddAnswer] = list(_ADD_RESP_BODY.iter_unpack(answers))
+        self._pos = end
+        return taken
 
     def next_message(self) -> Message | None:
         """The next complete message, or None until more bytes arrive."""
