@@ -7,6 +7,7 @@ number of appends is outstanding across all ledgers at any time.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import time
 from collections.abc import Callable
@@ -88,6 +89,10 @@ async def bench_write(client: Client, params: WriteBenchParams,
     error: list[BaseException] = []
 
     perf_counter = time.perf_counter
+    context = contextvars.copy_context()
+    """One context for every completion callback: without it each
+    add_done_callback copies the current one, a cost of this load generator
+    that would count against the client it shares a process with."""
 
     def more(now: float) -> bool:
         if error:
@@ -101,7 +106,7 @@ async def bench_write(client: Client, params: WriteBenchParams,
         handle = handles[sent % len(handles)]
         sent += 1
         in_flight += 1
-        handle.append(payload).add_done_callback(partial(done, t0))
+        handle.append(payload).add_done_callback(partial(done, t0), context=context)
 
     def done(t0: float, future: asyncio.Future[int]) -> None:
         # One clock read per completion: this entry's latency, the deadline
