@@ -15,6 +15,7 @@ from quire.bookie.config import BookieConfig
 from quire.bookie.server import BookieConnection, BookieServer
 from quire.errors import StatusCode
 from quire.protocol import (
+    FLAG_RECOVERY_ADD,
     AddResponse,
     DigestManager,
     ReadLacRequest,
@@ -263,13 +264,16 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
         assert await answered(3) == [(20, StatusCode.OK, 7, 6), (21, StatusCode.OK, 8, 0),
                                      (22, StatusCode.OK, 7, 7)]
         assert len(taken) == calls  # two ledgers: never offered as a run
-        for entry_id in range(8):
+        recovery_add = encode_add_request(
+            24, key, digests[7].encode(9, 8, 10, b"x"), FLAG_RECOVERY_ADD)
+        conn.data_received(add(23, 7, 8) + recovery_add + add(25, 7, 10))
+        assert await answered(3) == [(23, StatusCode.OK, 7, 8), (24, StatusCode.OK, 7, 9),
+                                     (25, StatusCode.OK, 7, 10)]
+        assert len(taken) == calls + 2  # the plain adds around the recovery add, one by one
+        for entry_id in range(11):
             assert storage.read_entry(7, entry_id)[:16] == struct.pack(">qq", 7, entry_id)
 
-        reqs = Decoder("requests", 1 << 20)
-        reqs.feed(add(30, 7, 8) + add(31, 7, 9))
-        server._run_durable((conn, reqs.next_messages(), 0.0, 0),  # type: ignore[arg-type]
-                            OSError("disk gone"))
+        server._run_durable((conn, (30, 31), 7, [8, 9], 0.0, 0), OSError("disk gone"))
         await asyncio.sleep(0)
         answers.feed(b"".join(transport.written))
         assert [(m.request_id, m.status) for m in answers.next_messages()] == [  # type: ignore[union-attr]

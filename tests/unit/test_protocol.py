@@ -147,6 +147,54 @@ def test_take_add_answers_leaves_an_unknown_status_unknown_and_stops_at_other_fr
     assert decoder.take_add_answers() == [] and decoder.buffered_bytes == 10  # incomplete
 
 
+def decode_like_the_bookie(data: bytes, chunk: int) -> list[object]:
+    """The bookie's loop: runs of ADD requests taken as columns, anything else
+    one by one."""
+    decoder = Decoder("requests")
+    out: list[object] = []
+    for i in range(0, len(data), chunk):
+        decoder.feed(data[i:i + chunk])
+        while True:
+            run = decoder.take_add_requests()
+            if run is not None:
+                assert len(run) > 0
+                out.extend(run.requests())
+            message = decoder.next_message()
+            if message is None:
+                break
+            out.append(message)
+    assert decoder.buffered_bytes == 0
+    return out
+
+
+add_request = st.builds(AddRequest, u64, key, entry_bytes,
+                        st.sampled_from([0, FLAG_RECOVERY_ADD, FLAG_VOLATILE_DURABILITY]))
+adds_mostly_requests = st.lists(st.one_of(requests, add_request, add_request, add_request),
+                                min_size=1, max_size=12)
+
+
+@SETTINGS
+@given(adds_mostly_requests, st.integers(1, 400))
+def test_add_requests_taken_as_columns_decode_as_the_generic_path_does(
+        messages: list[object], chunk: int) -> None:
+    wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
+    assert decode_like_the_bookie(wire, chunk) == messages
+
+
+def test_take_add_requests_stops_before_a_malformed_frame() -> None:
+    entry = struct.pack(">qq", 7, 0) + b"abc"
+    adds = [AddRequest(1, b"k" * 20, entry), AddRequest(2, b"k" * 20, entry, FLAG_RECOVERY_ADD)]
+    short_add = struct.pack(">IIQ", 12, (1 << 24) | (1 << 16), 3)  # no key, no entry ids
+    decoder = Decoder("requests")
+    decoder.feed(b"".join(m.encode() for m in adds) + short_add)
+    run = decoder.take_add_requests()
+    assert run is not None and run.requests() == adds
+    assert run.flags == [0, FLAG_RECOVERY_ADD] and run.ledger_ids == (7, 7)
+    assert decoder.take_add_requests() is None
+    with pytest.raises(ProtocolError):
+        decoder.next_message()
+
+
 def test_next_messages_returns_what_precedes_a_malformed_frame_then_raises() -> None:
     entry = struct.pack(">qq", 7, 0) + b"abc"
     good = [AddRequest(1, b"k" * 20, entry), ReadLacRequest(2, 7), AddRequest(3, b"k" * 20, entry)]

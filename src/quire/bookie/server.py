@@ -53,6 +53,7 @@ from quire.protocol import (
     FLAG_VOLATILE_DURABILITY,
     LAST_ENTRY_ID,
     AddRequest,
+    AddRequestRun,
     BatchReadRequest,
     BookieInfoRequest,
     BookieInfoResponse,
@@ -85,6 +86,9 @@ _RUN_PD, _RUN_VD, _RUN_ONE_BY_ONE = 1, 2, 3
 """add_batch's runs: PD adds batched, VD adds batched, adds taking _add."""
 _StoredAdd = tuple[AddRequest, int, int]
 """An add the storage engine took: (request, journal seq, piggy-backed LAC)."""
+_DurableRun = tuple["BookieConnection", tuple[int, ...], int, list[int], float, int]
+"""A run waiting for its fsync: (connection, request ids, ledger, entry ids,
+started, entry bytes held)."""
 _OK = StatusCode.OK
 _LEDGER_ID, _ENTRY_ID, _ENTRY, _MASTER_KEY, _FLAGS, _REQUEST_ID = (attrgetter(name) for name in (
     "ledger_id", "entry_id", "entry", "master_key", "flags", "request_id"))
@@ -98,6 +102,25 @@ def _status_of(error: BaseException) -> StatusCode:
 
 def _entry_lac(entry: bytes) -> int:
     return int(_LAC_FIELD.unpack_from(entry, _LAC_OFFSET)[0]) if len(entry) >= 24 else -1
+
+
+def _dispatch_adds(conn: BookieConnection, reqs: list[AddRequest],
+                   add_batch: Callable[[BookieConnection, list[AddRequest]], None],
+                   handle: Callable[[BookieConnection, Request], None]) -> None:
+    """Consecutive adds in arrival order: each stretch of plain and VD adds
+    (no flag but VOLATILE_DURABILITY) to ``add_batch`` together, any other
+    add (RECOVERY_ADD) to ``handle`` on its own."""
+    batch: list[AddRequest] = []
+    for req in reqs:
+        if not req.flags & ~FLAG_VOLATILE_DURABILITY:
+            batch.append(req)
+            continue
+        if batch:
+            add_batch(conn, batch)
+            batch = []
+        handle(conn, req)
+    if batch:
+        add_batch(conn, batch)
 
 
 class BookieConnection(asyncio.Protocol):
@@ -117,6 +140,10 @@ class BookieConnection(asyncio.Protocol):
         self._add_batch: Callable[[BookieConnection, list[AddRequest]], None] | None = getattr(
             server, "add_batch", None)
         """The server's batched path for plain adds (without one: handle() each)."""
+        self._add_request_run: Callable[[BookieConnection, AddRequestRun], None] | None = \
+            getattr(server, "add_request_run", None)
+        """The server's path for a run of adds taken as columns (without one:
+        the run's requests go to add_batch and handle as _dispatch_adds splits them)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -130,40 +157,34 @@ class BookieConnection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        # Plain and VD adds (no flag but VOLATILE_DURABILITY) are gathered
-        # and handed to the server's add_batch together; anything else first
-        # flushes the batch, so requests are still handled in arrival order.
+        # Runs of ADD_ENTRY frames are taken as columns and handed to the
+        # server's add_request_run (or, without one, split as _dispatch_adds
+        # does); anything else is handled one message at a time, so requests
+        # are still handled in arrival order.
         server = self.server
         handle = server.handle
         add_batch = self._add_batch
-        batch: list[AddRequest] | None = None
         try:
             decoder = self.decoder
             decoder.feed(data)
-            for message in decoder.next_messages():
-                if type(message) is AddRequest and add_batch is not None \
-                        and not message.flags & ~FLAG_VOLATILE_DURABILITY:
-                    if batch is None:
-                        batch = [message]
-                    else:
-                        batch.append(message)
-                    continue
-                if batch is not None:
-                    add_batch(self, batch)  # type: ignore[misc]
-                    batch = None
+            while True:
+                if add_batch is not None:
+                    run = decoder.take_add_requests()
+                    if run is not None:
+                        if self._add_request_run is not None:
+                            self._add_request_run(self, run)
+                        else:
+                            _dispatch_adds(self, run.requests(), add_batch, handle)
+                message = decoder.next_message()
+                if message is None:
+                    break
                 handle(self, message)  # type: ignore[arg-type]
-            if decoder.error is not None:  # met after the messages above
-                raise decoder.error
         except ProtocolError as e:
-            if batch is not None:  # decoded before the malformed frame: served as before
-                add_batch(self, batch)  # type: ignore[misc]
             log.warning("closing connection from %s: malformed frame: %s", self.peer, e)
             self.server.metrics.malformed_frames.inc()
             if self.transport is not None:
                 self.transport.abort()
             return
-        if batch is not None:
-            add_batch(self, batch)  # type: ignore[misc]
         if self.volatile_acks:
             server.release_volatile_acks(self)
         self.update_flow()
@@ -605,6 +626,19 @@ class BookieServer:
                                       cursor.reported if cursor is not None else -1), size)
         self._record(self._add_ok(), started)
 
+    def add_request_run(self, conn: BookieConnection, run: AddRequestRun) -> None:
+        """Consecutive adds decoded from one read, as columns.  The usual run,
+        PD adds (no flag) of one ledger under one master key to a bookie
+        without BP-14 cursors, goes to _add_pd_columns without an object per
+        add; any other run, and any run that declines, is split into
+        requests as before (add_batch, handle)."""
+        if not self._cursors and not any(run.flags) and len(set(run.ledger_ids)) == 1 \
+                and len(set(run.master_keys)) == 1 and self._add_pd_columns(
+                    conn, run.request_ids, run.ledger_ids[0], run.master_keys[0],
+                    list(run.entry_ids), run.entries, _perf_counter()):
+            return
+        _dispatch_adds(conn, run.requests(), self.add_batch, self.handle)
+
     def add_batch(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """Adds with no flag but VOLATILE_DURABILITY, decoded from one read,
         in arrival order.  For each, what _add does (checks, journal, write
@@ -738,25 +772,34 @@ class BookieServer:
 
     def _add_pd_run(self, conn: BookieConnection, reqs: list[AddRequest], started: float
                     ) -> bool:
-        """_add_plain for the usual batch, column-wise: PD adds of one ledger
-        (one master key), every entry long enough to carry a LAC, which
-        ``BookieStorage.add_run`` takes whole.  Returns False, having done
-        nothing, for any other batch (_add_plain then goes add by add); True
-        once the batch is taken, or answered with the engine's error."""
+        """_add_pd_columns for a batch of request objects of one ledger and
+        one master key; False, having done nothing, for any other batch."""
+        if len(set(map(_LEDGER_ID, reqs))) != 1 or len(set(map(_MASTER_KEY, reqs))) != 1:
+            return False
+        return self._add_pd_columns(conn, tuple(map(_REQUEST_ID, reqs)), reqs[0].ledger_id,
+                                    reqs[0].master_key, list(map(_ENTRY_ID, reqs)),
+                                    list(map(_ENTRY, reqs)), started)
+
+    def _add_pd_columns(self, conn: BookieConnection, request_ids: tuple[int, ...],
+                        ledger_id: int, master_key: bytes, entry_ids: list[int],
+                        entries: list[bytes], started: float) -> bool:
+        """_add_plain for the usual batch, column-wise: PD adds of
+        ``ledger_id`` under ``master_key``, every entry long enough to carry
+        a LAC, which ``BookieStorage.add_run`` takes whole.  Returns False,
+        having done nothing, for any other batch (the caller then goes add
+        by add); True once the batch is taken, or answered with the
+        engine's error."""
         storage = self._storage
-        ledger_id = reqs[0].ledger_id
-        if self.read_only or storage is None or len(set(map(_LEDGER_ID, reqs))) != 1 \
-                or len(set(map(_MASTER_KEY, reqs))) != 1:
+        if self.read_only or storage is None \
+                or min(map(len, entries)) < _LAC_OFFSET + _LAC_FIELD.size:
             return False
-        entries = list(map(_ENTRY, reqs))
-        if min(map(len, entries)) < _LAC_OFFSET + _LAC_FIELD.size:
-            return False
-        entry_ids = list(map(_ENTRY_ID, reqs))
         try:
-            last = storage.add_run(ledger_id, reqs[0].master_key, entry_ids, entries)
+            last = storage.add_run(ledger_id, master_key, entry_ids, entries)
         except Exception as e:  # an engine bug: contained to these requests, as _store_adds does
-            for req in reqs:
-                self._request_failed(conn, req, e)
+            log.error("error handling %d adds from %s", len(entries), conn.peer, exc_info=e)
+            status = _status_of(e)
+            conn.send_many([ErrorResponse(OpCode.ADD_ENTRY, rid, status).encode()
+                            for rid in request_ids])
             return True
         if last is None:
             return False
@@ -764,24 +807,24 @@ class BookieServer:
         lac = max(map(_LAC_FIELD.unpack_from, entries, repeat(_LAC_OFFSET)))[0]
         if lac > self._lac.get(ledger_id, -1):
             self._lac[ledger_id] = lac
-        self._count_stored(storage, len(reqs), held)
+        self._count_stored(storage, len(entries), held)
         committer = self._committer
         assert committer is not None, "bookie not started"
         conn.pending_bytes += held
         committer.after_durable_with(last, self._run_durable_callback,
-                                     (conn, reqs, started, held), len(reqs))
+                                     (conn, request_ids, ledger_id, entry_ids, started, held),
+                                     len(entries))
         return True
 
-    def _run_durable(self, waiter: tuple[BookieConnection, list[AddRequest], float, int],
-                     error: BaseException | None) -> None:
-        """Answer a run taken by _add_pd_run once the journal fsync covering it returned."""
-        conn, reqs, started, held = waiter
+    def _run_durable(self, waiter: _DurableRun, error: BaseException | None) -> None:
+        """Answer a run taken by _add_pd_columns once the journal fsync
+        covering it returned (IO_ERROR for each if it failed)."""
+        conn, request_ids, ledger_id, entry_ids, started, held = waiter
+        status = _OK if error is None else StatusCode.IO_ERROR
         if error is not None:
-            self._adds_durable((conn, [(req, 0, -1) for req in reqs], started, held), error)
-            return
-        conn.send_many(encode_add_responses(map(_REQUEST_ID, reqs), _OK, reqs[0].ledger_id,
-                                            map(_ENTRY_ID, reqs)), held)
-        self._record(self._add_ok(), started, len(reqs))
+            self._on_journal_failure(error)
+        conn.send_many(encode_add_responses(request_ids, status, ledger_id, entry_ids), held)
+        self._record(self._recorder(OpCode.ADD_ENTRY, status), started, len(request_ids))
 
     def _adds_durable(self, waiter: tuple[BookieConnection, list[_StoredAdd], float, int],
                       error: BaseException | None) -> None:
