@@ -105,14 +105,22 @@ def test_responses_round_trip_in_any_chunking(messages: list[object], chunk: int
     assert decode_all("responses", wire, chunk, batched) == messages
 
 
-def decode_like_the_client(data: bytes, chunk: int) -> list[object]:
-    """The client's loop: runs of ADD answers taken raw, anything else one by one."""
-    decoder = Decoder("responses")
+def decode_like_the_hot_paths(direction: str, data: bytes, chunk: int) -> list[object]:
+    """The loop of bookie (requests) and client (responses): runs of ADD
+    frames taken without an object each (made here to compare), anything
+    else one message at a time."""
+    decoder = Decoder(direction)  # type: ignore[arg-type]
     out: list[object] = []
     for i in range(0, len(data), chunk):
         decoder.feed(data[i:i + chunk])
         while True:
-            out.extend(add_response_of(raw) for raw in decoder.take_add_answers())
+            if direction == "requests":
+                run = decoder.take_add_requests()
+                if run is not None:
+                    assert len(run) > 0
+                    out.extend(run.requests())
+            else:
+                out.extend(add_response_of(raw) for raw in decoder.take_add_answers())
             message = decoder.next_message()
             if message is None:
                 break
@@ -131,7 +139,7 @@ adds_mostly = st.lists(st.one_of(responses, add_response, add_response, add_resp
 def test_add_answers_taken_raw_decode_as_the_generic_path_does(messages: list[object],
                                                                chunk: int) -> None:
     wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
-    assert decode_like_the_client(wire, chunk) == messages
+    assert decode_like_the_hot_paths("responses", wire, chunk) == messages
 
 
 def test_take_add_answers_leaves_an_unknown_status_unknown_and_stops_at_other_frames() -> None:
@@ -147,26 +155,6 @@ def test_take_add_answers_leaves_an_unknown_status_unknown_and_stops_at_other_fr
     assert decoder.take_add_answers() == [] and decoder.buffered_bytes == 10  # incomplete
 
 
-def decode_like_the_bookie(data: bytes, chunk: int) -> list[object]:
-    """The bookie's loop: runs of ADD requests taken as columns, anything else
-    one by one."""
-    decoder = Decoder("requests")
-    out: list[object] = []
-    for i in range(0, len(data), chunk):
-        decoder.feed(data[i:i + chunk])
-        while True:
-            run = decoder.take_add_requests()
-            if run is not None:
-                assert len(run) > 0
-                out.extend(run.requests())
-            message = decoder.next_message()
-            if message is None:
-                break
-            out.append(message)
-    assert decoder.buffered_bytes == 0
-    return out
-
-
 add_request = st.builds(AddRequest, u64, key, entry_bytes,
                         st.sampled_from([0, FLAG_RECOVERY_ADD, FLAG_VOLATILE_DURABILITY]))
 adds_mostly_requests = st.lists(st.one_of(requests, add_request, add_request, add_request),
@@ -178,7 +166,7 @@ adds_mostly_requests = st.lists(st.one_of(requests, add_request, add_request, ad
 def test_add_requests_taken_as_columns_decode_as_the_generic_path_does(
         messages: list[object], chunk: int) -> None:
     wire = b"".join(m.encode() for m in messages)  # type: ignore[attr-defined]
-    assert decode_like_the_bookie(wire, chunk) == messages
+    assert decode_like_the_hot_paths("requests", wire, chunk) == messages
 
 
 def test_take_add_requests_stops_before_a_malformed_frame() -> None:
