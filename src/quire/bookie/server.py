@@ -627,17 +627,17 @@ class BookieServer:
         self._record(self._add_ok(), started)
 
     def add_request_run(self, conn: BookieConnection, run: AddRequestRun) -> None:
-        """Consecutive adds decoded from one read, as columns.  The usual run,
-        PD adds (no flag) of one ledger under one master key to a bookie
-        without BP-14 cursors, goes to _add_pd_columns without an object per
-        add; any other run, and any run that declines, is split into
-        requests as before (add_batch, handle)."""
-        if not self._cursors and not any(run.flags) and len(set(run.ledger_ids)) == 1 \
-                and len(set(run.master_keys)) == 1 and self._add_pd_columns(
-                    conn, run.request_ids, run.ledger_ids[0], run.master_keys[0],
-                    list(run.entry_ids), run.entries, _perf_counter()):
+        """Consecutive adds decoded from one read, as columns.  PD adds (no
+        flag) to a bookie without BP-14 cursors are _add_plain's, tried as a
+        run on the columns themselves (_add_pd_columns: no object per add);
+        any other run is split into requests as before (add_batch, handle)."""
+        if self._cursors or any(run.flags):
+            _dispatch_adds(conn, run.requests(), self.add_batch, self.handle)
             return
-        _dispatch_adds(conn, run.requests(), self.add_batch, self.handle)
+        started = _perf_counter()
+        if not self._add_pd_columns(conn, run.request_ids, run.ledger_ids, run.master_keys,
+                                    list(run.entry_ids), run.entries, started):
+            self._add_each(conn, run.requests(), started)
 
     def add_batch(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """Adds with no flag but VOLATILE_DURABILITY, decoded from one read,
@@ -757,10 +757,17 @@ class BookieServer:
 
     def _add_plain(self, conn: BookieConnection, reqs: list[AddRequest]) -> None:
         """PD adds to ledgers without a cursor: answered together once the
-        journal fsync covering the last of them returned."""
+        journal fsync covering the last of them returned; taken as one run
+        when they are one (_add_pd_columns), else add by add (_add_each)."""
         started = _perf_counter()
-        if self._add_pd_run(conn, reqs, started):
-            return
+        if not self._add_pd_columns(conn, tuple(map(_REQUEST_ID, reqs)),
+                                    tuple(map(_LEDGER_ID, reqs)), tuple(map(_MASTER_KEY, reqs)),
+                                    list(map(_ENTRY_ID, reqs)), list(map(_ENTRY, reqs)),
+                                    started):
+            self._add_each(conn, reqs, started)
+
+    def _add_each(self, conn: BookieConnection, reqs: list[AddRequest], started: float) -> None:
+        """_add_plain's adds decided one by one by the storage engine."""
         stored, held = self._store_adds(conn, reqs, started)
         if not stored:
             return
@@ -770,29 +777,20 @@ class BookieServer:
         committer.after_durable_with(stored[-1][1], self._adds_durable_callback,
                                      (conn, stored, started, held), len(stored))
 
-    def _add_pd_run(self, conn: BookieConnection, reqs: list[AddRequest], started: float
-                    ) -> bool:
-        """_add_pd_columns for a batch of request objects of one ledger and
-        one master key; False, having done nothing, for any other batch."""
-        if len(set(map(_LEDGER_ID, reqs))) != 1 or len(set(map(_MASTER_KEY, reqs))) != 1:
-            return False
-        return self._add_pd_columns(conn, tuple(map(_REQUEST_ID, reqs)), reqs[0].ledger_id,
-                                    reqs[0].master_key, list(map(_ENTRY_ID, reqs)),
-                                    list(map(_ENTRY, reqs)), started)
-
     def _add_pd_columns(self, conn: BookieConnection, request_ids: tuple[int, ...],
-                        ledger_id: int, master_key: bytes, entry_ids: list[int],
-                        entries: list[bytes], started: float) -> bool:
-        """_add_plain for the usual batch, column-wise: PD adds of
-        ``ledger_id`` under ``master_key``, every entry long enough to carry
-        a LAC, which ``BookieStorage.add_run`` takes whole.  Returns False,
-        having done nothing, for any other batch (the caller then goes add
-        by add); True once the batch is taken, or answered with the
-        engine's error."""
+                        ledger_ids: tuple[int, ...], master_keys: tuple[bytes, ...],
+                        entry_ids: list[int], entries: list[bytes], started: float) -> bool:
+        """_add_plain for the usual batch, column-wise: PD adds of one ledger
+        under one master key, every entry long enough to carry a LAC, which
+        ``BookieStorage.add_run`` takes whole.  Returns False, having done
+        nothing, for any other batch (the caller then goes add by add); True
+        once the batch is taken, or answered with the engine's error."""
         storage = self._storage
-        if self.read_only or storage is None \
+        if self.read_only or storage is None or len(set(ledger_ids)) != 1 \
+                or len(set(master_keys)) != 1 \
                 or min(map(len, entries)) < _LAC_OFFSET + _LAC_FIELD.size:
             return False
+        ledger_id, master_key = ledger_ids[0], master_keys[0]
         try:
             last = storage.add_run(ledger_id, master_key, entry_ids, entries)
         except Exception as e:  # an engine bug: contained to these requests, as _store_adds does

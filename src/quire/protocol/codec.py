@@ -638,57 +638,24 @@ class Decoder:
     def next_messages(self) -> list[Message]:
         """Every complete message buffered, in order (empty until more bytes
         arrive): :meth:`next_message` in a loop, with runs of well-formed
-        ADD_ENTRY frames decoded in one tight loop.  A malformed frame after
+        ADD_ENTRY frames taken in one tight loop (:meth:`take_add_requests`,
+        :meth:`take_add_answers`) and made objects.  A malformed frame after
         some messages ends the list there and sets :attr:`error` (which every
         later call raises), so the messages before it can still be served.
-        (Bookie and client read faster still with :meth:`take_add_requests`
-        and :meth:`take_add_answers`.)"""
-        if self._broken:
-            self.next_message()  # raises
+        (Bookie and client read faster still by using the runs as they are.)"""
         messages: list[Message] = []
-        append = messages.append
-        buf, max_len, new = self._buf, self.max_frame_bytes, _new
         try:
             while True:
-                pos = self._pos
-                end = len(buf)
                 if self._is_requests:
-                    unpack, head, min_len = _ADD_REQ_RUN.unpack_from, _ADD_REQ_HEADER, \
-                        _ADD_REQ_MIN_FRAME
-                    while end - pos >= _ADD_REQ_RUN.size:
-                        frame_len, header, request_id, key, ledger_id, entry_id = unpack(buf, pos)
-                        stop = pos + 4 + frame_len
-                        if header & 0xFFFF0000 != head or not min_len <= frame_len <= max_len \
-                                or stop > end:
-                            break  # not an add, malformed or incomplete: the general path
-                        add: AddRequest = new(AddRequest)
-                        add.request_id = request_id
-                        add.master_key = key
-                        add.entry = bytes(buf[pos + _ADD_REQ_ENTRY_AT:stop])
-                        add.flags = header & 0xFFFF
-                        add.ledger_id = ledger_id
-                        add.entry_id = entry_id
-                        append(add)
-                        pos = stop
+                    run = self.take_add_requests()
+                    if run is not None:
+                        messages += run.requests()
                 else:
-                    unpack, known = _ADD_RESP_FRAME.unpack_from, _STATUS_BY_VALUE
-                    while end - pos >= _ADD_RESP_FRAME.size:
-                        frame_len, header, rid, status, ledger_id, entry_id, las = unpack(buf, pos)
-                        if header != _ADD_RESP_HEADER or frame_len != _ADD_RESP_FRAME_LEN:
-                            break  # (flags, a bare error) another message: the general path
-                        answer: AddResponse = new(AddResponse)
-                        answer.request_id = rid
-                        answer.status = known.get(status, StatusCode.UNKNOWN)
-                        answer.ledger_id = ledger_id
-                        answer.entry_id = entry_id
-                        answer.last_add_synced = las
-                        append(answer)
-                        pos += _ADD_RESP_FRAME.size
-                self._pos = pos
+                    messages += map(add_response_of, self.take_add_answers())
                 message = self.next_message()
                 if message is None:
                     return messages
-                append(message)
+                messages.append(message)
         except ProtocolError:
             if not messages:
                 raise
@@ -729,7 +696,7 @@ class Decoder:
         entry_id, last_add_synced)`` with ``status`` the wire value (an
         unknown one is not mapped: see :func:`add_response_of`).  Empty when
         the next frame is anything else (flags, another op, a bare error, an
-        incomplete or malformed frame): :meth:`next_messages` decodes it.
+        incomplete or malformed frame): :meth:`next_message` decodes it.
 
         The client's hot path: a whole run is checked and unpacked by
         ``Struct.iter_unpack`` with no bytecode per answer, about a sixth of

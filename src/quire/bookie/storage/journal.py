@@ -629,14 +629,15 @@ class Journal:
                 tail_file, tail, salt = self._tail_file, self._tail_off, self._tail_salt
             limit = self._file_size
             cuts: list[tuple[int, int, JournalMark]] = []  # (first add of a file, its seq, prev)
-            if tail + sum(sizes) > limit:
+            total = sum(sizes)
+            if tail + total > limit:
                 for i, n in enumerate(sizes):
                     if tail + n > limit and tail > FILE_HEADER_SIZE:  # as _roll_locked does
                         cuts.append((i, tail_file + 1, JournalMark(tail_file, tail)))
                         tail_file, tail = tail_file + 1, FILE_HEADER_SIZE
                     tail += n
             else:
-                tail += sum(sizes)
+                tail += total
             parts: list[bytes] = []
             rolls: list[tuple[int, int, JournalMark]] = []  # (offset in the batch, seq, prev)
             built = first = 0
