@@ -93,11 +93,10 @@ class StorageConfig:
     bytes go from that buffer to the disk without passing through the page
     cache, so no page-cache page is allocated, filled and written back for
     them (on this project's VMs a new page-cache page costs 1.5-3.7 us; see
-    ARCHITECTURE.md).  Where the
-    file system refuses ``O_DIRECT`` (tmpfs on older kernels), at open or at
-    the first write, the logs are written through the page cache, as with
-    this off (a warning is logged for a refused write).  Off:
-    ``entry_log_remove_pages_from_cache`` applies."""
+    ARCHITECTURE.md).  Where the file system refuses ``O_DIRECT`` (tmpfs on
+    older kernels), at open or at the first write, the logs are written
+    through the page cache, as with this off (a warning is logged for a
+    refused write).  Off: ``entry_log_remove_pages_from_cache`` applies."""
     index_map_size_bytes: int = 64 * _GiB
     """LMDB map size (address space, sparse on disk)."""
     power_loss_tracking: bool = False
