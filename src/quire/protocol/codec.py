@@ -707,7 +707,11 @@ class Decoder:
             self.next_message()  # raises
         buf, pos = self._buf, self._pos
         count = (len(buf) - pos) // _ADD_RESP_FRAME.size
-        if not count:
+        if not count or _ADD_RESP_HEADS.unpack_from(buf, pos) != _ADD_RESP_HEAD:
+            # First frame not an ADD answer (a read's, say): leave it to
+            # next_message without unpacking the whole buffer as answers
+            # (a 100 KiB batch answer arriving in pieces would cost ~50 us
+            # a piece).
             return []
         end = pos + count * _ADD_RESP_FRAME.size
         with memoryview(buf) as view, view[pos:end] as run:
