@@ -1,5 +1,6 @@
 """Pieces the benchmark scripts share: the disk's raw fsync rate and latency,
-scraping a bookie's /metrics, a Redis server, and the median of rounds."""
+scraping a bookie's /metrics, a Redis server and redis-py's reply parsers,
+and the median of rounds."""
 
 from __future__ import annotations
 
@@ -94,6 +95,40 @@ def redis_server(directory: Path) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+REDIS_PARSERS = ("python", "hiredis")
+"""redis-py's reply parsers the Redis baselines name.  ``python`` is redis-py
+as ``pip install redis`` gives it, a pure-Python client like Quire's: the
+issues' goals are set against it.  ``hiredis`` is its optional C parser
+(``redis[hiredis]``, used whenever installed), measured for reference."""
+
+
+def redis_parser_class(name: str, *, asyncio: bool) -> type:
+    """redis-py's parser class for ``name`` (one of :data:`REDIS_PARSERS`),
+    for ``redis.asyncio`` or the blocking client.  Named explicitly because
+    redis-py silently picks hiredis whenever it is installed."""
+    from redis import _parsers  # underscore-named, but its __all__ exports these
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if name == "python":
+        # RESP2's class: redis-py swaps in its RESP3 twin when the protocol is 3
+        return _parsers._AsyncRESP2Parser if asyncio else _parsers._RESP2Parser
+    if name != "hiredis":
+        raise SystemExit(f"unknown redis parser {name!r} (one of {', '.join(REDIS_PARSERS)})")
+    if not HIREDIS_AVAILABLE:
+        raise SystemExit("the hiredis parser is not installed (scripts/setup installs it), "
+                         "or name only --redis-parsers python")
+    return _parsers._AsyncHiredisParser if asyncio else _parsers._HiredisParser
+
+
+def parse_redis_parsers(text: str) -> tuple[str, ...]:
+    """``--redis-parsers`` as a tuple: comma-separated names of REDIS_PARSERS."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in REDIS_PARSERS]
+    if not names or unknown:
+        raise ValueError(f"expected some of {', '.join(REDIS_PARSERS)}, got {text!r}")
+    return names
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,13 +9,17 @@ Quire client:
 - batch reads of 100 and of 1,000 entries, one batch at a time;
 
 and, in the same run, Redis 7 XRANGE with COUNT 100 and 1,000 through
-redis-py over a stream holding the same entries.  Every variant runs once
+redis-py over a stream holding the same entries, once per reply parser in
+``--redis-parsers``: ``python``, redis-py as ``pip install redis`` gives it
+(a pure-Python client like Quire's), which the goal is set against, and
+``hiredis``, its optional C parser, for reference.  Every variant runs once
 per round (``--rounds``, default 3), interleaved; prints the median
 entries/s and MB/s of each and the ratios of the medians.  Goals (issue 6):
 batch(100) >= 5x pipelined single, >= 20x one-at-a-time single, >= 2x Redis
-XRANGE COUNT 100.
+XRANGE COUNT 100 (python parser).
 
-    .venv/bin/python benchmarks/batch_read.py [--small 1000000] [--large 200000] [--json]
+    .venv/bin/python benchmarks/batch_read.py [--small 1000000] [--large 200000]
+        [--redis-parsers python,hiredis] [--json]
 """
 
 from __future__ import annotations
@@ -36,7 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import median_run, redis_server
+from benchmarks._common import (
+    median_run,
+    parse_redis_parsers,
+    redis_parser_class,
+    redis_server,
+)
 from quire.bench import ReadBenchParams, bench_read
 from quire.client import Client, ClientConfig
 from quire.sandbox import Sandbox
@@ -139,23 +148,28 @@ def run_async(fn: Callable[..., Coroutine[Any, Any, dict[str, float]]], *args: A
     return uvloop.run(fn(*args))
 
 
-def one_round(uri: str, ledger_id: int, r: Any, stream: str, count: int, size: int,
-              single_cap_s: float) -> Iterator[tuple[str, dict[str, float]]]:
-    """Every variant once, Redis between Quire's."""
+def one_round(uri: str, ledger_id: int, clients: dict[str, Any], stream: str, count: int,
+              size: int, single_cap_s: float) -> Iterator[tuple[str, dict[str, float]]]:
+    """Every variant once, Redis (each parser's client in turn) between Quire's."""
+    def xrange(count_per_call: int) -> list[tuple[str, Callable[[], dict[str, float]]]]:
+        return [(f"redis XRANGE COUNT {count_per_call} ({parser})",
+                 partial(redis_xrange, r, stream, size, count_per_call))
+                for parser, r in clients.items()]
+
     steps: list[tuple[str, Callable[[], dict[str, float]]]] = [
         ("single, one at a time",
          partial(run_async, read_single_one_at_a_time, uri, ledger_id, single_cap_s)),
         ("single, 128 outstanding",
          partial(run_async, read_pipelined_single, uri, ledger_id, count - 1)),
-        ("redis XRANGE COUNT 100", partial(redis_xrange, r, stream, size, 100)),
+        *xrange(100),
         ("batch(100)", partial(run_async, read_batches, uri, ledger_id, 100, 1)),
         ("batch(1000)", partial(run_async, read_batches, uri, ledger_id, 1000, 1)),
-        ("redis XRANGE COUNT 1000", partial(redis_xrange, r, stream, size, 1000)),
+        *xrange(1000),
         ("batch(100), 4 outstanding", partial(run_async, read_batches, uri, ledger_id, 100, 4)),
     ]
     for label, step in steps:
         result = step()
-        note(f"  {label:<28} {result['entries_per_s']:>12,.0f} entries/s")
+        note(f"  {label:<40} {result['entries_per_s']:>12,.0f} entries/s")
         yield label, result
 
 
@@ -166,6 +180,9 @@ def main() -> None:
     parser.add_argument("--single-cap-s", type=float, default=20.0,
                         help="one-at-a-time single reads: seconds in all, over the rounds")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--redis-parsers", type=parse_redis_parsers, default=("python", "hiredis"),
+                        help="redis-py reply parsers to measure, comma separated (default "
+                             "python,hiredis; the goal is checked against python)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import redis
@@ -178,7 +195,10 @@ def main() -> None:
         sandbox.start()
         try:
             with redis_server(root / "redis") as port:
-                r = redis.Redis(port=port)
+                clients = {p: redis.Redis(connection_pool=redis.ConnectionPool(
+                               port=port, parser_class=redis_parser_class(p, asyncio=False)))
+                           for p in args.redis_parsers}
+                r = next(iter(clients.values()))
                 uri = sandbox.metadata_uri
                 ledgers = {}
                 for name, (count, size) in datasets.items():
@@ -192,7 +212,7 @@ def main() -> None:
                     for name, (count, size) in datasets.items():
                         note(f"round {round_no}/{args.rounds}, {name} ...")
                         for label, result in one_round(
-                                uri, ledgers[name], r, f"stream-{name}", count, size,
+                                uri, ledgers[name], clients, f"stream-{name}", count, size,
                                 args.single_cap_s / args.rounds):
                             runs.setdefault(f"{name} {label}", []).append(result)
         finally:
@@ -202,24 +222,29 @@ def main() -> None:
     for name in datasets:
         single = results[f"{name} single, one at a time"]["entries_per_s"]
         pipelined = results[f"{name} single, 128 outstanding"]["entries_per_s"]
-        redis100 = results[f"{name} redis XRANGE COUNT 100"]["entries_per_s"]
         for variant in ("batch(100)", "batch(100), 4 outstanding"):
             rate = results[f"{name} {variant}"]["entries_per_s"]
             ratios[f"{name} {variant}"] = {
                 "over_pipelined_single": rate / pipelined,
                 "over_single_one_at_a_time": rate / single,
-                "over_redis_xrange100": rate / redis100,
+                **{f"over_redis_xrange100_{p}":
+                   rate / results[f"{name} redis XRANGE COUNT 100 ({p})"]["entries_per_s"]
+                   for p in args.redis_parsers},
             }
     if args.json:
         print(json.dumps({"rounds": args.rounds, "results": results, "ratios": ratios}))
         return
     print(f"medians of {args.rounds} interleaved rounds")
     for label, res in results.items():
-        print(f"{label:<34} {res['entries_per_s']:>12,.0f} entries/s {res['mb_per_s']:>8.1f} MB/s")
+        print(f"{label:<44} {res['entries_per_s']:>12,.0f} entries/s {res['mb_per_s']:>8.1f} MB/s")
     for name, ratio in ratios.items():
-        print(f"{name}: {ratio['over_pipelined_single']:.1f}x pipelined single (goal 5x), "
-              f"{ratio['over_single_one_at_a_time']:.1f}x one-at-a-time (goal 20x), "
-              f"{ratio['over_redis_xrange100']:.2f}x Redis XRANGE 100 (goal 2x)")
+        against_redis = [
+            f"{ratio[f'over_redis_xrange100_{p}']:.2f}x Redis XRANGE 100 ({p}, "
+            + ("goal 2x)" if p == "python" else "reference)") for p in args.redis_parsers]
+        print(", ".join([f"{name}: {ratio['over_pipelined_single']:.1f}x pipelined single "
+                         f"(goal 5x)",
+                         f"{ratio['over_single_one_at_a_time']:.1f}x one-at-a-time (goal 20x)",
+                         *against_redis]))
 
 
 if __name__ == "__main__":

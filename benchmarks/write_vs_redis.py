@@ -8,7 +8,12 @@ Each system is measured alone on this machine (loopback only):
    sandbox is stopped before Redis starts;
 2. Debian's ``redis-server`` (started here on a free loopback port with a
    temporary directory, ``--appendonly yes --appendfsync always --save ""``)
-   takes XADD of the same entries from redis-py (``redis.asyncio``).
+   takes XADD of the same entries from redis-py (``redis.asyncio``), once
+   per reply parser in ``--redis-parsers``: ``python``, redis-py as ``pip
+   install redis`` gives it, a pure-Python client like Quire's, which the
+   goals are set against; and ``hiredis``, its optional C parser, for
+   reference (redis-py picks it silently whenever it is installed, so the
+   parser is always named here).
 
 Both sides keep ``--outstanding`` (256) entries in flight and time each
 entry from the moment it is handed to the client until its acknowledgement.
@@ -19,13 +24,14 @@ soon as they are answered; ``--redis-pipelines 1`` sends windows of 256.
 Both run in each of ``--rounds`` (default 3) rounds, Quire then Redis, so
 that a drift of this machine's speed over minutes hits both alike.  Prints,
 per system, the run with the median entries/s (latency p50/p99 from that
-run), and per shape the median of the rounds' Quire / Redis ratios against
-the goals (E=W=A=1 >= 1.5x Redis, E=3 W=3 A=2 >= 1.0x Redis); ``--json``
+run), and per shape and parser the median of the rounds' Quire / Redis
+ratios; those against the ``python`` parser are checked against the goals
+(E=W=A=1 >= 1.5x Redis, E=3 W=3 A=2 >= 1.0x Redis); ``--json``
 prints one JSON object instead.  Progress goes to stderr.
 
     .venv/bin/python benchmarks/write_vs_redis.py [--seconds 10] [--rounds 3] [--outstanding 256]
         [--entry-bytes 1024] [--shapes 1/1/1,3/3/2] [--redis-pipelines 4]
-        [--skip-quire | --skip-redis] [--json] [--quiet]
+        [--redis-parsers python,hiredis] [--skip-quire | --skip-redis] [--json] [--quiet]
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import median_run, redis_server
+from benchmarks._common import (
+    median_run,
+    parse_redis_parsers,
+    redis_parser_class,
+    redis_server,
+)
 from quire.bench import WriteBenchParams, bench_write, summarize
 from quire.client import Client
 from quire.sandbox import Sandbox
@@ -55,6 +66,8 @@ from quire.types import LedgerType
 
 SHAPES = ((1, 1, 1), (3, 3, 2))
 GOALS = {"E=1 W=1 A=1": 1.5, "E=3 W=3 A=2": 1.0}
+GOAL_PARSER = "python"
+"""The Redis baseline the goals are set against (see the module docstring)."""
 
 
 def shape_name(ensemble: int, write: int, ack: int) -> str:
@@ -131,7 +144,7 @@ async def _quire_shapes(uri: str, args: argparse.Namespace,
 
 
 
-async def bench_redis(port: int, args: argparse.Namespace,
+async def bench_redis(port: int, args: argparse.Namespace, parser: str,
                       progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
@@ -139,7 +152,9 @@ async def bench_redis(port: int, args: argparse.Namespace,
     depth = [args.outstanding // pipelines + (1 if i < args.outstanding % pipelines else 0)
              for i in range(pipelines)]
     payload = os.urandom(args.entry_bytes)
-    client = aioredis.Redis(host="127.0.0.1", port=port, max_connections=pipelines + 1)
+    pool = aioredis.ConnectionPool(host="127.0.0.1", port=port, max_connections=pipelines + 1,
+                                   parser_class=redis_parser_class(parser, asyncio=True))
+    client = aioredis.Redis(connection_pool=pool)
     await client.ping()
     await client.config_set("appendfsync", "always")  # belt and braces: what we measure
     latencies: list[float] = []
@@ -175,16 +190,20 @@ async def bench_redis(port: int, args: argparse.Namespace,
     await client.aclose()
     if length != len(latencies):
         raise SystemExit(f"redis holds {length} entries, {len(latencies)} were acknowledged")
-    return {**summarize(latencies, elapsed, args.entry_bytes), "pipelines": pipelines}
+    return {**summarize(latencies, elapsed, args.entry_bytes), "pipelines": pipelines,
+            "parser": parser}
 
 
-def run_redis(args: argparse.Namespace, root: Path, progress: Progress) -> dict[str, Any]:
+def run_redis(args: argparse.Namespace, parser: str, root: Path, progress: Progress
+              ) -> dict[str, Any]:
+    """One run against a fresh redis-server (an empty AOF) with ``parser``."""
     progress.note("redis: starting redis-server (appendonly yes, appendfsync always) ...")
-    with redis_server(root / "redis") as port:
+    with redis_server(root / f"redis-{parser}") as port:
         progress.note(f"redis: {args.seconds:g} s of {args.entry_bytes} B XADD, "
-                      f"{args.outstanding} outstanding in {args.redis_pipelines} pipeline(s)")
-        result = uvloop.run(bench_redis(port, args, lambda s: progress("redis", s)))
-    progress.note(_line("redis", result))
+                      f"{args.outstanding} outstanding in {args.redis_pipelines} pipeline(s), "
+                      f"{parser} parser")
+        result = uvloop.run(bench_redis(port, args, parser, lambda s: progress("redis", s)))
+    progress.note(_line(f"redis ({parser})", result))
     return result
 
 
@@ -192,7 +211,7 @@ def run_redis(args: argparse.Namespace, root: Path, progress: Progress) -> dict[
 
 
 def _line(label: str, r: dict[str, Any]) -> str:
-    return (f"{label:<20} {r['entries_per_s']:>9,.0f} entries/s {r['mb_per_s']:>6.1f} MB/s  "
+    return (f"{label:<26} {r['entries_per_s']:>9,.0f} entries/s {r['mb_per_s']:>6.1f} MB/s  "
             f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  ({r['entries']:,} entries "
             f"in {r['seconds']:.1f} s)")
 
@@ -208,6 +227,9 @@ def main() -> None:
                         help="Quire shapes as E/W/A, comma separated (default 1/1/1,3/3/2)")
     parser.add_argument("--redis-pipelines", type=int, default=4,
                         help="pipelines sharing the outstanding window (1: windows of 256)")
+    parser.add_argument("--redis-parsers", type=parse_redis_parsers, default=("python", "hiredis"),
+                        help="redis-py reply parsers to measure, comma separated (default "
+                             "python,hiredis; the goals are checked against python)")
     parser.add_argument("--tmpdir", type=Path, default=None,
                         help="where sandbox and Redis keep their files (default: system temp)")
     skip = parser.add_mutually_exclusive_group()
@@ -220,7 +242,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="quire-vs-redis-", dir=args.tmpdir))
     quire_rounds: list[dict[str, Any]] = []
-    redis_rounds: list[dict[str, Any]] = []
+    redis_rounds: dict[str, list[dict[str, Any]]] = {}
     try:
         for i in range(args.rounds):
             progress.note(f"round {i + 1}/{args.rounds}")
@@ -228,24 +250,31 @@ def main() -> None:
             if not args.skip_quire:
                 quire_rounds.append(run_quire(args, here, progress))
             if not args.skip_redis:
-                redis_rounds.append(run_redis(args, here, progress))
+                for parser_name in args.redis_parsers:
+                    redis_rounds.setdefault(parser_name, []).append(
+                        run_redis(args, parser_name, here, progress))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     names = list(quire_rounds[0]) if quire_rounds else []
     quire = {name: median_run([r[name] for r in quire_rounds]) for name in names}
-    redis = median_run(redis_rounds) if redis_rounds else None
-    round_ratios = {name: [q[name]["entries_per_s"] / r["entries_per_s"]
-                           for q, r in zip(quire_rounds, redis_rounds, strict=True)]
-                    for name in names if redis_rounds}
-    ratios = {name: statistics.median(rs) for name, rs in round_ratios.items()}
-    goals = {name: {"goal": goal, "ratio": ratios[name], "met": ratios[name] >= goal,
-                    "rounds": round_ratios[name]}
-             for name, goal in GOALS.items() if name in ratios}
+    redis = {parser_name: median_run(rs) for parser_name, rs in redis_rounds.items()}
+    # per parser, per shape: the rounds' Quire / Redis ratios
+    round_ratios = {parser_name: {name: [q[name]["entries_per_s"] / r["entries_per_s"]
+                                         for q, r in zip(quire_rounds, rs, strict=True)]
+                                  for name in names}
+                    for parser_name, rs in redis_rounds.items()}
+    ratios = {parser_name: {name: statistics.median(v) for name, v in by_shape.items()}
+              for parser_name, by_shape in round_ratios.items()}
+    against = ratios.get(GOAL_PARSER, {})
+    goals = {name: {"goal": goal, "ratio": against[name], "met": against[name] >= goal,
+                    "rounds": round_ratios[GOAL_PARSER][name], "redis_parser": GOAL_PARSER}
+             for name, goal in GOALS.items() if name in against}
     if args.json:
         print(json.dumps({
             "params": {"seconds": args.seconds, "rounds": args.rounds,
                        "outstanding": args.outstanding,
                        "entry_bytes": args.entry_bytes, "redis_pipelines": args.redis_pipelines,
+                       "redis_parsers": list(args.redis_parsers),
                        "ledger_type": LedgerType.PD_JOURNAL.value},
             "quire": quire, "redis": redis, "ratios": ratios, "goals": goals}, indent=2))
         return
@@ -253,12 +282,16 @@ def main() -> None:
           f"{args.seconds:g} s per run, one system at a time; median run of {args.rounds}")
     for name, r in quire.items():
         print(_line(f"quire {name}", r))
-    if redis:
-        print(_line("redis XADD", redis))
-    for name, g in goals.items():
-        rounds = ", ".join(f"{x:.2f}" for x in g["rounds"])
-        print(f"quire {name} / redis = {g['ratio']:.2f}x, median of the rounds' ratios "
-              f"({rounds})  (goal >= {g['goal']:.1f}x: {'met' if g['met'] else 'NOT met'})")
+    for parser_name, r in redis.items():
+        print(_line(f"redis XADD ({parser_name})", r))
+    for parser_name, by_shape in round_ratios.items():
+        for name, rs in by_shape.items():
+            rounds = ", ".join(f"{x:.2f}" for x in rs)
+            goal = goals.get(name) if parser_name == GOAL_PARSER else None
+            verdict = (f"goal >= {goal['goal']:.1f}x: {'met' if goal['met'] else 'NOT met'}"
+                       if goal else "reference, no goal")
+            print(f"quire {name} / redis ({parser_name}) = {ratios[parser_name][name]:.2f}x, "
+                  f"median of the rounds' ratios ({rounds})  ({verdict})")
 
 
 if __name__ == "__main__":
