@@ -717,9 +717,8 @@ class Decoder:
         with memoryview(buf) as view, view[pos:end] as run:
             heads = list(_ADD_RESP_HEADS.iter_unpack(run))
             if heads.count(_ADD_RESP_HEAD) != count:  # the run ends before the buffer does
+                # (at 1 or later: the first frame was checked above)
                 count = heads.index(next(h for h in heads if h != _ADD_RESP_HEAD))
-                if not count:
-                    return []
                 end = pos + count * _ADD_RESP_FRAME.size
             with view[pos:end] as answers:
                 taken: list[RawAddAnswer] = list(_ADD_RESP_BODY.iter_unpack(answers))
