@@ -4,6 +4,7 @@ and the median of rounds."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -98,37 +99,47 @@ def redis_server(directory: Path) -> Iterator[int]:
 
 
 REDIS_PARSERS = ("python", "hiredis")
-"""redis-py's reply parsers the Redis baselines name.  ``python`` is redis-py
-as ``pip install redis`` gives it, a pure-Python client like Quire's: the
-issues' goals are set against it.  ``hiredis`` is its optional C parser
+"""redis-py's reply parsers the Redis baselines name, and (joined by commas,
+so that argparse checks it like a given value) the default of
+``--redis-parsers``.  ``python`` is redis-py as ``pip install redis`` gives
+it, a pure-Python client like Quire's: the issues' goals are set against it
+(:data:`GOAL_REDIS_PARSER`).  ``hiredis`` is its optional C parser
 (``redis[hiredis]``, used whenever installed), measured for reference."""
-
-
-def redis_parser_class(name: str, *, asyncio: bool) -> type:
-    """redis-py's parser class for ``name`` (one of :data:`REDIS_PARSERS`),
-    for ``redis.asyncio`` or the blocking client.  Named explicitly because
-    redis-py silently picks hiredis whenever it is installed."""
-    from redis import _parsers  # underscore-named, but its __all__ exports these
-    from redis.utils import HIREDIS_AVAILABLE
-
-    if name == "python":
-        # RESP2's class: redis-py swaps in its RESP3 twin when the protocol is 3
-        return _parsers._AsyncRESP2Parser if asyncio else _parsers._RESP2Parser
-    if name != "hiredis":
-        raise SystemExit(f"unknown redis parser {name!r} (one of {', '.join(REDIS_PARSERS)})")
-    if not HIREDIS_AVAILABLE:
-        raise SystemExit("the hiredis parser is not installed (scripts/setup installs it), "
-                         "or name only --redis-parsers python")
-    return _parsers._AsyncHiredisParser if asyncio else _parsers._HiredisParser
+GOAL_REDIS_PARSER = "python"
+REDIS_PARSERS_HELP = ("redis-py reply parsers to measure, comma separated (default "
+                      f"{','.join(REDIS_PARSERS)}; goals are checked against "
+                      f"{GOAL_REDIS_PARSER})")
 
 
 def parse_redis_parsers(text: str) -> tuple[str, ...]:
-    """``--redis-parsers`` as a tuple: comma-separated names of REDIS_PARSERS."""
+    """``--redis-parsers`` (an argparse type): comma-separated names of
+    :data:`REDIS_PARSERS`, refused at start-up if hiredis is named and not
+    installed (rather than after the Quire runs)."""
+    from redis.utils import HIREDIS_AVAILABLE
+
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in REDIS_PARSERS]
     if not names or unknown:
-        raise ValueError(f"expected some of {', '.join(REDIS_PARSERS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(REDIS_PARSERS)}, got {text!r}")
+    if "hiredis" in names and not HIREDIS_AVAILABLE:
+        raise argparse.ArgumentTypeError(
+            "the hiredis parser is not installed (scripts/setup installs it); "
+            "or name only python")
     return names
+
+
+def redis_parser_class(name: str, *, asyncio: bool) -> type:
+    """redis-py's parser class for ``name``, one of the names
+    :func:`parse_redis_parsers` accepted, for ``redis.asyncio`` or the
+    blocking client.  Named explicitly because redis-py silently picks
+    hiredis whenever it is installed."""
+    from redis import _parsers  # underscore-named, but its __all__ exports these
+
+    if name == "hiredis":
+        return _parsers._AsyncHiredisParser if asyncio else _parsers._HiredisParser
+    # RESP2's class: redis-py swaps in its RESP3 twin when the protocol is 3
+    return _parsers._AsyncRESP2Parser if asyncio else _parsers._RESP2Parser
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -41,6 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvloop
 
 from benchmarks._common import (
+    GOAL_REDIS_PARSER,
+    REDIS_PARSERS,
+    REDIS_PARSERS_HELP,
     median_run,
     parse_redis_parsers,
     redis_parser_class,
@@ -180,9 +183,9 @@ def main() -> None:
     parser.add_argument("--single-cap-s", type=float, default=20.0,
                         help="one-at-a-time single reads: seconds in all, over the rounds")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--redis-parsers", type=parse_redis_parsers, default=("python", "hiredis"),
-                        help="redis-py reply parsers to measure, comma separated (default "
-                             "python,hiredis; the goal is checked against python)")
+    parser.add_argument("--redis-parsers", type=parse_redis_parsers,
+                        default=",".join(REDIS_PARSERS),
+                        help=REDIS_PARSERS_HELP)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import redis
@@ -240,7 +243,8 @@ def main() -> None:
     for name, ratio in ratios.items():
         against_redis = [
             f"{ratio[f'over_redis_xrange100_{p}']:.2f}x Redis XRANGE 100 ({p}, "
-            + ("goal 2x)" if p == "python" else "reference)") for p in args.redis_parsers]
+            + ("goal 2x)" if p == GOAL_REDIS_PARSER else "reference)")
+            for p in args.redis_parsers]
         print(", ".join([f"{name}: {ratio['over_pipelined_single']:.1f}x pipelined single "
                          f"(goal 5x)",
                          f"{ratio['over_single_one_at_a_time']:.1f}x one-at-a-time (goal 20x)",

@@ -54,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvloop
 
 from benchmarks._common import (
+    GOAL_REDIS_PARSER,
+    REDIS_PARSERS,
+    REDIS_PARSERS_HELP,
     median_run,
     parse_redis_parsers,
     redis_parser_class,
@@ -66,8 +69,6 @@ from quire.types import LedgerType
 
 SHAPES = ((1, 1, 1), (3, 3, 2))
 GOALS = {"E=1 W=1 A=1": 1.5, "E=3 W=3 A=2": 1.0}
-GOAL_PARSER = "python"
-"""The Redis baseline the goals are set against (see the module docstring)."""
 
 
 def shape_name(ensemble: int, write: int, ack: int) -> str:
@@ -227,9 +228,9 @@ def main() -> None:
                         help="Quire shapes as E/W/A, comma separated (default 1/1/1,3/3/2)")
     parser.add_argument("--redis-pipelines", type=int, default=4,
                         help="pipelines sharing the outstanding window (1: windows of 256)")
-    parser.add_argument("--redis-parsers", type=parse_redis_parsers, default=("python", "hiredis"),
-                        help="redis-py reply parsers to measure, comma separated (default "
-                             "python,hiredis; the goals are checked against python)")
+    parser.add_argument("--redis-parsers", type=parse_redis_parsers,
+                        default=",".join(REDIS_PARSERS),
+                        help=REDIS_PARSERS_HELP)
     parser.add_argument("--tmpdir", type=Path, default=None,
                         help="where sandbox and Redis keep their files (default: system temp)")
     skip = parser.add_mutually_exclusive_group()
@@ -265,9 +266,10 @@ def main() -> None:
                     for parser_name, rs in redis_rounds.items()}
     ratios = {parser_name: {name: statistics.median(v) for name, v in by_shape.items()}
               for parser_name, by_shape in round_ratios.items()}
-    against = ratios.get(GOAL_PARSER, {})
+    against = ratios.get(GOAL_REDIS_PARSER, {})
     goals = {name: {"goal": goal, "ratio": against[name], "met": against[name] >= goal,
-                    "rounds": round_ratios[GOAL_PARSER][name], "redis_parser": GOAL_PARSER}
+                    "rounds": round_ratios[GOAL_REDIS_PARSER][name],
+                    "redis_parser": GOAL_REDIS_PARSER}
              for name, goal in GOALS.items() if name in against}
     if args.json:
         print(json.dumps({
@@ -287,7 +289,7 @@ def main() -> None:
     for parser_name, by_shape in round_ratios.items():
         for name, rs in by_shape.items():
             rounds = ", ".join(f"{x:.2f}" for x in rs)
-            goal = goals.get(name) if parser_name == GOAL_PARSER else None
+            goal = goals.get(name) if parser_name == GOAL_REDIS_PARSER else None
             verdict = (f"goal >= {goal['goal']:.1f}x: {'met' if goal['met'] else 'NOT met'}"
                        if goal else "reference, no goal")
             print(f"quire {name} / redis ({parser_name}) = {ratios[parser_name][name]:.2f}x, "
