@@ -64,10 +64,12 @@ def crash(bookie: BookieProcess, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["kill9", "power_loss"])
 @pytest.mark.parametrize("flush_interval_ms", [50, 600_000], ids=["checkpointed", "journal-only"])
-async def test_acknowledged_adds_survive_crash(tmp_path: Path, mode: str,
-                                               flush_interval_ms: int) -> None:
+@pytest.mark.parametrize("sync_on_loop_max_ms", [1e6, 0.0], ids=["sync-on-loop", "fsync-thread"])
+async def test_acknowledged_adds_survive_crash(tmp_path: Path, mode: str, flush_interval_ms: int,
+                                               sync_on_loop_max_ms: float) -> None:
     bookie = BookieProcess(tmp_path, f"sqlite:///{tmp_path / 'meta.db'}", "b1",
-                           flush_interval_ms=flush_interval_ms)
+                           flush_interval_ms=flush_interval_ms,
+                           journal_sync_on_loop_max_ms=sync_on_loop_max_ms)
     bookie.start()
     try:
         ledgers = [1, 2, 3]

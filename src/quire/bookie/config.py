@@ -21,6 +21,12 @@ class BookieConfig:
     journal_max_group_wait_ms: float = 0.0
     """Extra time an fsync waits to gather more adds (0: group only what
     arrives while the previous fsync runs, BookKeeper's natural batching)."""
+    journal_sync_on_loop_max_ms: float = 2.0
+    """The event loop writes and fsyncs each journal group itself while the
+    journal's fsyncs take less than this on average; slower ones (or 0, or
+    a group wait) go to the ``quire-fsync`` thread, so that the loop is not
+    held up that long for each.  Syncing on the loop saves the thread's
+    hand-overs on every group (see ``quire.bookie.group_commit``)."""
     journal_max_group_bytes: int = 4 * 1024 * 1024
     journal_file_size_bytes: int = 64 * 1024 * 1024
     journal_reuse_files_max: int = 4

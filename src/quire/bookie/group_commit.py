@@ -1,16 +1,30 @@
-"""Group commit: many journal appends, one fsync, on one dedicated thread.
+"""Group commit: many journal appends, one fsync, on the loop or on one thread.
 
 Adds append to the journal's buffer on the event-loop thread and register a
-callback for their journal sequence number.  The ``quire-fsync`` thread runs
-on its own, like BookKeeper's force-write thread: while any waiter needs a
-record that is not yet durable it writes and fsyncs everything appended so
-far, hands the new durable point to the loop, and goes straight on to the
-next fsync; adds that arrive while one runs join the next one.  Under load
-that gives natural batching with no timer, and the loop being busy never
-holds the next fsync back (an earlier design started each fsync from the
-loop, so every fsync waited for the loop to finish the batch in hand:
-1.7 ms cycles around 0.3 ms fsyncs).  ``max_group_wait_ms`` adds an
-optional wait to gather more.
+callback for their journal sequence number.  Whoever syncs writes and fsyncs
+everything appended so far, so adds that arrive while one fsync runs join
+the next one: natural batching with no timer.  Two places can sync:
+
+* The event loop itself, once per loop iteration in which a waiter asked
+  for more, while the journal's fsyncs are fast: their moving average is
+  below ``loop_sync_max_ms``.  The loop blocks for the fsync, and adds that
+  arrive meanwhile wait in the socket and make the next group.  This saves
+  every hand-over of the thread below (a futex wake, a thread switch, the
+  GIL, a wake-up of the loop) on each group; ARCHITECTURE.md has what that
+  was worth.
+* The ``quire-fsync`` thread, like BookKeeper's force-write thread, when
+  fsyncs are slow (a loop blocked for each of them would hold up reads and
+  fencing as long), when ``loop_sync_max_ms`` is 0, or when
+  ``max_group_wait_ms`` asks for a wait to gather more.  While any waiter
+  needs a record that is not yet durable it syncs, hands the new durable
+  point to the loop, and goes straight on to the next fsync, so the loop
+  being busy never holds the next fsync back (an earlier design started
+  each fsync from the loop on a thread, so every fsync waited for the loop
+  to finish the batch in hand: 1.7 ms cycles around 0.3 ms fsyncs).
+
+Every sync, on either path, feeds the moving average, so a bookie moves to
+the thread when its disk slows down and back when it recovers; the loop
+never syncs while the thread does.
 
 A failed fsync leaves durability unknown: the waiting callbacks get the
 exception (the server answers IO_ERROR and turns read-only), never an OK.
@@ -44,6 +58,8 @@ def _call_plain(callback: DurableCallback, error: BaseException | None) -> None:
     """The waiter callback of :meth:`GroupCommitter.after_durable`."""
     callback(error)
 
+SYNC_AVERAGE_WEIGHT = 0.05
+"""Weight of the latest sync in the moving average of sync durations."""
 SyncObserver = Callable[[float, int], None]
 """Called after each fsync with (seconds taken, callbacks released)."""
 DurableHook = Callable[[int], None]
@@ -51,17 +67,27 @@ DurableHook = Callable[[int], None]
 
 
 class GroupCommitter:
-    """Durable-point bookkeeping (loop thread) over one fsync thread.
+    """Durable-point bookkeeping (loop thread) over syncs on the loop or on
+    one fsync thread (see the module docstring for which).
 
     Every method is called on the event loop's thread; the fsync thread only
-    reads ``_wanted_seq`` and posts results back with
-    ``call_soon_threadsafe``.  Create it inside the running loop."""
+    reads ``_wanted_seq`` and ``_durable_seq`` and posts results back with
+    ``call_soon_threadsafe``.  Create it inside the running loop.
+    ``loop_sync_max_ms`` 0 (the default here) keeps every sync on the thread."""
 
     def __init__(self, journal: SyncableJournal, *, max_group_wait_ms: float = 0.0,
+                 loop_sync_max_ms: float = 0.0,
                  on_sync: SyncObserver | None = None,
                  on_durable: DurableHook | None = None) -> None:
         self._journal = journal
         self._wait_s = max_group_wait_ms / 1000.0
+        self._loop_sync_max_s = loop_sync_max_ms / 1000.0 if self._wait_s <= 0 else 0.0
+        """Sync on the loop while the average sync is shorter (0: never)."""
+        self._sync_average_s = 0.0
+        """Moving average of sync durations, both paths (loop thread)."""
+        self._loop_sync_scheduled = False
+        self._thread_busy = False
+        """Set by the fsync thread from its wake-up until it waits again."""
         self._on_sync = on_sync
         self._on_durable = on_durable
         self._loop = asyncio.get_running_loop()
@@ -78,12 +104,19 @@ class GroupCommitter:
         self._wake = threading.Event()
         self._closed = False
         self.fsync_count = 0
+        self.loop_sync_count = 0
+        """Of ``fsync_count``, the syncs the loop ran itself."""
         self._thread = threading.Thread(target=self._run, name="quire-fsync", daemon=True)
         self._thread.start()
 
     @property
     def durable_seq(self) -> int:
         return self._durable_seq
+
+    @property
+    def syncs_on_loop(self) -> bool:
+        """Whether the next sync asked for runs on the loop (else the thread)."""
+        return self._sync_average_s < self._loop_sync_max_s and not self._thread_busy
 
     def after_durable(self, seq: int, callback: DurableCallback) -> None:
         """Call ``callback(None)`` once journal ``seq`` is fsynced (at once if
@@ -140,7 +173,11 @@ class GroupCommitter:
         self._waiters.append((seq, callback, arg, weight))
         if seq > self._wanted_seq:
             self._wanted_seq = seq
-            self._wake.set()
+            if not self.syncs_on_loop:
+                self._wake.set()
+            elif not self._loop_sync_scheduled:
+                self._loop_sync_scheduled = True
+                self._loop.call_soon(self._sync_on_loop)
 
     async def wait_durable(self, seq: int) -> None:
         future: asyncio.Future[None] = self._loop.create_future()
@@ -155,6 +192,26 @@ class GroupCommitter:
         self.after_durable(seq, done)
         await future
 
+    # --- syncing on the loop -----------------------------------------------------
+
+    def _sync_on_loop(self) -> None:
+        """One sync covering every waiter of this loop iteration (called
+        soon after the first of them asked)."""
+        self._loop_sync_scheduled = False
+        if self._closed or self._wanted_seq <= self._durable_seq:
+            return
+        if self._thread_busy:  # (it moved to the thread meanwhile) never both at once
+            self._wake.set()
+            return
+        started = time.perf_counter()
+        try:
+            synced = self._journal.sync()
+        except Exception as e:  # handed to the waiters, as the thread does
+            self._on_failed(e)
+            return
+        self.loop_sync_count += 1
+        self._on_synced(synced, time.perf_counter() - started)
+
     # --- the fsync thread -----------------------------------------------------
 
     def _run(self) -> None:
@@ -165,11 +222,12 @@ class GroupCommitter:
             wake.clear()
             if self._closed:
                 return
+            self._thread_busy = True
             if self._wait_s > 0:
                 time.sleep(self._wait_s)
             # Sync until no waiter needs more: each sync covers everything
             # appended before it started, so a burst needs one or two.
-            while self._wanted_seq > synced and not self._closed:
+            while self._wanted_seq > max(synced, self._durable_seq) and not self._closed:
                 started = time.perf_counter()
                 try:
                     synced = self._journal.sync()
@@ -177,6 +235,7 @@ class GroupCommitter:
                     self._post(self._on_failed, e)
                     break
                 self._post(self._on_synced, synced, time.perf_counter() - started)
+            self._thread_busy = False
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to tell
@@ -184,6 +243,7 @@ class GroupCommitter:
 
     def _on_synced(self, durable: int, seconds: float) -> None:
         self.fsync_count += 1
+        self._sync_average_s += (seconds - self._sync_average_s) * SYNC_AVERAGE_WEIGHT
         released = self._release(durable)
         if self._on_sync is not None:
             self._on_sync(seconds, released)

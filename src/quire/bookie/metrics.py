@@ -117,6 +117,10 @@ class BookieMetrics:
         self.journal_group_size = Histogram(
             "quire_bookie_journal_group_size", "Journal records made durable per fsync",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.journal_loop_syncs = Gauge(
+            "quire_bookie_journal_syncs_on_loop_total",
+            "Journal fsyncs the event loop ran itself, not the fsync thread (counter; "
+            "see journal_sync_on_loop_max_ms)", registry=r)
         # Per-entry counts are plain ints read at scrape time: a prometheus
         # Counter takes a lock on every inc(), which shows on the add path.
         self.entries_written = 0

@@ -322,8 +322,11 @@ class BookieServer:
         self.metrics.read_cache_misses.set_function(lambda: storage.stats.read_cache_misses)
         self._committer = GroupCommitter(self._storage.journal,
                                          max_group_wait_ms=cfg.journal_max_group_wait_ms,
+                                         loop_sync_max_ms=cfg.journal_sync_on_loop_max_ms,
                                          on_sync=self._observe_fsync,
                                          on_durable=self._on_durable)
+        committer = self._committer
+        self.metrics.journal_loop_syncs.set_function(lambda: committer.loop_sync_count)
         self._cursors = await asyncio.to_thread(self._load_cursors)
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
