@@ -86,10 +86,16 @@ class RedisClient(NamedTuple):
     def __str__(self) -> str:
         return f"{self.parser}/{self.pipelines}"
 
+    def depths(self, outstanding: int) -> list[int]:
+        """Each pipeline's share of the ``outstanding`` window."""
+        pipelines = min(self.pipelines, outstanding)
+        return [outstanding // pipelines + (1 if i < outstanding % pipelines else 0)
+                for i in range(pipelines)]
+
     def describe(self, outstanding: int) -> str:
-        depth = -(-outstanding // self.pipelines)
-        shape = (f"1 pipeline x {outstanding}" if self.pipelines == 1
-                 else f"{self.pipelines} pipelines x {depth}")
+        depths = self.depths(outstanding)
+        shape = (f"1 pipeline x {outstanding}" if len(depths) == 1
+                 else f"{len(depths)} pipelines x {max(depths)}")
         return f"{self.parser}, {shape}"
 
 
@@ -193,9 +199,8 @@ async def bench_redis(port: int, args: argparse.Namespace, redis_client: RedisCl
                       progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
-    pipelines = min(redis_client.pipelines, args.outstanding)
-    depth = [args.outstanding // pipelines + (1 if i < args.outstanding % pipelines else 0)
-             for i in range(pipelines)]
+    depths = redis_client.depths(args.outstanding)
+    pipelines = len(depths)
     payload = os.urandom(args.entry_bytes)
     pool = aioredis.ConnectionPool(
         host="127.0.0.1", port=port, max_connections=pipelines + 1,
@@ -230,7 +235,7 @@ async def bench_redis(port: int, args: argparse.Namespace, redis_client: RedisCl
 
     reporter = asyncio.create_task(report())
     try:
-        await asyncio.gather(*(worker(n) for n in depth))
+        await asyncio.gather(*(worker(n) for n in depths))
     finally:
         reporter.cancel()
     elapsed = time.perf_counter() - started
