@@ -16,6 +16,7 @@ from quire.log import (
     LogBusyError,
     LogExistsError,
     LogFencedError,
+    LogJobs,
     LogNotFoundError,
     LogStore,
     LogTruncatedError,
@@ -303,45 +304,47 @@ async def test_bulk_append_replace(logs: LogStore, client: Client) -> None:
 
 
 async def test_job_commits_only_named_ledgers(logs: LogStore, client: Client) -> None:
-    job = await logs.begin_job("jobs", ttl_ms=60_000)
+    jobs = LogJobs(logs)
+    job = await jobs.begin_job("jobs", ttl_ms=60_000)
     ledgers = []
     for payloads in ([b"p0"], [b"p1-first-attempt"], [b"p1"]):
         ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-        await logs.register_ledger(job, ledger.ledger_id, task="t")
+        await jobs.register_ledger(job, ledger.ledger_id, task="t")
         for p in payloads:
             await ledger.append(p)
         await ledger.close()
         ledgers.append(ledger.ledger_id)
-    assert await logs.commit_job(job, [ledgers[0], ledgers[2]]) == [0, 1]
+    assert await jobs.commit_job(job, [ledgers[0], ledgers[2]]) == [0, 1]
     assert [d for _, d in await read_all(logs, "jobs")] == [b"p0", b"p1"]
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(ledgers[1])
     assert await logs.metadata_store.list_records(rec.jobs_prefix("jobs")) == []
     with pytest.raises(JobClosedError):
-        await logs.register_ledger(job, 12345)
+        await jobs.register_ledger(job, 12345)
 
 
 async def test_job_abort_and_garbage_collection(logs: LogStore, client: Client) -> None:
     now = [1_000_000]
     logs = LogStore(client, password=b"pw", clock_ms=lambda: now[0])
+    jobs = LogJobs(logs)
     await logs.create("gc")
-    aborted = await logs.begin_job("gc", ttl_ms=1000)
-    stale = await logs.begin_job("gc", ttl_ms=1000)
+    aborted = await jobs.begin_job("gc", ttl_ms=1000)
+    stale = await jobs.begin_job("gc", ttl_ms=1000)
     ids = []
     for job in (aborted, stale):
         ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-        await logs.register_ledger(job, ledger.ledger_id)
+        await jobs.register_ledger(job, ledger.ledger_id)
         await ledger.append(b"x")
         await ledger.close()
         ids.append(ledger.ledger_id)
-    assert await logs.abort_job(aborted) == [ids[0]]
-    report = await logs.collect_garbage()
+    assert await jobs.abort_job(aborted) == [ids[0]]
+    report = await jobs.collect_garbage()
     assert report.jobs_aborted == []  # not stale yet
     now[0] += 2000
-    report = await logs.collect_garbage("gc")
+    report = await jobs.collect_garbage("gc")
     assert report.jobs_aborted == [stale.job_id] and report.ledgers_deleted == [ids[1]]
     with pytest.raises(JobClosedError):
-        await logs.commit_job(stale, [ids[1]])
+        await jobs.commit_job(stale, [ids[1]])
     assert (await logs.info("gc")).ledgers == ()
     for ledger_id in ids:
         with pytest.raises(MetadataNotFoundError):
@@ -349,29 +352,30 @@ async def test_job_abort_and_garbage_collection(logs: LogStore, client: Client) 
 
 
 async def test_sink_batches_commit_exactly_once(logs: LogStore, client: Client) -> None:
-    job = await logs.sink_job("sink", "q1", ttl_ms=60_000)
-    assert await logs.sink_progress("sink", "q1") is None
+    jobs = LogJobs(logs)
+    job = await jobs.sink_job("sink", "q1", ttl_ms=60_000)
+    assert await jobs.sink_progress("sink", "q1") is None
 
     async def write(batch_id: int, payload: bytes) -> int:
         ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-        await logs.register_ledger(job, ledger.ledger_id, batch_id=batch_id)
+        await jobs.register_ledger(job, ledger.ledger_id, batch_id=batch_id)
         await ledger.append(payload)
         await ledger.close()
         return ledger.ledger_id
 
-    assert await logs.commit_sink_batch(job, "q1", 0, [await write(0, b"b0")])
+    assert await jobs.commit_sink_batch(job, "q1", 0, [await write(0, b"b0")])
     retried = await write(1, b"b1-failed-attempt")
-    assert await logs.commit_sink_batch(job, "q1", 1, [await write(1, b"b1")])
+    assert await jobs.commit_sink_batch(job, "q1", 1, [await write(1, b"b1")])
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(retried)
     replay = await write(1, b"b1-replayed")
-    assert not await logs.commit_sink_batch(job, "q1", 1, [replay])
+    assert not await jobs.commit_sink_batch(job, "q1", 1, [replay])
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(replay)
-    assert await logs.sink_progress("sink", "q1") == 1
+    assert await jobs.sink_progress("sink", "q1") == 1
     assert [d for _, d in await read_all(logs, "sink")] == [b"b0", b"b1"]
     failed = await write(2, b"b2")
-    await logs.abort_sink_batch(job, 2, [])
+    await jobs.abort_sink_batch(job, 2, [])
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(failed)
 
@@ -379,15 +383,16 @@ async def test_sink_batches_commit_exactly_once(logs: LogStore, client: Client) 
 async def test_sink_registrations_expire(client: Client) -> None:
     now = [5_000_000]
     logs = LogStore(client, password=b"pw", clock_ms=lambda: now[0])
-    job = await logs.sink_job("sink-gc", "q", ttl_ms=1000)
+    jobs = LogJobs(logs)
+    job = await jobs.sink_job("sink-gc", "q", ttl_ms=1000)
     ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-    await logs.register_ledger(job, ledger.ledger_id, batch_id=7)
+    await jobs.register_ledger(job, ledger.ledger_id, batch_id=7)
     await ledger.close()
     now[0] += 5000
-    report = await logs.collect_garbage("sink-gc")
+    report = await jobs.collect_garbage("sink-gc")
     assert report.ledgers_deleted == [ledger.ledger_id]
     with pytest.raises(JobClosedError):
-        await logs.commit_sink_batch(job, "q", 7, [ledger.ledger_id])
+        await jobs.commit_sink_batch(job, "q", 7, [ledger.ledger_id])
     assert (await logs.info("sink-gc")).ledgers == ()
     md = await logs.metadata_store.list_ledgers()
     assert ledger.ledger_id not in md

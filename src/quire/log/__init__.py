@@ -17,11 +17,22 @@ appends of ledgers written elsewhere (Spark jobs)::
     async for record in reader:
         print(record.position, record.payload)
 
-Modules: :mod:`~quire.log.store` (LogStore, bulk append, truncation, write
-jobs), :mod:`~quire.log.writer`, :mod:`~quire.log.reader`,
-:mod:`~quire.log.records` (the metadata layout), :mod:`~quire.log.errors`.
+Modules, each importing only those listed before it:
+
+* :mod:`~quire.log.position`, :mod:`~quire.log.errors`,
+  :mod:`~quire.log.records` (the metadata layout and its JSON);
+* :mod:`~quire.log.catalog` -- head and ledger records, conditional
+  transactions, epochs and the writer's hold (:class:`LogCatalog`);
+  :mod:`~quire.log.ledgers` -- recovering and deleting ledgers;
+* :mod:`~quire.log.writer` (:class:`LogWriter`), :mod:`~quire.log.reader`
+  (:class:`LogReader`);
+* :mod:`~quire.log.store` -- :class:`LogStore`: create, delete, truncate,
+  bulk append, writers and readers;
+* :mod:`~quire.log.jobs` -- :class:`LogJobs`: write jobs and stream sinks
+  (the Spark source's protocol).
 """
 
+from quire.log.catalog import LogCatalog, LogInfo
 from quire.log.errors import (
     JobClosedError,
     LogBusyError,
@@ -32,10 +43,11 @@ from quire.log.errors import (
     LogTruncatedError,
     LogWriterClosedError,
 )
+from quire.log.jobs import GarbageReport, Job, LogJobs
 from quire.log.position import Position
 from quire.log.reader import LogReader, LogRecord
 from quire.log.records import HeadRecord, LedgerRecord
-from quire.log.store import GarbageReport, Job, LogInfo, LogStore
+from quire.log.store import LogStore
 from quire.log.writer import LogWriter, WriterOptions
 
 __all__ = [
@@ -45,10 +57,12 @@ __all__ = [
     "JobClosedError",
     "LedgerRecord",
     "LogBusyError",
+    "LogCatalog",
     "LogError",
     "LogExistsError",
     "LogFencedError",
     "LogInfo",
+    "LogJobs",
     "LogNotFoundError",
     "LogReader",
     "LogRecord",
