@@ -431,3 +431,67 @@ async def test_following_reader_crosses_a_writer_failover(logs: LogStore,
     await reader.close()
     with pytest.raises(LogFencedError):
         await first.close()
+
+
+# --- a fenced ledger is not a lost log ------------------------------------------------
+
+
+async def test_writer_rolls_past_a_fenced_ledger_keeping_what_it_kept(
+        logs: LogStore, fakes: FakeCluster) -> None:
+    writer = await logs.open_writer("refenced")
+    acked = [await writer.append(b"a%d" % i) for i in range(5)]
+    ledger_id = (await logs.info("refenced")).ledgers[0].ledger_id
+    for bookie in fakes.bookies:
+        bookie.hold_adds = {5, 6, 7}  # stored everywhere, answers held back
+        bookie.fence_at[ledger_id] = 8  # fenced by no other writer (as at a boot)
+    kept = [writer.append(b"a%d" % i) for i in range(5, 8)]
+    refused = [writer.append(b"a%d" % i) for i in range(8, 10)]  # stored nowhere
+    done = await asyncio.gather(*kept, *refused)
+    for bookie in fakes.bookies:
+        bookie.release()
+    assert done == [Position(0, 5), Position(0, 6), Position(0, 7),
+                    Position(1, 0), Position(1, 1)]
+    later = await writer.append(b"a10")
+    assert later == Position(1, 2)
+    await writer.close()
+    info = await logs.info("refenced")
+    assert info.epoch == writer.epoch == 1
+    assert [(r.ledger_id == ledger_id, r.entries) for r in info.ledgers] == [
+        (True, 8), (False, 3)]
+    got = await read_all(logs, "refenced")
+    assert got == list(zip([*acked, *done, later], [b"a%d" % i for i in range(11)],
+                           strict=True))
+
+
+async def test_fenced_ledger_after_an_epoch_change_fails_the_writer(
+        logs: LogStore, fakes: FakeCluster) -> None:
+    first = await logs.open_writer("taken")
+    await first.append(b"a0")
+    ledger_id = (await logs.info("taken")).ledgers[0].ledger_id
+    # another writer takes the head, but has not recovered the ledger yet
+    hold = await logs.catalog.take("taken")
+    for bookie in fakes.bookies:
+        bookie.ledgers[ledger_id].fenced = True
+    with pytest.raises(LogFencedError, match="epoch 2"):
+        await first.append(b"a1")
+    with pytest.raises(LogFencedError):
+        first.append(b"a2")
+    with pytest.raises(LogFencedError):
+        await first.close()
+    assert hold.epoch == 2
+    info = await logs.info("taken")
+    assert [r.state for r in info.ledgers] == ["open"]  # left to the new writer
+
+
+async def test_writer_truncates_only_while_it_holds_the_log(logs: LogStore) -> None:
+    writer = await logs.open_writer("held-trunc", roll_bytes=1)
+    positions = [await writer.append(b"x%d" % i) for i in range(4)]  # one per ledger
+    info = await logs.info("held-trunc")
+    assert await writer.truncate(positions[2]) == [r.ledger_id for r in info.ledgers[:2]]
+    assert await writer.append(b"y") == Position(4, 0)  # the hold moved on with the head
+    second = await logs.open_writer("held-trunc")
+    with pytest.raises(LogFencedError):
+        await writer.truncate(Position(4, 0))
+    await second.close()
+    assert [p for p, _ in await read_all(logs, "held-trunc")] == [*positions[2:],
+                                                                  Position(4, 0)]
