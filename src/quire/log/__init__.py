@@ -30,9 +30,15 @@ Modules, each importing only those listed before it:
   bulk append, writers and readers;
 * :mod:`~quire.log.jobs` -- :class:`LogJobs`: write jobs and stream sinks
   (the Spark source's protocol).
+
+The tier-1 log seam a segment container writes its operations to is
+:class:`DurableDataLog` (:mod:`~quire.log.durable_data_log`, a
+``typing.Protocol``); :class:`NamedDataLog` (:mod:`~quire.log.named_data_log`,
+on a writer and readers) implements it on a named log.
 """
 
 from quire.log.catalog import LogCatalog, LogInfo
+from quire.log.durable_data_log import DurableDataLog
 from quire.log.errors import (
     JobClosedError,
     LogBusyError,
@@ -44,6 +50,7 @@ from quire.log.errors import (
     LogWriterClosedError,
 )
 from quire.log.jobs import GarbageReport, Job, LogJobs
+from quire.log.named_data_log import NamedDataLog
 from quire.log.position import Position
 from quire.log.reader import LogReader, LogRecord
 from quire.log.records import HeadRecord, LedgerRecord
@@ -51,6 +58,7 @@ from quire.log.store import LogStore
 from quire.log.writer import LogWriter, WriterOptions
 
 __all__ = [
+    "DurableDataLog",
     "GarbageReport",
     "HeadRecord",
     "Job",
@@ -70,6 +78,7 @@ __all__ = [
     "LogTruncatedError",
     "LogWriter",
     "LogWriterClosedError",
+    "NamedDataLog",
     "Position",
     "WriterOptions",
 ]

@@ -181,9 +181,12 @@ class LogWriter:
     def ledger_handle(self, ledger_seq: int) -> ReadHandle | None:
         """The handle of the ledger being written if its seq is ``ledger_seq``
         (else None).  Its LastAddConfirmed is this writer's last acknowledged
-        entry there, which readers elsewhere learn only later; do not close it."""
+        entry there, which readers elsewhere learn only later; do not close it.
+        None once the writer failed or closed."""
         ledger = self._ledger
-        return ledger if ledger is not None and self._seq == ledger_seq else None
+        if ledger is None or self._seq != ledger_seq or self._error is not None or self._closed:
+            return None
+        return ledger
 
     # --- appending -----------------------------------------------------------------
 
