@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from quire.client import Client
-from quire.errors import MetadataNotFoundError, TransactionError
+from quire.errors import MetadataNotFoundError, StatusCode, TransactionError
 from quire.log import (
     JobClosedError,
     LogBusyError,
+    LogError,
     LogExistsError,
     LogFencedError,
     LogJobs,
@@ -461,6 +462,21 @@ async def test_writer_rolls_past_a_fenced_ledger_keeping_what_it_kept(
     got = await read_all(logs, "refenced")
     assert got == list(zip([*acked, *done, later], [b"a%d" % i for i in range(11)],
                            strict=True))
+
+
+async def test_writer_gives_up_when_every_new_ledger_refuses(logs: LogStore,
+                                                              fakes: FakeCluster) -> None:
+    writer = await logs.open_writer("refusing")
+    await writer.append(b"kept")
+    for bookie in fakes.bookies:
+        bookie.add_status = StatusCode.FENCED  # every add, of every ledger
+    with pytest.raises(LogError, match="in a row") as failed:
+        await writer.append(b"never")
+    assert not isinstance(failed.value, LogFencedError)
+    for bookie in fakes.bookies:
+        bookie.add_status = None
+    await writer.close()  # recovers what is left and lets go
+    assert [d for _, d in await read_all(logs, "refusing")] == [b"kept"]
 
 
 async def test_fenced_ledger_after_an_epoch_change_fails_the_writer(

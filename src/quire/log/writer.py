@@ -61,6 +61,10 @@ _REFUSALS = (LedgerFencedError, UnauthorizedError)
 """How a ledger refuses its writer: fenced (a recovery ran, or a bookie
 fenced it), or its master key no longer accepted."""
 
+MAX_EMPTY_REFUSALS = 5
+"""A writer whose ledgers refuse their first add this many times in a row
+(nothing is getting through: no fence at a boot looks like this) fails."""
+
 
 @dataclass(frozen=True)
 class WriterOptions:
@@ -116,6 +120,8 @@ class LogWriter:
         entry order (the last ones the ledger was given)."""
         self._refused: WriteHandle | None = None
         """The current ledger once it refused an add (a roll settles it)."""
+        self._empty_refusals = 0
+        """Refused ledgers in a row that kept no entry."""
         self._backlog: deque[_Append] = deque()
         self._roll_task: asyncio.Task[None] | None = None
         self._last: asyncio.Future[Position] | None = None
@@ -386,7 +392,12 @@ class LogWriter:
             await self._hold.check()
             log.info("log %s: ledger %d was fenced while writer epoch %d holds the log (%s); "
                      "recovering it and rolling", self._name, ledger.ledger_id, self._epoch, e)
-            return await recover_end(self._client, ledger.ledger_id, self._password)
+            end = await recover_end(self._client, ledger.ledger_id, self._password)
+            self._empty_refusals = 0 if end.entries else self._empty_refusals + 1
+            if self._empty_refusals >= MAX_EMPTY_REFUSALS:
+                raise LogError(f"log {self._name!r}: {self._empty_refusals} ledgers in a row "
+                               f"refused their first add; last: {e}") from e
+            return end
         md = ledger.metadata
         return LedgerEnd(md.last_entry_id + 1, md.length)
 
