@@ -371,34 +371,24 @@ class LogHold:
     def __init__(self, catalog: LogCatalog, name: str, head: HeadRecord, version: int) -> None:
         assert head.writer is not None
         self._catalog = catalog
-        self._name = name
-        self._head = head
-        self._version = version
-        self._epoch = head.writer.epoch
+        self.name = name
+        """The log held (read-only)."""
+        self.epoch = head.writer.epoch
+        """The hold's epoch (read-only)."""
         self._owner = head.writer.owner
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def head(self) -> HeadRecord:
-        """The head as this holder last saw it."""
-        return self._head
+        self._head = head
+        """The head as this holder last saw it, and its version."""
+        self._version = version
 
     def holds(self, head: HeadRecord) -> bool:
         """True if ``head`` still names this hold."""
         writer = head.writer
-        return (head.epoch == self._epoch and writer is not None
-                and writer.epoch == self._epoch and writer.owner == self._owner)
+        return (head.epoch == self.epoch and writer is not None
+                and writer.epoch == self.epoch and writer.owner == self._owner)
 
     def fenced(self, why: str) -> LogFencedError:
         """The error of a writer whose hold is gone."""
-        return LogFencedError(f"log {self._name!r}: writer epoch {self._epoch} was fenced "
+        return LogFencedError(f"log {self.name!r}: writer epoch {self.epoch} was fenced "
                               f"out: {why}")
 
     def adopt(self, head: Versioned[HeadRecord]) -> None:
@@ -411,7 +401,7 @@ class LogHold:
     async def check(self) -> None:
         """Re-read the head: LogFencedError unless the log is still ours."""
         try:
-            current = await self._catalog.read_head(self._name)
+            current = await self._catalog.read_head(self.name)
         except LogNotFoundError as e:
             raise self.fenced("the log was deleted") from e
         self.adopt(current)
@@ -423,7 +413,7 @@ class LogHold:
         failure of one of the other ops (a record changed under the writer)
         is LogFencedError too: only another writer changes them."""
         store = self._catalog.store
-        key = rec.head_key(self._name)
+        key = rec.head_key(self.name)
         for _ in range(MAX_ATTEMPTS):
             new_head, ops = change(self._head)
             head_op: Op = (CheckRecord(key, self._version) if new_head is None
@@ -445,4 +435,4 @@ class LogHold:
                 assert version is not None
                 self._head, self._version = new_head, version
             return
-        raise LogError(f"log {self._name!r} kept changing; the writer gave up")
+        raise LogError(f"log {self.name!r} kept changing; the writer gave up")
