@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from quire.client import Client
-from quire.log import LogError, LogFencedError, Position, WriterOptions
+from quire.log import LogError, LogFencedError, LogWriterClosedError, Position, WriterOptions
 from quire.log.durable_data_log import DurableDataLog
 from quire.log.named_data_log import NamedDataLog
 from quire.testing.memory_data_log import MemoryDataLogs
@@ -138,6 +138,11 @@ async def test_reopen_after_close_sees_everything_acknowledged(open_log: OpenLog
     await first.initialize()
     written = [(await first.append(b"x-%d" % i), b"x-%d" % i) for i in range(15)]
     await first.close()
+    await first.close()
+    with pytest.raises(LogWriterClosedError):
+        first.append(b"closed")
+    with pytest.raises(LogWriterClosedError):
+        await first.truncate(written[0][0])
     second = await open_log(name)
     await second.initialize()
     assert second.epoch > first.epoch

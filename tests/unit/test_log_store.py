@@ -464,6 +464,24 @@ async def test_writer_rolls_past_a_fenced_ledger_keeping_what_it_kept(
                            strict=True))
 
 
+async def test_writer_rolls_again_when_the_next_ledger_is_fenced_too(
+        logs: LogStore, fakes: FakeCluster) -> None:
+    writer = await logs.open_writer("twice")
+    first = await writer.append(b"a0")
+    ledger_id = (await logs.info("twice")).ledgers[0].ledger_id
+    for bookie in fakes.bookies:
+        bookie.fence_at[ledger_id] = 1
+        bookie.fence_at[ledger_id + 1] = 1  # the next ledger (memory:// ids count up)
+    rest = await asyncio.gather(*[writer.append(b"a%d" % i) for i in range(1, 4)])
+    assert rest == [Position(1, 0), Position(2, 0), Position(2, 1)]
+    await writer.close()
+    info = await logs.info("twice")
+    assert [(r.ledger_id - ledger_id, r.entries) for r in info.ledgers] == [
+        (0, 1), (1, 1), (2, 2)]
+    assert await read_all(logs, "twice") == list(zip(
+        [first, *rest], [b"a%d" % i for i in range(4)], strict=True))
+
+
 async def test_writer_gives_up_when_every_new_ledger_refuses(logs: LogStore,
                                                               fakes: FakeCluster) -> None:
     writer = await logs.open_writer("refusing")

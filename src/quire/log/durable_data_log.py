@@ -53,8 +53,10 @@ class DurableDataLog(Protocol):
       at or before ``up_to``.  It never drops a record after it; it may keep
       some at or before it for a while (a named log drops whole ledgers).
     * **Close.**  :meth:`close` waits for the pending appends and gives up
-      ownership; it is idempotent.  A new instance that initializes later
-      reads every record whose append completed.
+      ownership; it is idempotent, and a fenced instance's close just lets go
+      (no error).  Afterwards :meth:`append` and :meth:`truncate` raise
+      :class:`~quire.log.LogWriterClosedError`.  A new instance that
+      initializes later reads every record whose append completed.
     """
 
     @property
