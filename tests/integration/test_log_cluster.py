@@ -1,7 +1,7 @@
 """Named logs on real bookie processes: writer fencing (in process and after
-a writer process is killed), rollover, a reader tailing a log being written,
-truncation, bulk append (all or nothing; refused while a writer holds the
-log)."""
+a writer process is killed), a writer that outlives a bookie fencing its
+ledger, rollover, a reader tailing a log being written, truncation, bulk
+append (all or nothing; refused while a writer holds the log)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from quire.client import Client
-from quire.errors import MetadataNotFoundError, TransactionError
+from quire.errors import MetadataNotFoundError, StatusCode, TransactionError
 from quire.log import (
     LogBusyError,
     LogFencedError,
@@ -27,7 +27,9 @@ from quire.log import (
     Position,
 )
 from quire.metadata import CheckRecord
+from quire.protocol import FLAG_DO_FENCING, LAST_ENTRY_ID, ReadRequest, master_key
 from quire.types import LedgerType
+from tests.support.bookies import RawBookieClient
 from tests.support.cluster import Cluster
 from tests.support.logs import read_all
 
@@ -89,6 +91,53 @@ async def test_writer_rolls_and_a_second_writer_fences_the_first(
     assert records[-1] == (last, b"b-0")
     kept = [p for p in outcomes if isinstance(p, Position)]
     assert set(kept) <= set(positions)
+
+
+async def fence_on_bookies(cluster: Cluster, ledger_id: int, bookie_ids: list[str],
+                           password: bytes) -> None:
+    """Fence a ledger on bookies directly, as a bookie's boot or an
+    autorecovery would: a fencing READ_ENTRY with the ledger's master key."""
+    for bookie_id in bookie_ids:
+        conn = await RawBookieClient.connect(cluster.bookies[cluster.index_of(bookie_id)].address)
+        try:
+            answer = await conn.call(ReadRequest(conn.next_id(), ledger_id, LAST_ENTRY_ID,
+                                                 FLAG_DO_FENCING, master_key(password)))
+        finally:
+            conn.close()
+        assert answer.status in (StatusCode.OK, StatusCode.NO_SUCH_ENTRY)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fenced", ["one bookie", "every bookie"])
+async def test_writer_rolls_past_its_ledger_fenced_on_bookies_losing_nothing(
+        shared_cluster: Cluster, connect: Connect, fenced: str) -> None:
+    logs = LogStore(await connect(shared_cluster), password=b"pw")
+    name = f"refenced-{fenced.split()[0]}"
+    writer = await logs.open_writer(name)
+    window = asyncio.Semaphore(64)
+    futures: list[asyncio.Future[Position]] = []
+    total, fence_after = 1500, 500
+    for i in range(total):
+        await window.acquire()
+        future = writer.append(b"e-%05d" % i)
+        future.add_done_callback(lambda _f: window.release())
+        futures.append(future)
+        if i == fence_after:  # the writer goes on appending while the fence lands
+            seq = writer.ledger_seq
+            assert seq is not None
+            ledger_id = (await logs.info(name)).ledger(seq).ledger_id  # type: ignore[union-attr]
+            ensemble = (await logs.metadata_store.read_ledger(ledger_id)).value.last_ensemble
+            await fence_on_bookies(shared_cluster, ledger_id,
+                                   list(ensemble if fenced == "every bookie" else ensemble[:1]),
+                                   b"pw")
+    positions = await asyncio.gather(*futures)  # no append failed
+    await writer.close()
+    assert positions == sorted(positions) and len(set(positions)) == total
+    info = await logs.info(name)
+    assert info.epoch == writer.epoch and not info.writer_held
+    assert len(info.ledgers) >= 2 and info.ledgers[0].ledger_id == ledger_id
+    records = await read_all(logs, name)
+    assert [p for p, _ in records] == positions  # each acknowledged append, once, in order
+    assert [d for _, d in records] == [b"e-%05d" % i for i in range(total)]
 
 
 def _read_json_line(proc: subprocess.Popen[bytes], deadline: float) -> dict[str, object]:

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from quire.client import Client
-from quire.log import LogInfo, LogStore, Position
+from quire.log import LogInfo, LogJobs, LogStore, Position
 from quire.log import records as rec
 from quire.spark import QuireDataSource, collect_garbage
 from tests.support.cluster import Cluster
@@ -278,9 +278,10 @@ def test_collect_garbage_removes_stale_jobs(spark_cluster: Cluster) -> None:
     uri = spark_cluster.metadata_uri
 
     async def stale_job(logs: LogStore) -> int:
-        job = await logs.begin_job("gc", ttl_ms=0)
+        jobs = LogJobs(logs)
+        job = await jobs.begin_job("gc", ttl_ms=0)
         ledger = await logs.client.create_ledger(3, 3, 2)
-        await logs.register_ledger(job, ledger.ledger_id)
+        await jobs.register_ledger(job, ledger.ledger_id)
         await ledger.append(b"never committed")
         await ledger.close()
         return ledger.ledger_id
@@ -433,7 +434,7 @@ def test_stream_write_is_exactly_once(spark: SparkSession, spark_cluster: Cluste
 
     run_query()
     assert payloads_in_log_order(spark, uri, "stream-dst") == source
-    assert with_logs(uri, lambda logs: logs.sink_progress("stream-dst", "copy-1")) == 2
+    assert with_logs(uri, lambda logs: LogJobs(logs).sink_progress("stream-dst", "copy-1")) == 2
     dst_ledgers = {r.ledger_id for r in log_info(uri, "stream-dst").ledgers}
     all_before = ledger_ids(uri)
     replayed = forget_last_commit(checkpoint)
@@ -446,7 +447,7 @@ def test_stream_write_is_exactly_once(spark: SparkSession, spark_cluster: Cluste
     write_log(uri, "stream-src", more, roll_bytes=600)
     run_query()
     assert payloads_in_log_order(spark, uri, "stream-dst") == source + more
-    assert with_logs(uri, lambda logs: logs.sink_progress("stream-dst", "copy-1")) == 3
+    assert with_logs(uri, lambda logs: LogJobs(logs).sink_progress("stream-dst", "copy-1")) == 3
     assert [k for k in job_keys(uri, "stream-dst") if "/ledgers/" in k] == []
 
 

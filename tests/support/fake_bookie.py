@@ -88,6 +88,9 @@ class FakeBookie:
         """Flip the last byte of every entry a read returns."""
         self.read_status: Callable[[int, int], StatusCode | None] | None = None
         """(ledger, entry) -> a status to answer a read with instead of the entry."""
+        self.fence_at: dict[int, int] = {}
+        """ledger -> entry id: the ledger is fenced when an add of that entry
+        (or a later one) arrives, as a bookie's own fencing between two adds."""
         self.requests: list[str] = []
         self.add_flags: list[int] = []
 
@@ -159,6 +162,8 @@ class FakeBookie:
             answer(self.add_status)
             return
         ledger = self.ledgers.setdefault(req.ledger_id, _Ledger())
+        if req.entry_id >= self.fence_at.get(req.ledger_id, req.entry_id + 1):
+            ledger.fenced = True
         if ledger.key is None:
             ledger.key = req.master_key
         if ledger.key != req.master_key:

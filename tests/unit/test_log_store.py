@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from quire.client import Client
-from quire.errors import MetadataNotFoundError, TransactionError
+from quire.errors import MetadataNotFoundError, StatusCode, TransactionError
 from quire.log import (
     JobClosedError,
     LogBusyError,
+    LogError,
     LogExistsError,
     LogFencedError,
+    LogJobs,
     LogNotFoundError,
     LogStore,
     LogTruncatedError,
@@ -303,45 +305,47 @@ async def test_bulk_append_replace(logs: LogStore, client: Client) -> None:
 
 
 async def test_job_commits_only_named_ledgers(logs: LogStore, client: Client) -> None:
-    job = await logs.begin_job("jobs", ttl_ms=60_000)
+    jobs = LogJobs(logs)
+    job = await jobs.begin_job("jobs", ttl_ms=60_000)
     ledgers = []
     for payloads in ([b"p0"], [b"p1-first-attempt"], [b"p1"]):
         ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-        await logs.register_ledger(job, ledger.ledger_id, task="t")
+        await jobs.register_ledger(job, ledger.ledger_id, task="t")
         for p in payloads:
             await ledger.append(p)
         await ledger.close()
         ledgers.append(ledger.ledger_id)
-    assert await logs.commit_job(job, [ledgers[0], ledgers[2]]) == [0, 1]
+    assert await jobs.commit_job(job, [ledgers[0], ledgers[2]]) == [0, 1]
     assert [d for _, d in await read_all(logs, "jobs")] == [b"p0", b"p1"]
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(ledgers[1])
     assert await logs.metadata_store.list_records(rec.jobs_prefix("jobs")) == []
     with pytest.raises(JobClosedError):
-        await logs.register_ledger(job, 12345)
+        await jobs.register_ledger(job, 12345)
 
 
 async def test_job_abort_and_garbage_collection(logs: LogStore, client: Client) -> None:
     now = [1_000_000]
     logs = LogStore(client, password=b"pw", clock_ms=lambda: now[0])
+    jobs = LogJobs(logs)
     await logs.create("gc")
-    aborted = await logs.begin_job("gc", ttl_ms=1000)
-    stale = await logs.begin_job("gc", ttl_ms=1000)
+    aborted = await jobs.begin_job("gc", ttl_ms=1000)
+    stale = await jobs.begin_job("gc", ttl_ms=1000)
     ids = []
     for job in (aborted, stale):
         ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-        await logs.register_ledger(job, ledger.ledger_id)
+        await jobs.register_ledger(job, ledger.ledger_id)
         await ledger.append(b"x")
         await ledger.close()
         ids.append(ledger.ledger_id)
-    assert await logs.abort_job(aborted) == [ids[0]]
-    report = await logs.collect_garbage()
+    assert await jobs.abort_job(aborted) == [ids[0]]
+    report = await jobs.collect_garbage()
     assert report.jobs_aborted == []  # not stale yet
     now[0] += 2000
-    report = await logs.collect_garbage("gc")
+    report = await jobs.collect_garbage("gc")
     assert report.jobs_aborted == [stale.job_id] and report.ledgers_deleted == [ids[1]]
     with pytest.raises(JobClosedError):
-        await logs.commit_job(stale, [ids[1]])
+        await jobs.commit_job(stale, [ids[1]])
     assert (await logs.info("gc")).ledgers == ()
     for ledger_id in ids:
         with pytest.raises(MetadataNotFoundError):
@@ -349,29 +353,30 @@ async def test_job_abort_and_garbage_collection(logs: LogStore, client: Client) 
 
 
 async def test_sink_batches_commit_exactly_once(logs: LogStore, client: Client) -> None:
-    job = await logs.sink_job("sink", "q1", ttl_ms=60_000)
-    assert await logs.sink_progress("sink", "q1") is None
+    jobs = LogJobs(logs)
+    job = await jobs.sink_job("sink", "q1", ttl_ms=60_000)
+    assert await jobs.sink_progress("sink", "q1") is None
 
     async def write(batch_id: int, payload: bytes) -> int:
         ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-        await logs.register_ledger(job, ledger.ledger_id, batch_id=batch_id)
+        await jobs.register_ledger(job, ledger.ledger_id, batch_id=batch_id)
         await ledger.append(payload)
         await ledger.close()
         return ledger.ledger_id
 
-    assert await logs.commit_sink_batch(job, "q1", 0, [await write(0, b"b0")])
+    assert await jobs.commit_sink_batch(job, "q1", 0, [await write(0, b"b0")])
     retried = await write(1, b"b1-failed-attempt")
-    assert await logs.commit_sink_batch(job, "q1", 1, [await write(1, b"b1")])
+    assert await jobs.commit_sink_batch(job, "q1", 1, [await write(1, b"b1")])
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(retried)
     replay = await write(1, b"b1-replayed")
-    assert not await logs.commit_sink_batch(job, "q1", 1, [replay])
+    assert not await jobs.commit_sink_batch(job, "q1", 1, [replay])
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(replay)
-    assert await logs.sink_progress("sink", "q1") == 1
+    assert await jobs.sink_progress("sink", "q1") == 1
     assert [d for _, d in await read_all(logs, "sink")] == [b"b0", b"b1"]
     failed = await write(2, b"b2")
-    await logs.abort_sink_batch(job, 2, [])
+    await jobs.abort_sink_batch(job, 2, [])
     with pytest.raises(MetadataNotFoundError):
         await logs.metadata_store.read_ledger(failed)
 
@@ -379,15 +384,16 @@ async def test_sink_batches_commit_exactly_once(logs: LogStore, client: Client) 
 async def test_sink_registrations_expire(client: Client) -> None:
     now = [5_000_000]
     logs = LogStore(client, password=b"pw", clock_ms=lambda: now[0])
-    job = await logs.sink_job("sink-gc", "q", ttl_ms=1000)
+    jobs = LogJobs(logs)
+    job = await jobs.sink_job("sink-gc", "q", ttl_ms=1000)
     ledger = await client.create_ledger(3, 3, 2, password=b"pw")
-    await logs.register_ledger(job, ledger.ledger_id, batch_id=7)
+    await jobs.register_ledger(job, ledger.ledger_id, batch_id=7)
     await ledger.close()
     now[0] += 5000
-    report = await logs.collect_garbage("sink-gc")
+    report = await jobs.collect_garbage("sink-gc")
     assert report.ledgers_deleted == [ledger.ledger_id]
     with pytest.raises(JobClosedError):
-        await logs.commit_sink_batch(job, "q", 7, [ledger.ledger_id])
+        await jobs.commit_sink_batch(job, "q", 7, [ledger.ledger_id])
     assert (await logs.info("sink-gc")).ledgers == ()
     md = await logs.metadata_store.list_ledgers()
     assert ledger.ledger_id not in md
@@ -426,3 +432,100 @@ async def test_following_reader_crosses_a_writer_failover(logs: LogStore,
     await reader.close()
     with pytest.raises(LogFencedError):
         await first.close()
+
+
+# --- a fenced ledger is not a lost log ------------------------------------------------
+
+
+async def test_writer_rolls_past_a_fenced_ledger_keeping_what_it_kept(
+        logs: LogStore, fakes: FakeCluster) -> None:
+    writer = await logs.open_writer("refenced")
+    acked = [await writer.append(b"a%d" % i) for i in range(5)]
+    ledger_id = (await logs.info("refenced")).ledgers[0].ledger_id
+    for bookie in fakes.bookies:
+        bookie.hold_adds = {5, 6, 7}  # stored everywhere, answers held back
+        bookie.fence_at[ledger_id] = 8  # fenced by no other writer (as at a boot)
+    kept = [writer.append(b"a%d" % i) for i in range(5, 8)]
+    refused = [writer.append(b"a%d" % i) for i in range(8, 10)]  # stored nowhere
+    done = await asyncio.gather(*kept, *refused)
+    for bookie in fakes.bookies:
+        bookie.release()
+    assert done == [Position(0, 5), Position(0, 6), Position(0, 7),
+                    Position(1, 0), Position(1, 1)]
+    later = await writer.append(b"a10")
+    assert later == Position(1, 2)
+    await writer.close()
+    info = await logs.info("refenced")
+    assert info.epoch == writer.epoch == 1
+    assert [(r.ledger_id == ledger_id, r.entries) for r in info.ledgers] == [
+        (True, 8), (False, 3)]
+    got = await read_all(logs, "refenced")
+    assert got == list(zip([*acked, *done, later], [b"a%d" % i for i in range(11)],
+                           strict=True))
+
+
+async def test_writer_rolls_again_when_the_next_ledger_is_fenced_too(
+        logs: LogStore, fakes: FakeCluster) -> None:
+    writer = await logs.open_writer("twice")
+    first = await writer.append(b"a0")
+    ledger_id = (await logs.info("twice")).ledgers[0].ledger_id
+    for bookie in fakes.bookies:
+        bookie.fence_at[ledger_id] = 1
+        bookie.fence_at[ledger_id + 1] = 1  # the next ledger (memory:// ids count up)
+    rest = await asyncio.gather(*[writer.append(b"a%d" % i) for i in range(1, 4)])
+    assert rest == [Position(1, 0), Position(2, 0), Position(2, 1)]
+    await writer.close()
+    info = await logs.info("twice")
+    assert [(r.ledger_id - ledger_id, r.entries) for r in info.ledgers] == [
+        (0, 1), (1, 1), (2, 2)]
+    assert await read_all(logs, "twice") == list(zip(
+        [first, *rest], [b"a%d" % i for i in range(4)], strict=True))
+
+
+async def test_writer_gives_up_when_every_new_ledger_refuses(logs: LogStore,
+                                                              fakes: FakeCluster) -> None:
+    writer = await logs.open_writer("refusing")
+    await writer.append(b"kept")
+    for bookie in fakes.bookies:
+        bookie.add_status = StatusCode.FENCED  # every add, of every ledger
+    with pytest.raises(LogError, match="in a row") as failed:
+        await writer.append(b"never")
+    assert not isinstance(failed.value, LogFencedError)
+    for bookie in fakes.bookies:
+        bookie.add_status = None
+    await writer.close()  # recovers what is left and lets go
+    assert [d for _, d in await read_all(logs, "refusing")] == [b"kept"]
+
+
+async def test_fenced_ledger_after_an_epoch_change_fails_the_writer(
+        logs: LogStore, fakes: FakeCluster) -> None:
+    first = await logs.open_writer("taken")
+    await first.append(b"a0")
+    ledger_id = (await logs.info("taken")).ledgers[0].ledger_id
+    # another writer takes the head, but has not recovered the ledger yet
+    hold = await logs.catalog.take("taken")
+    for bookie in fakes.bookies:
+        bookie.ledgers[ledger_id].fenced = True
+    with pytest.raises(LogFencedError, match="epoch 2"):
+        await first.append(b"a1")
+    with pytest.raises(LogFencedError):
+        first.append(b"a2")
+    with pytest.raises(LogFencedError):
+        await first.close()
+    assert hold.epoch == 2
+    info = await logs.info("taken")
+    assert [r.state for r in info.ledgers] == ["open"]  # left to the new writer
+
+
+async def test_writer_truncates_only_while_it_holds_the_log(logs: LogStore) -> None:
+    writer = await logs.open_writer("held-trunc", roll_bytes=1)
+    positions = [await writer.append(b"x%d" % i) for i in range(4)]  # one per ledger
+    info = await logs.info("held-trunc")
+    assert await writer.truncate(positions[2]) == [r.ledger_id for r in info.ledgers[:2]]
+    assert await writer.append(b"y") == Position(4, 0)  # the hold moved on with the head
+    second = await logs.open_writer("held-trunc")
+    with pytest.raises(LogFencedError):
+        await writer.truncate(Position(4, 0))
+    await second.close()
+    assert [p for p, _ in await read_all(logs, "held-trunc")] == [*positions[2:],
+                                                                  Position(4, 0)]

@@ -17,11 +17,28 @@ appends of ledgers written elsewhere (Spark jobs)::
     async for record in reader:
         print(record.position, record.payload)
 
-Modules: :mod:`~quire.log.store` (LogStore, bulk append, truncation, write
-jobs), :mod:`~quire.log.writer`, :mod:`~quire.log.reader`,
-:mod:`~quire.log.records` (the metadata layout), :mod:`~quire.log.errors`.
+Modules, each importing only those listed before it:
+
+* :mod:`~quire.log.position`, :mod:`~quire.log.errors`,
+  :mod:`~quire.log.records` (the metadata layout and its JSON);
+* :mod:`~quire.log.catalog` -- head and ledger records, conditional
+  transactions, epochs and the writer's hold (:class:`LogCatalog`);
+  :mod:`~quire.log.ledgers` -- recovering and deleting ledgers;
+* :mod:`~quire.log.writer` (:class:`LogWriter`), :mod:`~quire.log.reader`
+  (:class:`LogReader`);
+* :mod:`~quire.log.store` -- :class:`LogStore`: create, delete, truncate,
+  bulk append, writers and readers;
+* :mod:`~quire.log.jobs` -- :class:`LogJobs`: write jobs and stream sinks
+  (the Spark source's protocol).
+
+The tier-1 log seam a segment container writes its operations to is
+:class:`DurableDataLog` (:mod:`~quire.log.durable_data_log`, a
+``typing.Protocol``); :class:`NamedDataLog` (:mod:`~quire.log.named_data_log`,
+on a writer and readers) implements it on a named log.
 """
 
+from quire.log.catalog import LogCatalog, LogInfo
+from quire.log.durable_data_log import DurableDataLog
 from quire.log.errors import (
     JobClosedError,
     LogBusyError,
@@ -32,23 +49,28 @@ from quire.log.errors import (
     LogTruncatedError,
     LogWriterClosedError,
 )
+from quire.log.jobs import GarbageReport, Job, LogJobs
+from quire.log.named_data_log import NamedDataLog
 from quire.log.position import Position
 from quire.log.reader import LogReader, LogRecord
 from quire.log.records import HeadRecord, LedgerRecord
-from quire.log.store import GarbageReport, Job, LogInfo, LogStore
+from quire.log.store import LogStore
 from quire.log.writer import LogWriter, WriterOptions
 
 __all__ = [
+    "DurableDataLog",
     "GarbageReport",
     "HeadRecord",
     "Job",
     "JobClosedError",
     "LedgerRecord",
     "LogBusyError",
+    "LogCatalog",
     "LogError",
     "LogExistsError",
     "LogFencedError",
     "LogInfo",
+    "LogJobs",
     "LogNotFoundError",
     "LogReader",
     "LogRecord",
@@ -56,6 +78,7 @@ __all__ = [
     "LogTruncatedError",
     "LogWriter",
     "LogWriterClosedError",
+    "NamedDataLog",
     "Position",
     "WriterOptions",
 ]

@@ -24,10 +24,12 @@ class LogExistsError(LogError):
 
 
 class LogFencedError(LogError):
-    """This writer was fenced out: another writer opened the log (a higher
-    epoch) and recovered its ledger.  Appends that failed with this error have
-    an *unknown* outcome (recovery may have kept them); appends acknowledged
-    before are in the log."""
+    """This writer was fenced out: another writer took the log (the log's
+    epoch in the metadata store is no longer this writer's).  A ledger fenced
+    while the epoch is still the writer's is not this error: the writer rolls
+    to a new ledger.  Appends that failed with this error have an *unknown*
+    outcome (recovery may have kept them); appends acknowledged before are in
+    the log."""
 
 
 class LogBusyError(LogError):

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from quire.client import ReadHandle
+from quire.client import Client, ReadHandle
 from quire.errors import MetadataNotFoundError
+from quire.log.catalog import LogCatalog
 from quire.log.errors import LogTruncatedError
 from quire.log.position import Position
 from quire.log.records import HeadRecord, LedgerRecord
-
-if TYPE_CHECKING:
-    from quire.log.store import LogStore
 
 _POLL_MIN_S = 0.002
 
@@ -50,13 +48,21 @@ class LogRecord:
 
 class LogReader:
     """Reads a log in order from a position; see the module docstring.  Get
-    one with :meth:`quire.log.LogStore.open_reader`.  Iterate with
+    one with :meth:`quire.log.LogStore.open_reader`; ``password`` is the
+    log's ledgers' password.  Iterate with
     ``async for record in reader`` (which ends at the tail unless the reader
     follows it) or call :meth:`read_next`."""
 
-    def __init__(self, logs: LogStore, name: str, position: Position, *, follow: bool = True,
-                 skip_truncated: bool = False, poll_max_ms: int = 200) -> None:
-        self._logs = logs
+    def __init__(self, catalog: LogCatalog, client: Client, name: str, position: Position, *,
+                 password: bytes = b"", follow: bool = True, skip_truncated: bool = False,
+                 poll_max_ms: int = 200,
+                 own_handle: Callable[[int], ReadHandle | None] | None = None) -> None:
+        self._catalog = catalog
+        self._client = client
+        self._password = password
+        self._own_handle = own_handle
+        """ledger seq -> a handle this process writes that ledger with (its
+        writer's ``ledger_handle``), read instead of opening one; never closed here."""
         self._name = name
         self._position = position
         self._follow = follow
@@ -182,10 +188,10 @@ class LogReader:
 
     async def _refresh(self, *, force: bool = False) -> bool:
         """Re-read the head; re-list the ledgers if it changed.  True if it did."""
-        head = await self._logs.read_head(self._name)
+        head = await self._catalog.read_head(self._name)
         if not force and head.version == self._head_version:
             return False
-        found = await self._logs.ledger_records(
+        found = await self._catalog.ledger_records(
             self._name, from_seq=min(self._position.ledger_seq, head.value.next_seq))
         self._head, self._head_version = head.value, head.version
         self._ledgers = [v.value for v in found]
@@ -193,11 +199,14 @@ class LogReader:
         return True
 
     async def _open(self, ledger: LedgerRecord) -> ReadHandle:
+        own = self._own_handle(ledger.seq) if self._own_handle is not None else None
+        if own is not None:
+            return own
         if self._handle is not None and self._handle_seq == ledger.seq:
             return self._handle
         await self._drop_handle()
-        self._handle = await self._logs.client.open_ledger(
-            ledger.ledger_id, password=self._logs.password, recovery=False)
+        self._handle = await self._client.open_ledger(
+            ledger.ledger_id, password=self._password, recovery=False)
         self._handle_seq = ledger.seq
         return self._handle
 

@@ -83,6 +83,12 @@ def registration_key(name: str, job_id: str, ledger_id: int) -> str:
     return f"{registrations_prefix(name, job_id)}{ledger_id:012d}"
 
 
+def is_registration_key(name: str, key: str) -> bool:
+    """True for a ``registration_key`` of any job of log ``name``."""
+    prefix = jobs_prefix(name)
+    return key.startswith(prefix) and "/ledgers/" in key[len(prefix):]
+
+
 def sink_key(name: str, sink_id: str) -> str:
     return f"{log_prefix(name)}sinks/{check_name(sink_id, 'sink id')}"
 

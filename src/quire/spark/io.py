@@ -25,7 +25,7 @@ from quire.errors import (
     QueueFullError,
     QuireError,
 )
-from quire.log import Job, LogStore, LogTruncatedError
+from quire.log import Job, LogJobs, LogStore, LogTruncatedError
 from quire.spark._runtime import Runtime, runtime
 from quire.types import BookieState, LedgerType
 
@@ -159,11 +159,12 @@ class TaskLedgerWriter:
 
     _MARK_EVERY = 1024
 
-    def __init__(self, rt: Runtime, logs: LogStore, job: Job,
+    def __init__(self, rt: Runtime, jobs: LogJobs, job: Job,
                  quorums: tuple[int, int, int], *, task: str,
                  batch_id: int | None = None) -> None:
         self._rt = rt
-        self._logs = logs
+        self._jobs = jobs
+        self._logs = jobs.logs
         self._job = job
         self._quorums = quorums
         self._task = task
@@ -220,7 +221,7 @@ class TaskLedgerWriter:
             custom_metadata={"quire.log": job.log.encode(), "quire.job": job.job_id.encode(),
                              "quire.task": self._task.encode()})
         try:
-            await self._logs.register_ledger(job, self._handle.ledger_id, task=self._task,
+            await self._jobs.register_ledger(job, self._handle.ledger_id, task=self._task,
                                              batch_id=self._batch_id)
         except BaseException:
             handle, self._handle = self._handle, None
@@ -260,7 +261,7 @@ class TaskLedgerWriter:
         async def go() -> None:
             with contextlib.suppress(QuireError):
                 await handle.close()
-            await self._logs.discard_ledgers(self._job, [handle.ledger_id])
+            await self._jobs.discard_ledgers(self._job, [handle.ledger_id])
 
         with contextlib.suppress(Exception):
             self._rt.run(go())

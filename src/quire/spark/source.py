@@ -58,6 +58,7 @@ from quire.log import (
     Job,
     LedgerRecord,
     LogInfo,
+    LogJobs,
     LogStore,
     LogTruncatedError,
     Position,
@@ -112,11 +113,12 @@ class QuireDataSource(DataSource):
         column = _payload_column(schema)
 
         async def begin(logs: LogStore) -> tuple[Job, tuple[int, int, int]]:
+            jobs = LogJobs(logs)
             try:
-                await logs.collect_garbage(opts.log)  # opportunistic, this log only
+                await jobs.collect_garbage(opts.log)  # opportunistic, this log only
             except QuireError as e:
                 log.warning("garbage collection of log %s failed: %s", opts.log, e)
-            job = await logs.begin_job(opts.log, ttl_ms=opts.job_ttl_ms, create=opts.create)
+            job = await jobs.begin_job(opts.log, ttl_ms=opts.job_ttl_ms, create=opts.create)
             return job, opts.quorums(await live_bookie_count(logs))
 
         job, quorums = runtime().with_logs(opts.metadata, opts.password, begin)
@@ -272,7 +274,7 @@ def _write_task(opts: QuireOptions, job: Job, quorums: tuple[int, int, int] | No
         return logs, quorums or opts.quorums(await live_bookie_count(logs))
 
     logs, resolved = rt.with_logs(opts.metadata, opts.password, prepare)
-    writer = TaskLedgerWriter(rt, logs, job, resolved, batch_id=batch_id,
+    writer = TaskLedgerWriter(rt, LogJobs(logs), job, resolved, batch_id=batch_id,
                               task=f"partition {partition} attempt {attempt}")
     try:
         for batch in batches:
@@ -319,7 +321,7 @@ class QuireBatchWriter(DataSourceArrowWriter):
         job, overwrite = self._job, self._overwrite
 
         async def commit(logs: LogStore) -> list[int]:
-            return await logs.commit_job(job, ledger_ids, replace=overwrite)
+            return await LogJobs(logs).commit_job(job, ledger_ids, replace=overwrite)
 
         runtime().with_logs(self._opts.metadata, self._opts.password, commit)
 
@@ -327,7 +329,7 @@ class QuireBatchWriter(DataSourceArrowWriter):
         job = self._job
 
         async def abort(logs: LogStore) -> list[int]:
-            return await logs.abort_job(job)
+            return await LogJobs(logs).abort_job(job)
 
         runtime().with_logs(self._opts.metadata, self._opts.password, abort)
 
@@ -515,8 +517,8 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
         return self._opts.sink_id
 
     def _job(self, logs: LogStore) -> Any:
-        return logs.sink_job(self._opts.log, self.sink_id, ttl_ms=self._opts.job_ttl_ms,
-                             create=self._opts.create)
+        return LogJobs(logs).sink_job(self._opts.log, self.sink_id,
+                                      ttl_ms=self._opts.job_ttl_ms, create=self._opts.create)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> QuireCommitMessage:
         from pyspark import TaskContext
@@ -533,8 +535,8 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
 
         async def commit(logs: LogStore) -> bool:
             job = await self._job(logs)
-            return await logs.commit_sink_batch(job, self.sink_id, batchId, ledger_ids,
-                                                replace=overwrite)
+            return await LogJobs(logs).commit_sink_batch(job, self.sink_id, batchId,
+                                                         ledger_ids, replace=overwrite)
 
         if not runtime().with_logs(self._opts.metadata, self._opts.password, commit):
             log.info("sink %s of log %s: batch %d was committed before; replay dropped",
@@ -545,7 +547,7 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
 
         async def abort(logs: LogStore) -> None:
             job = await self._job(logs)
-            await logs.abort_sink_batch(job, batchId, ledger_ids)
+            await LogJobs(logs).abort_sink_batch(job, batchId, ledger_ids)
 
         runtime().with_logs(self._opts.metadata, self._opts.password, abort)
 
@@ -555,11 +557,11 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
 
 def collect_garbage(metadata: str, log_name: str | None = None, *,
                     password: str = "") -> GarbageReport:
-    """Run :meth:`quire.log.LogStore.collect_garbage` (jobs that never
+    """Run :meth:`quire.log.LogJobs.collect_garbage` (jobs that never
     committed within their ``job_ttl``, interrupted cleanups, expired sink
     registrations) on one log or all, from any process."""
     async def collect(logs: LogStore) -> GarbageReport:
-        return await logs.collect_garbage(log_name)
+        return await LogJobs(logs).collect_garbage(log_name)
 
     report: GarbageReport = runtime().with_logs(metadata, password.encode(), collect)
     return report
