@@ -96,6 +96,7 @@ from quire.bookie.storage.journal import (
 )
 from quire.bookie.storage.ledger_storage import EntryKey, LedgerStorage
 from quire.bookie.storage.state import LedgerState
+from quire.bookie.storage.sync_tracker import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
 from quire.errors import (
     BadRequestError,
     LedgerFencedError,
@@ -106,7 +107,6 @@ from quire.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
-from quire.testing.power_loss import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
 
 log = logging.getLogger(__name__)
 
