@@ -13,6 +13,7 @@ from typing import Any
 
 from quire.bookie.config import BookieConfig
 from quire.bookie.server import BookieConnection, BookieServer
+from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
 from quire.protocol import (
     FLAG_RECOVERY_ADD,
@@ -172,7 +173,8 @@ async def served(tmp_path: Path
     """A real server and storage engine, one connection on a fake transport."""
     config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
                           metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                          journal_dirs=(tmp_path / "data",), ledger_dirs=(tmp_path / "data",))
+                          storage=StorageConfig(journal_dirs=(tmp_path / "data",),
+                                                ledger_dirs=(tmp_path / "data",)))
     server = BookieServer(config)
     await server.start()
     try:

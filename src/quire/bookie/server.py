@@ -35,7 +35,7 @@ from quire.bookie.config import BookieConfig
 from quire.bookie.cookie import validate_or_create_cookie
 from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics, LatencyRecorder
-from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.bookie.storage import BookieStorage
 from quire.bookie.sync_cursor import SyncCursor, decode_cursor, encode_cursor
 from quire.errors import (
     BookieError,
@@ -298,24 +298,13 @@ class BookieServer:
         cfg = self.config
         if not cfg.bookie_id and cfg.port == 0:
             raise QuireError("set bookie_id when port is 0 (the id must be stable)")
-        for d in (*cfg.journal_dirs, *cfg.ledger_dirs):
+        storage_config = cfg.storage
+        for d in (*storage_config.journal_dirs, *storage_config.ledger_dirs):
             Path(d).mkdir(parents=True, exist_ok=True)
         self._store = await open_store(cfg.metadata_uri,
                                        lease_ms=cfg.registration_lease_ms)
-        await validate_or_create_cookie(self._store, self.bookie_id, cfg.journal_dirs,
-                                        cfg.ledger_dirs)
-        storage_config = StorageConfig(
-            journal_dirs=cfg.journal_dirs, ledger_dirs=cfg.ledger_dirs,
-            journal_file_size_bytes=cfg.journal_file_size_bytes,
-            journal_max_group_bytes=cfg.journal_max_group_bytes,
-            journal_reuse_files_max=cfg.journal_reuse_files_max,
-            write_cache_max_bytes=cfg.write_cache_max_bytes,
-            read_cache_max_bytes=cfg.read_cache_max_bytes,
-            read_ahead_bytes=cfg.read_ahead_bytes,
-            entry_log_remove_pages_from_cache=cfg.entry_log_remove_pages_from_cache,
-            entry_log_direct_io=cfg.entry_log_direct_io,
-            power_loss_tracking=cfg.power_loss_tracking,
-            test_skip_journal_fsync=cfg.test_skip_journal_fsync)
+        await validate_or_create_cookie(self._store, self.bookie_id, storage_config.journal_dirs,
+                                        storage_config.ledger_dirs)
         self._storage = await asyncio.to_thread(BookieStorage.open, storage_config)
         storage = self._storage
         self.metrics.read_cache_hits.set_function(lambda: storage.stats.read_cache_hits)
