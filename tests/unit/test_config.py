@@ -52,7 +52,7 @@ def test_untouched_storage_keeps_its_defaults_and_errors_name_the_key(tmp_path: 
 def test_bookie_start_has_a_flag_per_flat_key(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     started: list[Any] = []
-    monkeypatch.setattr("quire.bookie.server.run", started.append)
+    monkeypatch.setattr("quire.node.run", started.append)
     result = CliRunner().invoke(cli, [
         "bookie", "start", "--port", "0", "--bookie-id", "b", "--journal-dirs", str(tmp_path),
         "--ledger-dirs", str(tmp_path), "--no-entry-log-direct-io",
