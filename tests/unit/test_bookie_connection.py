@@ -264,8 +264,8 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
         for entry_id in range(11):
             assert storage.read_entry(7, entry_id)[:16] == struct.pack(">qq", 7, entry_id)
 
-        server.durability.persistent.run_durable((conn, (30, 31), 7, [8, 9], 0.0, 0),
-                                                 OSError("disk gone"))
+        server.durability.persistent.after_fsync.run_durable(
+            (conn, (30, 31), 7, [8, 9], 0.0, 0), OSError("disk gone"))
         await asyncio.sleep(0)
         answers.feed(b"".join(transport.written))
         assert [(m.request_id, m.status) for m in answers.next_messages()] == [  # type: ignore[union-attr]

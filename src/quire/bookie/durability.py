@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import struct
 from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol
 
 from quire.bookie.group_commit import GroupCommitter
@@ -188,37 +189,39 @@ class AddDurability(Protocol):
         ...
 
 
-class PersistentDurability:
-    """PD: answered once the journal fsync covering the add returned."""
+class AfterFsync:
+    """Answers adds once the journal fsync covering them returned (IO_ERROR
+    for each if it failed, which turns the bookie read-only), each with its
+    ledger's LastAddSynced: PD's answers, and those of adds to a VD ledger
+    that do not ask for VD.  The waiters are tuples, no closure per wait."""
 
-    def __init__(self, committer: GroupCommitter, latencies: RequestLatencies,
-                 status: BookieStatus) -> None:
+    def __init__(self, committer: GroupCommitter, cursors: SyncCursors,
+                 latencies: RequestLatencies, status: BookieStatus) -> None:
         self._committer = committer
+        self._cursors = cursors
         self._latencies = latencies
         self._status = status
 
-    def answer_run(self, conn: BookieConnection, request_ids: tuple[int, ...], ledger_id: int,
-                   entry_ids: list[int], entries: list[bytes], last_seq: int, flags: int,
-                   started: float, held: int) -> None:
+    def run(self, conn: BookieConnection, request_ids: tuple[int, ...], ledger_id: int,
+            entry_ids: list[int], last_seq: int, started: float, held: int) -> None:
+        """A run of one ledger's adds, journaled up to ``last_seq``."""
         conn.pending_bytes += held  # conn.hold(held)
         self._committer.after_durable_with(
             last_seq, self.run_durable, (conn, request_ids, ledger_id, entry_ids, started, held),
             len(entry_ids))
 
     def run_durable(self, waiter: _RunWaiter, error: BaseException | None) -> None:
-        """Answer a run once the journal fsync covering it returned (IO_ERROR
-        for each if it failed)."""
         conn, request_ids, ledger_id, entry_ids, started, held = waiter
         status = _OK if error is None else _IO_ERROR
         if error is not None:
             self._status.journal_failed(error)
-        conn.send_many(encode_add_responses(request_ids, status, ledger_id, entry_ids), held)
-        self._latencies.record(self._latencies.add_ok() if error is None else
-                               self._latencies.recorder(ADD_ENTRY, status),
-                               started, len(request_ids))
+        conn.send_many(encode_add_responses(request_ids, status, ledger_id, entry_ids,
+                                            self._cursors.reported(ledger_id)), held)
+        self._record(error, started, len(request_ids))
 
-    def answer_adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
-                    held: int) -> None:
+    def adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
+             held: int) -> None:
+        """Adds of any ledgers, in arrival order."""
         conn.pending_bytes += held  # conn.hold(size) for each
         self._committer.after_durable_with(stored[-1][1], self.adds_durable,
                                            (conn, stored, started, held), len(stored))
@@ -228,11 +231,36 @@ class PersistentDurability:
         status = _OK if error is None else _IO_ERROR
         if error is not None:
             self._status.journal_failed(error)
-        conn.send_many([encode_add_response(req.request_id, status, req.ledger_id, req.entry_id)
-                        for req, _seq, _lac in stored], held)
-        self._latencies.record(self._latencies.add_ok() if error is None else
-                               self._latencies.recorder(ADD_ENTRY, status),
-                               started, len(stored))
+        if self._cursors.by_ledger:
+            reported = self._cursors.reported
+            frames = [encode_add_response(req.request_id, status, req.ledger_id, req.entry_id,
+                                          reported(req.ledger_id)) for req, _seq, _lac in stored]
+        else:  # no VD ledger on this bookie: no lookup per add
+            frames = [encode_add_response(req.request_id, status, req.ledger_id, req.entry_id)
+                      for req, _seq, _lac in stored]
+        conn.send_many(frames, held)
+        self._record(error, started, len(stored))
+
+    def _record(self, error: BaseException | None, started: float, count: int) -> None:
+        latencies = self._latencies
+        latencies.record(latencies.add_ok() if error is None
+                         else latencies.recorder(ADD_ENTRY, _IO_ERROR), started, count)
+
+
+class PersistentDurability:
+    """PD: answered once the journal fsync covering the add returned."""
+
+    def __init__(self, after_fsync: AfterFsync) -> None:
+        self.after_fsync = after_fsync
+
+    def answer_run(self, conn: BookieConnection, request_ids: tuple[int, ...], ledger_id: int,
+                   entry_ids: list[int], entries: list[bytes], last_seq: int, flags: int,
+                   started: float, held: int) -> None:
+        self.after_fsync.run(conn, request_ids, ledger_id, entry_ids, last_seq, started, held)
+
+    def answer_adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
+                    held: int) -> None:
+        self.after_fsync.adds(conn, stored, started, held)
 
 
 class VolatileDurability:
@@ -240,18 +268,18 @@ class VolatileDurability:
     at the end of the read; the ledger's sync cursor learns every add.  An
     add that does not ask for VD (a recovery add) waits for its fsync."""
 
-    def __init__(self, storage: BookieStorage, committer: GroupCommitter, cursors: SyncCursors,
+    def __init__(self, storage: BookieStorage, cursors: SyncCursors, after_fsync: AfterFsync,
                  latencies: RequestLatencies, status: BookieStatus) -> None:
         self._storage = storage
-        self._committer = committer
         self._cursors = cursors
+        self._after_fsync = after_fsync
         self._latencies = latencies
         self._status = status
 
     def answer_run(self, conn: BookieConnection, request_ids: tuple[int, ...], ledger_id: int,
                    entry_ids: list[int], entries: list[bytes], last_seq: int, flags: int,
                    started: float, held: int) -> None:
-        lacs = [lac for (lac,) in map(LAC_FIELD.unpack_from, entries, repeat(LAC_OFFSET))]
+        lacs = map(itemgetter(0), map(LAC_FIELD.unpack_from, entries, repeat(LAC_OFFSET)))
         seqs = range(last_seq - len(entry_ids) + 1, last_seq + 1)
         cursor = self._cursors.learn(ledger_id, list(zip(seqs, entry_ids, lacs, strict=True)))
         if flags & FLAG_VOLATILE_DURABILITY:  # learning moves no reported value: ack now
@@ -259,20 +287,7 @@ class VolatileDurability:
                                                        cursor.reported)
             self._latencies.record(self._latencies.add_ok(), started, len(entry_ids))
             return
-        conn.pending_bytes += held
-        self._committer.after_durable_with(
-            last_seq, self._run_durable, (conn, request_ids, ledger_id, entry_ids, started, held),
-            len(entry_ids))
-
-    def _run_durable(self, waiter: _RunWaiter, error: BaseException | None) -> None:
-        conn, request_ids, ledger_id, entry_ids, started, held = waiter
-        status = _OK if error is None else _IO_ERROR
-        if error is not None:
-            self._status.journal_failed(error)
-        conn.send_many(encode_add_responses(request_ids, status, ledger_id, entry_ids,
-                                            self._cursors.reported(ledger_id)), held)
-        self._latencies.record(self._latencies.recorder(ADD_ENTRY, status), started,
-                               len(request_ids))
+        self._after_fsync.run(conn, request_ids, ledger_id, entry_ids, last_seq, started, held)
 
     def answer_adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
                     held: int) -> None:
@@ -299,23 +314,8 @@ class VolatileDurability:
             conn.volatile_acks += acks
             self._latencies.record(self._latencies.add_ok(), started, len(acks))
         if durable:
-            durable_held = sum(len(req.entry) for req, _seq, _lac in durable)
-            conn.pending_bytes += durable_held
-            self._committer.after_durable_with(durable[-1][1], self._adds_durable,
-                                               (conn, durable, started, durable_held),
-                                               len(durable))
-
-    def _adds_durable(self, waiter: _AddsWaiter, error: BaseException | None) -> None:
-        conn, stored, started, held = waiter
-        status = _OK if error is None else _IO_ERROR
-        if error is not None:
-            self._status.journal_failed(error)
-        reported = self._cursors.reported
-        conn.send_many([encode_add_response(req.request_id, status, req.ledger_id, req.entry_id,
-                                            reported(req.ledger_id))
-                        for req, _seq, _lac in stored], held)
-        self._latencies.record(self._latencies.recorder(ADD_ENTRY, status), started,
-                               len(stored))
+            self._after_fsync.adds(conn, durable, started,
+                                   sum(len(req.entry) for req, _seq, _lac in durable))
 
     def release(self, conn: BookieConnection) -> None:
         """End of a read that left VD answers: write the journal buffer to the

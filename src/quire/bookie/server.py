@@ -27,6 +27,7 @@ from quire.bookie.adds import AddPipeline, run_of_one
 from quire.bookie.config import BookieConfig
 from quire.bookie.connection import BookieConnection, ConnectionHub
 from quire.bookie.durability import (
+    AfterFsync,
     DurabilityPolicy,
     PersistentDurability,
     SyncCursors,
@@ -60,10 +61,10 @@ class BookieServer:
         self.latencies = RequestLatencies(metrics, self.hub.before_answers)
         self.status = BookieStatus(metrics, publisher)
         self.cursors = SyncCursors(storage, committer, cursors)
+        after_fsync = AfterFsync(committer, self.cursors, self.latencies, self.status)
         self.durability = DurabilityPolicy(
-            storage, self.cursors,
-            PersistentDurability(committer, self.latencies, self.status),
-            VolatileDurability(storage, committer, self.cursors, self.latencies, self.status))
+            storage, self.cursors, PersistentDurability(after_fsync),
+            VolatileDurability(storage, self.cursors, after_fsync, self.latencies, self.status))
         self.services = BackgroundServices(config, storage, committer, self.hub, self.status,
                                            store, self._forget_ledger)
         self.adds = AddPipeline(storage, self.durability, self.cursors, self.status, metrics,
