@@ -12,7 +12,9 @@ from typing import Any
 
 from quire.bookie.config import BookieConfig
 from quire.bookie.connection import BookieConnection
+from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
+from quire.bookie.status import BookieStatus
 from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
 from quire.node import BookieNode
@@ -26,8 +28,8 @@ from quire.protocol import (
     encode_add_request,
     master_key,
 )
-from quire.types import DigestType
-from tests.unit.test_bookie_connection import FakeTransport
+from quire.types import BookieState, DigestType
+from tests.support.fake_transport import FakeTransport
 
 VD, RECOVERY = FLAG_VOLATILE_DURABILITY, FLAG_RECOVERY_ADD
 KEY = master_key(b"pw")
@@ -184,3 +186,21 @@ async def test_a_read_only_bookie_refuses_adds_but_takes_recovery_adds(tmp_path:
         answers = await peer.durable()
         assert sorted(a[:2] for a in answers) == [
             (1, StatusCode.READ_ONLY), (2, StatusCode.OK), (3, StatusCode.READ_ONLY)]
+
+
+def test_the_read_only_state_is_published_on_each_change_and_a_failed_journal_stays() -> None:
+    published: list[BookieState] = []
+
+    class Publisher:
+        def publish(self, state: BookieState) -> None:
+            published.append(state)
+
+    status = BookieStatus(BookieMetrics(), Publisher())
+    status.disk_used(0.5, 0.95, 0.90)
+    status.disk_used(0.97, 0.95, 0.90)
+    status.disk_used(0.92, 0.95, 0.90)  # between the marks: no change
+    status.disk_used(0.80, 0.95, 0.90)
+    assert published == [BookieState.READ_ONLY, BookieState.WRITABLE]
+    status.journal_failed(OSError("disk gone"))
+    status.disk_used(0.10, 0.95, 0.90)  # the journal's durability stays unknown
+    assert status.read_only and published[-1] is BookieState.READ_ONLY

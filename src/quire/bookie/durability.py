@@ -337,19 +337,19 @@ class DurabilityPolicy:
     def __init__(self, storage: BookieStorage, cursors: SyncCursors,
                  persistent: PersistentDurability, volatile: VolatileDurability) -> None:
         self._storage = storage
-        self._cursors = cursors
+        self._vd_ledgers = cursors.by_ledger
         self.persistent = persistent
         self.volatile = volatile
 
     def of_stored(self, ledger_id: int) -> AddDurability:
         """The durability of a ledger the storage engine holds."""
-        return self.volatile if ledger_id in self._cursors else self.persistent
+        return self.volatile if ledger_id in self._vd_ledgers else self.persistent
 
     def of_add(self, ledger_id: int, flags: int) -> AddDurability:
         """The durability of the ledger an add (not yet stored) goes to: its
         ledger's, or for the first add of a ledger, VD if that add asks for
         it (a recovery add never chooses)."""
-        if ledger_id in self._cursors:
+        if ledger_id in self._vd_ledgers:
             return self.volatile
         if (flags & FLAG_VOLATILE_DURABILITY and not flags & FLAG_RECOVERY_ADD
                 and not self._storage.ledger_exists(ledger_id)):
