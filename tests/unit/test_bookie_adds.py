@@ -125,6 +125,20 @@ async def test_each_ledgers_durability_is_chosen_once_at_its_first_add(tmp_path:
         assert policy.of_stored(7) is policy.persistent
 
 
+async def test_a_new_ledgers_first_add_chooses_even_within_one_run(tmp_path: Path) -> None:
+    """One read: a plain add to new ledger 8, then a VD add to it, then a VD
+    add to new ledger 9 and a plain add to it: 8 is PD (both answered after
+    the fsync), 9 is VD (its plain add still waits for the fsync)."""
+    async with node_at(tmp_path) as node:
+        server, policy = node.server, node.server.durability
+        peer = Peer(server)
+        peer.send((1, 8, 0, 0), (2, 8, 1, VD), (3, 9, 0, VD), (4, 9, 1, 0))
+        answers = await peer.durable()
+        assert [a[0] for a in answers] == [3, 1, 2, 4]  # only 3 at the end of the read
+        assert policy.of_stored(8) is policy.persistent
+        assert policy.of_stored(9) is policy.volatile
+
+
 async def test_a_single_add_is_a_run_of_one(tmp_path: Path) -> None:
     async with node_at(tmp_path) as node:
         peer = Peer(node.server)

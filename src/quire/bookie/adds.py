@@ -122,24 +122,22 @@ class AddPipeline:
                     self._answer_error(conn, req, started, StatusCode.READ_ONLY)
             reqs = [req for req in reqs if req.flags & FLAG_RECOVERY_ADD]
         of_add = self._policy.of_add
-        stretch: list[AddRequest] = []
-        stretch_kind: tuple[AddDurability, bool] | None = None
+        chosen: dict[int, AddDurability] = {}
+        """Each ledger's durability, chosen before any add of the run is stored."""
+        stretches: list[tuple[AddDurability, bool, list[AddRequest]]] = []
         for req in reqs:
-            kind = (of_add(req.ledger_id, req.flags), bool(req.flags & FLAG_RECOVERY_ADD))
-            if kind != stretch_kind and stretch:
-                self._store_stretch(conn, stretch_kind, stretch, started)  # type: ignore[arg-type]
-                stretch = []
-            stretch_kind = kind
-            stretch.append(req)
-        if stretch:
-            self._store_stretch(conn, stretch_kind, stretch, started)  # type: ignore[arg-type]
-
-    def _store_stretch(self, conn: BookieConnection, kind: tuple[AddDurability, bool],
-                       reqs: list[AddRequest], started: float) -> None:
-        durability, recovery = kind
-        stored, held = self._store(conn, reqs, started, recovery)
-        if stored:
-            durability.answer_adds(conn, stored, started, held)
+            ledger_id, recovery = req.ledger_id, bool(req.flags & FLAG_RECOVERY_ADD)
+            durability = chosen.get(ledger_id)
+            if durability is None:
+                durability = chosen[ledger_id] = of_add(ledger_id, req.flags)
+            if stretches and stretches[-1][0] is durability and stretches[-1][1] == recovery:
+                stretches[-1][2].append(req)
+            else:
+                stretches.append((durability, recovery, [req]))
+        for durability, recovery, stretch in stretches:
+            stored, held = self._store(conn, stretch, started, recovery)
+            if stored:
+                durability.answer_adds(conn, stored, started, held)
 
     def _store(self, conn: BookieConnection, reqs: list[AddRequest], started: float,
                recovery: bool) -> tuple[list[StoredAdd], int]:
