@@ -7,6 +7,9 @@ top-level keys) and then applies overrides (typically CLI flags), checking
 every value's type so that a typo fails at start-up with a clear
 :class:`~quire.errors.ConfigError` instead of deep inside the server.
 
+A field whose type is a config dataclass itself (``BookieConfig.storage``)
+contributes its fields as flat keys (see :func:`settings_of`).
+
 Supported field types: ``int``, ``float``, ``bool``, ``str``, ``Path``,
 ``tuple[str, ...]`` and ``tuple[Path, ...]`` (a TOML list, or a comma
 separated string on the command line).
@@ -66,10 +69,77 @@ def _convert(name: str, hint: Any, value: Any) -> Any:
     raise ConfigError(f"{name}: unsupported setting type {hint!r}")
 
 
-def field_types(cls: type[Any]) -> dict[str, Any]:
-    """The resolved type of every field of a config dataclass."""
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One flat key of a config dataclass (a TOML key, a CLI flag)."""
+
+    name: str
+    hint: Any
+    """Its resolved type."""
+    default: Any
+    """Its default value (``dataclasses.MISSING`` if it has none)."""
+    path: tuple[str, ...]
+    """The fields leading from the top dataclass to the nested one holding
+    it: ``()`` for a top-level field, ``("storage",)`` for a field of
+    ``BookieConfig.storage``."""
+
+
+def _is_config_class(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _default_of(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def settings_of(cls: type[Any]) -> dict[str, Setting]:
+    """Every flat key of a config dataclass.  A field whose type is itself a
+    config dataclass (``BookieConfig.storage``) is not a key: its own fields
+    are, at the same flat level, so each knob is declared once, in the
+    dataclass that uses it, and still set as ``write_cache_max_bytes = ...``.
+    Two fields with one flat name are a programming error (TypeError)."""
+    out: dict[str, Setting] = {}
+
+    def walk(owner: type[Any], default_owner: Any, path: tuple[str, ...]) -> None:
+        hints = typing.get_type_hints(owner)
+        for field in dataclasses.fields(owner):
+            hint = hints[field.name]
+            default = (getattr(default_owner, field.name)
+                       if default_owner is not dataclasses.MISSING else _default_of(field))
+            if _is_config_class(hint):
+                walk(hint, default, (*path, field.name))
+                continue
+            if field.name in out:
+                raise TypeError(f"{cls.__name__}: setting {field.name!r} is declared twice")
+            out[field.name] = Setting(field.name, hint, default, path)
+
+    walk(cls, dataclasses.MISSING, ())
+    return out
+
+
+def _build(cls: type[T], values: Mapping[tuple[str, ...], dict[str, Any]],
+           path: tuple[str, ...] = (), base: Any = dataclasses.MISSING) -> T:
+    """``cls`` from the values given for it (``values[path]``) and for its
+    nested config dataclasses; a nested one given no value keeps its
+    default, one given some is its default with those replaced."""
+    own = dict(values.get(path, {}))
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        hint = hints[field.name]
+        sub = (*path, field.name)
+        if not _is_config_class(hint) or not any(p[:len(sub)] == sub for p in values):
+            continue
+        nested_base = (getattr(base, field.name) if base is not dataclasses.MISSING
+                       else _default_of(field))
+        own[field.name] = _build(hint, values, sub, nested_base)
+    if base is not dataclasses.MISSING:
+        built: T = dataclasses.replace(base, **own)
+        return built
+    return cls(**own)
 
 
 def load_config(
@@ -80,13 +150,22 @@ def load_config(
 ) -> T:
     """Build ``cls`` from defaults, then the TOML file, then ``overrides``.
 
-    ``overrides`` entries whose value is ``None`` are ignored (an unset CLI
-    flag).  Unknown keys in the file or the overrides are an error.
+    Keys are flat (see :func:`settings_of`): a field of a nested config
+    dataclass is set by its own name.  ``overrides`` entries whose value is
+    ``None`` are ignored (an unset CLI flag).  Unknown keys in the file or
+    the overrides are an error.
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
-    types = field_types(cls)
-    values: dict[str, Any] = {}
+    settings = settings_of(cls)
+    values: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def put(key: str, value: Any, where: str) -> None:
+        setting = settings.get(key)
+        if setting is None:
+            raise ConfigError(f"{where}unknown setting {key!r}")
+        values.setdefault(setting.path, {})[key] = _convert(key, setting.hint, value)
+
     if path is not None:
         try:
             with open(path, "rb") as f:
@@ -98,16 +177,11 @@ def load_config(
         if section is not None and isinstance(data.get(section), dict):
             data = data[section]
         for key, value in data.items():
-            if key not in types:
-                raise ConfigError(f"{path}: unknown setting {key!r}")
-            values[key] = _convert(key, types[key], value)
+            put(key, value, f"{path}: ")
     for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key not in types:
-            raise ConfigError(f"unknown setting {key!r}")
-        values[key] = _convert(key, types[key], value)
+        if value is not None:
+            put(key, value, "")
     try:
-        return cls(**values)
+        return _build(cls, values)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e

@@ -37,7 +37,8 @@ def sqlite_uri(path: Path) -> str:
 
 
 class BookieProcess:
-    """One bookie child process; ``settings`` are BookieConfig fields."""
+    """One bookie child process; ``settings`` are BookieConfig's flat keys
+    (see :func:`quire.config.settings_of`)."""
 
     def __init__(self, root: Path, metadata_uri: str, bookie_id: str, **settings: Any) -> None:
         self.root = root

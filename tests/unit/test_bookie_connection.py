@@ -1,5 +1,5 @@
 """BookieConnection with a fake transport: back-pressure and malformed input
-against a fake server, the timing of answers against a real one."""
+against a fake RequestHandler, the timing of answers against a real server."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ import contextlib
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from quire.bookie.config import BookieConfig
-from quire.bookie.server import BookieConnection, BookieServer
+from quire.bookie.connection import BookieConnection, ConnectionHub
+from quire.bookie.metrics import BookieMetrics
+from quire.bookie.server import BookieServer
+from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
+from quire.node import BookieNode
 from quire.protocol import (
     FLAG_RECOVERY_ADD,
+    AddRequestRun,
     AddResponse,
     DigestManager,
     ReadLacRequest,
@@ -24,69 +28,39 @@ from quire.protocol import (
 )
 from quire.protocol.codec import Decoder
 from quire.types import DigestType
+from tests.support.fake_transport import FakeTransport
 
 
-class FakeTransport:
-    def __init__(self) -> None:
-        self.reading = True
-        self.written: list[bytes] = []
-        self.aborted = False
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return self.aborted
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def close(self) -> None:
-        self.aborted = True
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 1)
-
-
-class FakeServer:
-    """What BookieConnection needs of BookieServer; every request holds 600 bytes."""
+class FakeHandler:
+    """A RequestHandler that holds 600 bytes per request and answers nothing."""
 
     def __init__(self) -> None:
-        self.config = BookieConfig(max_connection_pending_bytes=1000)
-        self.connections: set[BookieConnection] = set()
-        gauge = SimpleNamespace(inc=lambda: None, dec=lambda: None)
-        self.metrics = SimpleNamespace(connections=gauge, malformed_frames=gauge)
         self.handled: list[object] = []
-        self.flush_queue: list[BookieConnection] = []
-        self.throttled = False
+        self.runs: list[list[int]] = []
 
-    def handle(self, conn: BookieConnection, request: object) -> None:
+    def take_adds(self, conn: BookieConnection, run: AddRequestRun) -> None:
+        self.runs.append(list(run.request_ids))
+
+    def take_request(self, conn: BookieConnection, request: object) -> None:
         self.handled.append(request)
         conn.hold(600)
 
     def release_volatile_acks(self, conn: BookieConnection) -> None:
         conn.volatile_acks.clear()
 
-    def schedule_flush(self, conn: BookieConnection) -> None:
-        self.flush_queue.append(conn)
 
-
-def connect() -> tuple[BookieConnection, FakeTransport, FakeServer]:
-    server = FakeServer()
-    conn = BookieConnection(server)  # type: ignore[arg-type]
+def connect() -> tuple[BookieConnection, FakeTransport, FakeHandler]:
+    hub = ConnectionHub(BookieMetrics(), max_frame_bytes=1 << 20,
+                        max_connection_pending_bytes=1000)
+    handler = FakeHandler()
+    conn = BookieConnection(hub, handler)
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
-    return conn, transport, server
+    return conn, transport, handler
 
 
 async def test_reading_pauses_while_too_many_bytes_wait_and_resumes_after() -> None:
-    conn, transport, server = connect()
+    conn, transport, handler = connect()
     conn.data_received(ReadLacRequest(1, 5).encode())
     assert transport.reading  # 600 pending <= 1000
     conn.data_received(ReadLacRequest(2, 5).encode())
@@ -99,89 +73,79 @@ async def test_reading_pauses_while_too_many_bytes_wait_and_resumes_after() -> N
     conn.send(b"answer-2", 600)
     conn.flush()
     assert transport.reading and transport.written == [b"answer-1", b"answer-2"]
-    assert len(server.handled) == 2
+    assert len(handler.handled) == 2
 
 
 async def test_socket_buffer_full_pauses_reading_too() -> None:
-    conn, transport, _server = connect()
+    conn, transport, _handler = connect()
     conn.pause_writing()
     assert not transport.reading
     conn.resume_writing()
     assert transport.reading
 
 
-async def test_a_throttled_server_pauses_reading_until_released() -> None:
-    conn, transport, server = connect()
-    server.throttled = True  # write cache full while a checkpoint runs
-    conn.update_flow()
+async def test_a_throttled_hub_pauses_reading_until_released() -> None:
+    conn, transport, _handler = connect()
+    conn.hub.set_throttled(True)  # write cache full while a checkpoint runs
     assert not transport.reading
-    server.throttled = False
-    conn.update_flow()
+    conn.hub.set_throttled(False)
     assert transport.reading
 
 
 async def test_answers_of_one_loop_iteration_go_out_in_one_write() -> None:
-    conn, transport, server = connect()
+    conn, transport, _handler = connect()
+    ran: list[int] = []
     conn.send(b"a")
     conn.send(b"b")
+    conn.hub.before_answers(lambda: ran.append(len(transport.written)))
     conn.send(b"c")
-    assert server.flush_queue == [conn]  # scheduled once
-    conn.flush()
+    assert transport.written == []
+    await asyncio.sleep(0)  # the hub's flush, scheduled once
     assert transport.written == [b"abc"]
+    assert ran == [0]  # the deferred action ran before the answers were written
 
 
 async def test_malformed_frame_aborts_only_this_connection() -> None:
-    conn, transport, server = connect()
+    conn, transport, handler = connect()
     conn.data_received(b"\xff" * 16)
-    assert transport.aborted and server.handled == []
+    assert transport.aborted and handler.handled == []
+    assert conn.hub.connections == {conn}  # (until the transport reports it lost)
     await asyncio.sleep(0)
-
-
-class BatchingFakeServer(FakeServer):
-    """A FakeServer with the batched path for plain adds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[list[int]] = []
-
-    def add_batch(self, conn: BookieConnection, reqs: list[object]) -> None:
-        self.batches.append([req.request_id for req in reqs])  # type: ignore[attr-defined]
 
 
 async def test_requests_before_a_malformed_frame_in_the_same_read_are_served() -> None:
     """Decoded before the garbage, in one read: every request is still handed
-    on, in order (adds batched, the rest one by one), and only then is the
-    connection closed."""
-    server = BatchingFakeServer()
-    conn = BookieConnection(server)  # type: ignore[arg-type]
-    transport = FakeTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
+    on, in order (runs of adds as columns, the rest one by one), and only
+    then is the connection closed."""
+    conn, transport, handler = connect()
     entry = DigestManager(7, DigestType.CRC32C, b"pw").encode(0, -1, 3, b"abc")
     key = master_key(b"pw")
     conn.data_received(encode_add_request(1, key, entry) + ReadLacRequest(2, 7).encode()
                        + encode_add_request(3, key, entry) + encode_add_request(4, key, entry)
                        + b"\xff" * 16)
-    assert server.batches == [[1], [3, 4]]
-    assert [r.request_id for r in server.handled] == [2]  # type: ignore[attr-defined]
+    assert handler.runs == [[1], [3, 4]]
+    assert [r.request_id for r in handler.handled] == [2]  # type: ignore[attr-defined]
     assert transport.aborted
 
 
 @contextlib.asynccontextmanager
 async def served(tmp_path: Path
                  ) -> AsyncIterator[tuple[BookieServer, BookieConnection, FakeTransport]]:
-    """A real server and storage engine, one connection on a fake transport."""
+    """A real bookie node (server and storage engine), one connection on a
+    fake transport."""
     config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
                           metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                          journal_dirs=(tmp_path / "data",), ledger_dirs=(tmp_path / "data",))
-    server = BookieServer(config)
-    await server.start()
+                          storage=StorageConfig(journal_dirs=(tmp_path / "data",),
+                                                ledger_dirs=(tmp_path / "data",)))
+    node = BookieNode(config)
+    await node.start()
     try:
-        conn = BookieConnection(server)
+        conn = node.server.new_connection()
         transport = FakeTransport()
         conn.connection_made(transport)  # type: ignore[arg-type]
-        yield server, conn, transport
+        yield node.server, conn, transport
     finally:
-        await server.stop()
+        await node.stop()
 
 
 async def test_answers_released_by_an_fsync_are_written_before_the_loop_moves_on(
@@ -258,7 +222,7 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
         assert await answered(1) == [(1, StatusCode.OK, 7, 0)]
         conn.data_received(b"".join(add(10 + i, 7, i) for i in range(1, 6)))
         assert await answered(5) == [(10 + i, StatusCode.OK, 7, i) for i in range(1, 6)]
-        assert taken[-1] is not None and server._lac[7] == 4
+        assert taken[-1] is not None and server.adds.lacs[7] == 4
         calls = len(taken)
         conn.data_received(add(20, 7, 6) + add(21, 8, 0) + add(22, 7, 7))
         assert await answered(3) == [(20, StatusCode.OK, 7, 6), (21, StatusCode.OK, 8, 0),
@@ -269,11 +233,12 @@ async def test_a_read_of_one_ledgers_adds_is_taken_whole_and_answered_in_order(
         conn.data_received(add(23, 7, 8) + recovery_add + add(25, 7, 10))
         assert await answered(3) == [(23, StatusCode.OK, 7, 8), (24, StatusCode.OK, 7, 9),
                                      (25, StatusCode.OK, 7, 10)]
-        assert len(taken) == calls + 2  # the plain adds around the recovery add, one by one
+        assert len(taken) == calls  # a run with a recovery add: decided add by add
         for entry_id in range(11):
             assert storage.read_entry(7, entry_id)[:16] == struct.pack(">qq", 7, entry_id)
 
-        server._run_durable((conn, (30, 31), 7, [8, 9], 0.0, 0), OSError("disk gone"))
+        server.durability.persistent.after_fsync.run_durable(
+            (conn, (30, 31), 7, [8, 9], 0.0, 0), OSError("disk gone"))
         await asyncio.sleep(0)
         answers.feed(b"".join(transport.written))
         assert [(m.request_id, m.status) for m in answers.next_messages()] == [  # type: ignore[union-attr]

@@ -1,9 +1,19 @@
-"""The bookie's settings (one frozen dataclass; every field is also a CLI flag)."""
+"""The bookie's settings: one frozen dataclass holding the storage engine's.
+
+Every field is a flat TOML key and a flag of ``quire bookie start``, the
+nested :class:`~quire.bookie.storage.StorageConfig`'s fields included (see
+:func:`quire.config.settings_of`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from quire.bookie.storage.config import StorageConfig
+
+DEFAULT_DATA_DIR = Path("quire-bookie/data")
+"""Journal and ledger directory of a bookie configured without one."""
 
 
 @dataclass(frozen=True)
@@ -16,8 +26,6 @@ class BookieConfig:
     """Listening port; 0 picks a free one (the registry records the real one)."""
     metrics_port: int = -1
     """HTTP port of ``/metrics``; 0 picks a free one, -1 disables it."""
-    journal_dirs: tuple[Path, ...] = (Path("quire-bookie/data"),)
-    ledger_dirs: tuple[Path, ...] = (Path("quire-bookie/data"),)
     journal_max_group_wait_ms: float = 0.0
     """Extra time an fsync waits to gather more adds (0: group only what
     arrives while the previous fsync runs, BookKeeper's natural batching)."""
@@ -27,21 +35,12 @@ class BookieConfig:
     a group wait) go to the ``quire-fsync`` thread, so that the loop is not
     held up that long for each.  Syncing on the loop saves the thread's
     hand-overs on every group (see ``quire.bookie.group_commit``)."""
-    journal_max_group_bytes: int = 4 * 1024 * 1024
-    journal_file_size_bytes: int = 64 * 1024 * 1024
-    journal_reuse_files_max: int = 4
-    """Journal files kept for reuse instead of deleted (see ``StorageConfig``)."""
-    write_cache_max_bytes: int = 256 * 1024 * 1024
-    """See ``StorageConfig.write_cache_max_bytes``."""
-    read_cache_max_bytes: int = 32 * 1024 * 1024
-    read_ahead_bytes: int = 256 * 1024
-    """A read missing the caches also reads the ledger's next entries from
-    the same entry log, up to this many bytes (one pread; 0: just the one)."""
-    entry_log_remove_pages_from_cache: bool = True
-    """Drop the entry-log pages a checkpoint wrote from the page cache once
-    they are fsynced (see ``StorageConfig``)."""
-    entry_log_direct_io: bool = True
-    """Write entry logs with O_DIRECT (see ``StorageConfig``)."""
+    storage: StorageConfig = field(default_factory=lambda: StorageConfig(
+        journal_dirs=(DEFAULT_DATA_DIR,), ledger_dirs=(DEFAULT_DATA_DIR,)))
+    """The storage engine's settings.  Its fields are flat keys of the
+    bookie's TOML and flags of ``quire bookie start`` like the fields above
+    (``write_cache_max_bytes = ...``, ``--journal-dirs``), declared once, in
+    :class:`~quire.bookie.storage.StorageConfig`."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000
@@ -70,8 +69,3 @@ class BookieConfig:
     entry and makes no reference cycles, so Python's default (700) ran a
     collection every few hundred adds, each walking what the write cache and
     the BP-14 cursors hold: about a tenth of the bookie's CPU under load."""
-    power_loss_tracking: bool = False
-    """Test seam: record fsynced lengths so power loss can be emulated."""
-    test_skip_journal_fsync: bool = False
-    """Test seam, never for real use: acknowledge without the journal fsync
-    (proves the power-loss tests can fail)."""

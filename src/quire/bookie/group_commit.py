@@ -76,9 +76,7 @@ class GroupCommitter:
     ``loop_sync_max_ms`` 0 (the default here) keeps every sync on the thread."""
 
     def __init__(self, journal: SyncableJournal, *, max_group_wait_ms: float = 0.0,
-                 loop_sync_max_ms: float = 0.0,
-                 on_sync: SyncObserver | None = None,
-                 on_durable: DurableHook | None = None) -> None:
+                 loop_sync_max_ms: float = 0.0) -> None:
         self._journal = journal
         self._wait_s = max_group_wait_ms / 1000.0
         self._loop_sync_max_s = loop_sync_max_ms / 1000.0 if self._wait_s <= 0 else 0.0
@@ -88,8 +86,8 @@ class GroupCommitter:
         self._loop_sync_scheduled = False
         self._thread_busy = False
         """Set by the fsync thread from its wake-up until it waits again."""
-        self._on_sync = on_sync
-        self._on_durable = on_durable
+        self._on_sync: SyncObserver | None = None
+        self._on_durable: DurableHook | None = None
         self._loop = asyncio.get_running_loop()
         # (seq, callback, arg, weight): callback(arg, error); a tuple per
         # waiter, no closure (after_durable_with is the add path).  weight:
@@ -108,6 +106,15 @@ class GroupCommitter:
         """Of ``fsync_count``, the syncs the loop ran itself."""
         self._thread = threading.Thread(target=self._run, name="quire-fsync", daemon=True)
         self._thread.start()
+
+    def observe(self, *, on_sync: SyncObserver | None = None,
+                on_durable: DurableHook | None = None) -> None:
+        """Set the hooks of whoever serves over this committer (the bookie
+        server, which is built after it): ``on_durable`` with each new
+        durable point before any callback, ``on_sync`` after each fsync's
+        callbacks ran.  Call it before the first add."""
+        self._on_sync = on_sync
+        self._on_durable = on_durable
 
     @property
     def durable_seq(self) -> int:

@@ -8,12 +8,17 @@ exactly the buckets the BP lists.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from quire.errors import StatusCode
 from quire.protocol import OpCode
+
+_perf_counter = time.perf_counter
 
 LATENCY_BUCKETS_MS = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 3000)
 # BP-62: [0-5], [5-10], [10-20], [20-50], [50-100], [100-200], [200-500],
@@ -142,3 +147,47 @@ class BookieMetrics:
         """Start the HTTP endpoint; return its port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_port)
+
+
+class RequestLatencies:
+    """Request latency histograms by op and answer status, observed in
+    batches: each observation is gathered in its :class:`LatencyRecorder`
+    and applied to the histogram once per loop iteration, by the action
+    ``before_answers`` schedules to run before that iteration's answers are
+    written (so a scrape that follows an answer sees it)."""
+
+    def __init__(self, metrics: BookieMetrics,
+                 before_answers: Callable[[Callable[[], None]], None]) -> None:
+        self._metrics = metrics
+        self._before_answers = before_answers
+        self._recorders: dict[tuple[OpCode, StatusCode], LatencyRecorder] = {}
+        self._add_ok: LatencyRecorder | None = None
+
+    def recorder(self, op: OpCode, status: StatusCode) -> LatencyRecorder:
+        key = (op, status)
+        recorder = self._recorders.get(key)
+        if recorder is None:
+            recorder = self._recorders[key] = LatencyRecorder(
+                self._metrics.requests[op].labels(status.name))
+        return recorder
+
+    def add_ok(self) -> LatencyRecorder:
+        """The recorder of successful adds (looked up once, then kept)."""
+        recorder = self._add_ok
+        if recorder is None:
+            recorder = self._add_ok = self.recorder(OpCode.ADD_ENTRY, StatusCode.OK)
+        return recorder
+
+    def observe(self, op: OpCode, started: float, status: StatusCode) -> None:
+        self.record(self.recorder(op, status), started)
+
+    def record(self, recorder: LatencyRecorder, started: float, count: int = 1) -> None:
+        """Observe the latency since ``started`` (ms), ``count`` times (a batch
+        answered at once)."""
+        if not recorder.pending:
+            self._before_answers(recorder.flush)
+        elapsed_ms = (_perf_counter() - started) * 1000.0
+        if count == 1:
+            recorder.observe(elapsed_ms)
+        else:
+            recorder.observe_many(elapsed_ms, count)

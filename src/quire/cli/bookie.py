@@ -30,7 +30,7 @@ def bookie() -> None:
 @config_options(BookieConfig)
 def start(config_path: str | None, **kwargs: Any) -> None:
     """Run one bookie in the foreground until SIGTERM/SIGINT."""
-    from quire.bookie.server import run
+    from quire.node import run
 
     overrides = pick_overrides(BookieConfig, kwargs)
     try:

@@ -7,7 +7,6 @@ separated list.  Unset flags leave the file's (or the default) value.
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -15,27 +14,29 @@ from typing import Any, TypeVar
 
 import click
 
-from quire.config import field_types
+from quire.config import settings_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def config_options(cls: type[Any]) -> Callable[[F], F]:
-    types = field_types(cls)
+    """One flag per flat key of ``cls`` (nested config dataclasses' fields
+    included, see :func:`quire.config.settings_of`)."""
+    settings = settings_of(cls)
 
     def decorate(func: F) -> F:
-        for field in reversed(dataclasses.fields(cls)):
-            hint = types[field.name]
-            flag = "--" + field.name.replace("_", "-")
+        for setting in reversed(settings.values()):
+            hint = setting.hint
+            flag = "--" + setting.name.replace("_", "-")
             if hint is bool:
-                option = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=None,
-                                      help=f"(default {field.default})")
+                option = click.option(f"{flag}/--no-{flag[2:]}", setting.name, default=None,
+                                      help=f"(default {setting.default})")
             else:
                 click_type: Any = {int: int, float: float, str: str, Path: str}.get(hint, str)
-                shown = field.default
+                shown = setting.default
                 if typing.get_origin(hint) is tuple:
-                    shown = ",".join(map(str, field.default))
-                option = click.option(flag, field.name, type=click_type, default=None,
+                    shown = ",".join(map(str, setting.default))
+                option = click.option(flag, setting.name, type=click_type, default=None,
                                       help=f"(default {shown})")
             func = option(func)
         return func
@@ -44,5 +45,5 @@ def config_options(cls: type[Any]) -> Callable[[F], F]:
 
 
 def pick_overrides(cls: type[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = settings_of(cls)
     return {k: kwargs.pop(k) for k in list(kwargs) if k in names}

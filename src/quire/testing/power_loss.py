@@ -4,8 +4,9 @@
 process never notices a missing ``fsync``.  With
 ``StorageConfig.power_loss_tracking`` the storage engine records, **after
 each fsync returns**, the length of the file that the fsync made durable
-(:class:`SyncTracker`).  :func:`emulate_power_loss` then rewinds every
-tracked file to what a power cut would have left:
+(:class:`~quire.bookie.storage.sync_tracker.SyncTracker`).
+:func:`emulate_power_loss` then rewinds every tracked file to what a power
+cut would have left:
 
 * journal files (preallocated, kind ``journal``): the bytes from the last
   synced length to the end of the file are overwritten with zeros (the file
@@ -30,63 +31,20 @@ Not emulated (documented limits):
 * Reordering of unsynced writes inside the unsynced region: everything after
   the synced length is lost, never a random subset.
 
-Sidecar format: ``<dir>/.quire-synced``, one ASCII line per event, appended
-with ``O_APPEND`` and never fsynced (it only has to outlive the process)::
-
-    create <kind> <file name> 0
-    sync <kind> <file name> <synced length in bytes>
-    remove <kind> <file name> 0
+The sidecar format is the storage engine's
+(:mod:`quire.bookie.storage.sync_tracker`).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SIDECAR_NAME = ".quire-synced"
-KIND_JOURNAL = "journal"
-KIND_ENTRY_LOG = "entrylog"
-_KINDS = (KIND_JOURNAL, KIND_ENTRY_LOG)
+from quire.bookie.storage.sync_tracker import KIND_JOURNAL, SIDECAR_NAME
+
 _ZEROS = bytes(1024 * 1024)
-
-
-class SyncTracker:
-    """Appends create/sync/remove events for the files of one directory."""
-
-    def __init__(self, directory: Path, kind: str) -> None:
-        if kind not in _KINDS:
-            raise ValueError(f"unknown tracked file kind {kind!r}")
-        self.directory = Path(directory)
-        self.kind = kind
-        self._lock = threading.Lock()
-        self._fd = os.open(self.directory / SIDECAR_NAME,
-                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def _event(self, event: str, name: str, length: int) -> None:
-        line = f"{event} {self.kind} {name} {length}\n".encode("ascii")
-        with self._lock:
-            if self._fd >= 0:
-                os.write(self._fd, line)
-
-    def created(self, name: str) -> None:
-        self._event("create", name, 0)
-
-    def synced(self, name: str, length: int) -> None:
-        """Record that ``name``'s first ``length`` bytes are durable (call
-        this only after the fsync returned)."""
-        self._event("sync", name, length)
-
-    def removed(self, name: str) -> None:
-        self._event("remove", name, 0)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
 
 
 @dataclass

@@ -96,6 +96,7 @@ from quire.bookie.storage.journal import (
 )
 from quire.bookie.storage.ledger_storage import EntryKey, LedgerStorage
 from quire.bookie.storage.state import LedgerState
+from quire.bookie.storage.sync_tracker import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
 from quire.errors import (
     BadRequestError,
     LedgerFencedError,
@@ -106,7 +107,6 @@ from quire.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
-from quire.testing.power_loss import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
 
 log = logging.getLogger(__name__)
 
@@ -363,13 +363,13 @@ class BookieStorage:
         with self._lock:
             return self._add_locked(ledger_id, entry_id, entry, master_key, recovery)
 
-    def add_entries(self, adds: Sequence[tuple[int, int, bytes, bytes]]
-                    ) -> list[int | Exception]:
-        """:meth:`add_entry` (``recovery=False``) for each ``(ledger_id,
+    def add_entries(self, adds: Sequence[tuple[int, int, bytes, bytes]], *,
+                    recovery: bool = False) -> list[int | Exception]:
+        """:meth:`add_entry` (with ``recovery``) for each ``(ledger_id,
         entry_id, entry, master_key)`` in order, under one lock acquisition.
         Each result is the entry's journal seq, or the exception
         ``add_entry`` would have raised for it (later items are still added).
-        The server's batched add path (one read's plain adds)."""
+        The server's add path for adds not taken as a run (:meth:`add_run`)."""
         # The checks of each add, then one journal call for a run of accepted
         # adds (a ledger's creation, journaled between two runs, keeps the
         # journal order of add_entry one by one), then the write cache.
@@ -389,7 +389,8 @@ class BookieStorage:
             cache_bytes = self._cache_bytes
             for ledger_id, entry_id, entry, master_key in adds:
                 try:
-                    info, entry = check(ledger_id, entry_id, entry, master_key, False, cache_bytes)
+                    info, entry = check(ledger_id, entry_id, entry, master_key, recovery,
+                                        cache_bytes)
                     if info is None:
                         journal_run()  # before the creation record
                         info = self._create_locked(ledger_id, master_key)

@@ -15,7 +15,7 @@ ledger dir may be the same directory (single-disk layout)::
     <ledger_dir>/ledgers/LOCK                  flock: one process per ledger dir
 
 With ``power_loss_tracking`` each of ``journal/`` and ``ledgers/entrylog/``
-also holds a ``.quire-synced`` sidecar (see :mod:`quire.testing.power_loss`).
+also holds a ``.quire-synced`` sidecar (see :mod:`quire.bookie.storage.sync_tracker`).
 """
 
 from __future__ import annotations

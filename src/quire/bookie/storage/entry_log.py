@@ -68,8 +68,8 @@ from quire.bookie.storage.files import (
     sync_file,
     whole_pages,
 )
+from quire.bookie.storage.sync_tracker import SyncTracker
 from quire.errors import StorageError
-from quire.testing.power_loss import SyncTracker
 
 LOG_MAGIC = b"QELG"
 LOG_VERSION = 2

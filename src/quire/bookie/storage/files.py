@@ -15,8 +15,8 @@ import mmap
 import os
 from pathlib import Path
 
+from quire.bookie.storage.sync_tracker import SyncTracker
 from quire.errors import StorageError
-from quire.testing.power_loss import SyncTracker
 
 
 def sync_file(fd: int, tracker: SyncTracker | None, name: str, length: int) -> None:

@@ -130,8 +130,8 @@ from quire.bookie.storage.files import (
     whole_pages,
     write_synced,
 )
+from quire.bookie.storage.sync_tracker import SyncTracker
 from quire.errors import StorageError
-from quire.testing.power_loss import SyncTracker
 
 log = logging.getLogger(__name__)
 

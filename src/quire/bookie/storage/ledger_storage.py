@@ -34,7 +34,7 @@ from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, En
 from quire.bookie.storage.index import LedgerIndex
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
-from quire.testing.power_loss import SyncTracker
+from quire.bookie.storage.sync_tracker import SyncTracker
 
 log = logging.getLogger(__name__)
 

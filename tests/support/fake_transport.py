@@ -1,0 +1,33 @@
+"""A transport that records what a protocol writes, for bookie connection tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.reading = True
+        self.written: list[bytes] = []
+        self.aborted = False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        self.aborted = True
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 1)
