@@ -9,13 +9,16 @@ Layout under the chroot (versions are the znodes' ``stat.version``)::
     /cookies/<bookie id>               cookie bytes
     /records/<key>/.value              a record's value; the key's segments are
                                        nested znodes, so a key may have sub-keys
-                                       and no children list holds a whole log
+                                       and no children list holds a whole log;
+                                       ephemeral for a leased record
 
 kazoo completes requests and fires watches on its own threads; both are
 handed to the event loop with ``call_soon_threadsafe``.  A request with no
 answer within twice the session timeout raises MetadataError (outcome
 unknown).  After a session expires kazoo opens a new one; the store then
-registers its bookies again and re-arms its watches.
+registers its bookies again and re-arms its watches, but leased records stay
+gone.  The lease is the session: UNCERTAIN while kazoo's connection is
+suspended, EXPIRED when kazoo reports the session lost, LIVE when connected.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from quire.errors import (
 )
 from quire.metadata import _names
 from quire.metadata._watch import Subscription
+from quire.metadata.election import LeaseElection
 from quire.metadata.model import (
     BookieInfo,
     CheckRecord,
@@ -65,7 +69,7 @@ from quire.metadata.model import (
     serialize,
     serialize_bookie,
 )
-from quire.metadata.store import Watch
+from quire.metadata.store import Election, LeaseState, Watch
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,8 @@ class ZooKeeperStore:
         self._tasks: dict[object, asyncio.Task[None]] = {}  # watch loops, re-registration
         self._wakeups: set[asyncio.Event] = set()
         self._session_id = self._session()
+        self._lease_state = LeaseState.LIVE
+        self._lease_subs: set[Subscription[LeaseState]] = set()
         self._closed = False
         client.add_listener(self._on_state)
 
@@ -134,6 +140,10 @@ class ZooKeeperStore:
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
             self._hand_over(self._on_connected)
+        elif state == KazooState.SUSPENDED:
+            self._hand_over(self._set_lease, LeaseState.UNCERTAIN)
+        elif state == KazooState.LOST:
+            self._hand_over(self._set_lease, LeaseState.EXPIRED)
 
     def _on_connected(self) -> None:
         if self._closed:
@@ -143,8 +153,17 @@ class ZooKeeperStore:
         session = self._session()
         if session != self._session_id:
             self._session_id = session
+            self._set_lease(LeaseState.EXPIRED)  # if kazoo's LOST was not seen
             key = object()
             self._tasks[key] = self._loop.create_task(self._register_again(key))
+        self._set_lease(LeaseState.LIVE)
+
+    def _set_lease(self, state: LeaseState) -> None:
+        if state is self._lease_state or self._lease_state is LeaseState.CLOSED:
+            return
+        self._lease_state = state
+        for sub in list(self._lease_subs):
+            sub.offer(state, state)
 
     async def _register_again(self, key: object) -> None:
         """The session expired and took our ephemeral nodes: create them again."""
@@ -364,6 +383,30 @@ class ZooKeeperStore:
                 return 0
         raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
 
+    async def create_leased_record(self, key: str, value: bytes) -> int:
+        _names.check_record_key(key)
+        for _ in range(3):  # retry if a concurrent delete prunes the path we made
+            with contextlib.suppress(MetadataNotFoundError):
+                await self._zk(f"record {key}", self._client.create_async,
+                               self._record_path(key), value, ephemeral=True, makepath=True)
+                return 0
+        raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
+
+    @property
+    def lease(self) -> LeaseState:
+        return self._lease_state
+
+    def watch_lease(self, callback: Callable[[LeaseState], None]) -> Watch:
+        sub = Subscription(callback, self._lease_subs.discard)
+        self._lease_subs.add(sub)
+        sub.offer(self._lease_state, self._lease_state)
+        return sub.watch
+
+    def elect(self, group: str, candidate: str) -> Election:
+        if self._closed:
+            raise MetadataError(f"{self.uri}: store is closed")
+        return LeaseElection(self, group, candidate)
+
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
         data, stat = await self._zk(f"record {key}", self._client.get_async,
@@ -437,16 +480,40 @@ class ZooKeeperStore:
         what, path = f"ledger {ledger_id}", self._ledger_path(ledger_id)
 
         async def read(trigger: Trigger) -> tuple[Versioned[LedgerMetadata] | None, object]:
-            while True:
-                try:
-                    data, stat = await self._zk(what, self._client.get_async, path, trigger)
-                    return Versioned(deserialize(data), stat.version), stat.mzxid
-                except MetadataNotFoundError:
-                    if await self._zk(what, self._client.exists_async, path, trigger) is None:
-                        return None, None
-                    # created between the two requests: read it
+            node = await self._read_node(what, path, trigger)
+            if node is None:
+                return None, None
+            data, stat = node
+            return Versioned(deserialize(data), stat.version), stat.mzxid
 
         return self._watch(callback, read)
+
+    def watch_record(self, key: str,
+                     callback: Callable[[Versioned[bytes] | None], None]) -> Watch:
+        _names.check_record_key(key)
+        what, path = f"record {key}", self._record_path(key)
+
+        async def read(trigger: Trigger) -> tuple[Versioned[bytes] | None, object]:
+            node = await self._read_node(what, path, trigger)
+            if node is None:
+                return None, None
+            data, stat = node
+            return Versioned(data, stat.version), stat.mzxid
+
+        return self._watch(callback, read)
+
+    async def _read_node(self, what: str, path: str, trigger: Trigger) -> tuple[bytes, Any] | None:
+        """The znode's data and stat (None if absent), arming ``trigger`` for
+        its next change or creation."""
+        while True:
+            try:
+                node: tuple[bytes, Any] = await self._zk(what, self._client.get_async,
+                                                         path, trigger)
+                return node
+            except MetadataNotFoundError:
+                if await self._zk(what, self._client.exists_async, path, trigger) is None:
+                    return None
+                # created between the two requests: read it
 
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch:
         async def read(trigger: Trigger) -> tuple[list[BookieInfo], object]:
@@ -499,6 +566,7 @@ class ZooKeeperStore:
         if self._closed:
             return
         self._closed = True
+        self._set_lease(LeaseState.CLOSED)
         tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
