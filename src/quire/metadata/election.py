@@ -90,6 +90,11 @@ class LeaseElection:
     changes; the standing it reports combines what that task last learnt
     (``_held``: the record is ours, not ours, or unknown after a failed
     request) with the store's lease as it is at the moment of asking.
+
+    The record watch is armed again after each read and compared with that
+    read: a watch skips values equal to the last one *it* delivered, so a
+    record created and deleted while the task read it directly would
+    otherwise look unchanged.
     """
 
     def __init__(self, store: MetadataStore, group: str, candidate: str) -> None:
@@ -102,14 +107,15 @@ class LeaseElection:
         self._token = uuid.uuid4().hex
         self._value = json.dumps({"candidate": candidate, "bid": self._token}).encode()
         self._held: bool | None = False
+        self._seen: str | None = None  # bid token of the record last read (None: absent)
         self._leader: str | None = None
         self._ended = False
         self._changed = asyncio.Event()
         self._published = ElectionView(Leadership.FOLLOWER, None)
         self._subs: set[Subscription[ElectionView]] = set()
         self._waiters: set[asyncio.Future[None]] = set()
-        self._watches = [store.watch_record(self._key, self._on_record),
-                         store.watch_lease(self._on_lease)]
+        self._lease_watch = store.watch_lease(self._on_lease)
+        self._record_watch: Watch | None = None
         self._task = asyncio.get_running_loop().create_task(self._campaign())
 
     # --- what the candidate knows ------------------------------------------
@@ -170,8 +176,19 @@ class LeaseElection:
 
     # --- campaigning ---------------------------------------------------------
 
-    def _on_record(self, _record: Versioned[bytes] | None) -> None:
-        self._changed.set()  # the task re-reads: a watch may deliver an older value
+    def _on_record(self, record: Versioned[bytes] | None) -> None:
+        try:
+            token = None if record is None else _bid(record)[1]
+        except MetadataError:
+            token = ""
+        if token != self._seen:
+            self._changed.set()
+
+    def _watch_record(self) -> None:
+        """Watch the record afresh: its first value is compared with the last read."""
+        if self._record_watch is not None:
+            self._record_watch.cancel()
+        self._record_watch = self._store.watch_record(self._key, self._on_record)
 
     def _on_lease(self, lease: LeaseState) -> None:
         if lease is LeaseState.EXPIRED:
@@ -179,9 +196,15 @@ class LeaseElection:
         self._publish()
         self._changed.set()
 
+    def _campaigning(self) -> bool:
+        return not self._ended and self._store.lease is not LeaseState.CLOSED
+
     async def _campaign(self) -> None:
+        """Bid, then wait for a change; ends when the election or its store
+        does, even if the task's cancellation is lost (Python 3.11's
+        ``wait_for`` drops one that meets a finished request)."""
         try:
-            while not self._ended and self._store.lease is not LeaseState.CLOSED:
+            while self._campaigning():
                 self._changed.clear()
                 try:
                     await self._bid()
@@ -192,7 +215,9 @@ class LeaseElection:
                         await asyncio.wait_for(self._changed.wait(), RETRY_DELAY_S)
                     continue
                 self._publish()
-                await self._changed.wait()
+                if self._campaigning():
+                    self._watch_record()
+                    await self._changed.wait()
         finally:
             self._publish()
 
@@ -207,17 +232,19 @@ class LeaseElection:
                 self._held = False
                 self._changed.set()  # someone was quicker: read who
                 return
-            self._held, self._leader = True, self.candidate
+            self._held, self._leader, self._seen = True, self.candidate, self._token
             return
         candidate, token = _bid(record)
-        self._held, self._leader = token == self._token, candidate
+        self._held, self._leader, self._seen = token == self._token, candidate, token
 
     async def resign(self) -> None:
         if self._ended:
             return
         self._ended = True
-        for watch in self._watches:
-            watch.cancel()
+        for watch in (self._lease_watch, self._record_watch):
+            if watch is not None:
+                watch.cancel()
+        self._changed.set()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task

@@ -537,7 +537,9 @@ class ZooKeeperStore:
 
     async def _run_watch(self, sub: Subscription[T],
                          read: Callable[[Trigger], Awaitable[tuple[T, object]]]) -> None:
-        """Read (arming ZooKeeper watches), offer the value, wait for a trigger."""
+        """Read (arming ZooKeeper watches), offer the value, wait for a trigger.
+        Ends when the store closes, even if the task's cancellation is lost
+        (Python 3.11's ``wait_for`` drops one that meets a finished request)."""
         changed = asyncio.Event()
         self._wakeups.add(changed)
 
@@ -545,7 +547,7 @@ class ZooKeeperStore:
             self._hand_over(changed.set)
 
         try:
-            while True:
+            while not self._closed:
                 changed.clear()
                 try:
                     value, fingerprint = await read(trigger)
@@ -571,6 +573,8 @@ class ZooKeeperStore:
         self._tasks.clear()
         for task in tasks:
             task.cancel()
+        for event in self._wakeups:  # ends a watch loop that lost its cancellation
+            event.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._client.remove_listener(self._on_state)
         await asyncio.to_thread(_shutdown, self._client)
