@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from quire.metadata import BookieInfo, LedgerMetadata, Versioned
+from quire.metadata import (
+    BookieInfo,
+    ElectionView,
+    Leadership,
+    LeaseState,
+    LedgerMetadata,
+    Versioned,
+)
 from quire.metadata.zookeeper import ZooKeeperStore
 from quire.types import BookieState
 from tests.support.metadata import target_for
@@ -54,4 +61,38 @@ async def test_session_expiry_restores_registrations_and_watches(
         assert await asyncio.wait_for(seen.get(), 10) == Versioned(md, 0)
     finally:
         await observer.close()
+        await store.close()
+
+
+async def test_session_expiry_deposes_the_leader_and_it_campaigns_again(
+        zookeeper_server: ZooKeeperServer, tmp_path: Path) -> None:
+    target = target_for("zk", tmp_path, zookeeper_server)
+    store = await target.open()
+    other = await target.open()
+    assert isinstance(store, ZooKeeperStore)
+    try:
+        first = store.elect("auditor", "a")
+        await first.wait_leader()
+        second = other.elect("auditor", "b")
+        leases: asyncio.Queue[LeaseState] = asyncio.Queue()
+        store.watch_lease(leases.put_nowait)
+        views: asyncio.Queue[ElectionView] = asyncio.Queue()
+        first.watch(views.put_nowait)
+
+        await asyncio.to_thread(close_session, zookeeper_server.connect_string,
+                                store._client.client_id)
+        async def until(state: LeaseState) -> None:
+            while await leases.get() is not state:
+                pass
+        await asyncio.wait_for(until(LeaseState.EXPIRED), 15)
+        await asyncio.wait_for(second.wait_leader(), 15)
+        await asyncio.wait_for(until(LeaseState.LIVE), 15)  # a new session
+
+        async def follows() -> None:
+            while await views.get() != ElectionView(Leadership.FOLLOWER, "b"):
+                pass
+        await asyncio.wait_for(follows(), 15)
+        assert second.is_leader and not first.is_leader
+    finally:
+        await other.close()
         await store.close()

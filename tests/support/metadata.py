@@ -70,10 +70,20 @@ class Worker:
             raise AssertionError(f"worker exited ({await self.process.wait()}) without output")
         return line.decode().strip()
 
+    async def read_until(self, wanted: str, timeout: float = 20.0) -> None:
+        """Read lines until one equals ``wanted``."""
+        async def scan() -> None:
+            while await self.read_line(timeout) != wanted:
+                pass
+        await asyncio.wait_for(scan(), timeout)
+
     def release(self) -> None:
         """Let a worker waiting after "ready" go on."""
+        self.send("go")
+
+    def send(self, line: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(b"go\n")
+        self.process.stdin.write(f"{line}\n".encode())
 
     async def stop(self) -> None:
         if self.process.returncode is None:
