@@ -355,7 +355,7 @@ class EmbeddedStore(abc.ABC):
     async def list_records(self, prefix: str) -> list[str]:
         def live_keys(t: Txn) -> list[str]:
             keys = t.record_keys(prefix)
-            dead = t.dead_leased_keys(_now_ms())
+            dead = set(t.dead_leased_keys(_now_ms()))
             return [key for key in keys if key not in dead] if dead else keys
 
         return await self._read(live_keys)

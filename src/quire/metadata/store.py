@@ -73,7 +73,7 @@ class ElectionView:
     state: Leadership
     leader: str | None
     """The leading candidate as last read from the store (None: nobody leads,
-    or not read yet).  Stale while ``state`` is UNCERTAIN."""
+    or not read yet); stale while the store cannot be reached."""
 
 
 class Election(Protocol):
@@ -93,12 +93,15 @@ class Election(Protocol):
       ``lease_ms``; ZooKeeper: as soon as the connection is suspended, which
       kazoo notices within two thirds of the session timeout, while the server
       expires the session only after the whole timeout).  Both assume the
-      event loop runs: a loop stalled past the lease cannot notice anything.
+      event loop runs (a loop stalled past the lease cannot notice anything),
+      and the embedded drivers that the host's wall clock does not jump.
     * **A lost leader is replaced**: once the leader's lease ends (its process
       died, its store closed, its ZooKeeper session expired), another
       candidate leads within about the lease (or session timeout) plus one
       watch period.  A candidate whose lease expired campaigns again.
-    * :meth:`resign` hands leadership to another candidate at once.
+    * :meth:`resign` hands leadership to another candidate at once.  Deleting
+      the group's record by other means deposes the leader only once its
+      watch sees the deletion (up to one watch period later).
     * Callbacks run on the event loop that created the election; ``elect``
       and :meth:`watch` must be called on it.
     """
