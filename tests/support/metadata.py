@@ -7,12 +7,15 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from quire.metadata import MetadataStore, open_store
 from tests.support.zookeeper import ZooKeeperServer
+
+T = TypeVar("T")
 
 WORKER = Path(__file__).with_name("metadata_worker.py")
 LEASE_MS = 600
@@ -48,6 +51,16 @@ def target_for(driver: str, tmp_path: Path, zookeeper: ZooKeeperServer | None) -
     assert driver == "zk" and zookeeper is not None
     return Target(f"zk://{zookeeper.connect_string}/quire-test/{unique}",
                   {"session_timeout_ms": ZK_SESSION_TIMEOUT_MS})
+
+
+async def next_matching(queue: asyncio.Queue[T], predicate: Callable[[T], bool],
+                        timeout: float = 10.0) -> T:
+    """The first value from ``queue`` (fed by a watch) that satisfies ``predicate``."""
+    async def scan() -> T:
+        while not predicate(value := await queue.get()):
+            pass
+        return value
+    return await asyncio.wait_for(scan(), timeout)
 
 
 class Worker:

@@ -36,8 +36,8 @@ from quire.errors import (
     TransactionError,
 )
 from quire.metadata import _names
+from quire.metadata._lease import LeaseHolder
 from quire.metadata._watch import Subscription
-from quire.metadata.election import LeaseElection
 from quire.metadata.model import (
     BookieInfo,
     CheckRecord,
@@ -55,11 +55,12 @@ from quire.metadata.model import (
     serialize,
     serialize_bookie,
 )
-from quire.metadata.store import Election, LeaseState, Watch
+from quire.metadata.store import LeaseState, Watch
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+T = TypeVar("T")
 Key = int | str
 Row = tuple[bytes, int]
 """A stored value and its version."""
@@ -117,7 +118,7 @@ class Txn(Protocol):
         """Delete the sessions expired by ``now_ms`` and their records."""
 
 
-class EmbeddedStore(abc.ABC):
+class EmbeddedStore(LeaseHolder, abc.ABC):
     """:class:`~quire.metadata.store.MetadataStore` over a driver's :class:`Txn`."""
 
     def __init__(self, uri: str, *, lease_ms: int, poll_interval_ms: int) -> None:
@@ -125,6 +126,7 @@ class EmbeddedStore(abc.ABC):
             raise ConfigError(f"lease_ms must be >= 30, got {lease_ms}")
         if not 0 < poll_interval_ms <= 250:
             raise ConfigError(f"poll_interval_ms must be in 1..250, got {poll_interval_ms}")
+        super().__init__()
         self.uri = uri
         self._lease_ms = lease_ms
         self._poll_interval = poll_interval_ms / 1000
@@ -136,14 +138,12 @@ class EmbeddedStore(abc.ABC):
         self._bookie_subs: set[Subscription[list[BookieInfo]]] = set()
         self._record_subs: dict[str, set[Subscription[Versioned[bytes] | None]]] = {}
         # The session behind leased records: its id (None until a leased
-        # record needs one), whether a transaction has confirmed it, when
-        # that certainty ends, and the lease state watchers see.
+        # record needs one), whether a transaction has confirmed it, and
+        # when that certainty ends.
         self._session: str | None = None
         self._session_confirmed = False
         self._certain_until = 0.0
         self._doubt_timer: asyncio.TimerHandle | None = None
-        self._lease_state = LeaseState.LIVE
-        self._lease_subs: set[Subscription[LeaseState]] = set()
         self._closed = False
 
     @abc.abstractmethod
@@ -395,21 +395,6 @@ class EmbeddedStore(abc.ABC):
         t.lease_record(key, session)
         return True
 
-    @property
-    def lease(self) -> LeaseState:
-        return self._lease_state
-
-    def watch_lease(self, callback: Callable[[LeaseState], None]) -> Watch:
-        sub = Subscription(callback, self._lease_subs.discard)
-        self._lease_subs.add(sub)
-        sub.offer(self._lease_state, self._lease_state)
-        return sub.watch
-
-    def elect(self, group: str, candidate: str) -> Election:
-        if self._closed:
-            raise MetadataError(f"{self.uri}: store is closed")
-        return LeaseElection(self, group, candidate)
-
     def _confirm(self, started: float) -> None:
         """A transaction that began at loop time ``started`` renewed the session."""
         self._session_confirmed = True
@@ -436,34 +421,23 @@ class EmbeddedStore(abc.ABC):
             self._doubt_timer = None
         self._certain_until = 0.0
 
-    def _set_lease(self, state: LeaseState) -> None:
-        if state is self._lease_state or self._lease_state is LeaseState.CLOSED:
-            return
-        self._lease_state = state
-        for sub in list(self._lease_subs):
-            sub.offer(state, state)
-
     # --- watches (one poller per store) ----------------------------------
 
     def watch_ledger(self, ledger_id: int,
                      callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
         _names.check_ledger_id(ledger_id)
-        subs = self._ledger_subs.setdefault(ledger_id, set())
-        sub = Subscription(callback, subs.discard)
-        subs.add(sub)
-        self._start_poller()
-        return sub.watch
+        return self._subscribe(self._ledger_subs.setdefault(ledger_id, set()), callback)
 
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch:
-        sub = Subscription(callback, self._bookie_subs.discard)
-        self._bookie_subs.add(sub)
-        self._start_poller()
-        return sub.watch
+        return self._subscribe(self._bookie_subs, callback)
 
     def watch_record(self, key: str,
                      callback: Callable[[Versioned[bytes] | None], None]) -> Watch:
         _names.check_record_key(key)
-        subs = self._record_subs.setdefault(key, set())
+        return self._subscribe(self._record_subs.setdefault(key, set()), callback)
+
+    def _subscribe(self, subs: set[Subscription[T]], callback: Callable[[T], None]) -> Watch:
+        """Add a subscription to ``subs``, the set the poller offers its value to."""
         sub = Subscription(callback, subs.discard)
         subs.add(sub)
         self._start_poller()

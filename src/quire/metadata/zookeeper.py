@@ -50,8 +50,8 @@ from quire.errors import (
     TransactionError,
 )
 from quire.metadata import _names
+from quire.metadata._lease import LeaseHolder
 from quire.metadata._watch import Subscription
-from quire.metadata.election import LeaseElection
 from quire.metadata.model import (
     BookieInfo,
     CheckRecord,
@@ -69,7 +69,7 @@ from quire.metadata.model import (
     serialize,
     serialize_bookie,
 )
-from quire.metadata.store import Election, LeaseState, Watch
+from quire.metadata.store import LeaseState, Watch
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,12 @@ VALUE = ".value"
 _ANY_VERSION = -1
 
 
-class ZooKeeperStore:
+class ZooKeeperStore(LeaseHolder):
     """A :class:`~quire.metadata.store.MetadataStore` in ZooKeeper."""
 
     def __init__(self, uri: str, client: KazooClient, root: str, *,
                  session_timeout_ms: int) -> None:
+        super().__init__()
         self.uri = uri
         self._client = client
         self._root = root
@@ -97,8 +98,6 @@ class ZooKeeperStore:
         self._tasks: dict[object, asyncio.Task[None]] = {}  # watch loops, re-registration
         self._wakeups: set[asyncio.Event] = set()
         self._session_id = self._session()
-        self._lease_state = LeaseState.LIVE
-        self._lease_subs: set[Subscription[LeaseState]] = set()
         self._closed = False
         client.add_listener(self._on_state)
 
@@ -157,13 +156,6 @@ class ZooKeeperStore:
             key = object()
             self._tasks[key] = self._loop.create_task(self._register_again(key))
         self._set_lease(LeaseState.LIVE)
-
-    def _set_lease(self, state: LeaseState) -> None:
-        if state is self._lease_state or self._lease_state is LeaseState.CLOSED:
-            return
-        self._lease_state = state
-        for sub in list(self._lease_subs):
-            sub.offer(state, state)
 
     async def _register_again(self, key: object) -> None:
         """The session expired and took our ephemeral nodes: create them again."""
@@ -392,21 +384,6 @@ class ZooKeeperStore:
                 return 0
         raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
 
-    @property
-    def lease(self) -> LeaseState:
-        return self._lease_state
-
-    def watch_lease(self, callback: Callable[[LeaseState], None]) -> Watch:
-        sub = Subscription(callback, self._lease_subs.discard)
-        self._lease_subs.add(sub)
-        sub.offer(self._lease_state, self._lease_state)
-        return sub.watch
-
-    def elect(self, group: str, candidate: str) -> Election:
-        if self._closed:
-            raise MetadataError(f"{self.uri}: store is closed")
-        return LeaseElection(self, group, candidate)
-
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
         data, stat = await self._zk(f"record {key}", self._client.get_async,
@@ -477,43 +454,28 @@ class ZooKeeperStore:
 
     def watch_ledger(self, ledger_id: int,
                      callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
-        what, path = f"ledger {ledger_id}", self._ledger_path(ledger_id)
-
-        async def read(trigger: Trigger) -> tuple[Versioned[LedgerMetadata] | None, object]:
-            node = await self._read_node(what, path, trigger)
-            if node is None:
-                return None, None
-            data, stat = node
-            return Versioned(deserialize(data), stat.version), stat.mzxid
-
-        return self._watch(callback, read)
+        return self._watch_node(f"ledger {ledger_id}", self._ledger_path(ledger_id),
+                                deserialize, callback)
 
     def watch_record(self, key: str,
                      callback: Callable[[Versioned[bytes] | None], None]) -> Watch:
         _names.check_record_key(key)
-        what, path = f"record {key}", self._record_path(key)
+        return self._watch_node(f"record {key}", self._record_path(key), bytes, callback)
 
-        async def read(trigger: Trigger) -> tuple[Versioned[bytes] | None, object]:
-            node = await self._read_node(what, path, trigger)
-            if node is None:
-                return None, None
-            data, stat = node
-            return Versioned(data, stat.version), stat.mzxid
+    def _watch_node(self, what: str, path: str, decode: Callable[[bytes], T],
+                    callback: Callable[[Versioned[T] | None], None]) -> Watch:
+        """Watch one znode's decoded value (None while it does not exist)."""
+        async def read(trigger: Trigger) -> tuple[Versioned[T] | None, object]:
+            while True:
+                try:
+                    data, stat = await self._zk(what, self._client.get_async, path, trigger)
+                    return Versioned(decode(data), stat.version), stat.mzxid
+                except MetadataNotFoundError:
+                    if await self._zk(what, self._client.exists_async, path, trigger) is None:
+                        return None, None
+                    # created between the two requests: read it
 
         return self._watch(callback, read)
-
-    async def _read_node(self, what: str, path: str, trigger: Trigger) -> tuple[bytes, Any] | None:
-        """The znode's data and stat (None if absent), arming ``trigger`` for
-        its next change or creation."""
-        while True:
-            try:
-                node: tuple[bytes, Any] = await self._zk(what, self._client.get_async,
-                                                         path, trigger)
-                return node
-            except MetadataNotFoundError:
-                if await self._zk(what, self._client.exists_async, path, trigger) is None:
-                    return None
-                # created between the two requests: read it
 
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch:
         async def read(trigger: Trigger) -> tuple[list[BookieInfo], object]:
