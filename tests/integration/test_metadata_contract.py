@@ -542,3 +542,17 @@ async def test_candidates_of_one_name_are_told_apart(stores: list[MetadataStore]
         ElectionView(Leadership.FOLLOWER, "same")
     assert first.is_leader and not second.is_leader
     assert (await stores[2].read_record(leader_key("auditor"))).version == 0
+
+
+async def test_bad_election_arguments_are_rejected(target: Target) -> None:
+    store = await target.open()
+    for group in ["", "a//b", ".hidden"]:
+        with pytest.raises(ValueError):
+            store.elect(group, "c0")
+    with pytest.raises(ValueError):
+        store.elect("auditor", "")
+    with pytest.raises(ValueError):
+        await store.create_leased_record("a/.b", b"")
+    await store.close()
+    with pytest.raises(MetadataError):
+        store.elect("auditor", "c0")

@@ -130,7 +130,7 @@ async def test_a_killed_leader_is_replaced_and_a_resigning_one_hands_over(
 
     first = await next_leader(set(), 20.0)
     named[first].process.kill()  # SIGKILL: the lease runs out
-    second = await next_leader({first}, target.liveness_period + 20.0)
+    second = await next_leader({first}, target.liveness_period + 5.0)
 
     named[second].send("resign")
     await named[second].read_until("resigned")
