@@ -104,7 +104,8 @@ async def test_recovery_after_the_writer_is_killed_keeps_every_acked_entry(
         cluster: Cluster, connect: Connect) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.client_writer", cluster.metadata_uri],
-        cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=REPO, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
     try:
         deadline = time.monotonic() + 60
         ledger_id = (await asyncio.to_thread(read_json_line, proc, deadline))["ledger_id"]

@@ -157,7 +157,7 @@ async def test_killed_writer_process_is_recovered_by_the_next_writer(
         cluster: Cluster, connect: Connect) -> None:
     proc = subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, cluster.metadata_uri],
                             cwd=REPO, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
     acked: list[Position] = []
     try:
         deadline = time.monotonic() + 60

@@ -1,11 +1,13 @@
-"""The MetadataStore contract, run against every driver."""
+"""The MetadataStore contract, run against every driver (several stores in
+one process; the multi-process cases are in test_metadata_multiprocess.py)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -23,17 +25,22 @@ from quire.metadata import (
     CreateRecord,
     DeleteLedger,
     DeleteRecord,
+    Election,
+    ElectionView,
+    Leadership,
+    LeaseState,
     LedgerMetadata,
     MetadataStore,
     Op,
     UpdateLedger,
     UpdateRecord,
     Versioned,
+    read_leader,
+    watch_leader,
 )
+from quire.metadata.election import leader_key
 from quire.types import BookieState, DigestType, LedgerState, LedgerType
-from tests.support.metadata import Target, target_for
-
-T = TypeVar("T")
+from tests.support.metadata import Target, next_matching, target_for
 
 DRIVERS = ["memory", "sqlite", pytest.param("zk", marks=pytest.mark.zookeeper)]
 
@@ -51,6 +58,27 @@ async def store(target: Target) -> AsyncIterator[MetadataStore]:
     await store.close()
 
 
+@pytest.fixture
+async def stores(target: Target) -> AsyncIterator[list[MetadataStore]]:
+    """Three more stores on the same target (closing one twice is harmless)."""
+    opened = [await target.open() for _ in range(3)]
+    yield opened
+    for store in opened:
+        await store.close()
+
+
+async def leader_among(elections: list[Election], timeout: float = 10.0) -> Election:
+    """The one election that leads, once all of them agree on it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leaders = [e for e in elections if e.is_leader]
+        assert len(leaders) <= 1, f"two leaders: {[e.candidate for e in leaders]}"
+        if leaders and all(e.leader == leaders[0].candidate for e in elections):
+            return leaders[0]
+        assert time.monotonic() < deadline, [e.state for e in elections]
+        await asyncio.sleep(0.02)
+
+
 def ledger(**changes: Any) -> LedgerMetadata:
     return LedgerMetadata(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2,
                           ensembles=((0, ("b1", "b2", "b3")),), **changes)
@@ -58,16 +86,6 @@ def ledger(**changes: Any) -> LedgerMetadata:
 
 def bookie(bookie_id: str, state: BookieState = BookieState.WRITABLE) -> BookieInfo:
     return BookieInfo(bookie_id, f"{bookie_id}.example:3181", state)
-
-
-async def next_matching(queue: asyncio.Queue[T], predicate: Callable[[T], bool],
-                        timeout: float = 10.0) -> T:
-    """The first value from ``queue`` that satisfies ``predicate``."""
-    async def scan() -> T:
-        while not predicate(value := await queue.get()):
-            pass
-        return value
-    return await asyncio.wait_for(scan(), timeout)
 
 
 # --- ledgers -----------------------------------------------------------------
@@ -336,3 +354,205 @@ async def test_bookie_watch_reports_changes(target: Target, store: MetadataStore
     finally:
         await other.close()
     watch.cancel()
+
+
+# --- leased records --------------------------------------------------------------
+
+
+async def test_a_leased_record_is_a_record_while_its_store_is_open(
+        target: Target, store: MetadataStore) -> None:
+    owner = await target.open()
+    try:
+        assert await owner.create_leased_record("locks/a", b"mine") == 0
+        with pytest.raises(MetadataExistsError):
+            await store.create_leased_record("locks/a", b"theirs")
+        with pytest.raises(MetadataExistsError):
+            await store.create_record("locks/a", b"theirs")
+        assert await store.read_record("locks/a") == Versioned(b"mine", 0)
+        assert await store.list_records("locks/") == ["locks/a"]
+        # written by another store, in a transaction too: still leased by its owner
+        assert await store.write_record("locks/a", b"changed", 0) == 1
+        assert await store.transaction([CheckRecord("locks/a", 1),
+                                        UpdateRecord("locks/a", b"again", 1)]) == [None, 2]
+        await store.create_record("locks/a/durable", b"stays")
+        assert owner.lease is LeaseState.LIVE
+    finally:
+        await owner.close()
+    assert owner.lease is LeaseState.CLOSED
+    with pytest.raises(MetadataNotFoundError):
+        await store.read_record("locks/a")
+    assert await store.list_records("locks/") == ["locks/a/durable"]
+    assert await store.create_record("locks/a", b"durable now") == 0
+
+
+async def test_a_deleted_leased_record_is_gone_for_good(
+        target: Target, store: MetadataStore) -> None:
+    owner = await target.open()
+    try:
+        await owner.create_leased_record("locks/b", b"1")
+        with pytest.raises(MetadataNotFoundError):
+            await store.delete_record("locks/other")
+        await store.delete_record("locks/b", 0)
+        with pytest.raises(MetadataNotFoundError):
+            await owner.read_record("locks/b")
+        await store.create_record("locks/b", b"durable")  # not leased: outlives the owner
+        assert await owner.create_leased_record("locks/c", b"2") == 0
+    finally:
+        await owner.close()
+    assert await store.read_record("locks/b") == Versioned(b"durable", 0)
+    with pytest.raises(MetadataNotFoundError):
+        await store.read_record("locks/c")
+
+
+async def test_a_leased_record_outlives_its_lease_while_renewed(
+        target: Target, store: MetadataStore) -> None:
+    leases: asyncio.Queue[LeaseState] = asyncio.Queue()
+    store.watch_lease(leases.put_nowait)
+    await store.create_leased_record("locks/d", b"held")
+    # not synchronisation: the record must survive past its lease/session
+    await asyncio.sleep(target.liveness_period * 1.5)
+    assert await store.read_record("locks/d") == Versioned(b"held", 0)
+    assert store.lease is LeaseState.LIVE
+    assert leases.get_nowait() is LeaseState.LIVE
+    assert leases.empty()  # never uncertain meanwhile
+
+
+async def test_closing_a_store_ends_its_lease(target: Target) -> None:
+    store = await target.open()
+    leases: asyncio.Queue[LeaseState] = asyncio.Queue()
+    store.watch_lease(leases.put_nowait)
+    assert await next_matching(leases, lambda s: True) is LeaseState.LIVE
+    await store.close()
+    assert store.lease is LeaseState.CLOSED
+    assert await next_matching(leases, lambda s: True) is LeaseState.CLOSED
+
+
+async def test_record_watch_reports_changes(target: Target, store: MetadataStore) -> None:
+    seen: asyncio.Queue[Versioned[bytes] | None] = asyncio.Queue()
+    watch = store.watch_record("locks/e", seen.put_nowait)
+    assert await next_matching(seen, lambda v: True) is None  # the current state
+
+    await store.create_record("locks/e", b"v0")
+    assert await next_matching(seen, lambda v: v is not None) == Versioned(b"v0", 0)
+    await store.write_record("locks/e", b"v1", 0)
+    assert await next_matching(seen, lambda v: v is not None and v.version == 1) == \
+        Versioned(b"v1", 1)
+    await store.delete_record("locks/e")
+    await next_matching(seen, lambda v: v is None)
+
+    owner = await target.open()
+    try:
+        await owner.create_leased_record("locks/e", b"leased")
+        assert await next_matching(seen, lambda v: v is not None) == Versioned(b"leased", 0)
+    finally:
+        await owner.close()
+    await next_matching(seen, lambda v: v is None)
+    watch.cancel()
+    assert watch.cancelled
+
+
+# --- elections -------------------------------------------------------------------
+
+
+async def test_one_candidate_leads_and_everyone_agrees(
+        store: MetadataStore, stores: list[MetadataStore]) -> None:
+    elections = [s.elect("auditor", f"c{i}") for i, s in enumerate(stores)]
+    leader = await leader_among(elections)
+    await leader.wait_leader()  # returns at once
+    assert await read_leader(store, "auditor") == leader.candidate
+    for election in elections:
+        if election is not leader:
+            assert election.state is Leadership.FOLLOWER
+            assert election.leader == leader.candidate
+    # another group is another election
+    other = stores[0].elect("containers/7", "c0")
+    await other.wait_leader()
+    assert await read_leader(store, "containers/7") == "c0"
+    assert await read_leader(store, "nobody") is None
+
+
+async def test_closing_the_leaders_store_elects_another(
+        target: Target, store: MetadataStore, stores: list[MetadataStore]) -> None:
+    seen: asyncio.Queue[str | None] = asyncio.Queue()
+    watch_leader(store, "auditor", seen.put_nowait)
+    elections = [s.elect("auditor", f"c{i}") for i, s in enumerate(stores)]
+    first = await leader_among(elections)
+    await next_matching(seen, lambda name: name == first.candidate)
+
+    views: asyncio.Queue[ElectionView] = asyncio.Queue()
+    first.watch(views.put_nowait)
+    await stores[elections.index(first)].close()
+    assert first.state is Leadership.ENDED and not first.is_leader
+    await next_matching(views, lambda v: v.state is Leadership.ENDED)
+
+    rest = [e for e in elections if e is not first]
+    second = await leader_among(rest, timeout=target.liveness_period + 10)
+    assert await next_matching(seen, lambda name: name not in (None, first.candidate)) == \
+        second.candidate
+
+
+async def test_resigning_hands_over_and_a_watcher_sees_each_leader(
+        store: MetadataStore, stores: list[MetadataStore]) -> None:
+    seen: asyncio.Queue[str | None] = asyncio.Queue()
+    watch_leader(store, "auditor", seen.put_nowait)
+    assert await next_matching(seen, lambda name: True) is None
+
+    elections = [s.elect("auditor", f"c{i}") for i, s in enumerate(stores)]
+    waiting = [asyncio.ensure_future(e.wait_leader()) for e in elections]
+    led = []
+    while len(led) < 3:
+        leader = await leader_among([e for e in elections if e.state is not Leadership.ENDED])
+        assert await next_matching(seen, lambda name: name is not None) == leader.candidate
+        assert waiting[elections.index(leader)].done()
+        led.append(leader.candidate)
+        await leader.resign()
+        assert leader.state is Leadership.ENDED
+        with pytest.raises(MetadataError):
+            await leader.wait_leader()
+    assert sorted(led) == ["c0", "c1", "c2"]
+    assert await next_matching(seen, lambda name: True) is None
+    assert await read_leader(store, "auditor") is None
+    await elections[0].resign()  # again: no effect
+
+
+async def test_a_candidates_view_follows_its_election(stores: list[MetadataStore]) -> None:
+    first = stores[0].elect("auditor", "c0")
+    await first.wait_leader()
+    views: asyncio.Queue[ElectionView] = asyncio.Queue()
+    second = stores[1].elect("auditor", "c1")
+    second.watch(views.put_nowait)
+    assert await next_matching(views, lambda v: v.leader is not None) == \
+        ElectionView(Leadership.FOLLOWER, "c0")
+    await first.resign()
+    assert await next_matching(views, lambda v: v.leader != "c0") == \
+        ElectionView(Leadership.LEADER, "c1")
+    await second.resign()
+    assert await next_matching(views, lambda v: True) == \
+        ElectionView(Leadership.ENDED, "c1")
+
+
+async def test_candidates_of_one_name_are_told_apart(stores: list[MetadataStore]) -> None:
+    """A restarted candidate keeps its name but not the previous bid."""
+    first = stores[0].elect("auditor", "same")
+    await first.wait_leader()
+    second = stores[1].elect("auditor", "same")
+    views: asyncio.Queue[ElectionView] = asyncio.Queue()
+    second.watch(views.put_nowait)
+    assert await next_matching(views, lambda v: v.leader is not None) == \
+        ElectionView(Leadership.FOLLOWER, "same")
+    assert first.is_leader and not second.is_leader
+    assert (await stores[2].read_record(leader_key("auditor"))).version == 0
+
+
+async def test_bad_election_arguments_are_rejected(target: Target) -> None:
+    store = await target.open()
+    for group in ["", "a//b", ".hidden"]:
+        with pytest.raises(ValueError):
+            store.elect(group, "c0")
+    with pytest.raises(ValueError):
+        store.elect("auditor", "")
+    with pytest.raises(ValueError):
+        await store.create_leased_record("a/.b", b"")
+    await store.close()
+    with pytest.raises(MetadataError):
+        store.elect("auditor", "c0")

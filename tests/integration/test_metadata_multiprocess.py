@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore
+from quire.errors import MetadataNotFoundError
+from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore, watch_leader
 from quire.types import BookieState
 from tests.support.metadata import Target, Worker, target_for
 
@@ -87,3 +88,52 @@ async def test_killed_registrant_leaves_the_live_list(
         assert time.monotonic() < deadline, "the dead bookie is still listed"
         await asyncio.sleep(0.05)
     assert time.monotonic() - killed_at >= target.liveness_period * 0.5
+
+
+async def test_killed_leaseholders_record_disappears(
+        target: Target, store: MetadataStore, workers: list[Worker]) -> None:
+    [holder] = await start_ready(workers, target, 1, "lease", "locks/doomed")
+    assert (await store.read_record("locks/doomed")).value == str(holder.process.pid).encode()
+
+    holder.process.kill()  # SIGKILL: no chance to delete it
+    killed_at = time.monotonic()
+    deadline = killed_at + target.liveness_period + 5.0
+    while True:
+        try:
+            await store.read_record("locks/doomed")
+        except MetadataNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the dead process's leased record is still there"
+        await asyncio.sleep(0.05)
+    assert time.monotonic() - killed_at >= target.liveness_period * 0.5
+    assert await store.list_records("locks/") == []
+    assert await store.create_record("locks/doomed", b"free again") == 0
+
+
+async def test_a_killed_leader_is_replaced_and_a_resigning_one_hands_over(
+        target: Target, store: MetadataStore, workers: list[Worker]) -> None:
+    seen: asyncio.Queue[str | None] = asyncio.Queue()
+    watch_leader(store, "auditor", seen.put_nowait)
+    named = {}
+    for name in ("w0", "w1", "w2"):
+        [worker] = await start_ready(workers, target, 1, "elect", name)
+        named[name] = worker
+
+    async def next_leader(before: set[str], timeout: float) -> str:
+        async def scan() -> str:
+            while (name := await seen.get()) is None or name in before:
+                pass
+            return name
+        name = await asyncio.wait_for(scan(), timeout)
+        await named[name].read_until("leading")
+        return name
+
+    first = await next_leader(set(), 20.0)
+    named[first].process.kill()  # SIGKILL: the lease runs out
+    second = await next_leader({first}, target.liveness_period + 5.0)
+
+    named[second].send("resign")
+    await named[second].read_until("resigned")
+    third = await next_leader({first, second}, 20.0)
+    assert {first, second, third} == {"w0", "w1", "w2"}
+    assert named[third].process.returncode is None

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
 
-from quire.metadata import BookieInfo, LedgerMetadata, Versioned
+from quire.metadata import (
+    BookieInfo,
+    ElectionView,
+    Leadership,
+    LeaseState,
+    LedgerMetadata,
+    MetadataStore,
+    Versioned,
+)
 from quire.metadata.zookeeper import ZooKeeperStore
 from quire.types import BookieState
-from tests.support.metadata import target_for
+from tests.support.metadata import next_matching, target_for
 from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
@@ -27,31 +36,59 @@ def close_session(hosts: str, client_id: tuple[int, bytes]) -> None:
     ghost.close()
 
 
-async def test_session_expiry_restores_registrations_and_watches(
-        zookeeper_server: ZooKeeperServer, tmp_path: Path) -> None:
+@pytest.fixture
+async def stores(zookeeper_server: ZooKeeperServer,
+                 tmp_path: Path) -> AsyncIterator[tuple[ZooKeeperStore, MetadataStore]]:
+    """The store whose session the test expires, and another on the same chroot."""
     target = target_for("zk", tmp_path, zookeeper_server)
     store = await target.open()
-    observer = await target.open()
+    other = await target.open()
     assert isinstance(store, ZooKeeperStore)
-    try:
-        seen: asyncio.Queue[Versioned[LedgerMetadata] | None] = asyncio.Queue()
-        store.watch_ledger(1, seen.put_nowait)
-        assert await asyncio.wait_for(seen.get(), 10) is None
-        info = BookieInfo("b1", "127.0.0.1:3181", BookieState.WRITABLE)
-        await store.register_bookie(info)
+    yield store, other
+    await other.close()
+    await store.close()
 
-        old_session = store._client.client_id
-        await asyncio.to_thread(close_session, zookeeper_server.connect_string, old_session)
 
-        deadline = time.monotonic() + 15
-        while (store._client.client_id in (None, old_session)
-               or await observer.list_bookies() != [info]):
-            assert time.monotonic() < deadline, "bookie not registered again in a new session"
-            await asyncio.sleep(0.05)
+async def test_session_expiry_restores_registrations_and_watches(
+        zookeeper_server: ZooKeeperServer,
+        stores: tuple[ZooKeeperStore, MetadataStore]) -> None:
+    store, observer = stores
+    seen: asyncio.Queue[Versioned[LedgerMetadata] | None] = asyncio.Queue()
+    store.watch_ledger(1, seen.put_nowait)
+    assert await asyncio.wait_for(seen.get(), 10) is None
+    info = BookieInfo("b1", "127.0.0.1:3181", BookieState.WRITABLE)
+    await store.register_bookie(info)
 
-        md = LedgerMetadata(1, 1, 1)
-        await observer.create_ledger(1, md)
-        assert await asyncio.wait_for(seen.get(), 10) == Versioned(md, 0)
-    finally:
-        await observer.close()
-        await store.close()
+    old_session = store._client.client_id
+    await asyncio.to_thread(close_session, zookeeper_server.connect_string, old_session)
+
+    deadline = time.monotonic() + 15
+    while (store._client.client_id in (None, old_session)
+           or await observer.list_bookies() != [info]):
+        assert time.monotonic() < deadline, "bookie not registered again in a new session"
+        await asyncio.sleep(0.05)
+
+    md = LedgerMetadata(1, 1, 1)
+    await observer.create_ledger(1, md)
+    assert await asyncio.wait_for(seen.get(), 10) == Versioned(md, 0)
+
+
+async def test_session_expiry_deposes_the_leader_and_it_campaigns_again(
+        zookeeper_server: ZooKeeperServer,
+        stores: tuple[ZooKeeperStore, MetadataStore]) -> None:
+    store, other = stores
+    first = store.elect("auditor", "a")
+    await first.wait_leader()
+    second = other.elect("auditor", "b")
+    leases: asyncio.Queue[LeaseState] = asyncio.Queue()
+    store.watch_lease(leases.put_nowait)
+    views: asyncio.Queue[ElectionView] = asyncio.Queue()
+    first.watch(views.put_nowait)
+
+    await asyncio.to_thread(close_session, zookeeper_server.connect_string,
+                            store._client.client_id)
+    await next_matching(leases, lambda state: state is LeaseState.EXPIRED, 15)
+    await asyncio.wait_for(second.wait_leader(), 15)
+    await next_matching(leases, lambda state: state is LeaseState.LIVE, 15)  # a new session
+    await next_matching(views, lambda v: v == ElectionView(Leadership.FOLLOWER, "b"), 15)
+    assert second.is_leader and not first.is_leader

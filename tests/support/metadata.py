@@ -7,12 +7,15 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from quire.metadata import MetadataStore, open_store
 from tests.support.zookeeper import ZooKeeperServer
+
+T = TypeVar("T")
 
 WORKER = Path(__file__).with_name("metadata_worker.py")
 LEASE_MS = 600
@@ -50,6 +53,16 @@ def target_for(driver: str, tmp_path: Path, zookeeper: ZooKeeperServer | None) -
                   {"session_timeout_ms": ZK_SESSION_TIMEOUT_MS})
 
 
+async def next_matching(queue: asyncio.Queue[T], predicate: Callable[[T], bool],
+                        timeout: float = 10.0) -> T:
+    """The first value from ``queue`` (fed by a watch) that satisfies ``predicate``."""
+    async def scan() -> T:
+        while not predicate(value := await queue.get()):
+            pass
+        return value
+    return await asyncio.wait_for(scan(), timeout)
+
+
 class Worker:
     """``metadata_worker.py`` running in its own process."""
 
@@ -70,10 +83,20 @@ class Worker:
             raise AssertionError(f"worker exited ({await self.process.wait()}) without output")
         return line.decode().strip()
 
+    async def read_until(self, wanted: str, timeout: float = 20.0) -> None:
+        """Read lines until one equals ``wanted``."""
+        async def scan() -> None:
+            while await self.read_line(timeout) != wanted:
+                pass
+        await asyncio.wait_for(scan(), timeout)
+
     def release(self) -> None:
         """Let a worker waiting after "ready" go on."""
+        self.send("go")
+
+    def send(self, line: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(b"go\n")
+        self.process.stdin.write(f"{line}\n".encode())
 
     async def stop(self) -> None:
         if self.process.returncode is None:

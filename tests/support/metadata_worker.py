@@ -9,6 +9,14 @@ a test can release several workers at the same moment:
                      "ready"; prints "won" or "lost"
     ids COUNT        allocates COUNT ledger ids; prints them on one line
     register ID      registers bookie ID before "ready"; then waits to be killed
+    lease KEY        creates leased record KEY (its value: the pid) before
+                     "ready"; then waits to be killed
+
+and one that talks on after "ready":
+
+    elect NAME       campaigns as NAME for group "auditor"; prints "leading"
+                     and "not leading" as it gains and loses the lead; on a
+                     line "resign" resigns and prints "resigned"
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import os
 import sys
 
 from quire.errors import MetadataVersionError
-from quire.metadata import BookieInfo, open_store
+from quire.metadata import BookieInfo, ElectionView, Leadership, MetadataStore, open_store
 from quire.types import BookieState
 
 
@@ -42,10 +50,33 @@ async def main(uri: str, options: str, command: str, arg: str) -> None:
         elif command == "register":
             await store.register_bookie(BookieInfo(arg, "127.0.0.1:3181", BookieState.WRITABLE))
             await ready()
+        elif command == "lease":
+            await store.create_leased_record(arg, str(os.getpid()).encode())
+            await ready()
+        elif command == "elect":
+            await campaign(store, arg)
         else:
             raise SystemExit(f"unknown command {command!r}")
     finally:
         await store.close()
+
+
+async def campaign(store: MetadataStore, name: str) -> None:
+    election = store.elect("auditor", name)
+    leading = False
+
+    def on_view(view: ElectionView) -> None:
+        nonlocal leading
+        if (view.state is Leadership.LEADER) != leading:
+            leading = not leading
+            print("leading" if leading else "not leading", flush=True)
+
+    election.watch(on_view)
+    print("ready", flush=True)
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        if line.strip() == "resign":
+            await election.resign()
+            print("resigned", flush=True)
 
 
 async def ready() -> None:

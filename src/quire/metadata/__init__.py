@@ -1,5 +1,6 @@
-"""Quire's metadata store: ledgers, the bookie registry, cookies and named
-records, behind one async :class:`MetadataStore` interface.
+"""Quire's metadata store: ledgers, the bookie registry, cookies, named
+records, leased records and leader election, behind one async
+:class:`MetadataStore` interface.
 
 Open one with :func:`open_store`; the URI picks the driver:
 
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from quire.errors import ConfigError
+from quire.metadata.election import read_leader, watch_leader
 from quire.metadata.memory import open_memory
 from quire.metadata.model import (
     BookieInfo,
@@ -33,7 +35,14 @@ from quire.metadata.model import (
     serialize,
 )
 from quire.metadata.sqlite import open_sqlite
-from quire.metadata.store import MetadataStore, Watch
+from quire.metadata.store import (
+    Election,
+    ElectionView,
+    Leadership,
+    LeaseState,
+    MetadataStore,
+    Watch,
+)
 from quire.metadata.zookeeper import open_zookeeper
 
 __all__ = [
@@ -43,6 +52,10 @@ __all__ = [
     "CreateRecord",
     "DeleteLedger",
     "DeleteRecord",
+    "Election",
+    "ElectionView",
+    "Leadership",
+    "LeaseState",
     "LedgerMetadata",
     "MetadataStore",
     "Op",
@@ -52,7 +65,9 @@ __all__ = [
     "Watch",
     "deserialize",
     "open_store",
+    "read_leader",
     "serialize",
+    "watch_leader",
 ]
 
 _DRIVERS: dict[str, Callable[..., Awaitable[MetadataStore]]] = {

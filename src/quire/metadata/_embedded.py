@@ -3,7 +3,15 @@
 
 A driver supplies a :class:`Txn` (one transaction over its tables) and runs
 functions inside one through ``_write`` / ``_read``; this module adds the
-compare-and-set rules, transactions, bookie leases and watch polling on top.
+compare-and-set rules, transactions, leases and watch polling on top.
+
+Leases.  A bookie registration is a row with its own expiry.  Leased records
+belong to the store's *session*, one row with an expiry that the same
+heartbeat renews every ``lease_ms / 3``; a leased record is visible while
+its session has not expired, and the first record write after that deletes
+it.  The store counts its lease as certain for ``CERTAIN_FRACTION`` of
+``lease_ms`` after the start of its last confirmed renewal (a loop timer),
+so it turns UNCERTAIN before any other process can see the session expire.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from quire.errors import (
     TransactionError,
 )
 from quire.metadata import _names
+from quire.metadata._lease import LeaseHolder
 from quire.metadata._watch import Subscription
 from quire.metadata.model import (
     BookieInfo,
@@ -46,14 +55,20 @@ from quire.metadata.model import (
     serialize,
     serialize_bookie,
 )
-from quire.metadata.store import Watch
+from quire.metadata.store import LeaseState, Watch
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+T = TypeVar("T")
 Key = int | str
 Row = tuple[bytes, int]
 """A stored value and its version."""
+
+CERTAIN_FRACTION = 0.75
+"""Part of ``lease_ms`` after a confirmed renewal's start during which the
+store counts its lease as certain; the rest absorbs a late timer and the
+millisecond rounding of expiry times."""
 
 
 class Table(enum.Enum):
@@ -87,8 +102,23 @@ class Txn(Protocol):
     def delete_lease(self, bookie_id: str) -> None: ...
     def live_leases(self, now_ms: int) -> list[Lease]: ...
 
+    # Sessions and leased records.  A leased record is a RECORDS row plus
+    # a mark naming its session; deleting the row removes the mark.
+    def session_expiry(self, session: str) -> int | None: ...
+    def put_session(self, session: str, expires_ms: int) -> None: ...
+    def delete_session(self, session: str) -> None:
+        """Delete the session and every record it leases."""
+    def lease_record(self, key: str, session: str) -> None: ...
+    def record_expiry(self, key: str) -> int | None:
+        """When the record's session expires (0: the session is gone); None
+        for a record that is not leased, or no record."""
+    def dead_leased_keys(self, now_ms: int) -> list[str]:
+        """The leased records whose session expired by ``now_ms``."""
+    def drop_expired_leases(self, now_ms: int) -> None:
+        """Delete the sessions expired by ``now_ms`` and their records."""
 
-class EmbeddedStore(abc.ABC):
+
+class EmbeddedStore(LeaseHolder, abc.ABC):
     """:class:`~quire.metadata.store.MetadataStore` over a driver's :class:`Txn`."""
 
     def __init__(self, uri: str, *, lease_ms: int, poll_interval_ms: int) -> None:
@@ -96,6 +126,7 @@ class EmbeddedStore(abc.ABC):
             raise ConfigError(f"lease_ms must be >= 30, got {lease_ms}")
         if not 0 < poll_interval_ms <= 250:
             raise ConfigError(f"poll_interval_ms must be in 1..250, got {poll_interval_ms}")
+        super().__init__()
         self.uri = uri
         self._lease_ms = lease_ms
         self._poll_interval = poll_interval_ms / 1000
@@ -105,6 +136,14 @@ class EmbeddedStore(abc.ABC):
         self._poller: asyncio.Task[None] | None = None
         self._ledger_subs: dict[int, set[Subscription[Versioned[LedgerMetadata] | None]]] = {}
         self._bookie_subs: set[Subscription[list[BookieInfo]]] = set()
+        self._record_subs: dict[str, set[Subscription[Versioned[bytes] | None]]] = {}
+        # The session behind leased records: its id (None until a leased
+        # record needs one), whether a transaction has confirmed it, and
+        # when that certainty ends.
+        self._session: str | None = None
+        self._session_confirmed = False
+        self._certain_until = 0.0
+        self._doubt_timer: asyncio.TimerHandle | None = None
         self._closed = False
 
     @abc.abstractmethod
@@ -173,7 +212,7 @@ class EmbeddedStore(abc.ABC):
                                            f"({type(op).__name__}) failed: {e}", index, e) from e
             return versions
 
-        return await self._write(run)
+        return await self._write(_reaping(run))
 
     # --- bookie registry -------------------------------------------------
 
@@ -187,8 +226,7 @@ class EmbeddedStore(abc.ABC):
                     f"bookie {info.bookie_id} is registered by another live process")
             await asyncio.sleep(min(0.1, self._lease_ms / 3000))
         self._registered[info.bookie_id] = info
-        if self._heartbeat is None:
-            self._heartbeat = asyncio.create_task(self._renew_leases())
+        self._start_heartbeat()
 
     async def unregister_bookie(self, bookie_id: str) -> None:
         _names.check_bookie_id(bookie_id)
@@ -213,21 +251,54 @@ class EmbeddedStore(abc.ABC):
         now_ms = _now_ms()
         return [info.bookie_id for info in infos if not self._claim(t, info, now_ms)]
 
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._renew_leases())
+
     async def _renew_leases(self) -> None:
+        """Renew the bookie registrations and the session, every lease_ms / 3."""
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self._lease_ms / 3000)
             # The snapshot is submitted before any later unregister's delete
             # (_write keeps order), so a renewal never revives an unregistered id.
             infos = list(self._registered.values())
+            session = self._session if self._session_confirmed else None
+            started = loop.time()
             try:
-                lost = await self._write(partial(self._claim_all, infos))
+                lost, alive = await self._write(partial(self._renew, infos, session))
             except MetadataError as e:
-                log.warning("%s: renewing bookie leases failed: %s", self.uri, e)
+                log.warning("%s: renewing leases failed: %s", self.uri, e)
                 continue
             for bookie_id in lost:
                 log.warning("%s: bookie %s was taken over by another process",
                             self.uri, bookie_id)
                 self._registered.pop(bookie_id, None)
+            if session is not None and session == self._session:
+                if alive:
+                    self._confirm(started)
+                else:
+                    log.warning("%s: lease expired before it was renewed: its leased "
+                                "records are gone", self.uri)
+                    self._expire()
+
+    def _renew(self, infos: list[BookieInfo], session: str | None,
+               t: Txn) -> tuple[list[str], bool]:
+        """Claim ``infos``; renew ``session`` unless it expired.  Returns the
+        bookie ids another owner holds and whether the session lives."""
+        lost = self._claim_all(infos, t)
+        now_ms = _now_ms()
+        alive = session is not None and self._renew_session(t, session, now_ms)
+        t.drop_expired_leases(now_ms)
+        return lost, alive
+
+    def _renew_session(self, t: Txn, session: str, now_ms: int) -> bool:
+        """Extend ``session`` if it has not expired; whether it had not."""
+        expires_ms = t.session_expiry(session)
+        if expires_ms is None or expires_ms <= now_ms:
+            return False
+        t.put_session(session, now_ms + self._lease_ms)
+        return True
 
     def _release_leases(self, bookie_ids: list[str], t: Txn) -> None:
         for bookie_id in bookie_ids:
@@ -260,41 +331,115 @@ class EmbeddedStore(abc.ABC):
 
     async def create_record(self, key: str, value: bytes) -> int:
         _names.check_record_key(key)
-        return await self._write(lambda t: _create(t, Table.RECORDS, key, value))
+        return await self._write(_reaping(lambda t: _create(t, Table.RECORDS, key, value)))
 
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
-        data, version = await self._read(lambda t: _require(t, Table.RECORDS, key))
-        return Versioned(data, version)
+        row = await self._read(lambda t: _live_record(t, key, _now_ms()))
+        if row is None:
+            raise MetadataNotFoundError(f"{_name(Table.RECORDS, key)} does not exist")
+        return Versioned(*row)
 
     async def write_record(self, key: str, value: bytes, expected_version: int) -> int:
         _names.check_record_key(key)
         _names.check_version(expected_version)
-        return await self._write(
-            lambda t: _update(t, Table.RECORDS, key, value, expected_version))
+        return await self._write(_reaping(
+            lambda t: _update(t, Table.RECORDS, key, value, expected_version)))
 
     async def delete_record(self, key: str, expected_version: int | None = None) -> None:
         _names.check_record_key(key)
         _names.check_optional_version(expected_version)
-        await self._write(lambda t: _delete(t, Table.RECORDS, key, expected_version))
+        await self._write(_reaping(
+            lambda t: _delete(t, Table.RECORDS, key, expected_version)))
 
     async def list_records(self, prefix: str) -> list[str]:
-        return await self._read(lambda t: t.record_keys(prefix))
+        def live_keys(t: Txn) -> list[str]:
+            keys = t.record_keys(prefix)
+            dead = set(t.dead_leased_keys(_now_ms()))
+            return [key for key in keys if key not in dead] if dead else keys
+
+        return await self._read(live_keys)
+
+    # --- leases and elections ----------------------------------------------
+
+    async def create_leased_record(self, key: str, value: bytes) -> int:
+        _names.check_record_key(key)
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._session is None:
+                self._session, self._session_confirmed = uuid.uuid4().hex, False
+            session, confirmed = self._session, self._session_confirmed
+            started = loop.time()
+            created = await self._write(
+                partial(self._create_leased, key, value, session, confirmed))
+            if not created:  # the session ended: start a new one
+                if session == self._session:
+                    self._expire()
+                continue
+            if session == self._session:
+                self._confirm(started)
+            self._start_heartbeat()
+            return 0
+
+    def _create_leased(self, key: str, value: bytes, session: str, confirmed: bool,
+                       t: Txn) -> bool:
+        """Create ``key`` leased by ``session`` (creating the session unless
+        it was ``confirmed`` before); False if the session has expired."""
+        now_ms = _now_ms()
+        if not self._renew_session(t, session, now_ms):
+            if confirmed:
+                return False
+            t.put_session(session, now_ms + self._lease_ms)
+        t.drop_expired_leases(now_ms)
+        _create(t, Table.RECORDS, key, value)
+        t.lease_record(key, session)
+        return True
+
+    def _confirm(self, started: float) -> None:
+        """A transaction that began at loop time ``started`` renewed the session."""
+        self._session_confirmed = True
+        certain_until = started + CERTAIN_FRACTION * self._lease_ms / 1000
+        if certain_until > self._certain_until:
+            self._certain_until = certain_until
+            if self._doubt_timer is not None:
+                self._doubt_timer.cancel()
+            self._doubt_timer = asyncio.get_running_loop().call_at(
+                certain_until, self._set_lease, LeaseState.UNCERTAIN)
+        if self._certain_until > asyncio.get_running_loop().time():
+            self._set_lease(LeaseState.LIVE)
+
+    def _expire(self) -> None:
+        """The session expired: its records are gone; the next leased record
+        starts a new one."""
+        self._session, self._session_confirmed = None, False
+        self._stop_doubt_timer()
+        self._set_lease(LeaseState.EXPIRED)
+
+    def _stop_doubt_timer(self) -> None:
+        if self._doubt_timer is not None:
+            self._doubt_timer.cancel()
+            self._doubt_timer = None
+        self._certain_until = 0.0
 
     # --- watches (one poller per store) ----------------------------------
 
     def watch_ledger(self, ledger_id: int,
                      callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
         _names.check_ledger_id(ledger_id)
-        subs = self._ledger_subs.setdefault(ledger_id, set())
-        sub = Subscription(callback, subs.discard)
-        subs.add(sub)
-        self._start_poller()
-        return sub.watch
+        return self._subscribe(self._ledger_subs.setdefault(ledger_id, set()), callback)
 
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch:
-        sub = Subscription(callback, self._bookie_subs.discard)
-        self._bookie_subs.add(sub)
+        return self._subscribe(self._bookie_subs, callback)
+
+    def watch_record(self, key: str,
+                     callback: Callable[[Versioned[bytes] | None], None]) -> Watch:
+        _names.check_record_key(key)
+        return self._subscribe(self._record_subs.setdefault(key, set()), callback)
+
+    def _subscribe(self, subs: set[Subscription[T]], callback: Callable[[T], None]) -> Watch:
+        """Add a subscription to ``subs``, the set the poller offers its value to."""
+        sub = Subscription(callback, subs.discard)
+        subs.add(sub)
         self._start_poller()
         return sub.watch
 
@@ -307,23 +452,30 @@ class EmbeddedStore(abc.ABC):
     async def _poll(self) -> None:
         while True:
             ledger_ids = [i for i, subs in self._ledger_subs.items() if subs]
-            if not ledger_ids and not self._bookie_subs:
+            record_keys = [k for k, subs in self._record_subs.items() if subs]
+            if not ledger_ids and not record_keys and not self._bookie_subs:
                 return
             try:
-                await self._poll_once(ledger_ids, bool(self._bookie_subs))
+                await self._poll_once(ledger_ids, record_keys, bool(self._bookie_subs))
             except MetadataError as e:
                 log.warning("%s: watch poll failed: %s", self.uri, e)
             await asyncio.sleep(self._poll_interval)
 
-    async def _poll_once(self, ledger_ids: list[int], bookies: bool) -> None:
+    async def _poll_once(self, ledger_ids: list[int], record_keys: list[str],
+                         bookies: bool) -> None:
         now_ms = _now_ms()
-        rows, leases = await self._read(lambda t: (
+        rows, records, leases = await self._read(lambda t: (
             {i: t.get(Table.LEDGERS, i) for i in ledger_ids},
+            {k: _live_record(t, k, now_ms) for k in record_keys},
             t.live_leases(now_ms) if bookies else []))
         for ledger_id, row in rows.items():
             value = None if row is None else Versioned(deserialize(row[0]), row[1])
             for ledger_sub in list(self._ledger_subs.get(ledger_id, ())):
                 ledger_sub.offer(value, row)
+        for key, row in records.items():
+            record = None if row is None else Versioned(*row)
+            for record_sub in list(self._record_subs.get(key, ())):
+                record_sub.offer(record, row)
         live = [deserialize_bookie(lease.data) for lease in leases]
         for bookie_sub in list(self._bookie_subs):
             bookie_sub.offer(live, live)
@@ -334,6 +486,8 @@ class EmbeddedStore(abc.ABC):
         if self._closed:
             return
         self._closed = True
+        self._set_lease(LeaseState.CLOSED)
+        self._stop_doubt_timer()
         for task in (self._heartbeat, self._poller):
             if task is not None:
                 task.cancel()
@@ -341,10 +495,18 @@ class EmbeddedStore(abc.ABC):
                     await task
         mine = list(self._registered)
         self._registered.clear()
+        session, self._session = self._session, None
+
+        def release(t: Txn) -> None:
+            self._release_leases(mine, t)
+            if session is not None:
+                t.delete_session(session)
+
         try:
-            await self._write(partial(self._release_leases, mine))
+            await self._write(release)
         except MetadataError as e:  # they expire with their leases anyway
-            log.warning("%s: releasing bookie registrations failed: %s", self.uri, e)
+            log.warning("%s: releasing registrations and leased records failed: %s",
+                        self.uri, e)
         finally:
             await self._release()
 
@@ -358,6 +520,25 @@ def _now_ms() -> int:
 
 def _name(table: Table, key: Key) -> str:
     return f"{table.value} {key}"
+
+
+def _reaping(fn: Callable[[Txn], R]) -> Callable[[Txn], R]:
+    """``fn`` preceded by deleting expired leased records, so that record
+    writes see them absent as reads do."""
+    def run(t: Txn) -> R:
+        t.drop_expired_leases(_now_ms())
+        return fn(t)
+    return run
+
+
+def _live_record(t: Txn, key: str, now_ms: int) -> Row | None:
+    """The record, unless it is absent or leased by an expired session."""
+    row = t.get(Table.RECORDS, key)
+    if row is not None:
+        expires_ms = t.record_expiry(key)
+        if expires_ms is not None and expires_ms <= now_ms:
+            return None
+    return row
 
 
 def _require(t: Txn, table: Table, key: Key) -> Row:

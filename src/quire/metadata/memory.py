@@ -2,8 +2,8 @@
 
 ``memory://`` opens a private instance; ``memory://NAME`` shares one instance
 among every store opened with that name in this process, until the last of
-them is closed.  Bookie leases work as in SQLite (a store that stops renewing
-loses its registrations), so tests see the same liveness behaviour.
+them is closed.  Bookie leases and leased records work as in SQLite (a store
+that stops renewing loses them), so tests see the same liveness behaviour.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ class _Instance:
         self.rows: dict[Table, dict[Key, Row]] = {table: {} for table in Table}
         self.counters: dict[str, int] = {}
         self.leases: dict[str, Lease] = {}
+        self.sessions: dict[str, int] = {}  # session -> expires_ms
+        self.record_sessions: dict[str, str] = {}  # leased record key -> session
         self.users = 0
 
 
@@ -63,6 +65,9 @@ class _MemoryTxn(Txn):
     def delete(self, table: Table, key: Key) -> None:
         self._remember(self._data.rows[table], key)
         del self._data.rows[table][key]
+        if table is Table.RECORDS and key in self._data.record_sessions:
+            self._remember(self._data.record_sessions, key)
+            del self._data.record_sessions[key]
 
     def ledger_ids(self) -> list[int]:
         return sorted(k for k in self._data.rows[Table.LEDGERS] if isinstance(k, int))
@@ -90,6 +95,41 @@ class _MemoryTxn(Txn):
 
     def live_leases(self, now_ms: int) -> list[Lease]:
         return sorted(lease for lease in self._data.leases.values() if lease.expires_ms > now_ms)
+
+    def session_expiry(self, session: str) -> int | None:
+        return self._data.sessions.get(session)
+
+    def put_session(self, session: str, expires_ms: int) -> None:
+        self._remember(self._data.sessions, session)
+        self._data.sessions[session] = expires_ms
+
+    def delete_session(self, session: str) -> None:
+        for key, owner in list(self._data.record_sessions.items()):
+            if owner == session:
+                self.delete(Table.RECORDS, key)
+        if session in self._data.sessions:
+            self._remember(self._data.sessions, session)
+            del self._data.sessions[session]
+
+    def lease_record(self, key: str, session: str) -> None:
+        self._remember(self._data.record_sessions, key)
+        self._data.record_sessions[key] = session
+
+    def record_expiry(self, key: str) -> int | None:
+        session = self._data.record_sessions.get(key)
+        return None if session is None else self._data.sessions.get(session, 0)
+
+    def dead_leased_keys(self, now_ms: int) -> list[str]:
+        sessions = self._data.sessions
+        return [key for key, session in self._data.record_sessions.items()
+                if sessions.get(session, 0) <= now_ms]
+
+    def drop_expired_leases(self, now_ms: int) -> None:
+        for session, expires_ms in list(self._data.sessions.items()):
+            if expires_ms <= now_ms:
+                self.delete_session(session)
+        for key in self.dead_leased_keys(now_ms):  # records of sessions gone before
+            self.delete(Table.RECORDS, key)
 
 
 class MemoryStore(EmbeddedStore):

@@ -6,8 +6,12 @@ processes on one host may share the file: it runs in WAL mode, every write
 is one ``BEGIN IMMEDIATE`` transaction, and a writer waits up to
 ``busy_timeout_ms`` for the lock.  Each store drives its connection from one
 private thread (sqlite3 connections are not thread safe).  Watches poll every
-``poll_interval_ms``; bookie leases expire ``lease_ms`` after the last renewal
-(wall clock, shared by the processes of one host).
+``poll_interval_ms``; bookie leases and sessions (which leased records belong
+to) expire ``lease_ms`` after the last renewal (wall clock, shared by the
+processes of one host).
+
+Schema version 2 added the ``sessions`` and ``record_leases`` tables; a
+version 1 file is upgraded in place when opened.
 """
 
 from __future__ import annotations
@@ -27,18 +31,25 @@ from quire.metadata._embedded import EmbeddedStore, Key, Lease, Row, Table, Txn
 R = TypeVar("R")
 
 SCHEME = "sqlite:///"
-SCHEMA_VERSION = 1
-_SCHEMA = (
-    "CREATE TABLE ledgers (id INTEGER PRIMARY KEY, data BLOB NOT NULL,"
-    " version INTEGER NOT NULL)",
-    "CREATE TABLE cookies (bookie_id TEXT PRIMARY KEY, data BLOB NOT NULL,"
-    " version INTEGER NOT NULL)",
-    "CREATE TABLE records (key TEXT PRIMARY KEY, data BLOB NOT NULL,"
-    " version INTEGER NOT NULL)",
-    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    "CREATE TABLE bookies (bookie_id TEXT PRIMARY KEY, data BLOB NOT NULL,"
-    " owner TEXT NOT NULL, expires_ms INTEGER NOT NULL)",
+_MIGRATIONS = (
+    # version 1
+    ("CREATE TABLE ledgers (id INTEGER PRIMARY KEY, data BLOB NOT NULL,"
+     " version INTEGER NOT NULL)",
+     "CREATE TABLE cookies (bookie_id TEXT PRIMARY KEY, data BLOB NOT NULL,"
+     " version INTEGER NOT NULL)",
+     "CREATE TABLE records (key TEXT PRIMARY KEY, data BLOB NOT NULL,"
+     " version INTEGER NOT NULL)",
+     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+     "CREATE TABLE bookies (bookie_id TEXT PRIMARY KEY, data BLOB NOT NULL,"
+     " owner TEXT NOT NULL, expires_ms INTEGER NOT NULL)"),
+    # version 2: leased records
+    ("CREATE TABLE sessions (session TEXT PRIMARY KEY, expires_ms INTEGER NOT NULL)",
+     "CREATE TABLE record_leases (key TEXT PRIMARY KEY, session TEXT NOT NULL)",
+     "CREATE INDEX record_leases_by_session ON record_leases (session)"),
 )
+"""The statements that take the schema from version ``i`` to ``i + 1``."""
+SCHEMA_VERSION = len(_MIGRATIONS)
+_LIVE_SESSIONS = "SELECT session FROM sessions WHERE expires_ms > ?"
 # (table name, key column) of each versioned table
 _TABLES = {Table.LEDGERS: ("ledgers", "id"), Table.COOKIES: ("cookies", "bookie_id"),
            Table.RECORDS: ("records", "key")}
@@ -64,6 +75,8 @@ class _SqliteTxn(Txn):
     def delete(self, table: Table, key: Key) -> None:
         name, column = _TABLES[table]
         self._conn.execute(f"DELETE FROM {name} WHERE {column} = ?", (key,))
+        if table is Table.RECORDS:
+            self._conn.execute("DELETE FROM record_leases WHERE key = ?", (key,))
 
     def ledger_ids(self) -> list[int]:
         return [row[0] for row in self._conn.execute("SELECT id FROM ledgers ORDER BY id")]
@@ -102,6 +115,45 @@ class _SqliteTxn(Txn):
             "SELECT bookie_id, data, owner, expires_ms FROM bookies WHERE expires_ms > ?"
             " ORDER BY bookie_id", (now_ms,))
         return [Lease(r[0], bytes(r[1]), r[2], r[3]) for r in rows]
+
+    def session_expiry(self, session: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT expires_ms FROM sessions WHERE session = ?", (session,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def put_session(self, session: str, expires_ms: int) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO sessions (session, expires_ms)"
+                           " VALUES (?, ?)", (session, expires_ms))
+
+    def delete_session(self, session: str) -> None:
+        self._conn.execute("DELETE FROM records WHERE key IN"
+                           " (SELECT key FROM record_leases WHERE session = ?)", (session,))
+        self._conn.execute("DELETE FROM record_leases WHERE session = ?", (session,))
+        self._conn.execute("DELETE FROM sessions WHERE session = ?", (session,))
+
+    def lease_record(self, key: str, session: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO record_leases (key, session)"
+                           " VALUES (?, ?)", (key, session))
+
+    def record_expiry(self, key: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT coalesce(s.expires_ms, 0) FROM record_leases l"
+            " LEFT JOIN sessions s ON s.session = l.session WHERE l.key = ?",
+            (key,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def dead_leased_keys(self, now_ms: int) -> list[str]:
+        return [row[0] for row in self._conn.execute(
+            f"SELECT key FROM record_leases WHERE session NOT IN ({_LIVE_SESSIONS})",
+            (now_ms,))]
+
+    def drop_expired_leases(self, now_ms: int) -> None:
+        self._conn.execute(
+            "DELETE FROM records WHERE key IN (SELECT key FROM record_leases"
+            f" WHERE session NOT IN ({_LIVE_SESSIONS}))", (now_ms,))
+        self._conn.execute(
+            f"DELETE FROM record_leases WHERE session NOT IN ({_LIVE_SESSIONS})", (now_ms,))
+        self._conn.execute("DELETE FROM sessions WHERE expires_ms <= ?", (now_ms,))
 
 
 class SqliteStore(EmbeddedStore):
@@ -183,9 +235,10 @@ class SqliteStore(EmbeddedStore):
             conn.execute("ROLLBACK")
             raise MetadataError(f"{self.uri}: schema version {version} is newer than "
                                 f"this program's ({SCHEMA_VERSION})")
-        if version == 0:
-            for statement in _SCHEMA:
+        for statements in _MIGRATIONS[version:]:
+            for statement in statements:
                 conn.execute(statement)
+        if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
 

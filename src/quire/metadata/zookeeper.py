@@ -9,13 +9,16 @@ Layout under the chroot (versions are the znodes' ``stat.version``)::
     /cookies/<bookie id>               cookie bytes
     /records/<key>/.value              a record's value; the key's segments are
                                        nested znodes, so a key may have sub-keys
-                                       and no children list holds a whole log
+                                       and no children list holds a whole log;
+                                       ephemeral for a leased record
 
 kazoo completes requests and fires watches on its own threads; both are
 handed to the event loop with ``call_soon_threadsafe``.  A request with no
 answer within twice the session timeout raises MetadataError (outcome
 unknown).  After a session expires kazoo opens a new one; the store then
-registers its bookies again and re-arms its watches.
+registers its bookies again and re-arms its watches, but leased records stay
+gone.  The lease is the session: UNCERTAIN while kazoo's connection is
+suspended, EXPIRED when kazoo reports the session lost, LIVE when connected.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from quire.errors import (
     TransactionError,
 )
 from quire.metadata import _names
+from quire.metadata._lease import LeaseHolder
 from quire.metadata._watch import Subscription
 from quire.metadata.model import (
     BookieInfo,
@@ -65,7 +69,7 @@ from quire.metadata.model import (
     serialize,
     serialize_bookie,
 )
-from quire.metadata.store import Watch
+from quire.metadata.store import LeaseState, Watch
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +83,12 @@ VALUE = ".value"
 _ANY_VERSION = -1
 
 
-class ZooKeeperStore:
+class ZooKeeperStore(LeaseHolder):
     """A :class:`~quire.metadata.store.MetadataStore` in ZooKeeper."""
 
     def __init__(self, uri: str, client: KazooClient, root: str, *,
                  session_timeout_ms: int) -> None:
+        super().__init__()
         self.uri = uri
         self._client = client
         self._root = root
@@ -134,6 +139,10 @@ class ZooKeeperStore:
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
             self._hand_over(self._on_connected)
+        elif state == KazooState.SUSPENDED:
+            self._hand_over(self._set_lease, LeaseState.UNCERTAIN)
+        elif state == KazooState.LOST:
+            self._hand_over(self._set_lease, LeaseState.EXPIRED)
 
     def _on_connected(self) -> None:
         if self._closed:
@@ -143,8 +152,10 @@ class ZooKeeperStore:
         session = self._session()
         if session != self._session_id:
             self._session_id = session
+            self._set_lease(LeaseState.EXPIRED)  # if kazoo's LOST was not seen
             key = object()
             self._tasks[key] = self._loop.create_task(self._register_again(key))
+        self._set_lease(LeaseState.LIVE)
 
     async def _register_again(self, key: object) -> None:
         """The session expired and took our ephemeral nodes: create them again."""
@@ -364,6 +375,15 @@ class ZooKeeperStore:
                 return 0
         raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
 
+    async def create_leased_record(self, key: str, value: bytes) -> int:
+        _names.check_record_key(key)
+        for _ in range(3):  # retry if a concurrent delete prunes the path we made
+            with contextlib.suppress(MetadataNotFoundError):
+                await self._zk(f"record {key}", self._client.create_async,
+                               self._record_path(key), value, ephemeral=True, makepath=True)
+                return 0
+        raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
+
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
         data, stat = await self._zk(f"record {key}", self._client.get_async,
@@ -434,13 +454,22 @@ class ZooKeeperStore:
 
     def watch_ledger(self, ledger_id: int,
                      callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
-        what, path = f"ledger {ledger_id}", self._ledger_path(ledger_id)
+        return self._watch_node(f"ledger {ledger_id}", self._ledger_path(ledger_id),
+                                deserialize, callback)
 
-        async def read(trigger: Trigger) -> tuple[Versioned[LedgerMetadata] | None, object]:
+    def watch_record(self, key: str,
+                     callback: Callable[[Versioned[bytes] | None], None]) -> Watch:
+        _names.check_record_key(key)
+        return self._watch_node(f"record {key}", self._record_path(key), bytes, callback)
+
+    def _watch_node(self, what: str, path: str, decode: Callable[[bytes], T],
+                    callback: Callable[[Versioned[T] | None], None]) -> Watch:
+        """Watch one znode's decoded value (None while it does not exist)."""
+        async def read(trigger: Trigger) -> tuple[Versioned[T] | None, object]:
             while True:
                 try:
                     data, stat = await self._zk(what, self._client.get_async, path, trigger)
-                    return Versioned(deserialize(data), stat.version), stat.mzxid
+                    return Versioned(decode(data), stat.version), stat.mzxid
                 except MetadataNotFoundError:
                     if await self._zk(what, self._client.exists_async, path, trigger) is None:
                         return None, None
@@ -470,7 +499,9 @@ class ZooKeeperStore:
 
     async def _run_watch(self, sub: Subscription[T],
                          read: Callable[[Trigger], Awaitable[tuple[T, object]]]) -> None:
-        """Read (arming ZooKeeper watches), offer the value, wait for a trigger."""
+        """Read (arming ZooKeeper watches), offer the value, wait for a trigger.
+        Ends when the store closes, even if the task's cancellation is lost
+        (Python 3.11's ``wait_for`` drops one that meets a finished request)."""
         changed = asyncio.Event()
         self._wakeups.add(changed)
 
@@ -478,7 +509,7 @@ class ZooKeeperStore:
             self._hand_over(changed.set)
 
         try:
-            while True:
+            while not self._closed:
                 changed.clear()
                 try:
                     value, fingerprint = await read(trigger)
@@ -499,10 +530,13 @@ class ZooKeeperStore:
         if self._closed:
             return
         self._closed = True
+        self._set_lease(LeaseState.CLOSED)
         tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
             task.cancel()
+        for event in self._wakeups:  # ends a watch loop that lost its cancellation
+            event.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._client.remove_listener(self._on_state)
         await asyncio.to_thread(_shutdown, self._client)
