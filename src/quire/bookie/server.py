@@ -70,6 +70,7 @@ from quire.protocol import (
     UnknownRequest,
     WriteLacRequest,
     WriteLacResponse,
+    batch_read_room,
     encode_batch_read_records,
 )
 from quire.protocol.codec import encode_add_response, encode_add_responses
@@ -80,7 +81,6 @@ log = logging.getLogger("quire.bookie")
 _LAC_FIELD = struct.Struct(">q")
 _LAC_OFFSET = 16  # stored entry: ledger_id, entry_id, lac, ...
 _NO_COUNT_LIMIT = 1 << 62
-_BATCH_OVERHEAD_BYTES = 64
 _perf_counter = time.perf_counter
 _RUN_PD, _RUN_VD, _RUN_ONE_BY_ONE = 1, 2, 3
 """add_batch's runs: PD adds batched, VD adds batched, adds taking _add."""
@@ -987,9 +987,8 @@ class BookieServer:
         error.  The first entry is always returned, whatever its size; an
         error on the first entry is the answer's status.  The entries come
         as the answer's entry list, ``(u32 length | entry)*``, in pieces."""
-        limit = min(self.config.batch_read_max_size_bytes,
-                    self.config.max_frame_bytes - _BATCH_OVERHEAD_BYTES)
-        max_size = limit if max_size <= 0 else min(max_size, limit)
+        max_size = batch_read_room(self.config.max_frame_bytes,
+                                   self.config.batch_read_max_size_bytes, max_size)
         try:
             _count, records = self.storage.read_records(
                 ledger_id, start, max_count if max_count > 0 else _NO_COUNT_LIMIT, max_size)

@@ -11,13 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from quire.client.config import ClientConfig
-from quire.client.connection import BookieClient
 from quire.errors import BookieUnavailableError
-from quire.metadata import BookieInfo, MetadataStore, Watch
+from quire.metadata import BookieInfo, Watch
+from quire.peer.config import PeerConfig
+from quire.peer.connection import BookieClient
 from quire.types import BookieState
+
+
+class BookieRegistry(Protocol):
+    """What the pool needs of the metadata store: the live bookies
+    (:class:`~quire.metadata.MetadataStore` is one).
+
+    ``list_bookies`` returns the registered bookies now;
+    ``watch_bookies(callback)`` calls ``callback`` with them now and on every
+    change, on the event loop, until the returned watch is cancelled.
+    """
+
+    async def list_bookies(self) -> list[BookieInfo]: ...
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch: ...
 
 
 class BookiePool:
@@ -26,8 +41,8 @@ class BookiePool:
     SUSPECT_S = 5.0
     """A bookie whose connection failed this recently is tried last by reads."""
 
-    def __init__(self, store: MetadataStore, config: ClientConfig) -> None:
-        self._store = store
+    def __init__(self, registry: BookieRegistry, config: PeerConfig) -> None:
+        self._registry = registry
         self._config = config
         self._live: dict[str, BookieInfo] = {}
         self._addresses: dict[str, str] = {}
@@ -37,10 +52,10 @@ class BookiePool:
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def open(cls, store: MetadataStore, config: ClientConfig) -> BookiePool:
-        pool = cls(store, config)
-        pool._update(await store.list_bookies())
-        pool._watch = store.watch_bookies(pool._update)
+    async def open(cls, registry: BookieRegistry, config: PeerConfig) -> BookiePool:
+        pool = cls(registry, config)
+        pool._update(await registry.list_bookies())
+        pool._watch = registry.watch_bookies(pool._update)
         pool._ticker = pool._loop.create_task(pool._expire_requests())
         return pool
 
@@ -51,7 +66,7 @@ class BookiePool:
 
     async def refresh(self) -> None:
         """Re-read the registry now (the watch may lag behind a new bookie)."""
-        self._update(await self._store.list_bookies())
+        self._update(await self._registry.list_bookies())
 
     def writable_bookies(self) -> list[str]:
         """Ids of the live bookies that accept writes."""
