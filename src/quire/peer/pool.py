@@ -4,7 +4,8 @@ The pool follows the registry through ``watch_bookies``: it knows which
 bookies are live and writable, and the last address each bookie registered
 (kept after its registration lapses, so a bookie that is still serving reads
 stays reachable).  It holds one :class:`BookieClient` per bookie and a ticker
-that fails requests past their deadline.
+that fails requests past their deadline, both set by a
+:class:`~quire.peer.PeerConfig`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from quire.types import BookieState
 
 
 class BookieRegistry(Protocol):
-    """What the pool needs of the metadata store: the live bookies
+    """What the pool needs of the metadata store: the bookie registry
     (:class:`~quire.metadata.MetadataStore` is one).
 
-    ``list_bookies`` returns the registered bookies now;
-    ``watch_bookies(callback)`` calls ``callback`` with them now and on every
-    change, on the event loop, until the returned watch is cancelled.
+    ``list_bookies`` returns the live (registered) bookies, sorted by id;
+    ``watch_bookies(callback)`` calls ``callback`` with them now and whenever
+    the set or an entry changes, until the returned watch is cancelled.
     """
 
     async def list_bookies(self) -> list[BookieInfo]: ...
