@@ -200,9 +200,11 @@ class BookieClient:
     def read_entry(self, ledger_id: int, entry_id: int, timeout_s: float,
                    handler: ReadHandler, token: Any) -> None:
         """READ_ENTRY; ``handler`` gets the OK :class:`~quire.protocol.ReadResponse`
-        (its ``entry`` set) or the error in its place."""
-        self._request(ReadRequest(0, ledger_id, entry_id), ReadResponse, timeout_s, handler,
-                      token)
+        (its ``entry`` set) or the error in its place.  Single-entry reads'
+        hot path: :meth:`_request` inlined."""
+        request_id = next_request_id()
+        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s, ReadResponse)
+        self._write(ReadRequest(request_id, ledger_id, entry_id).encode())
 
     def fence_read(self, ledger_id: int, master_key: bytes, timeout_s: float,
                    handler: ReadHandler, token: Any) -> None:
