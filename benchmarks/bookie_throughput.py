@@ -31,8 +31,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import FSYNC_COUNT, raw_fsync, scrape
-from quire.client.connection import FLUSH_AFTER_FRAMES
 from quire.errors import StatusCode
+from quire.peer import FLUSH_AFTER_FRAMES
 from quire.protocol import DigestManager, encode_add_request, master_key
 from quire.protocol.codec import encode_add_response
 from quire.sandbox import BookieProcess, sqlite_uri

@@ -129,6 +129,12 @@ class UnsupportedError(BookieError):
     status = StatusCode.UNSUPPORTED
 
 
+class UnexpectedResponseError(BookieError):
+    """A bookie's answer that does not fit the request: another op's response,
+    or a bare error saying OK.  It carries no status of its own and is an
+    unknown, never a no."""
+
+
 _BY_STATUS: dict[StatusCode, type[BookieError]] = {
     cls.status: cls
     for cls in (
@@ -146,6 +152,11 @@ _BY_STATUS: dict[StatusCode, type[BookieError]] = {
     )
     if cls.status is not None
 }
+
+
+EXPLICIT_NEGATIVES: tuple[type[BookieError], ...] = (NoSuchLedgerError, NoSuchEntryError)
+"""The errors of the explicit negatives (:attr:`StatusCode.is_explicit_negative`),
+for ``isinstance``: the only answers that may count as a "no"."""
 
 
 def error_for_status(status: int) -> type[BookieError]:

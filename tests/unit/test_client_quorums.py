@@ -1,7 +1,9 @@
 """Quorum and coverage rules of reads and recovery, with scripted answers.
 
-Nothing here opens a socket: a scripted pool records every request and the
-test answers them one by one, so each rule is checked answer by answer.
+Nothing here opens a socket: a scripted pool records every typed call and
+the test answers them one by one (an answer goes through quire.peer's
+answer mapping, as on a connection), so each rule is checked answer by
+answer.
 The rule under test throughout: an unknown answer (error, UNKNOWN, timeout,
 lost connection, bad digest) is never counted as a "no".
 """
@@ -29,7 +31,17 @@ from quire.errors import (
     UnauthorizedError,
 )
 from quire.metadata import LedgerMetadata, Versioned
-from quire.protocol import DigestManager, ErrorResponse, ReadRequest, ReadResponse
+from quire.peer import outcome
+from quire.protocol import (
+    FLAG_DO_FENCING,
+    LAST_ENTRY_ID,
+    DigestManager,
+    ErrorResponse,
+    OpCode,
+    ReadRequest,
+    ReadResponse,
+    WriteLacResponse,
+)
 from quire.types import DigestType, LedgerState
 
 LEDGER = 9
@@ -37,11 +49,22 @@ DIGEST = DigestManager(LEDGER, DigestType.CRC32C, b"pw")
 
 
 class ScriptedClient:
+    """The typed read calls of quire.peer.BookieClient, recorded as the
+    requests they stand for."""
+
     def __init__(self, pool: ScriptedPool, bookie: str) -> None:
         self.pool = pool
         self.bookie = bookie
 
-    def send(self, request: Any, timeout_s: float, handler: Any, token: Any) -> None:
+    def read_entry(self, ledger_id: int, entry_id: int, timeout_s: float, handler: Any,
+                   token: Any) -> None:
+        self.pool.sent.append((self.bookie, ReadRequest(len(self.pool.sent), ledger_id, entry_id),
+                               handler, token))
+
+    def fence_read(self, ledger_id: int, master_key: bytes, timeout_s: float, handler: Any,
+                   token: Any) -> None:
+        request = ReadRequest(len(self.pool.sent), ledger_id, LAST_ENTRY_ID, FLAG_DO_FENCING,
+                              master_key)
         self.pool.sent.append((self.bookie, request, handler, token))
 
 
@@ -68,6 +91,8 @@ class ScriptedPool:
                 elif isinstance(result, bytes):
                     result = ReadResponse(request.request_id, StatusCode.OK, request.ledger_id,
                                           request.entry_id, result)
+                if not isinstance(result, Exception):  # an answer: made what the call gets
+                    result = outcome(result, ReadResponse, bookie)
                 handler(token, result)
                 return
         raise AssertionError(f"no request outstanding to {bookie}")
@@ -127,6 +152,8 @@ async def test_all_replicas_saying_no_is_no_such_entry() -> None:
 @pytest.mark.parametrize("unknown", [
     StatusCode.UNKNOWN, StatusCode.IO_ERROR, StatusCode.TOO_MANY_REQUESTS,
     ClientTimeoutError("t"), BookieUnavailableError("gone"),
+    WriteLacResponse(0, StatusCode.OK, LEDGER),  # an answer for another op
+    ErrorResponse(OpCode.READ_LAC, 0, StatusCode.NO_SUCH_ENTRY),  # another op's negative
 ])
 async def test_one_unknown_among_noes_is_not_a_no(unknown: Any) -> None:
     ctx, pool = make_ctx()

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from quire.errors import DigestMismatchError, ProtocolError, StatusCode
 from quire.protocol import (
+    BATCH_READ_RESPONSE_OVERHEAD_BYTES,
+    DEFAULT_MAX_FRAME_BYTES,
     FLAG_BARE_ERROR,
     FLAG_DO_FENCING,
     FLAG_RECOVERY_ADD,
@@ -34,6 +36,8 @@ from quire.protocol import (
     WriteLacRequest,
     WriteLacResponse,
     add_response_of,
+    batch_read_room,
+    encode_batch_read_records,
     master_key,
 )
 from quire.protocol.codec import encode_add_response
@@ -230,6 +234,40 @@ def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:
     decoder.feed(frame)
     with pytest.raises(ProtocolError):
         decoder.next_message()
+
+
+# --- BP-62 frame room ---------------------------------------------------------
+
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize(("max_frame", "max_batch", "asked", "room"), [
+    (DEFAULT_MAX_FRAME_BYTES, 4 * MIB, 0, 4 * MIB),  # defaults, no limit asked: the batch limit
+    (DEFAULT_MAX_FRAME_BYTES, 4 * MIB, -1, 4 * MIB),
+    (DEFAULT_MAX_FRAME_BYTES, 4 * MIB, 1000, 1000),  # what was asked
+    (DEFAULT_MAX_FRAME_BYTES, 4 * MIB, 9 * MIB, 4 * MIB),
+    (DEFAULT_MAX_FRAME_BYTES, 8 * MIB, 0, 5 * MIB - 64),  # the frame holds less than a batch
+    (MIB, 4 * MIB, 2 * MIB, MIB - 64),
+    (MIB, 4 * MIB, MIB - 64, MIB - 64),
+    (MIB, 4 * MIB, MIB - 63, MIB - 64),
+])
+def test_batch_read_room(max_frame: int, max_batch: int, asked: int, room: int) -> None:
+    assert BATCH_READ_RESPONSE_OVERHEAD_BYTES == 64
+    assert batch_read_room(max_frame, max_batch, asked) == room
+
+
+@pytest.mark.parametrize("max_frame", [4096, 65536, DEFAULT_MAX_FRAME_BYTES])
+def test_an_answer_filled_to_the_room_fits_the_frame_limit(max_frame: int) -> None:
+    room = batch_read_room(max_frame, 1 << 40, 0)
+    entry = b"e" * (room - 4)  # one entry: its u32 length and its bytes fill the room
+    records = [struct.pack(">I", len(entry)), entry]
+    frame = encode_batch_read_records(2**63, StatusCode.OK, 2**62, 2**62, records)
+    decoder = Decoder("responses", max_frame)
+    decoder.feed(frame)
+    answer = decoder.next_message()
+    assert isinstance(answer, BatchReadResponse) and answer.entries == [entry]
+    assert max_frame - (len(frame) - 4) == BATCH_READ_RESPONSE_OVERHEAD_BYTES - 32
 
 
 def test_batch_response_with_lying_entry_length_is_refused() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quire.bookie.storage.config import StorageConfig
+from quire.protocol import DEFAULT_MAX_FRAME_BYTES
 
 DEFAULT_DATA_DIR = Path("quire-bookie/data")
 """Journal and ledger directory of a bookie configured without one."""
@@ -50,7 +51,7 @@ class BookieConfig:
     """Above this used fraction of a ledger dir's disk the bookie turns read-only."""
     disk_usage_lwm_threshold: float = 0.90
     """Below this it turns writable again."""
-    max_frame_bytes: int = 5 * 1024 * 1024
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_connection_pending_bytes: int = 16 * 1024 * 1024
     """Per-connection back-pressure: stop reading a socket while more than
     this many response bytes wait to be written or acknowledged."""

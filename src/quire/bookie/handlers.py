@@ -39,13 +39,13 @@ from quire.protocol import (
     UnknownRequest,
     WriteLacRequest,
     WriteLacResponse,
+    batch_read_room,
     encode_batch_read_records,
 )
 
 log = logging.getLogger("quire.bookie")
 
 _NO_COUNT_LIMIT = 1 << 62
-_BATCH_OVERHEAD_BYTES = 64
 
 
 def _entry_lac(entry: bytes) -> int:
@@ -202,9 +202,8 @@ class RequestHandlers:
         error.  The first entry is always returned, whatever its size; an
         error on the first entry is the answer's status.  The entries come
         as the answer's entry list, ``(u32 length | entry)*``, in pieces."""
-        limit = min(self.config.batch_read_max_size_bytes,
-                    self.config.max_frame_bytes - _BATCH_OVERHEAD_BYTES)
-        max_size = limit if max_size <= 0 else min(max_size, limit)
+        max_size = batch_read_room(self.config.max_frame_bytes,
+                                   self.config.batch_read_max_size_bytes, max_size)
         try:
             _count, records = self.storage.read_records(
                 ledger_id, start, max_count if max_count > 0 else _NO_COUNT_LIMIT, max_size)

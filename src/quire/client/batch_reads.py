@@ -22,24 +22,11 @@ from __future__ import annotations
 
 from quire.client.context import ClientContext
 from quire.client.reads import LedgerEntry, ReplicaLookup, ledger_entries, read_range
-from quire.errors import QuireError, StatusCode
-from quire.protocol import (
-    BatchReadRequest,
-    BatchReadResponse,
-    DigestManager,
-    ErrorResponse,
-)
+from quire.errors import QuireError, UnsupportedError
+from quire.protocol import DigestManager, batch_read_room
 
-_RESPONSE_OVERHEAD_BYTES = 64
 _FALLBACK_WINDOW = 64
 """Entries read per entry-by-entry fallback call (pipelined)."""
-
-
-def clamp_size(ctx: ClientContext, max_size: int) -> int:
-    """``max_size`` within what one frame can carry (<= 0: the frame limit)."""
-    limit = min(ctx.config.batch_read_max_bytes,
-                ctx.config.max_frame_bytes - _RESPONSE_OVERHEAD_BYTES)
-    return limit if max_size <= 0 else min(max_size, limit)
 
 
 def _trim_to_size(entries: list[LedgerEntry], max_size: int) -> list[LedgerEntry]:
@@ -61,7 +48,8 @@ async def batch_read(ctx: ClientContext, digest: DigestManager, replicas: Replic
     last = min(last_allowed, fragment_end)
     if max_count > 0:
         last = min(last, start + max_count - 1)
-    max_size = clamp_size(ctx, max_size)
+    max_size = batch_read_room(ctx.config.max_frame_bytes, ctx.config.batch_read_max_bytes,
+                               max_size)
     if batchable and ctx.config.batch_read_enabled:
         for bookie in replicas(start):
             if bookie in ctx.batch_unsupported:
@@ -79,15 +67,12 @@ async def _from_bookie(ctx: ClientContext, digest: DigestManager, bookie: str, s
     """One BATCH_READ_ENTRY to ``bookie``: the verified entries, or None to
     try elsewhere."""
     try:
-        answer = await ctx.pool.client(bookie).call(
-            BatchReadRequest(0, digest.ledger_id, start, last - start + 1, max_size),
-            ctx.read_timeout_s)
-    except QuireError:
-        return None
-    if isinstance(answer, ErrorResponse) and answer.status == StatusCode.UNSUPPORTED:
+        answer = await ctx.pool.client(bookie).batch_read(
+            digest.ledger_id, start, last - start + 1, max_size, ctx.read_timeout_s)
+    except UnsupportedError:
         ctx.batch_unsupported.add(bookie)
         return None
-    if not isinstance(answer, BatchReadResponse) or answer.status != StatusCode.OK:
+    except QuireError:
         return None
     # anything beyond the LAC (or the count asked for) is dropped; a digest
     # failure ends the batch at the verified prefix, possibly empty

@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from types import TracebackType
 
-from quire.client.bookie_pool import BookiePool
 from quire.client.config import ClientConfig
 from quire.client.context import ClientContext
 from quire.client.ledger import ReadHandle, WriteHandle, check_password
@@ -14,6 +13,7 @@ from quire.client.placement import RandomPlacement
 from quire.client.recovery import recover_ledger
 from quire.errors import ClientClosedError, NotEnoughBookiesError
 from quire.metadata import LedgerMetadata, MetadataStore, open_store
+from quire.peer import BookiePool
 from quire.types import DigestType, LedgerState, LedgerType
 
 
@@ -42,7 +42,7 @@ class Client:
         config = config or ClientConfig()
         store = await open_store(metadata_uri)
         try:
-            pool = await BookiePool.open(store, config)
+            pool = await BookiePool.open(store, config.peer_config())
         except BaseException:
             await store.close()
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quire.errors import ConfigError
+from quire.peer import PeerConfig
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -69,3 +70,9 @@ class ClientConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ConfigError(f"client setting {name} must be an int >= 0, got {value!r}")
+
+    def peer_config(self) -> PeerConfig:
+        """The settings of this client's connections to bookies."""
+        return PeerConfig(connect_timeout_ms=self.connect_timeout_ms,
+                          max_frame_bytes=self.max_frame_bytes,
+                          timeout_check_interval_ms=self.timeout_check_interval_ms)

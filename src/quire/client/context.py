@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from quire.client.bookie_pool import BookiePool
 from quire.client.config import ClientConfig
 from quire.client.placement import RandomPlacement
 from quire.metadata import MetadataStore
+from quire.peer import BookiePool
 
 if TYPE_CHECKING:
     from quire.client.ledger import WriteHandle

@@ -53,11 +53,11 @@ from collections.abc import Callable
 from typing import Any
 
 from quire.client.batch_reads import batch_read
-from quire.client.connection import next_request_id
 from quire.client.context import ClientContext
 from quire.client.placement import write_set_bookies, write_set_table
 from quire.client.reads import LedgerEntry, read_range
 from quire.errors import (
+    EXPLICIT_NEGATIVES,
     BookieUnavailableError,
     ClientClosedError,
     ClientError,
@@ -75,34 +75,23 @@ from quire.errors import (
     QueueFullError,
     QuireError,
     ReadBeyondLastAddConfirmedError,
-    StatusCode,
     UnauthorizedError,
-    error_for_status,
 )
 from quire.metadata import LedgerMetadata, Versioned, Watch
 from quire.metadata.model import Ensembles
+from quire.peer import next_request_id
 from quire.protocol import (
     ENTRY_HEADER_LEN,
     FLAG_RECOVERY_ADD,
     FLAG_VOLATILE_DURABILITY,
     MASTER_KEY_LEN,
-    AddResponse,
     DigestManager,
-    ErrorResponse,
-    ReadLacRequest,
-    ReadLacResponse,
-    SyncRequest,
-    SyncResponse,
-    WriteLacRequest,
-    add_response_of,
+    RawAddAnswer,
     encode_add_request,
     master_key,
 )
 from quire.protocol.entry import DIGEST_LEN
 from quire.types import NO_ENTRY, LedgerState, LedgerType
-
-_OK = int(StatusCode.OK)
-"""The OK status as the wire value, which raw ADD answers carry."""
 
 log = logging.getLogger("quire.client")
 
@@ -333,31 +322,22 @@ class ReadHandle:
 
         async def one(bookie: str) -> int | QuireError:
             try:
-                answer = await self._ctx.pool.client(bookie).call(
-                    SyncRequest(0, self._ledger_id), self._ctx.add_timeout_s)
+                return await self._ctx.pool.client(bookie).sync(self._ledger_id,
+                                                                self._ctx.add_timeout_s)
             except QuireError as e:
                 return e
-            if isinstance(answer, SyncResponse) and answer.status == StatusCode.OK:
-                return answer.last_add_synced
-            status = getattr(answer, "status", StatusCode.UNKNOWN)
-            return error_for_status(status)(f"bookie {bookie}: {status.name}")
 
         return dict(zip(bookies, await asyncio.gather(*(one(b) for b in bookies)), strict=True))
 
     async def _read_lac_from(self, bookie: str) -> int | QuireError:
         """The bookie's LAC, or why it gave none."""
         try:
-            answer = await self._ctx.pool.client(bookie).call(
-                ReadLacRequest(0, self._ledger_id), self._ctx.read_timeout_s)
+            return await self._ctx.pool.client(bookie).read_lac(self._ledger_id,
+                                                                self._ctx.read_timeout_s)
+        except EXPLICIT_NEGATIVES:
+            return NO_ENTRY  # the bookie holds nothing of it yet
         except QuireError as e:
             return e
-        if isinstance(answer, ReadLacResponse) and answer.status == StatusCode.OK:
-            return answer.lac
-        if isinstance(answer, ReadLacResponse | ErrorResponse):
-            if answer.status.is_explicit_negative:
-                return NO_ENTRY  # the bookie holds nothing of it yet
-            return error_for_status(answer.status)(f"bookie {bookie}: {answer.status.name}")
-        return BookieUnavailableError(f"bookie {bookie}: unexpected answer {answer!r}")
 
     async def close(self) -> None:
         """Release the handle (stops following the metadata)."""
@@ -546,20 +526,15 @@ class WriteHandle(ReadHandle):
             self._queued_bytes -= add.size
             self._send(add)
 
-    def _on_add_answer(self, token: tuple[_PendingAdd, int, str], result: object) -> None:
+    def _on_add_answer(self, token: tuple[_PendingAdd, int, str],
+                       result: RawAddAnswer | QuireError) -> None:
         add, index, bookie = token
         if self._ensemble[index] != bookie or self._error is not None or self._closed:
             return  # from a bookie replaced since, or the handle failed or closed
-        if type(result) is tuple:  # the connection's raw ADD answer (RawAddAnswer)
-            if result[1] != _OK:
-                self._add_refused(index, bookie, add_response_of(result))
-                return
-            last_add_synced = result[4]
-        elif type(result) is AddResponse and result.status == StatusCode.OK:
-            last_add_synced = result.last_add_synced
-        else:
-            self._add_refused(index, bookie, result)
+        if type(result) is not tuple:  # the error in place of an OK answer
+            self._add_refused(index, bookie, result)  # type: ignore[arg-type]
             return
+        last_add_synced = result[4]
         if self._volatile and last_add_synced > self._last_add_synced[index]:
             self._last_add_synced[index] = last_add_synced
             self._advance_volatile_lac()
@@ -572,24 +547,18 @@ class WriteHandle(ReadHandle):
             if add.ack_count >= self._ack_quorum and self._pending and self._pending[0] is add:
                 self._complete_adds()
 
-    def _add_refused(self, index: int, bookie: str, result: object) -> None:
+    def _add_refused(self, index: int, bookie: str, error: QuireError) -> None:
         """An add's answer other than OK: a refusal, an error or no answer."""
-        if isinstance(result, AddResponse | ErrorResponse):
-            status = result.status
-        elif isinstance(result, ClientClosedError):
-            self._fail(result)
-            return
-        else:
-            self._bookie_failed(index, bookie, str(result))
-            return
-        if status == StatusCode.FENCED:
+        if isinstance(error, LedgerFencedError):
             self._fail(LedgerFencedError(
                 f"ledger {self._ledger_id} was fenced by a recovery (bookie {bookie})"))
-        elif status == StatusCode.UNAUTHORIZED:
+        elif isinstance(error, UnauthorizedError):
             self._fail(UnauthorizedError(
                 f"bookie {bookie} refused the master key of ledger {self._ledger_id}"))
+        elif isinstance(error, ClientClosedError):
+            self._fail(error)
         else:
-            self._bookie_failed(index, bookie, status.name)
+            self._bookie_failed(index, bookie, str(error))
 
     def _complete_adds(self) -> None:
         """Complete the acknowledged adds at the head, in order; refill the wire."""
@@ -701,7 +670,8 @@ class WriteHandle(ReadHandle):
             self._ever_failed.add(bookie)
         # Entries >= first now live on the new ensemble: an OK from a replaced
         # bookie no longer counts; send each such add to the replacement.
-        key, flags, timeout = self._master_key, self._flags, self._ctx.add_timeout_s
+        key, flags = self._master_key, self._flags
+        deadline = self._loop.time() + self._ctx.add_timeout_s
         for add in self._pending:
             assert add.entry_id >= first and add.entry is not None
             write_set = self._write_sets[add.entry_id % len(ensemble)]
@@ -712,8 +682,10 @@ class WriteHandle(ReadHandle):
                 if add.acked & bit:
                     add.acked &= ~bit
                     add.ack_count -= 1
-                self._clients[index].add(key, add.entry, flags, timeout, self._on_add_answer,
-                                         (add, index, ensemble[index]))
+                request_id = next_request_id()
+                self._clients[index].add_frame(
+                    request_id, encode_add_request(request_id, key, add.entry, flags), deadline,
+                    self._on_add_answer, (add, index, ensemble[index]))
 
     def _choose_replacements(self, failed: dict[int, str], exclude: set[str]
                              ) -> tuple[str, ...]:
@@ -785,8 +757,8 @@ class WriteHandle(ReadHandle):
                 continue
             self._explicit_lac = lac
             for client in self._clients:
-                client.send(WriteLacRequest(0, self._ledger_id, lac, self._master_key), timeout,
-                            _ignore_answer, None)
+                client.write_lac(self._ledger_id, lac, self._master_key, timeout, _ignore_answer,
+                                 None)
 
     # --- BP-14: LAC from LastAddSynced, sync() ------------------------------
 
@@ -830,8 +802,8 @@ class WriteHandle(ReadHandle):
         if lac > self._explicit_lac:
             self._explicit_lac = lac
             for client in self._clients:
-                client.send(WriteLacRequest(0, self._ledger_id, lac, self._master_key),
-                            self._ctx.add_timeout_s, _ignore_answer, None)
+                client.write_lac(self._ledger_id, lac, self._master_key, self._ctx.add_timeout_s,
+                                 _ignore_answer, None)
         return min(lac, target)
 
     async def _wait_completed(self, entry_id: int) -> None:
@@ -848,9 +820,8 @@ class WriteHandle(ReadHandle):
         """SYNC to every ensemble bookie until an ack quorum answered OK (or all
         answered); returns the OK count and what the others said."""
         timeout = self._ctx.add_timeout_s
-        calls = {
-            self._loop.create_task(client.call(SyncRequest(0, self._ledger_id), timeout)): i
-            for i, client in enumerate(self._clients)}
+        calls = {self._loop.create_task(client.sync(self._ledger_id, timeout)): i
+                 for i, client in enumerate(self._clients)}
         ok, problems = 0, []
         waiting = set(calls)
         try:
@@ -858,16 +829,14 @@ class WriteHandle(ReadHandle):
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     index = calls[task]
-                    bookie = self._ensemble[index]
                     error = task.exception()
-                    answer = None if error is not None else task.result()
-                    if isinstance(answer, SyncResponse) and answer.status == StatusCode.OK:
+                    if error is None:
                         ok += 1
-                        if answer.last_add_synced > self._last_add_synced[index]:
-                            self._last_add_synced[index] = answer.last_add_synced
+                        last_add_synced = task.result()
+                        if last_add_synced > self._last_add_synced[index]:
+                            self._last_add_synced[index] = last_add_synced
                     else:
-                        status = getattr(answer, "status", None)
-                        problems.append(f"{bookie}: {status.name if status else error}")
+                        problems.append(str(error))
         finally:
             for task in waiting:
                 task.cancel()

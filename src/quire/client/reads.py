@@ -28,13 +28,13 @@ from typing import NamedTuple
 
 from quire.client.context import ClientContext
 from quire.errors import (
+    EXPLICIT_NEGATIVES,
     DigestMismatchError,
     EntryNotAvailableError,
     NoSuchEntryError,
     QuireError,
-    StatusCode,
 )
-from quire.protocol import DigestManager, EntryHeader, ErrorResponse, ReadRequest, ReadResponse
+from quire.protocol import DigestManager, EntryHeader, ReadResponse
 
 
 class LedgerEntry(NamedTuple):
@@ -134,9 +134,8 @@ class EntryReadOp:
         self._next += 1
         self._outstanding += 1
         ctx = self._ctx
-        ctx.pool.client(self._replicas[index]).send(
-            ReadRequest(0, self._ledger_id, self.entry_id), ctx.read_timeout_s,
-            self._on_answer, index)
+        ctx.pool.client(self._replicas[index]).read_entry(
+            self._ledger_id, self.entry_id, ctx.read_timeout_s, self._on_answer, index)
         if (not self._parallel and self._next < len(self._replicas)
                 and ctx.config.speculative_read_timeout_ms > 0):
             if self._timer is not None:
@@ -149,12 +148,12 @@ class EntryReadOp:
         if not self.done and self._next < len(self._replicas):
             self._send_next()
 
-    def _on_answer(self, index: int, result: object) -> None:
+    def _on_answer(self, index: int, result: ReadResponse | QuireError) -> None:
         if self.done:
             return
         self._outstanding -= 1
         bookie = self._replicas[index]
-        if isinstance(result, ReadResponse) and result.status == StatusCode.OK:
+        if type(result) is ReadResponse:
             assert result.entry is not None
             try:
                 self.header, self.payload = self._digest.verify(result.entry, self.entry_id)
@@ -165,15 +164,12 @@ class EntryReadOp:
                 self.stored = result.entry
                 self._finish()
                 return
-        elif (isinstance(result, ReadResponse | ErrorResponse)
-              and result.status.is_explicit_negative):
+        elif isinstance(result, EXPLICIT_NEGATIVES):
             self._negatives += 1
-            self._errors.append(f"{bookie}: {result.status.name}")
+            self._errors.append(str(result))
         else:
             self._unknown += 1
-            self._errors.append(f"{bookie}: " + (
-                result.status.name if isinstance(result, ReadResponse | ErrorResponse)
-                else str(result)))
+            self._errors.append(str(result))
         if not self._parallel and self._next < len(self._replicas):
             self._send_next()  # fail over now, whatever the speculative timer says
         elif self._outstanding == 0:

@@ -31,25 +31,17 @@ from quire.client.ledger import WriteHandle, check_password
 from quire.client.placement import write_set_bookies
 from quire.client.reads import EntryReadOp
 from quire.errors import (
+    EXPLICIT_NEGATIVES,
     DigestMismatchError,
     LedgerFencedError,
     LedgerRecoveryError,
     MetadataError,
     MetadataNotFoundError,
     QuireError,
-    StatusCode,
     UnauthorizedError,
 )
 from quire.metadata import LedgerMetadata, Versioned
-from quire.protocol import (
-    FLAG_DO_FENCING,
-    LAST_ENTRY_ID,
-    DigestManager,
-    ErrorResponse,
-    ReadRequest,
-    ReadResponse,
-    master_key,
-)
+from quire.protocol import DigestManager, ReadResponse, master_key
 from quire.types import NO_ENTRY, LedgerState
 
 log = logging.getLogger("quire.client")
@@ -148,14 +140,13 @@ class LedgerRecoveryOp:
         lac = NO_ENTRY
         lengths: dict[int, int] = {}
 
-        def on_answer(bookie: str, result: object) -> None:
+        def on_answer(bookie: str, result: ReadResponse | QuireError) -> None:
             nonlocal lac
             if done.done():
                 return
-            status = result.status if isinstance(result, ReadResponse | ErrorResponse) else None
-            if status == StatusCode.OK:
+            if isinstance(result, ReadResponse):
                 fenced.append(bookie)
-                assert isinstance(result, ReadResponse) and result.entry is not None
+                assert result.entry is not None
                 try:
                     header, _ = self._digest.verify(result.entry)
                 except DigestMismatchError:
@@ -163,14 +154,14 @@ class LedgerRecoveryOp:
                 else:
                     lac = max(lac, header.lac)
                     lengths[header.entry_id] = header.length
-            elif status is not None and status.is_explicit_negative:
+            elif isinstance(result, EXPLICIT_NEGATIVES):
                 fenced.append(bookie)
-            elif status == StatusCode.UNAUTHORIZED:
+            elif isinstance(result, UnauthorizedError):
                 done.set_exception(UnauthorizedError(
                     f"bookie {bookie} refused the master key of ledger {self._ledger_id}"))
                 return
             else:
-                unknown.append(f"{bookie}: {status.name if status is not None else result}")
+                unknown.append(str(result))
             if len(fenced) >= needed:
                 done.set_result(None)
             elif len(unknown) >= md.ack_quorum_size:
@@ -179,9 +170,8 @@ class LedgerRecoveryOp:
                     f"bookies ({'; '.join(unknown)})"))
 
         for bookie in ensemble:
-            self._ctx.pool.client(bookie).send(
-                ReadRequest(0, self._ledger_id, LAST_ENTRY_ID, FLAG_DO_FENCING, self._master_key),
-                self._ctx.read_timeout_s, on_answer, bookie)
+            self._ctx.pool.client(bookie).fence_read(self._ledger_id, self._master_key,
+                                                     self._ctx.read_timeout_s, on_answer, bookie)
         await done
         return lac, lengths
 

@@ -73,6 +73,7 @@ WRITE_LAC); ``mac_key = SHA1(b"mac" + password)`` (HMAC-SHA1 digests).
 
 from quire.errors import ProtocolError, StatusCode
 from quire.protocol.codec import (
+    BATCH_READ_RESPONSE_OVERHEAD_BYTES,
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_BARE_ERROR,
     FLAG_DO_FENCING,
@@ -105,6 +106,7 @@ from quire.protocol.codec import (
     WriteLacRequest,
     WriteLacResponse,
     add_response_of,
+    batch_read_room,
     encode_add_request,
     encode_batch_read_records,
 )
@@ -118,6 +120,7 @@ from quire.protocol.entry import (
 )
 
 __all__ = [
+    "BATCH_READ_RESPONSE_OVERHEAD_BYTES",
     "DEFAULT_MAX_FRAME_BYTES",
     "ENTRY_HEADER_LEN",
     "FLAG_BARE_ERROR",
@@ -155,6 +158,7 @@ __all__ = [
     "WriteLacRequest",
     "WriteLacResponse",
     "add_response_of",
+    "batch_read_room",
     "encode_add_request",
     "encode_batch_read_records",
     "mac_key",

@@ -429,6 +429,23 @@ def _check_records(records: bytes | memoryview) -> None:
         raise ProtocolError("BATCH_READ_ENTRY response: entry length past the frame")
 
 
+BATCH_READ_RESPONSE_OVERHEAD_BYTES = 64
+"""Bytes of a BATCH_READ_ENTRY answer's frame (as ``frame_len`` counts them)
+kept for everything but its entries' bytes: the header and the response's
+fixed fields (32 bytes today), with room to spare."""
+
+
+def batch_read_room(max_frame_bytes: int, max_batch_bytes: int, asked_bytes: int) -> int:
+    """BP-62: bytes of entries one BATCH_READ_ENTRY answer may carry.  That is
+    ``asked_bytes`` (the request's ``max_size``; <= 0 asks for no limit),
+    never more than ``max_batch_bytes`` (the batch size limit configured) nor
+    than a frame of ``max_frame_bytes`` holds besides
+    :data:`BATCH_READ_RESPONSE_OVERHEAD_BYTES`.  Client and bookie both clamp
+    with it: the client what it asks for, the bookie what it sends."""
+    limit = min(max_batch_bytes, max_frame_bytes - BATCH_READ_RESPONSE_OVERHEAD_BYTES)
+    return limit if asked_bytes <= 0 else min(asked_bytes, limit)
+
+
 def encode_batch_read_records(request_id: int, status: StatusCode, ledger_id: int,
                               start_entry_id: int, records: list[bytes]) -> bytes:
     """A BATCH_READ_ENTRY response whose entry list comes laid out already:

@@ -4,20 +4,36 @@ The pool follows the registry through ``watch_bookies``: it knows which
 bookies are live and writable, and the last address each bookie registered
 (kept after its registration lapses, so a bookie that is still serving reads
 stays reachable).  It holds one :class:`BookieClient` per bookie and a ticker
-that fails requests past their deadline.
+that fails requests past their deadline, both set by a
+:class:`~quire.peer.PeerConfig`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from quire.client.config import ClientConfig
-from quire.client.connection import BookieClient
 from quire.errors import BookieUnavailableError
-from quire.metadata import BookieInfo, MetadataStore, Watch
+from quire.metadata import BookieInfo, Watch
+from quire.peer.config import PeerConfig
+from quire.peer.connection import BookieClient
 from quire.types import BookieState
+
+
+class BookieRegistry(Protocol):
+    """What the pool needs of the metadata store: the bookie registry
+    (:class:`~quire.metadata.MetadataStore` is one).
+
+    ``list_bookies`` returns the live (registered) bookies, sorted by id;
+    ``watch_bookies(callback)`` calls ``callback`` with them now and whenever
+    the set or an entry changes, until the returned watch is cancelled.
+    """
+
+    async def list_bookies(self) -> list[BookieInfo]: ...
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Watch: ...
 
 
 class BookiePool:
@@ -26,8 +42,8 @@ class BookiePool:
     SUSPECT_S = 5.0
     """A bookie whose connection failed this recently is tried last by reads."""
 
-    def __init__(self, store: MetadataStore, config: ClientConfig) -> None:
-        self._store = store
+    def __init__(self, registry: BookieRegistry, config: PeerConfig) -> None:
+        self._registry = registry
         self._config = config
         self._live: dict[str, BookieInfo] = {}
         self._addresses: dict[str, str] = {}
@@ -37,10 +53,10 @@ class BookiePool:
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def open(cls, store: MetadataStore, config: ClientConfig) -> BookiePool:
-        pool = cls(store, config)
-        pool._update(await store.list_bookies())
-        pool._watch = store.watch_bookies(pool._update)
+    async def open(cls, registry: BookieRegistry, config: PeerConfig) -> BookiePool:
+        pool = cls(registry, config)
+        pool._update(await registry.list_bookies())
+        pool._watch = registry.watch_bookies(pool._update)
         pool._ticker = pool._loop.create_task(pool._expire_requests())
         return pool
 
@@ -51,7 +67,7 @@ class BookiePool:
 
     async def refresh(self) -> None:
         """Re-read the registry now (the watch may lag behind a new bookie)."""
-        self._update(await self._store.list_bookies())
+        self._update(await self._registry.list_bookies())
 
     def writable_bookies(self) -> list[str]:
         """Ids of the live bookies that accept writes."""

@@ -1,16 +1,25 @@
 """One pipelined connection per bookie (BookKeeper's PerChannelBookieClient).
 
-:class:`BookieClient` owns the requests sent to one bookie.  Every request
-gets a fresh request id and a deadline; its answer (or its failure) is
-delivered exactly once to ``handler(token, result)`` on the event loop,
-where ``result`` is the decoded :data:`~quire.protocol.Response` or a
-:class:`~quire.errors.QuireError`:
+:class:`BookieClient` owns the requests sent to one bookie, one typed call
+per operation: :meth:`~BookieClient.read_entry`,
+:meth:`~BookieClient.fence_read` and :meth:`~BookieClient.write_lac` report
+to a handler; :meth:`~BookieClient.add`, :meth:`~BookieClient.read_lac`,
+:meth:`~BookieClient.batch_read` and :meth:`~BookieClient.sync` are awaited.
+Every request gets a fresh request id and a deadline; its outcome is
+delivered exactly once, on the event loop: the response the request calls
+for, answered OK, or a :class:`~quire.errors.QuireError` in its place:
 
+* the error of the bookie's answer, made by :func:`quire.peer.answers.outcome`
+  (a refusal's status, or an unexpected answer);
 * :class:`~quire.errors.ClientTimeoutError` when the deadline passed first
   (the pool's ticker calls :meth:`BookieClient.expire`);
 * :class:`~quire.errors.BookieUnavailableError` when the connection could not
   be made or was lost with the request outstanding;
 * :class:`~quire.errors.ClientClosedError` when the client was closed.
+
+A writer's adds take the hot path, :meth:`~BookieClient.add_frame`: one
+frame encoded once for its whole write set, and an OK answer delivered as
+the decoder's raw tuple (:data:`~quire.protocol.RawAddAnswer`), no object.
 
 Requests may be sent at any time: while no connection exists the first one
 starts a connect (reconnect on demand) and frames wait in an outbox.  Frames
@@ -36,32 +45,43 @@ from quire.errors import (
     ProtocolError,
     QuireError,
 )
+from quire.peer.answers import Expected, add_refusal, outcome
 from quire.protocol import (
+    FLAG_DO_FENCING,
+    LAST_ENTRY_ID,
+    AddResponse,
     BatchReadRequest,
+    BatchReadResponse,
     Decoder,
     RawAddAnswer,
     ReadLacRequest,
+    ReadLacResponse,
     ReadRequest,
+    ReadResponse,
     Response,
     SyncRequest,
+    SyncResponse,
     WriteLacRequest,
+    WriteLacResponse,
     add_response_of,
     encode_add_request,
 )
 
-log = logging.getLogger("quire.client")
+log = logging.getLogger("quire.peer")
 
-Result: TypeAlias = Response | QuireError
-"""What a request's handler receives: the bookie's answer or why there is none."""
-Handler: TypeAlias = Callable[[Any, Result], None]
-"""``handler(token, result)``; the token is the caller's, passed back as is."""
-AddResult: TypeAlias = Result | RawAddAnswer
-"""What an add's handler receives: a :data:`Result`, or, for an ADD_ENTRY
-answer, the :data:`~quire.protocol.RawAddAnswer` tuple the decoder took it as
-(:func:`~quire.protocol.add_response_of` makes the response object)."""
-AddHandler: TypeAlias = Callable[[Any, AddResult], None]
-"""``handler(token, result)`` of an add (:meth:`BookieClient.add_frame`)."""
-_Waiting: TypeAlias = tuple[Handler, Any, float] | tuple[AddHandler, Any, float, bool]
+ReadHandler: TypeAlias = Callable[[Any, ReadResponse | QuireError], None]
+"""``handler(token, result)`` of :meth:`BookieClient.read_entry` and
+:meth:`BookieClient.fence_read`; the token is the caller's, passed back as is."""
+WriteLacHandler: TypeAlias = Callable[[Any, WriteLacResponse | QuireError], None]
+"""``handler(token, result)`` of :meth:`BookieClient.write_lac`."""
+AddHandler: TypeAlias = Callable[[Any, RawAddAnswer | QuireError], None]
+"""``handler(token, result)`` of :meth:`BookieClient.add_frame`: the raw
+answer (its status is OK) or the error in its place."""
+_Waiting: TypeAlias = tuple[Callable[[Any, Any], None], Any, float, type[Any] | None]
+"""A request on the wire: (handler, token, deadline, the response type its
+outcome is made of; None for a raw add)."""
+_OK = 0
+"""StatusCode.OK as the wire value raw ADD answers carry."""
 Resolver: TypeAlias = Callable[[str], Awaitable[str]]
 """Bookie id -> ``"host:port"`` (raises BookieUnavailableError if unknown)."""
 next_request_id: Callable[[], int] = itertools.count(1).__next__
@@ -82,8 +102,18 @@ a journal group, an fsync, a write of answers), so pieces of 128 beat
 pieces of 64 once several bookies share the cores: 3-bookie sandbox,
 alternating runs, E=3 W=3 A=2 +7-12% adds/s and 27 against 31 us of CPU
 per add; E=W=A=1 within noise (117k against 108k, mean of 3 pairs)."""
-OutgoingRequest: TypeAlias = ReadRequest | ReadLacRequest | WriteLacRequest | BatchReadRequest \
+_TypedRequest: TypeAlias = ReadRequest | ReadLacRequest | WriteLacRequest | BatchReadRequest \
     | SyncRequest
+
+
+def _settle(future: asyncio.Future[Any], result: object) -> None:
+    """The handler of an awaited call: its future gets the outcome."""
+    if future.done():
+        return
+    if isinstance(result, QuireError):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 class _BookieProtocol(asyncio.Protocol):
@@ -102,6 +132,7 @@ class _BookieProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         client = self.client
         decoder = self.decoder
+        ok = _OK
         try:
             decoder.feed(data)
             pop = client._pending.pop
@@ -113,10 +144,10 @@ class _BookieProtocol(asyncio.Protocol):
                     if waiting is None:
                         continue  # timed out or failed already: the answer is late
                     try:
-                        if len(waiting) == 4:  # an add's handler: takes the raw answer
+                        if answer[1] == ok and waiting[3] is None:  # a raw add's OK
                             waiting[0](waiting[1], answer)
                         else:
-                            waiting[0](waiting[1], add_response_of(answer))
+                            waiting[0](waiting[1], client._add_outcome(answer, waiting[3]))
                     except Exception:
                         log.exception("handler of a response from bookie %s failed",
                                       client.bookie_id)
@@ -126,8 +157,12 @@ class _BookieProtocol(asyncio.Protocol):
                 waiting = pop(message.request_id, None)  # type: ignore[arg-type]
                 if waiting is None:
                     continue
+                expected = waiting[3]
                 try:
-                    waiting[0](waiting[1], message)  # type: ignore[arg-type]
+                    if type(message) is expected and message.status == ok:  # type: ignore[union-attr]
+                        waiting[0](waiting[1], message)  # outcome()'s OK case, inlined
+                    else:
+                        waiting[0](waiting[1], client._outcome(message, expected))  # type: ignore[arg-type]
                 except Exception:
                     log.exception("handler of a response from bookie %s failed", client.bookie_id)
         except ProtocolError as e:
@@ -151,8 +186,7 @@ class BookieClient:
         self._max_frame_bytes = max_frame_bytes
         self._loop = asyncio.get_running_loop()
         self._pending: dict[int, _Waiting] = {}
-        """request id -> (handler, token, deadline); an add's has a fourth
-        item (True): its handler takes raw ADD answers."""
+        """request id -> (handler, token, deadline, expected response type)."""
         self._outbox: list[bytes] = []
         self._protocol: _BookieProtocol | None = None
         self._connecting: asyncio.Task[None] | None = None
@@ -161,22 +195,73 @@ class BookieClient:
         self.last_failure: float | None = None
         """Loop time of the last failed connect or lost connection (None: none)."""
 
-    # --- sending -------------------------------------------------------------
+    # --- typed calls ----------------------------------------------------------
 
-    def add(self, master_key: bytes, entry: bytes, flags: int, timeout_s: float,
-            handler: AddHandler, token: Any) -> None:
-        """Send ADD_ENTRY for the stored ``entry``."""
+    def read_entry(self, ledger_id: int, entry_id: int, timeout_s: float,
+                   handler: ReadHandler, token: Any) -> None:
+        """READ_ENTRY; ``handler`` gets the OK :class:`~quire.protocol.ReadResponse`
+        (its ``entry`` set) or the error in its place.  Single-entry reads'
+        hot path: :meth:`_request` inlined."""
         request_id = next_request_id()
-        self.add_frame(request_id, encode_add_request(request_id, master_key, entry, flags),
-                       self._loop.time() + timeout_s, handler, token)
+        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s, ReadResponse)
+        self._write(ReadRequest(request_id, ledger_id, entry_id).encode())
+
+    def fence_read(self, ledger_id: int, master_key: bytes, timeout_s: float,
+                   handler: ReadHandler, token: Any) -> None:
+        """Fence the ledger on this bookie and read its last entry
+        (READ_ENTRY of the last entry with DO_FENCING); ``handler`` gets the
+        OK response or the error in its place (an explicit negative: the
+        bookie is fenced and holds no entry of the ledger)."""
+        self._request(ReadRequest(0, ledger_id, LAST_ENTRY_ID, FLAG_DO_FENCING, master_key),
+                      ReadResponse, timeout_s, handler, token)
+
+    def write_lac(self, ledger_id: int, lac: int, master_key: bytes, timeout_s: float,
+                  handler: WriteLacHandler, token: Any) -> None:
+        """WRITE_LAC (an explicit LAC for readers of an idle ledger)."""
+        self._request(WriteLacRequest(0, ledger_id, lac, master_key), WriteLacResponse,
+                      timeout_s, handler, token)
+
+    async def add(self, master_key: bytes, entry: bytes, flags: int,
+                  timeout_s: float) -> AddResponse:
+        """ADD_ENTRY of the stored ``entry``, answered OK; raises the error in
+        its place.  Not the writer's path: see :meth:`add_frame`."""
+        future: asyncio.Future[AddResponse] = self._loop.create_future()
+        request_id = next_request_id()
+        self._pending[request_id] = (_settle, future, self._loop.time() + timeout_s,
+                                     AddResponse)
+        self._write(encode_add_request(request_id, master_key, entry, flags))
+        return await future
+
+    async def read_lac(self, ledger_id: int, timeout_s: float) -> int:
+        """The bookie's LAC of the ledger (READ_LAC); raises the error in its
+        place (an explicit negative when it holds nothing of the ledger)."""
+        return (await self._call(ReadLacRequest(0, ledger_id), ReadLacResponse, timeout_s)).lac
+
+    async def batch_read(self, ledger_id: int, start_entry_id: int, max_count: int,
+                         max_size_bytes: int, timeout_s: float) -> BatchReadResponse:
+        """BP-62 BATCH_READ_ENTRY, answered OK; raises the error in its place
+        (:class:`~quire.errors.UnsupportedError` from a bookie without batch
+        reads)."""
+        return await self._call(
+            BatchReadRequest(0, ledger_id, start_entry_id, max_count, max_size_bytes),
+            BatchReadResponse, timeout_s)
+
+    async def sync(self, ledger_id: int, timeout_s: float) -> int:
+        """BP-14 SYNC: the bookie makes what it holds of the ledger persistent
+        and answers its LastAddSynced; raises the error in its place."""
+        return (await self._call(SyncRequest(0, ledger_id), SyncResponse,
+                                 timeout_s)).last_add_synced
+
+    # --- the writer's add path -------------------------------------------------
 
     def add_frame(self, request_id: int, frame: bytes, deadline: float, handler: AddHandler,
                   token: Any) -> None:
         """Send an ADD_ENTRY frame encoded with ``request_id`` (from
         :func:`next_request_id`), due by loop time ``deadline``: the writer's
-        hot path, one frame for its whole write set.  An ADD_ENTRY answer
-        reaches ``handler`` as a raw tuple (see :data:`AddResult`)."""
-        self._pending[request_id] = (handler, token, deadline, True)
+        hot path, one frame for its whole write set.  An OK answer reaches
+        ``handler`` as the decoder's raw tuple (:data:`~quire.protocol.RawAddAnswer`);
+        anything else as the error in its place."""
+        self._pending[request_id] = (handler, token, deadline, None)
         outbox = self._outbox
         if self._protocol is None or self._closed or len(outbox) + 1 >= FLUSH_AFTER_FRAMES:
             self._write(frame)
@@ -186,28 +271,39 @@ class BookieClient:
                 self._flush_scheduled = True
                 self._loop.call_soon(self._flush)
 
-    def send(self, request: OutgoingRequest, timeout_s: float, handler: Handler,
-             token: Any) -> None:
-        """Send ``request`` (its ``request_id`` is assigned here)."""
+    # --- sending and answers ----------------------------------------------------
+
+    def _request(self, request: _TypedRequest, expected: type[Expected], timeout_s: float,
+                 handler: Callable[[Any, Any], None], token: Any) -> None:
+        """Send ``request`` (its ``request_id`` is assigned here); its outcome,
+        an OK ``expected`` or an error, goes to ``handler(token, outcome)``."""
         request.request_id = request_id = next_request_id()
-        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s)
+        self._pending[request_id] = (handler, token, self._loop.time() + timeout_s, expected)
         self._write(request.encode())
 
-    async def call(self, request: OutgoingRequest, timeout_s: float) -> Response:
-        """Send ``request`` and wait for its answer; raises the QuireError that
-        took its place (timeout, unavailable, closed)."""
-        future: asyncio.Future[Response] = self._loop.create_future()
-
-        def done(_token: Any, result: Result) -> None:
-            if future.done():
-                return
-            if isinstance(result, QuireError):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-        self.send(request, timeout_s, done, None)
+    async def _call(self, request: _TypedRequest, expected: type[Expected],
+                    timeout_s: float) -> Expected:
+        future: asyncio.Future[Expected] = self._loop.create_future()
+        self._request(request, expected, timeout_s, _settle, future)
         return await future
+
+    def _outcome(self, message: Response, expected: type[Any] | None) -> object:
+        """What the handler of a request gets for a message answering it."""
+        if expected is not None:
+            return outcome(message, expected, self.bookie_id)
+        # a raw add answered outside a run of ADD answers (a bare error, say)
+        result = outcome(message, AddResponse, self.bookie_id)
+        if isinstance(result, QuireError):
+            return result
+        return (result.request_id, int(result.status), result.ledger_id, result.entry_id,
+                result.last_add_synced)
+
+    def _add_outcome(self, answer: RawAddAnswer, expected: type[Any] | None) -> object:
+        """What the handler of a request gets for an ADD answer that is not a
+        raw add's OK."""
+        if expected is None:
+            return add_refusal(answer, self.bookie_id)
+        return outcome(add_response_of(answer), expected, self.bookie_id)
 
     def _write(self, frame: bytes) -> None:
         if self._closed:  # fail it on the next iteration, never inside the caller
