@@ -1,6 +1,13 @@
 """The bookie's answers to everything but adds: reads, fencing, LAC, bookie
 info, BP-62 batch reads, BP-14 SYNC, unknown ops.
 
+A limbo ledger (BP-46: this bookie may have lost some of its entries)
+never answers a negative: :meth:`RequestHandlers.unless_limbo` turns its
+NO_SUCH_ENTRY / NO_SUCH_LEDGER into UNKNOWN for single, last-entry and batch
+reads, and its READ_LAC with no LAC known into UNKNOWN.  Only answers that
+are negatives pay for the check.  (Adds to it are refused FENCED by the
+storage: a limbo ledger is fenced.)
+
 Each handler runs on the event loop's thread against the synchronous
 storage engine and answers its request exactly once (a fence, and so a
 fencing read, only once the fence is durable).
@@ -46,6 +53,7 @@ from quire.protocol import (
 log = logging.getLogger("quire.bookie")
 
 _NO_COUNT_LIMIT = 1 << 62
+_NEGATIVES = frozenset({StatusCode.NO_SUCH_ENTRY, StatusCode.NO_SUCH_LEDGER})
 
 
 def _entry_lac(entry: bytes) -> int:
@@ -95,7 +103,7 @@ class RequestHandlers:
             try:
                 entry = self.storage.read_entry(req.ledger_id, req.entry_id)
             except QuireError as e:
-                answer(status_of(e))
+                answer(self.unless_limbo(req.ledger_id, status_of(e)))
                 return
             answer(StatusCode.OK, entry)
 
@@ -103,6 +111,12 @@ class RequestHandlers:
             self._fence_then(req.ledger_id, req.master_key, read_now, answer)
         else:
             read_now()
+
+    def unless_limbo(self, ledger_id: int, status: StatusCode) -> StatusCode:
+        """``status``, but UNKNOWN for a negative about a limbo ledger."""
+        if status in _NEGATIVES and self.storage.is_limbo(ledger_id):
+            return StatusCode.UNKNOWN
+        return status
 
     def _fence_then(self, ledger_id: int, key: bytes | None, then: Callable[[], None],
                     fail: Callable[[StatusCode], None]) -> None:
@@ -131,7 +145,10 @@ class RequestHandlers:
             lac = max(self._known_lac(req.ledger_id),
                       self.storage.get_explicit_lac(req.ledger_id))
         except QuireError as e:
-            status = status_of(e)
+            status = self.unless_limbo(req.ledger_id, status_of(e))
+        else:
+            if lac < 0 and self.storage.is_limbo(req.ledger_id):
+                status = StatusCode.UNKNOWN  # "no LAC" would be a negative
         conn.send(ReadLacResponse(req.request_id, status, req.ledger_id, lac).encode())
         self._latencies.observe(OpCode.READ_LAC, started, status)
 
@@ -208,7 +225,7 @@ class RequestHandlers:
             _count, records = self.storage.read_records(
                 ledger_id, start, max_count if max_count > 0 else _NO_COUNT_LIMIT, max_size)
         except QuireError as e:
-            return status_of(e), []
+            return self.unless_limbo(ledger_id, status_of(e)), []
         return StatusCode.OK, records
 
     def sync(self, conn: BookieConnection, req: SyncRequest) -> None:

@@ -104,10 +104,20 @@ class BookieNode:
 
     async def _open_storage(self) -> tuple[BookieStorage, GroupCommitter]:
         self._storage = await asyncio.to_thread(BookieStorage.open, self.config.storage)
+        self._check_last_shutdown(self._storage)
         self._committer = GroupCommitter(
             self._storage.journal, max_group_wait_ms=self.config.journal_max_group_wait_ms,
             loop_sync_max_ms=self.config.journal_sync_on_loop_max_ms)
         return self._storage, self._committer
+
+    def _check_last_shutdown(self, storage: BookieStorage) -> None:
+        """BP-46: report how the previous run ended.  The boot sequence's
+        phase one (when ``storage.last_shutdown.may_have_lost_acknowledged_entries``
+        or a cookie failed: ``storage.mark_limbo`` every open ledger of this
+        bookie, then ``storage.unclean_shutdown_handled()``) goes here."""
+        last = storage.last_shutdown
+        log.log(logging.WARNING if last.unclean else logging.INFO,
+                "bookie %s: last shutdown %s", self.bookie_id, last.describe())
 
     async def _build_server(self, store: MetadataStore, storage: BookieStorage,
                             committer: GroupCommitter) -> BookieServer:

@@ -14,6 +14,7 @@ from quire.bookie.storage.bookie_storage import (
 )
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.journal import Journal, JournalCounters, JournalMark, SyncStats
+from quire.bookie.storage.shutdown import LastShutdown, ShutdownKind
 from quire.bookie.storage.state import LedgerState
 
 __all__ = [
@@ -23,7 +24,9 @@ __all__ = [
     "Journal",
     "JournalCounters",
     "JournalMark",
+    "LastShutdown",
     "LedgerState",
+    "ShutdownKind",
     "StorageConfig",
     "StorageStats",
     "SyncStats",

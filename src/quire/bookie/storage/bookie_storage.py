@@ -56,6 +56,25 @@ the entry logs all of whose ledgers are gone.  Compaction of partly live
 logs is out of scope.  Ledger ids are assumed not to be reused: re-creating
 a deleted id before the deletion is checkpointed may expose old entries.
 
+Unclean shutdown and limbo (BP-46)
+----------------------------------
+:meth:`BookieStorage.open` reads the index's running mark (see
+:mod:`~quire.bookie.storage.shutdown`) into :attr:`BookieStorage.last_shutdown`,
+then, once the journal is replayed, commits its own; :meth:`close` deletes it
+after the final checkpoint and the journal's last sync, as its last write.
+The mark records this run's ``journal_write_data``; after an unclean run
+without the journal it keeps saying "off" until
+:meth:`BookieStorage.unclean_shutdown_handled` (the boot sequence, once its
+limbo marks are durable), so that a crash in between still protects.
+
+:meth:`BookieStorage.mark_limbo` fences ledgers and puts them in limbo (the
+bookie may have lost some of their entries) in one durable index commit;
+:meth:`BookieStorage.clear_limbo` journals the end of it.  A ledger this
+bookie never stored is created by ``mark_limbo`` with an empty master key,
+meaning "not known": the first fence adopts the key it brings.  The storage
+answers reads of limbo ledgers as of any other; turning negatives into
+UNKNOWN is the request handlers' job.
+
 Ledger and entry ids must be in ``[0, 2**63)``.
 """
 
@@ -66,7 +85,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import is_, lt
@@ -95,6 +114,7 @@ from quire.bookie.storage.journal import (
     encode_set_master_key,
 )
 from quire.bookie.storage.ledger_storage import EntryKey, LedgerStorage
+from quire.bookie.storage.shutdown import LastShutdown
 from quire.bookie.storage.state import LedgerState
 from quire.bookie.storage.sync_tracker import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
 from quire.errors import (
@@ -162,8 +182,10 @@ class BookieStorage:
 
     def __init__(self, config: StorageConfig, journal: Journal, store: LedgerStorage,
                  lock_fds: list[int], states: dict[int, LedgerState],
-                 mark: JournalMark | None) -> None:
+                 mark: JournalMark | None, last_shutdown: LastShutdown) -> None:
         self.config = config
+        self.last_shutdown = last_shutdown
+        """How the previous run ended, as found at open (BP-46)."""
         self.journal = journal
         self._store = store
         self._lock_fds = lock_fds
@@ -213,6 +235,8 @@ class BookieStorage:
             store = LedgerStorage(config, entry_tracker)
             states = store.index.load_ledger_states()
             mark = store.index.journal_mark()
+            last_shutdown = LastShutdown.from_mark(store.index.running_mark(),
+                                                   index_created=store.index.created)
             journal = Journal.open(journal_dir, file_size_bytes=config.journal_file_size_bytes,
                                    max_group_bytes=config.journal_max_group_bytes,
                                    preallocate=config.journal_preallocate,
@@ -224,13 +248,18 @@ class BookieStorage:
                                    skip_fsync_for_testing=config.test_skip_journal_fsync)
             if config.test_skip_journal_fsync:
                 log.warning("test_skip_journal_fsync is set: the journal never fsyncs")
-            self = cls(config, journal, store, lock_fds, states, mark)
+            self = cls(config, journal, store, lock_fds, states, mark, last_shutdown)
             started = time.perf_counter()
             for record in journal.replay(mark):
                 self._apply(record)
             journal.start()
             if mark is not None:
                 journal.remove_files_before(mark)
+            # Sticky "off" after an unclean journal-less run: see the module docstring.
+            store.index.set_running_mark(
+                self._journal_write_data and not last_shutdown.may_have_lost_acknowledged_entries)
+            if last_shutdown.unclean:
+                log.warning("storage open: the last shutdown was %s", last_shutdown.describe())
             log.info("storage open: %d ledgers, replayed %d journal records (%d skipped) "
                      "from %s in %.3fs", len(self._ledgers), self._replayed,
                      self._replay_skipped, mark, time.perf_counter() - started)
@@ -246,18 +275,35 @@ class BookieStorage:
                 os.close(fd)
             raise
 
+    @property
+    def _journal_write_data(self) -> bool:
+        return bool(getattr(self.config, "journal_write_data", True))
+
+    def unclean_shutdown_handled(self) -> None:
+        """The boot sequence's word that the previous unclean run is taken
+        care of (its limbo marks are durable): the running mark now records
+        this run's own journal mode."""
+        with self._checkpoint_lock:
+            self._check_open()
+            self._store.index.set_running_mark(self._journal_write_data)
+
     def close(self) -> None:
-        """Clean shutdown: checkpoint everything, sync and close the journal."""
+        """Clean shutdown: checkpoint everything, sync and close the journal,
+        then, only if all of that succeeded, clear the running mark."""
         with self._checkpoint_lock:
             if self._closed:
                 return
+            checkpointed = False
             try:
                 self._checkpoint_locked()
+                checkpointed = True
             finally:
                 # Even if the checkpoint failed, sync the journal: it then
                 # still holds everything, for the next open to replay.
                 try:
                     self.journal.close()
+                    if checkpointed:
+                        self._store.index.clear_running_mark()  # the very last write
                 finally:
                     with self._lock:
                         self._closed = True
@@ -471,7 +517,8 @@ class BookieStorage:
         info = self._ledgers.get(ledger_id)
         if info is not None:
             state = info.state
-            if state.master_key != master_key:
+            if state.master_key != master_key and (state.master_key or recovery):
+                # (a key-less limbo ledger refuses plain adds as fenced, below)
                 raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
             if state.fenced and not recovery:
                 raise LedgerFencedError(f"ledger {ledger_id} is fenced")
@@ -497,7 +544,13 @@ class BookieStorage:
             if info is None:
                 info = self._create_locked(ledger_id, master_key)
             elif info.state.master_key != master_key:
-                raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+                if info.state.master_key:
+                    raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+                # created by mark_limbo without a key: adopt this one
+                info.state = dataclasses.replace(info.state, master_key=bytes(master_key),
+                                                 fenced=True)
+                self._dirty.add(ledger_id)
+                return self.journal.append(encode_ledger_state(ledger_id, info.state.encode()))
             if info.state.fenced:
                 return self.journal.append_seq
             info.state = dataclasses.replace(info.state, fenced=True)
@@ -532,6 +585,39 @@ class BookieStorage:
             info.state = state
             self._dirty.add(ledger_id)
             return seq
+
+    def mark_limbo(self, ledger_ids: Iterable[int]) -> None:
+        """BP-46 phase one: fence each ledger and put it in limbo, creating
+        (without a master key) those this bookie never stored; durable, in
+        one index commit (a checkpoint), when this returns."""
+        with self._checkpoint_lock:
+            self._check_open()
+            with self._lock:
+                for ledger_id in ledger_ids:
+                    if not 0 <= ledger_id <= MAX_ID:
+                        raise BadRequestError(f"bad ledger id {ledger_id}")
+                    info = self._ledgers.get(ledger_id)
+                    if info is None:
+                        self._ledgers[ledger_id] = _Ledger(
+                            LedgerState(b"", fenced=True, limbo=True))
+                    else:
+                        info.state = dataclasses.replace(info.state, fenced=True, limbo=True)
+                    self._dirty.add(ledger_id)
+            self._checkpoint_locked()
+
+    def clear_limbo(self, ledger_id: int) -> int:
+        """The ledger is repaired: end its limbo (it stays fenced).  Returns
+        the journal seq that makes this durable once synced."""
+        return self.update_ledger_state(ledger_id, limbo=False)
+
+    def is_limbo(self, ledger_id: int) -> bool:
+        """True if the ledger is in limbo (False if unknown)."""
+        info = self._ledgers.get(ledger_id)
+        return info is not None and info.state.limbo
+
+    def limbo_ledgers(self) -> list[int]:
+        with self._lock:
+            return sorted(lid for lid, info in self._ledgers.items() if info.state.limbo)
 
     def delete_ledger(self, ledger_id: int) -> int:
         """Stop serving the ledger now; journal its deletion (return the seq);

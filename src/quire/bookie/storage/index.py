@@ -17,6 +17,9 @@ logs       log_id u64                   ledger ids u64 ... (sorted): ledgers
                                         with entries in that entry log
 meta       b"journal_mark"              file_seq u64, offset u64
 meta       b"format"                    format version u32 (= 1)
+meta       b"running"                   journal_write_data u8 (0 or 1): the
+                                        unclean-shutdown mark (BP-46), see
+                                        ``shutdown``
 =========  ===========================  =====================================
 
 ``offset`` is the entry's record in the entry log (see ``entry_log``);
@@ -26,6 +29,10 @@ A checkpoint commits, in **one** transaction: removal of deleted ledgers
 (their entries and state), the new index rows, the dirty ledger states, the
 per-log ledger sets and the journal replay mark.  So after a crash the index,
 the states and the mark always agree.
+
+The ``running`` key is written in a transaction of its own when the engine
+opens and deleted in one as the last step of a clean close; it is never
+touched by a checkpoint.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ MARK_VALUE = struct.Struct(">QQ")
 _FORMAT_VALUE = struct.Struct(">I")
 _MARK_KEY = b"journal_mark"
 _FORMAT_KEY = b"format"
+_RUNNING_KEY = b"running"
+_RUNNING_VALUE = struct.Struct(">B")
 
 
 def _pack_ids(ids: Iterable[int]) -> bytes:
@@ -80,6 +89,8 @@ class LedgerIndex:
         self._meta = self.env.open_db(b"meta")
         with self.env.begin(db=self._meta, write=True) as txn:
             found = txn.get(_FORMAT_KEY)
+            self.created = found is None
+            """True if this open created the index (a new or emptied directory)."""
             if found is None:
                 txn.put(_FORMAT_KEY, _FORMAT_VALUE.pack(INDEX_FORMAT))
             elif _FORMAT_VALUE.unpack(found)[0] != INDEX_FORMAT:
@@ -183,6 +194,15 @@ class LedgerIndex:
         file_seq, offset = MARK_VALUE.unpack(value)
         return JournalMark(file_seq, offset)
 
+    def running_mark(self) -> bool | None:
+        """The unclean-shutdown mark: None if absent, else whether the run
+        that set it wrote add data to the journal."""
+        with self.env.begin(db=self._meta) as txn:
+            value = txn.get(_RUNNING_KEY)
+        if value is None:
+            return None
+        return bool(_RUNNING_VALUE.unpack(value)[0])
+
     def log_ledgers(self) -> dict[int, set[int]]:
         """Every entry log id with an index record, with its ledger ids."""
         out: dict[int, set[int]] = {}
@@ -235,6 +255,24 @@ class LedgerIndex:
                 if not cursor.delete():
                     break
         txn.delete(prefix, db=self._ledgers)
+
+    def set_running_mark(self, journal_write_data: bool) -> None:
+        """Durably record that a run (with this journal mode) has started."""
+        self._write_meta(_RUNNING_KEY, _RUNNING_VALUE.pack(1 if journal_write_data else 0))
+
+    def clear_running_mark(self) -> None:
+        """Durably remove the running mark (the last step of a clean close)."""
+        self._write_meta(_RUNNING_KEY, None)
+
+    def _write_meta(self, key: bytes, value: bytes | None) -> None:
+        try:
+            with self.env.begin(db=self._meta, write=True) as txn:
+                if value is None:
+                    txn.delete(key)
+                else:
+                    txn.put(key, value)
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index commit failed: {e}") from e
 
     def remove_logs(self, log_ids: Iterable[int]) -> None:
         with self.env.begin(write=True, db=self._logs) as txn:
