@@ -232,8 +232,8 @@ class AddDurability(Protocol):
                    entry_ids: list[int], entries: list[bytes], last_seq: int, flags: int,
                    started: float, held: int) -> None:
         """A run of one ledger's adds, all with ``flags`` (never
-        RECOVERY_ADD), that ``BookieStorage.add_run`` took whole; their
-        journal seqs run up to ``last_seq``."""
+        RECOVERY_ADD), that ``store_run`` took whole; their journal seqs
+        run up to ``last_seq`` (the journal bypass: their write epoch)."""
         ...
 
     def answer_adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
