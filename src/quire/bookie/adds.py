@@ -9,11 +9,13 @@ piggy-backs, and hands the stored adds to their ledger's
 The usual run, adds of one ledger under one master key with one flag value
 (not RECOVERY_ADD), stays columns end to end: ``BookieStorage.add_run``
 (rising entry ids of a known, unfenced ledger), ``Journal.append_add_run``
-and ``encode_add_responses``, each a C-level ``map``/``zip``, with no
-bytecode per add.  Any other run, or one ``add_run`` declines (unknown or
-fenced ledger, wrong key, a re-add, falling ids, a full write cache), is
-made requests and cut into stretches of one durability (and recovery or
-not), each stored with one ``BookieStorage.add_entries`` call that decides
+(skipped by BP-46's journal bypass) and ``encode_add_responses``, each a
+C-level ``map``/``zip``, with no bytecode per add.  Each durability stores
+its adds itself (``store_run``, ``store_adds``: journaled or not).  Any
+other run, or one ``add_run`` declines (unknown or fenced ledger, wrong
+key, a re-add, falling ids, a full write cache), is made requests and cut
+into stretches of one durability (and recovery or not), each stored with
+one ``BookieStorage.add_entries`` call that decides
 each add in turn.  Stretches are stored in arrival order, and each
 strategy answers its adds in that order.
 """
@@ -94,8 +96,9 @@ class AddPipeline:
         if ``add_run`` declines it; True once it is taken, or answered with
         the engine's error."""
         ledger_id, entries, entry_ids = run.ledger_ids[0], run.entries, list(run.entry_ids)
+        durability = self._policy.of_stored(ledger_id)  # add_run takes known ledgers only
         try:
-            last = self._storage.add_run(ledger_id, run.master_keys[0], entry_ids, entries)
+            last = durability.store_run(ledger_id, run.master_keys[0], entry_ids, entries)
         except Exception as e:  # an engine bug: contained to these requests, as _store is
             log.error("error handling %d adds from %s", len(entries), conn.peer, exc_info=e)
             status = status_of(e)
@@ -109,7 +112,7 @@ class AddPipeline:
         if lac > self.lacs.get(ledger_id, -1):
             self.lacs[ledger_id] = lac
         self._count_stored(len(entries), held)
-        self._policy.of_stored(ledger_id).answer_run(
+        durability.answer_run(
             conn, run.request_ids, ledger_id, entry_ids, entries, last, run.flags[0], started,
             held)
         return True
@@ -135,19 +138,19 @@ class AddPipeline:
             else:
                 stretches.append((durability, recovery, [req]))
         for durability, recovery, stretch in stretches:
-            stored, held = self._store(conn, stretch, started, recovery)
+            stored, held = self._store(conn, durability, stretch, started, recovery)
             if stored:
                 durability.answer_adds(conn, stored, started, held)
 
-    def _store(self, conn: BookieConnection, reqs: list[AddRequest], started: float,
-               recovery: bool) -> tuple[list[StoredAdd], int]:
+    def _store(self, conn: BookieConnection, durability: AddDurability, reqs: list[AddRequest],
+               started: float, recovery: bool) -> tuple[list[StoredAdd], int]:
         """One storage call for a stretch; an error answer now for each add
         refused; the LAC of each stored add noted.  Returns the stored adds
         and their entry bytes."""
         try:
-            results = self._storage.add_entries(
+            results = durability.store_adds(
                 [(req.ledger_id, req.entry_id, req.entry, req.master_key) for req in reqs],
-                recovery=recovery)
+                recovery)
         except Exception as e:  # an engine bug (items fail one by one): contain it
             for req in reqs:
                 self._request_failed(conn, req, e)

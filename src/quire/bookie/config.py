@@ -7,11 +7,14 @@ nested :class:`~quire.bookie.storage.StorageConfig`'s fields included (see
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quire.bookie.storage.config import StorageConfig
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
+
+log = logging.getLogger("quire.bookie")
 
 DEFAULT_DATA_DIR = Path("quire-bookie/data")
 """Journal and ledger directory of a bookie configured without one."""
@@ -36,6 +39,20 @@ class BookieConfig:
     a group wait) go to the ``quire-fsync`` thread, so that the loop is not
     held up that long for each.  Syncing on the loop saves the thread's
     hand-overs on every group (see ``quire.bookie.group_commit``)."""
+    journal_write_data: bool = True
+    """BP-46: false skips the journal for add requests: an add is answered
+    once its entry is in the write cache, without an fsync, and counts as
+    synced (BP-14 SYNC, LastAddSynced) only once a checkpoint wrote it to
+    fsynced entry logs and the index.  A crash or power loss loses the
+    entries answered since the last checkpoint.  Master keys, fences,
+    explicit LACs, BP-14 cursors and recovery adds still go through the
+    journal, which is still replayed at start."""
+    data_integrity_checking: bool = False
+    """BP-46: detect and repair what a crash of a bookie running without the
+    journal lost.  Only recorded for now: the boot sequence it turns on
+    (unclean-shutdown mark, limbo ledgers, repair from peers) is not built
+    yet; a bookie with ``journal_write_data = false`` and this false logs a
+    warning at start that it can lose acknowledged entries undetected."""
     storage: StorageConfig = field(default_factory=lambda: StorageConfig(
         journal_dirs=(DEFAULT_DATA_DIR,), ledger_dirs=(DEFAULT_DATA_DIR,)))
     """The storage engine's settings.  Its fields are flat keys of the
@@ -70,3 +87,16 @@ class BookieConfig:
     entry and makes no reference cycles, so Python's default (700) ran a
     collection every few hundred adds, each walking what the write cache and
     the BP-14 cursors hold: about a tenth of the bookie's CPU under load."""
+
+
+def warn_if_unprotected(config: BookieConfig) -> bool:
+    """Log a loud warning if ``config`` runs without the journal and without
+    data integrity checking; return whether it did."""
+    if config.journal_write_data or config.data_integrity_checking:
+        return False
+    log.warning(
+        "UNSAFE: journal_write_data = false and data_integrity_checking = false: this bookie "
+        "answers adds before they are on disk and a crash or power loss can lose "
+        "acknowledged entries WITHOUT ANYONE NOTICING (set data_integrity_checking = true "
+        "or journal_write_data = true)")
+    return True

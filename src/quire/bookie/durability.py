@@ -15,9 +15,18 @@ per ledger by :class:`DurabilityPolicy`:
   journal record is durable (:class:`SyncCursors`).  Adds that do not ask
   for VD (recovery adds, which never carry the flag) are still answered
   after their fsync, and their ledger's cursor learns them.
-* BP-46's journal bypass (``journal_write_data = false``, not built yet)
-  is one more strategy, chosen for every ledger by the policy: answered
-  once in the write cache, synced once a checkpoint covers the entry.
+* :class:`CheckpointedDurability` (BP-46's journal bypass,
+  ``journal_write_data = false``), chosen for every ledger by the policy
+  when the journal is off: an add is stored in the write cache only (no
+  journal record) and answered at once; it counts as synced only once a
+  checkpoint (entry-log fsync and index commit) covers its write-cache
+  epoch (:attr:`BookieStorage.checkpointed_epoch`).  A VD ledger's cursor
+  then runs on write epochs instead of journal seqs, and a piggy-backed or
+  explicit LAC does not move it (with the journal off, "acknowledged by an
+  ack quorum" means "in their write caches", not persisted).  Recovery adds
+  still go through the journal and are answered after its fsync, as with
+  the journal on: a recovery must not close a ledger over entries that a
+  power loss of the recovering bookies would take back.
 
 *Why per ledger and not per add:* a ledger's type is fixed when it is
 created (BP-14), so the bookie fixes its durability at the ledger's first
@@ -31,6 +40,7 @@ as PD (later, never weaker than asked).
 from __future__ import annotations
 
 import struct
+from collections.abc import Awaitable, Callable, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol
@@ -65,13 +75,20 @@ _AddsWaiter = tuple["BookieConnection", list[StoredAdd], float, int]
 class SyncCursors:
     """The BP-14 sync cursors of this bookie's VD ledgers: which of their
     entries are synced, persisted through the storage engine's ledger state
-    (see :mod:`quire.bookie.sync_cursor`)."""
+    (see :mod:`quire.bookie.sync_cursor`).
+
+    With ``journal_write_data`` (the default) a cursor's adds are noted with
+    their journal seqs and synced by journal fsyncs and checkpoints
+    (:meth:`on_durable`), and a writer's LAC confirms entries.  Without it
+    (BP-46's bypass) they are noted with their write-cache epochs and synced
+    only by checkpoints (:meth:`on_checkpoint`); LACs confirm nothing."""
 
     def __init__(self, storage: BookieStorage, committer: GroupCommitter,
-                 cursors: dict[int, SyncCursor]) -> None:
+                 cursors: dict[int, SyncCursor], *, journal_write_data: bool = True) -> None:
         self._storage = storage
         self._committer = committer
         self.by_ledger = cursors
+        self.journal_write_data = journal_write_data
 
     @staticmethod
     def load(storage: BookieStorage) -> dict[int, SyncCursor]:
@@ -115,25 +132,44 @@ class SyncCursors:
         return cursor
 
     def confirmed(self, ledger_id: int, lac: int) -> None:
-        """The writer says entries up to ``lac`` are persisted on an ack quorum."""
+        """The writer says entries up to ``lac`` are persisted on an ack
+        quorum (ignored with the journal off: they may be in write caches
+        only)."""
+        if not self.journal_write_data:
+            return
         cursor = self.by_ledger.get(ledger_id)
         if cursor is not None and cursor.confirmed(lac):
             self._persist(ledger_id, cursor)
 
     def on_durable(self, durable_seq: int) -> None:
         """After each journal fsync or checkpoint: the VD entries it covered
-        are synced."""
+        are synced (journal on; with it off, cursors run on write epochs)."""
+        if self.journal_write_data:
+            self._synced_through(durable_seq)
+
+    def on_checkpoint(self, epoch: int) -> None:
+        """After each checkpoint, with the journal off: the VD entries cached
+        in write epochs up to ``epoch`` are synced."""
+        if not self.journal_write_data:
+            self._synced_through(epoch)
+
+    def _synced_through(self, point: int) -> None:
         for ledger_id, cursor in self.by_ledger.items():
-            if cursor.has_unsynced_through(durable_seq) and cursor.synced_through(durable_seq):
+            if cursor.has_unsynced_through(point) and cursor.synced_through(point):
                 self._persist(ledger_id, cursor)
 
-    async def last_add_synced(self, ledger_id: int) -> int:
-        """BP-14 SYNC, once everything journaled so far is durable: the
-        ledger's LastAddSynced, after the cursor record holding it is
-        durable (a PD ledger: whatever is stored is synced)."""
+    async def last_add_synced(self, ledger_id: int,
+                              settle: Callable[[], Awaitable[None]]) -> int:
+        """BP-14 SYNC: once ``settle()`` returned (every add stored so far
+        counts as synced, see :meth:`AddDurability.settle`), the ledger's
+        LastAddSynced, after the cursor record holding it is durable.  A PD
+        ledger (no cursor): its last entry stored when SYNC arrived."""
         cursor = self.by_ledger.get(ledger_id)
         if cursor is None:
-            return self._storage.last_entry_id(ledger_id)
+            last = self._storage.last_entry_id(ledger_id)
+            await settle()
+            return last
+        await settle()
         await self._committer.wait_durable(cursor.persist_seq)
         return cursor.reported
 
@@ -162,11 +198,29 @@ class SyncCursors:
         self._committer.when_durable(seq, lambda: cursor.persisted(value))
 
 
-class AddDurability(Protocol):
-    """When one kind of ledger's stored adds are answered, and when they
-    count as synced (see the module docstring).
+class Checkpoints(Protocol):
+    """The bookie's checkpoints, as the journal bypass waits for them
+    (:class:`~quire.bookie.services.BackgroundServices`)."""
 
-    Both methods run on the event loop's thread right after the storage
+    async def covering(self, epoch: int) -> None:
+        """Return once a checkpoint that wrote out write-cache ``epoch``
+        (and every earlier one) succeeded, starting one if none is under
+        way; raise the checkpoint's error (StorageError) if it failed."""
+        ...
+
+
+class AddDurability(Protocol):
+    """How one kind of ledger's adds are stored, when they are answered,
+    and when they count as synced (see the module docstring).
+
+    ``store_run`` and ``store_adds`` are ``BookieStorage.add_run`` and
+    ``BookieStorage.add_entries`` with this durability's journal choice;
+    their results are what the answer methods get as seqs.  ``settle``
+    returns once every add stored before it was called counts as synced
+    (BP-14 SYNC waits for it); it raises StorageError or OSError if the
+    journal fsync or checkpoint it waits for failed.
+
+    The answer methods run on the event loop's thread right after the storage
     engine took the adds (entries in its write cache, records in the
     journal's in-memory buffer).  They answer each add exactly once, OK, or
     IO_ERROR if the journal failed (and then turn the bookie read-only),
@@ -178,14 +232,25 @@ class AddDurability(Protocol):
                    entry_ids: list[int], entries: list[bytes], last_seq: int, flags: int,
                    started: float, held: int) -> None:
         """A run of one ledger's adds, all with ``flags`` (never
-        RECOVERY_ADD), that ``BookieStorage.add_run`` took whole; their
-        journal seqs run up to ``last_seq``."""
+        RECOVERY_ADD), that ``store_run`` took whole; their journal seqs
+        run up to ``last_seq`` (the journal bypass: their write epoch)."""
         ...
 
     def answer_adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
                     held: int) -> None:
         """Adds the engine took one by one, in arrival order, of any ledgers
         that have this durability."""
+        ...
+
+    def store_run(self, ledger_id: int, master_key: bytes, entry_ids: list[int],
+                  entries: list[bytes]) -> int | None:
+        ...
+
+    def store_adds(self, adds: Sequence[tuple[int, int, bytes, bytes]],
+                   recovery: bool) -> list[int | Exception]:
+        ...
+
+    async def settle(self) -> None:
         ...
 
 
@@ -247,10 +312,32 @@ class AfterFsync:
                          else latencies.recorder(ADD_ENTRY, _IO_ERROR), started, count)
 
 
-class PersistentDurability:
+class JournaledStore:
+    """Stores adds with their journal records, and settles by a journal
+    fsync: the storing half of PD and VD."""
+
+    def __init__(self, storage: BookieStorage, committer: GroupCommitter) -> None:
+        self._storage = storage
+        self._committer = committer
+
+    def store_run(self, ledger_id: int, master_key: bytes, entry_ids: list[int],
+                  entries: list[bytes]) -> int | None:
+        return self._storage.add_run(ledger_id, master_key, entry_ids, entries)
+
+    def store_adds(self, adds: Sequence[tuple[int, int, bytes, bytes]],
+                   recovery: bool) -> list[int | Exception]:
+        return self._storage.add_entries(adds, recovery=recovery)
+
+    async def settle(self) -> None:
+        await self._committer.wait_durable(self._storage.journal.append_seq)
+
+
+class PersistentDurability(JournaledStore):
     """PD: answered once the journal fsync covering the add returned."""
 
-    def __init__(self, after_fsync: AfterFsync) -> None:
+    def __init__(self, storage: BookieStorage, committer: GroupCommitter,
+                 after_fsync: AfterFsync) -> None:
+        super().__init__(storage, committer)
         self.after_fsync = after_fsync
 
     def answer_run(self, conn: BookieConnection, request_ids: tuple[int, ...], ledger_id: int,
@@ -263,14 +350,15 @@ class PersistentDurability:
         self.after_fsync.adds(conn, stored, started, held)
 
 
-class VolatileDurability:
+class VolatileDurability(JournaledStore):
     """BP-14 VD: answered once written to the journal file (the page cache),
     at the end of the read; the ledger's sync cursor learns every add.  An
     add that does not ask for VD (a recovery add) waits for its fsync."""
 
-    def __init__(self, storage: BookieStorage, cursors: SyncCursors, after_fsync: AfterFsync,
-                 latencies: RequestLatencies, status: BookieStatus) -> None:
-        self._storage = storage
+    def __init__(self, storage: BookieStorage, committer: GroupCommitter, cursors: SyncCursors,
+                 after_fsync: AfterFsync, latencies: RequestLatencies,
+                 status: BookieStatus) -> None:
+        super().__init__(storage, committer)
         self._cursors = cursors
         self._after_fsync = after_fsync
         self._latencies = latencies
@@ -330,16 +418,94 @@ class VolatileDurability:
         conn.send_many(acks)
 
 
+class CheckpointedDurability:
+    """BP-46's journal bypass: adds are stored in the write cache only and
+    answered at once; they count as synced once a checkpoint covers their
+    write epoch.  ``volatile``: the instance for VD ledgers, whose cursors
+    learn every add by its write epoch (a PD ledger has no cursor: its
+    answers carry no LastAddSynced, and SYNC reports its last entry once a
+    checkpoint covers it).  Recovery adds are journaled and answered after
+    their fsync (see the module docstring)."""
+
+    def __init__(self, storage: BookieStorage, cursors: SyncCursors, after_fsync: AfterFsync,
+                 checkpoints: Checkpoints, latencies: RequestLatencies, *,
+                 volatile: bool) -> None:
+        self._storage = storage
+        self._cursors = cursors
+        self._after_fsync = after_fsync
+        self._checkpoints = checkpoints
+        self._latencies = latencies
+        self.volatile = volatile
+
+    def store_run(self, ledger_id: int, master_key: bytes, entry_ids: list[int],
+                  entries: list[bytes]) -> int | None:
+        return self._storage.add_run(ledger_id, master_key, entry_ids, entries, journal=False)
+
+    def store_adds(self, adds: Sequence[tuple[int, int, bytes, bytes]],
+                   recovery: bool) -> list[int | Exception]:
+        return self._storage.add_entries(adds, recovery=recovery, journal=recovery)
+
+    async def settle(self) -> None:
+        await self._checkpoints.covering(self._storage.write_epoch)
+
+    def answer_run(self, conn: BookieConnection, request_ids: tuple[int, ...], ledger_id: int,
+                   entry_ids: list[int], entries: list[bytes], last_seq: int, flags: int,
+                   started: float, held: int) -> None:
+        if self.volatile:  # last_seq is the run's write epoch
+            reported = self._cursors.learn(
+                ledger_id, list(zip(repeat(last_seq), entry_ids, repeat(-1)))).reported
+        else:
+            reported = self._cursors.reported(ledger_id)
+        conn.send_many(encode_add_responses(request_ids, _OK, ledger_id, entry_ids, reported))
+        self._latencies.record(self._latencies.add_ok(), started, len(entry_ids))
+
+    def answer_adds(self, conn: BookieConnection, stored: list[StoredAdd], started: float,
+                    held: int) -> None:
+        if self.volatile:
+            # The epoch now is at or after the one each add was cached in:
+            # learning it with this one can only make it synced later.
+            epoch = self._storage.write_epoch
+            by_ledger: dict[int, list[tuple[int, int, int]]] = {}
+            for req, _seq, _lac in stored:
+                by_ledger.setdefault(req.ledger_id, []).append((epoch, req.entry_id, -1))
+            for ledger_id, adds in by_ledger.items():
+                self._cursors.learn(ledger_id, adds)
+        reported = self._cursors.reported
+        acks: list[bytes] = []
+        journaled: list[StoredAdd] = []
+        for add in stored:
+            req = add[0]
+            if req.flags & FLAG_RECOVERY_ADD:
+                journaled.append(add)
+            else:
+                acks.append(encode_add_response(req.request_id, _OK, req.ledger_id,
+                                                req.entry_id, reported(req.ledger_id)))
+        if acks:
+            conn.send_many(acks)
+            self._latencies.record(self._latencies.add_ok(), started, len(acks))
+        if journaled:
+            self._after_fsync.adds(conn, journaled, started,
+                                   sum(len(req.entry) for req, _seq, _lac in journaled))
+
+
 class DurabilityPolicy:
     """Chooses each ledger's :class:`AddDurability`, once (see the module
-    docstring); the one place the bookie reads the VD flag to decide."""
+    docstring); the one place the bookie reads the VD flag to decide.  With
+    ``bypass`` (the journal off: the PD and the VD instance of
+    :class:`CheckpointedDurability`) it chooses among those instead."""
 
     def __init__(self, storage: BookieStorage, cursors: SyncCursors,
-                 persistent: PersistentDurability, volatile: VolatileDurability) -> None:
+                 persistent: PersistentDurability, volatile: VolatileDurability,
+                 bypass: tuple[CheckpointedDurability, CheckpointedDurability] | None = None
+                 ) -> None:
         self._storage = storage
         self._vd_ledgers = cursors.by_ledger
-        self.persistent = persistent
-        self.volatile = volatile
+        self.persistent: AddDurability = persistent
+        self.volatile: AddDurability = volatile
+        self.journaled_volatile = volatile
+        """VD's instance, whose answers wait for the end of the read."""
+        if bypass is not None:
+            self.persistent, self.volatile = bypass
 
     def of_stored(self, ledger_id: int) -> AddDurability:
         """The durability of a ledger the storage engine holds."""

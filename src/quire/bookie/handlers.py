@@ -23,7 +23,7 @@ from collections.abc import Callable
 from quire.bookie.adds import status_of
 from quire.bookie.config import BookieConfig
 from quire.bookie.connection import BookieConnection
-from quire.bookie.durability import LAC_FIELD, LAC_OFFSET, SyncCursors
+from quire.bookie.durability import LAC_FIELD, LAC_OFFSET, DurabilityPolicy, SyncCursors
 from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics, RequestLatencies
 from quire.bookie.status import BookieStatus
@@ -67,11 +67,13 @@ class RequestHandlers:
     ledger's adds, shared with it."""
 
     def __init__(self, config: BookieConfig, storage: BookieStorage, committer: GroupCommitter,
-                 cursors: SyncCursors, lacs: dict[int, int], status: BookieStatus,
-                 metrics: BookieMetrics, latencies: RequestLatencies) -> None:
+                 durability: DurabilityPolicy, cursors: SyncCursors, lacs: dict[int, int],
+                 status: BookieStatus, metrics: BookieMetrics,
+                 latencies: RequestLatencies) -> None:
         self.config = config
         self.storage = storage
         self._committer = committer
+        self._durability = durability
         self._cursors = cursors
         self._lacs = lacs
         self._status = status
@@ -234,15 +236,16 @@ class RequestHandlers:
         task.add_done_callback(self._tasks.discard)
 
     async def _sync(self, conn: BookieConnection, req: SyncRequest) -> None:
-        """BP-14 SYNC: fsync everything journaled so far, then answer the
-        ledger's LastAddSynced once the cursor holding it is durable."""
+        """BP-14 SYNC: wait until everything stored so far counts as synced
+        (a journal fsync, or with the journal off a checkpoint), then answer
+        the ledger's LastAddSynced once the cursor holding it is durable."""
         started = time.perf_counter()
         status, las = StatusCode.OK, -1
         try:
             if not self.storage.ledger_exists(req.ledger_id):
                 raise NoSuchLedgerError(f"ledger {req.ledger_id}")
-            await self._committer.wait_durable(self.storage.journal.append_seq)
-            las = await self._cursors.last_add_synced(req.ledger_id)
+            las = await self._cursors.last_add_synced(
+                req.ledger_id, self._durability.of_stored(req.ledger_id).settle)
         except QuireError as e:
             status = status_of(e)
         except OSError:

@@ -8,7 +8,8 @@ server: cookie, listener, registration, signals).  It composes:
   once per loop iteration, back-pressure;
 * :mod:`~quire.bookie.adds`: the one add pipeline, every add a run of columns;
 * :mod:`~quire.bookie.durability`: when an add is answered and when it
-  counts as synced (PD, BP-14 VD), chosen once per ledger;
+  counts as synced (PD, BP-14 VD, BP-46's journal bypass), chosen once per
+  ledger;
 * :mod:`~quire.bookie.handlers`: reads, fencing, LAC, batch reads, SYNC;
 * :mod:`~quire.bookie.services`: checkpoints, GC, the disk watch.
 
@@ -24,10 +25,11 @@ import asyncio
 from collections.abc import Callable
 
 from quire.bookie.adds import AddPipeline, run_of_one
-from quire.bookie.config import BookieConfig
+from quire.bookie.config import BookieConfig, warn_if_unprotected
 from quire.bookie.connection import BookieConnection, ConnectionHub
 from quire.bookie.durability import (
     AfterFsync,
+    CheckpointedDurability,
     DurabilityPolicy,
     PersistentDurability,
     SyncCursors,
@@ -60,16 +62,27 @@ class BookieServer:
                                  max_connection_pending_bytes=config.max_connection_pending_bytes)
         self.latencies = RequestLatencies(metrics, self.hub.before_answers)
         self.status = BookieStatus(metrics, publisher)
-        self.cursors = SyncCursors(storage, committer, cursors)
-        after_fsync = AfterFsync(committer, self.cursors, self.latencies, self.status)
-        self.durability = DurabilityPolicy(
-            storage, self.cursors, PersistentDurability(after_fsync),
-            VolatileDurability(storage, self.cursors, after_fsync, self.latencies, self.status))
+        self.cursors = SyncCursors(storage, committer, cursors,
+                                   journal_write_data=config.journal_write_data)
         self.services = BackgroundServices(config, storage, committer, self.hub, self.status,
-                                           store, self._forget_ledger)
+                                           store, self._forget_ledger, self.cursors.on_checkpoint)
+        after_fsync = AfterFsync(committer, self.cursors, self.latencies, self.status)
+        bypass = None
+        if not config.journal_write_data:
+            warn_if_unprotected(config)
+            bypass = (CheckpointedDurability(storage, self.cursors, after_fsync, self.services,
+                                             self.latencies, volatile=False),
+                      CheckpointedDurability(storage, self.cursors, after_fsync, self.services,
+                                             self.latencies, volatile=True))
+        self.durability = DurabilityPolicy(
+            storage, self.cursors, PersistentDurability(storage, committer, after_fsync),
+            VolatileDurability(storage, committer, self.cursors, after_fsync, self.latencies,
+                               self.status),
+            bypass)
         self.adds = AddPipeline(storage, self.durability, self.cursors, self.status, metrics,
                                 self.latencies, self.services.write_cache_full)
-        self.handlers = RequestHandlers(config, storage, committer, self.cursors, self.adds.lacs,
+        self.handlers = RequestHandlers(config, storage, committer, self.durability,
+                                        self.cursors, self.adds.lacs,
                                         self.status, metrics, self.latencies)
         self._by_type: dict[type, Callable[[BookieConnection, Request], None]] = {
             **self.handlers.by_type(), AddRequest: self._take_add}  # type: ignore[dict-item]
@@ -108,7 +121,7 @@ class BookieServer:
             self.handlers.request_failed(conn, request, e)
 
     def release_volatile_acks(self, conn: BookieConnection) -> None:
-        self.durability.volatile.release(conn)
+        self.durability.journaled_volatile.release(conn)
 
     def _take_add(self, conn: BookieConnection, req: AddRequest) -> None:
         self.adds.take(conn, run_of_one(req))

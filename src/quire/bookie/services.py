@@ -26,11 +26,14 @@ log = logging.getLogger("quire.bookie")
 class BackgroundServices:
     """Checkpoints, GC and the disk watch of one bookie.  ``on_ledger_dropped``
     is called for each ledger GC deletes (the server forgets its LAC and
-    sync cursor)."""
+    sync cursor); ``on_checkpointed(epoch)`` after each checkpoint that
+    succeeded, with the write-cache epoch it wrote out (BP-46's journal
+    bypass counts entries synced by it)."""
 
     def __init__(self, config: BookieConfig, storage: BookieStorage, committer: GroupCommitter,
                  hub: ConnectionHub, status: BookieStatus, store: MetadataStore,
-                 on_ledger_dropped: Callable[[int], None]) -> None:
+                 on_ledger_dropped: Callable[[int], None],
+                 on_checkpointed: Callable[[int], None]) -> None:
         self._config = config
         self._storage = storage
         self._committer = committer
@@ -38,6 +41,7 @@ class BackgroundServices:
         self._status = status
         self._store = store
         self._on_ledger_dropped = on_ledger_dropped
+        self._on_checkpointed = on_checkpointed
         self._tasks: list[asyncio.Task[None]] = []
         self._checkpointing: asyncio.Task[None] | None = None
 
@@ -76,6 +80,13 @@ class BackgroundServices:
         time: a call while one is under way waits for that one)."""
         await self._start_checkpoint()
 
+    async def covering(self, epoch: int) -> None:
+        """The :class:`~quire.bookie.durability.Checkpoints` seam: return once
+        a checkpoint wrote out write-cache ``epoch`` (one under way when
+        called may have swapped its cache before, so a second may be run)."""
+        while self._storage.checkpointed_epoch < epoch:
+            await asyncio.shield(self._start_checkpoint())
+
     def _start_checkpoint(self) -> asyncio.Task[None]:
         if self._checkpointing is None:
             self._checkpointing = asyncio.get_running_loop().create_task(self._run_checkpoint())
@@ -93,6 +104,7 @@ class BackgroundServices:
             self._checkpointing = None
             self._hub.set_throttled(False)
         self._committer.mark_durable(covered)
+        self._on_checkpointed(self._storage.checkpointed_epoch)
         if self._storage.checkpoint_due:  # filled up again while this one ran
             self.write_cache_full()
 

@@ -196,6 +196,9 @@ class BookieStorage:
         self._cache_bytes = 0
         self._flushing: dict[EntryKey, bytes] = {}
         self._epoch = 0
+        self.checkpointed_epoch = -1
+        """Every entry cached in a write-cache epoch up to this one is in
+        fsynced entry logs and the index (see :attr:`write_epoch`)."""
         self._dirty: set[int] = set()
         self._pending_deletes: set[int] = set()
         self._committed_mark = mark
@@ -410,12 +413,18 @@ class BookieStorage:
             return self._add_locked(ledger_id, entry_id, entry, master_key, recovery)
 
     def add_entries(self, adds: Sequence[tuple[int, int, bytes, bytes]], *,
-                    recovery: bool = False) -> list[int | Exception]:
+                    recovery: bool = False, journal: bool = True) -> list[int | Exception]:
         """:meth:`add_entry` (with ``recovery``) for each ``(ledger_id,
         entry_id, entry, master_key)`` in order, under one lock acquisition.
         Each result is the entry's journal seq, or the exception
         ``add_entry`` would have raised for it (later items are still added).
-        The server's add path for adds not taken as a run (:meth:`add_run`)."""
+        The server's add path for adds not taken as a run (:meth:`add_run`).
+
+        ``journal=False`` is BP-46's journal bypass: the entries go to the
+        write cache only (a ledger's creation is still journaled), and each
+        result is the :attr:`write_epoch` holding the entry instead of a
+        journal seq; the entry is durable once :attr:`checkpointed_epoch`
+        reaches that epoch, and lost with the write cache before that."""
         # The checks of each add, then one journal call for a run of accepted
         # adds (a ledger's creation, journaled between two runs, keeps the
         # journal order of add_entry one by one), then the write cache.
@@ -426,9 +435,13 @@ class BookieStorage:
         seqs: list[int] = []
         def journal_run() -> None:  # the accepted adds not journaled yet, in one call
             run = accepted[len(seqs):]
-            if run:
-                last = self.journal.append_add_entries(run)
-                seqs.extend(range(last - len(run) + 1, last + 1))
+            if not run:
+                return
+            if not journal:
+                seqs.extend(repeat(self._epoch, len(run)))
+                return
+            last = self.journal.append_add_entries(run)
+            seqs.extend(range(last - len(run) + 1, last + 1))
 
         with self._lock:
             check = self._check_add_locked
@@ -458,7 +471,7 @@ class BookieStorage:
         return [r if type(r) is not int else seqs[r] for r in results]
 
     def add_run(self, ledger_id: int, master_key: bytes, entry_ids: list[int],
-                entries: list[bytes]) -> int | None:
+                entries: list[bytes], *, journal: bool = True) -> int | None:
         """:meth:`add_entries` for the usual batch, taken column-wise: adds
         of one known ledger, unfenced, under its master key, with entry ids
         strictly increasing and none in the write cache yet, ``bytes``
@@ -467,7 +480,9 @@ class BookieStorage:
         nothing changed, for any batch that is not such a run, which the
         caller hands to :meth:`add_entries` (every refusal is decided there,
         one add at a time).  No bytecode runs per add: each step is a
-        C-level ``map``, ``zip`` or dict update."""
+        C-level ``map``, ``zip`` or dict update.  ``journal=False``: the
+        journal bypass of :meth:`add_entries`; returns the write epoch
+        holding the run instead of a journal seq."""
         if not entry_ids or not 0 <= ledger_id <= MAX_ID or entry_ids[0] < 0 \
                 or entry_ids[-1] > MAX_ID or not all(map(lt, entry_ids, entry_ids[1:])) \
                 or not all(map(is_, map(type, entries), repeat(bytes))):
@@ -480,7 +495,8 @@ class BookieStorage:
                     or info.state.fenced or not self._cache.keys().isdisjoint(keys) \
                     or (self._reject_bytes and self._cache_bytes + size > self._reject_bytes):
                 return None
-            last = self.journal.append_add_run(ledger_id, entry_ids, entries)
+            last = self.journal.append_add_run(ledger_id, entry_ids, entries) if journal \
+                else self._epoch
             self._cache.update(zip(keys, entries, strict=True))
             self._cache_bytes += size
             info.cache_epoch = self._epoch
@@ -784,6 +800,13 @@ class BookieStorage:
     def write_cache_bytes(self) -> int:
         return self._cache_bytes
 
+    @property
+    def write_epoch(self) -> int:
+        """The write-cache epoch adds go to now: each checkpoint writes out
+        the cache of one epoch and starts the next (the journal bypass's
+        clock: see :attr:`checkpointed_epoch`)."""
+        return self._epoch
+
     def checkpoint(self) -> CheckpointStats:
         """Flush the write cache to an entry log, commit index + states +
         replay mark durably, then drop journal files before the mark."""
@@ -796,6 +819,7 @@ class BookieStorage:
         with self._lock:
             mark = self.journal.mark()
             snapshot = self._cache
+            epoch = self._epoch
             self._flushing = snapshot
             self._cache = {}
             self._cache_bytes = 0
@@ -807,6 +831,7 @@ class BookieStorage:
         if not snapshot and not states and not deletions and mark == self._committed_mark:
             with self._lock:
                 self._flushing = {}
+            self.checkpointed_epoch = epoch
             return CheckpointStats(0, 0, 0, 0, 0, time.perf_counter() - started, mark)
         try:
             nbytes = self._store.flush(snapshot, states, deletions, mark)
@@ -817,6 +842,9 @@ class BookieStorage:
             raise
         with self._lock:
             self._flushing = {}
+        # A failed checkpoint put its entries back in a later epoch's cache,
+        # so every epoch up to this one is now out.
+        self.checkpointed_epoch = epoch
         self._committed_mark = mark
         removed = self.journal.remove_files_before(mark)
         self._checkpoints += 1

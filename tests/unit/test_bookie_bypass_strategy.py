@@ -1,0 +1,250 @@
+"""BP-46's journal bypass inside one bookie node (server and storage engine,
+one connection on a fake transport): the strategy the policy chooses, what
+the bypass stores and when it answers, and that SYNC reports only entries a
+checkpoint made durable (with a seeded bug that reports the write cache,
+which a power loss then shows)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quire.bookie.config import BookieConfig, warn_if_unprotected
+from quire.bookie.durability import CheckpointedDurability
+from quire.bookie.server import BookieServer
+from quire.bookie.storage import StorageConfig
+from quire.errors import StatusCode
+from quire.node import BookieNode
+from quire.protocol import (
+    FLAG_RECOVERY_ADD,
+    FLAG_VOLATILE_DURABILITY,
+    AddResponse,
+    Decoder,
+    DigestManager,
+    encode_add_request,
+    master_key,
+)
+from quire.testing.power_loss import emulate_power_loss
+from quire.types import DigestType
+from tests.support.fake_transport import FakeTransport
+
+VD, RECOVERY = FLAG_VOLATILE_DURABILITY, FLAG_RECOVERY_ADD
+KEY = master_key(b"pw")
+
+
+def _config(tmp_path: Path, journal_write_data: bool) -> BookieConfig:
+    return BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
+                        metadata_uri=f"sqlite:///{tmp_path}/meta.db",
+                        journal_write_data=journal_write_data, data_integrity_checking=True,
+                        flush_interval_ms=600_000,
+                        storage=StorageConfig(journal_dirs=(tmp_path / "data",),
+                                              ledger_dirs=(tmp_path / "data",),
+                                              power_loss_tracking=True))
+
+
+@contextlib.asynccontextmanager
+async def node_at(tmp_path: Path, journal_write_data: bool = False) -> AsyncIterator[BookieNode]:
+    node = BookieNode(_config(tmp_path, journal_write_data))
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+
+
+def stored(ledger_id: int, entry_id: int) -> bytes:
+    return DigestManager(ledger_id, DigestType.CRC32C, b"pw").encode(
+        entry_id, entry_id - 1, entry_id + 1, b"x" * 10)
+
+
+class Peer:
+    """One connection to the server on a fake transport, and its add answers."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self.conn = server.new_connection()
+        self.transport = FakeTransport()
+        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
+        self._answers = Decoder("responses", 1 << 20)
+
+    def send(self, *adds: tuple[int, int, int, int]) -> None:
+        """One read holding ``(request id, ledger, entry id, flags)`` adds."""
+        self.conn.data_received(b"".join(encode_add_request(rid, KEY, stored(lid, eid), flags)
+                                         for rid, lid, eid, flags in adds))
+
+    async def answers(self) -> list[tuple[int, StatusCode, int, int, int]]:
+        """Every answer written by the next loop iteration (the hub's flush)."""
+        await asyncio.sleep(0)
+        self._answers.feed(b"".join(self.transport.written))
+        self.transport.written.clear()
+        out = []
+        for m in self._answers.next_messages():
+            assert isinstance(m, AddResponse)
+            out.append((m.request_id, m.status, m.ledger_id, m.entry_id, m.last_add_synced))
+        return out
+
+
+def count_add_runs(server: BookieServer) -> list[tuple[Any, ...]]:
+    calls: list[tuple[Any, ...]] = []
+    real = server.storage.add_run
+
+    def add_run(*args: Any, **kwargs: Any) -> int | None:
+        result = real(*args, **kwargs)
+        calls.append((result, kwargs))
+        return result
+
+    server.storage.add_run = add_run  # type: ignore[method-assign]
+    return calls
+
+
+async def test_the_journal_off_policy_chooses_the_bypass_for_every_ledger(
+        tmp_path: Path) -> None:
+    async with node_at(tmp_path) as node:
+        policy = node.server.durability
+        pd, vd = policy.of_add(7, 0), policy.of_add(9, VD)
+        assert isinstance(pd, CheckpointedDurability) and not pd.volatile
+        assert isinstance(vd, CheckpointedDurability) and vd.volatile
+        assert policy.of_add(9, VD | RECOVERY) is pd  # a recovery add never chooses VD
+        peer = Peer(node.server)
+        peer.send((1, 9, 0, VD), (2, 7, 0, 0))
+        assert [a[0] for a in await peer.answers()] == [1, 2]
+        assert policy.of_stored(9) is vd and policy.of_stored(7) is pd
+        assert policy.of_add(9, 0) is vd and policy.of_add(7, VD) is pd
+    async with node_at(tmp_path / "on", journal_write_data=True) as node:
+        policy = node.server.durability
+        assert not any(isinstance(policy.of_add(lid, flags), CheckpointedDurability)
+                       for lid in (1, 2) for flags in (0, VD, RECOVERY))
+
+
+@pytest.mark.parametrize("flags", [0, VD], ids=["pd", "vd"])
+async def test_bypass_adds_are_answered_at_once_with_no_journal_record(
+        tmp_path: Path, flags: int) -> None:
+    """The ledger's creation is journaled, its entries are not; a run stays
+    a column-wise ``add_run``; no fsync is waited for."""
+    async with node_at(tmp_path) as node:
+        server = node.server
+        journal, fsyncs = server.storage.journal, server.committer.fsync_count
+        peer = Peer(server)
+        before = journal.append_seq
+        peer.send((1, 5, 0, flags))
+        assert [a[:4] for a in await peer.answers()] == [(1, StatusCode.OK, 5, 0)]
+        assert journal.append_seq == before + 1 + (1 if flags else 0)  # key (+ VD cursor)
+        runs = count_add_runs(server)
+        before = journal.append_seq
+        peer.send(*((i + 2, 5, i, flags) for i in range(1, 50)))
+        answers = await peer.answers()
+        assert [a[3] for a in answers] == list(range(1, 50))
+        assert {a[4] for a in answers} == {-1}  # nothing synced: no checkpoint yet
+        assert journal.append_seq == before
+        assert runs == [(server.storage.write_epoch, {"journal": False})]
+        assert server.committer.fsync_count == fsyncs
+        assert server.storage.read_entry(5, 49) == stored(5, 49)
+
+
+async def test_recovery_adds_still_wait_for_their_journal_fsync(tmp_path: Path) -> None:
+    async with node_at(tmp_path) as node:
+        server = node.server
+        peer = Peer(server)
+        peer.send((1, 5, 0, 0))
+        await peer.answers()
+        before, fsyncs = server.storage.journal.append_seq, server.committer.fsync_count
+        durable_when_answered = []
+        send_many = peer.conn.send_many
+
+        def answer(frames: list[bytes], request_bytes: int = 0) -> None:
+            durable_when_answered.append(server.committer.durable_seq)
+            send_many(frames, request_bytes)
+
+        peer.conn.send_many = answer  # type: ignore[method-assign]
+        peer.send((2, 5, 1, RECOVERY), (3, 5, 2, RECOVERY))
+        assert server.storage.journal.append_seq == before + 2  # journaled
+        await server.committer.wait_durable(server.storage.journal.append_seq)
+        assert [a[:4] for a in await peer.answers()] == [(2, StatusCode.OK, 5, 1),
+                                                         (3, StatusCode.OK, 5, 2)]
+        assert durable_when_answered == [before + 2]  # answered once fsynced
+        assert server.committer.fsync_count > fsyncs
+
+
+async def test_vd_cursor_moves_only_with_a_checkpoint(tmp_path: Path) -> None:
+    """Neither a piggy-backed nor an explicit LAC, nor a journal fsync,
+    counts a write-cache entry as synced; a checkpoint does."""
+    async with node_at(tmp_path) as node:
+        server = node.server
+        peer = Peer(server)
+        peer.send(*((i + 1, 9, i, VD) for i in range(10)))  # each piggy-backs LAC i - 1
+        await peer.answers()
+        server.cursors.confirmed(9, 9)  # an explicit LAC
+        await server.committer.wait_durable(server.storage.journal.append_seq)
+        cursor = server.cursors.by_ledger[9]
+        assert cursor.candidate == -1 and cursor.reported == -1
+        await server.services.checkpoint()
+        assert cursor.candidate == 9
+
+
+async def sync_then_power_loss(tmp_path: Path, ledger_flags: int) -> tuple[int, list[int]]:
+    """Journal off: 20 adds, SYNC's LastAddSynced, then a power loss (the
+    engine abandoned as by ``kill -9``, unsynced bytes dropped) and a
+    restart; returns the synced id and the entry ids still readable."""
+    root = tmp_path / "node"
+    node = BookieNode(_config(root, journal_write_data=False))
+    await node.start()
+    server = node.server
+    peer = Peer(server)
+    peer.send(*((i + 1, 3, i, ledger_flags) for i in range(20)))
+    await peer.answers()
+    synced = await server.cursors.last_add_synced(3, server.durability.of_stored(3).settle)
+    # The journal's own records (the ledger's creation) made durable, so that
+    # the node stops without syncing its abandoned journal: the entries
+    # themselves are in no journal.
+    await server.committer.wait_durable(server.storage.journal.append_seq)
+    server.storage.abandon()
+    await asyncio.wait_for(node.stop(), 10)
+    emulate_power_loss([root / "data"])
+    async with node_at(root) as node:
+        readable = []
+        for i in range(20):
+            with contextlib.suppress(Exception):
+                if node.server.storage.read_entry(3, i) == stored(3, i):
+                    readable.append(i)
+    return synced, readable
+
+
+@pytest.mark.parametrize("flags", [0, VD], ids=["pd", "vd"])
+async def test_power_loss_right_after_sync_loses_nothing_synced(tmp_path: Path,
+                                                                flags: int) -> None:
+    synced, readable = await sync_then_power_loss(tmp_path, flags)
+    assert synced == 19
+    assert readable == list(range(20))
+
+
+async def test_a_sync_that_reports_the_write_cache_loses_entries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: SYNC without waiting for the checkpoint reports entries
+    that are in the write cache only, and the power loss takes them."""
+
+    async def no_checkpoint(self: object, epoch: int) -> None:
+        return None
+
+    monkeypatch.setattr("quire.bookie.services.BackgroundServices.covering", no_checkpoint)
+    synced, readable = await sync_then_power_loss(tmp_path, 0)
+    assert synced == 19
+    assert readable != list(range(synced + 1))
+
+
+def test_only_a_journal_off_bookie_without_integrity_checking_warns(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    base = _config(tmp_path, journal_write_data=True)
+    caplog.set_level(logging.WARNING, logger="quire.bookie")
+    for journal, checking, warns in [(True, False, False), (True, True, False),
+                                     (False, True, False), (False, False, True)]:
+        caplog.clear()
+        config = dataclasses.replace(base, journal_write_data=journal,
+                                     data_integrity_checking=checking)
+        assert warn_if_unprotected(config) is warns
+        assert ("lose acknowledged entries" in caplog.text) is warns
