@@ -42,10 +42,11 @@ KEY = master_key(b"pw")
 def _config(tmp_path: Path, journal_write_data: bool) -> BookieConfig:
     return BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
                         metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                        journal_write_data=journal_write_data, data_integrity_checking=True,
+                        data_integrity_checking=True,
                         flush_interval_ms=600_000,
                         storage=StorageConfig(journal_dirs=(tmp_path / "data",),
                                               ledger_dirs=(tmp_path / "data",),
+                                              journal_write_data=journal_write_data,
                                               power_loss_tracking=True))
 
 
@@ -244,7 +245,8 @@ def test_only_a_journal_off_bookie_without_integrity_checking_warns(
     for journal, checking, warns in [(True, False, False), (True, True, False),
                                      (False, True, False), (False, False, True)]:
         caplog.clear()
-        config = dataclasses.replace(base, journal_write_data=journal,
-                                     data_integrity_checking=checking)
+        config = dataclasses.replace(
+            base, data_integrity_checking=checking,
+            storage=dataclasses.replace(base.storage, journal_write_data=journal))
         assert warn_if_unprotected(config) is warns
         assert ("lose acknowledged entries" in caplog.text) is warns

@@ -3,7 +3,6 @@ limbo state of ledgers, both read back after reopening the directories."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,11 @@ KEY = bytes(range(20))
 OTHER_KEY = bytes(20)
 
 
-@dataclass(frozen=True)
-class _NoJournalConfig(StorageConfig):
-    """A run with ``journal_write_data`` off (the engine reads the key with
-    ``getattr``, so this stands in until StorageConfig carries it)."""
-
-    journal_write_data: bool = False
-
-
 def make_config(root: Path, *, journal_write_data: bool = True) -> StorageConfig:
-    cls = StorageConfig if journal_write_data else _NoJournalConfig
-    return cls(journal_dirs=(root / "journal",), ledger_dirs=(root / "ledgers",),
-               journal_file_size_bytes=16384, write_cache_max_bytes=1 << 20,
-               index_map_size_bytes=1 << 26, power_loss_tracking=True)
+    return StorageConfig(journal_dirs=(root / "journal",), ledger_dirs=(root / "ledgers",),
+                         journal_write_data=journal_write_data,
+                         journal_file_size_bytes=16384, write_cache_max_bytes=1 << 20,
+                         index_map_size_bytes=1 << 26, power_loss_tracking=True)
 
 
 def add(storage: BookieStorage, ledger_id: int, entry_id: int) -> None:

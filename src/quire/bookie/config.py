@@ -39,14 +39,6 @@ class BookieConfig:
     a group wait) go to the ``quire-fsync`` thread, so that the loop is not
     held up that long for each.  Syncing on the loop saves the thread's
     hand-overs on every group (see ``quire.bookie.group_commit``)."""
-    journal_write_data: bool = True
-    """BP-46: false skips the journal for add requests: an add is answered
-    once its entry is in the write cache, without an fsync, and counts as
-    synced (BP-14 SYNC, LastAddSynced) only once a checkpoint wrote it to
-    fsynced entry logs and the index.  A crash or power loss loses the
-    entries answered since the last checkpoint.  Master keys, fences,
-    explicit LACs, BP-14 cursors and recovery adds still go through the
-    journal, which is still replayed at start."""
     data_integrity_checking: bool = False
     """BP-46: detect and repair what a crash of a bookie running without the
     journal lost.  Only recorded for now: the boot sequence it turns on
@@ -92,7 +84,7 @@ class BookieConfig:
 def warn_if_unprotected(config: BookieConfig) -> bool:
     """Log a loud warning if ``config`` runs without the journal and without
     data integrity checking; return whether it did."""
-    if config.journal_write_data or config.data_integrity_checking:
+    if config.storage.journal_write_data or config.data_integrity_checking:
         return False
     log.warning(
         "UNSAFE: journal_write_data = false and data_integrity_checking = false: this bookie "

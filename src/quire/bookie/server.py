@@ -63,12 +63,12 @@ class BookieServer:
         self.latencies = RequestLatencies(metrics, self.hub.before_answers)
         self.status = BookieStatus(metrics, publisher)
         self.cursors = SyncCursors(storage, committer, cursors,
-                                   journal_write_data=config.journal_write_data)
+                                   journal_write_data=config.storage.journal_write_data)
         self.services = BackgroundServices(config, storage, committer, self.hub, self.status,
                                            store, self._forget_ledger, self.cursors.on_checkpoint)
         after_fsync = AfterFsync(committer, self.cursors, self.latencies, self.status)
         bypass = None
-        if not config.journal_write_data:
+        if not config.storage.journal_write_data:
             warn_if_unprotected(config)
             bypass = (CheckpointedDurability(storage, self.cursors, after_fsync, self.services,
                                              self.latencies, volatile=False),

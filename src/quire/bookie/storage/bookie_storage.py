@@ -259,8 +259,9 @@ class BookieStorage:
             if mark is not None:
                 journal.remove_files_before(mark)
             # Sticky "off" after an unclean journal-less run: see the module docstring.
+            journal_on = self.config.journal_write_data
             store.index.set_running_mark(
-                self._journal_write_data and not last_shutdown.may_have_lost_acknowledged_entries)
+                journal_on and not last_shutdown.may_have_lost_acknowledged_entries)
             if last_shutdown.unclean:
                 log.warning("storage open: the last shutdown was %s", last_shutdown.describe())
             log.info("storage open: %d ledgers, replayed %d journal records (%d skipped) "
@@ -278,17 +279,13 @@ class BookieStorage:
                 os.close(fd)
             raise
 
-    @property
-    def _journal_write_data(self) -> bool:
-        return bool(getattr(self.config, "journal_write_data", True))
-
     def unclean_shutdown_handled(self) -> None:
         """The boot sequence's word that the previous unclean run is taken
         care of (its limbo marks are durable): the running mark now records
         this run's own journal mode."""
         with self._checkpoint_lock:
             self._check_open()
-            self._store.index.set_running_mark(self._journal_write_data)
+            self._store.index.set_running_mark(self.config.journal_write_data)
 
     def close(self) -> None:
         """Clean shutdown: checkpoint everything, sync and close the journal,

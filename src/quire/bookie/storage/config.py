@@ -41,6 +41,16 @@ class StorageConfig:
     journal_max_group_bytes: int = 4 * _MiB
     """Buffered journal bytes above which :attr:`Journal.group_full` turns
     true (the server should write/sync rather than keep grouping)."""
+    journal_write_data: bool = True
+    """BP-46: false skips the journal for add requests: an add is answered
+    once its entry is in the write cache, without an fsync, and counts as
+    synced (BP-14 SYNC, LastAddSynced) only once a checkpoint wrote it to
+    fsynced entry logs and the index.  A crash or power loss loses the
+    entries answered since the last checkpoint.  Master keys, fences,
+    explicit LACs, BP-14 cursors and recovery adds still go through the
+    journal, which is still replayed at start.  The engine records it in its
+    running mark, so a crash of a run without the journal is known at the
+    next start (see :mod:`quire.bookie.storage.shutdown`)."""
     journal_preallocate: bool = True
     """Preallocate journal files (turn off only on filesystems without
     ``fallocate`` support)."""
