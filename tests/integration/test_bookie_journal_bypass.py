@@ -136,4 +136,6 @@ async def test_unprotected_bookie_warns_at_start(tmp_path: Path) -> None:
                               journal_write_data=False, data_integrity_checking=True)
     protected.start()
     protected.stop()
-    assert "UNSAFE" not in protected.log_path.read_text()
+    log_text = protected.log_path.read_text()
+    assert "UNSAFE" not in log_text
+    assert "data_integrity_checking = true is NOT ENFORCED yet" in log_text

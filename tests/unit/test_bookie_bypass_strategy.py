@@ -238,15 +238,16 @@ async def test_a_sync_that_reports_the_write_cache_loses_entries(
     assert readable != list(range(synced + 1))
 
 
-def test_only_a_journal_off_bookie_without_integrity_checking_warns(
+def test_a_journal_off_bookie_warns_and_says_whether_it_is_unsafe(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     base = _config(tmp_path, journal_write_data=True)
     caplog.set_level(logging.WARNING, logger="quire.bookie")
-    for journal, checking, warns in [(True, False, False), (True, True, False),
-                                     (False, True, False), (False, False, True)]:
+    for journal, checking, unsafe in [(True, False, False), (True, True, False),
+                                      (False, True, False), (False, False, True)]:
         caplog.clear()
         config = dataclasses.replace(
             base, data_integrity_checking=checking,
             storage=dataclasses.replace(base.storage, journal_write_data=journal))
-        assert warn_if_unprotected(config) is warns
-        assert ("lose acknowledged entries" in caplog.text) is warns
+        assert warn_if_unprotected(config) is not journal
+        assert ("UNSAFE" in caplog.text) is unsafe
+        assert ("NOT ENFORCED" in caplog.text) is (not journal and checking)

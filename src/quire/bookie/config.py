@@ -41,10 +41,11 @@ class BookieConfig:
     hand-overs on every group (see ``quire.bookie.group_commit``)."""
     data_integrity_checking: bool = False
     """BP-46: detect and repair what a crash of a bookie running without the
-    journal lost.  Only recorded for now: the boot sequence it turns on
-    (unclean-shutdown mark, limbo ledgers, repair from peers) is not built
-    yet; a bookie with ``journal_write_data = false`` and this false logs a
-    warning at start that it can lose acknowledged entries undetected."""
+    journal lost.  The running mark and limbo ledgers exist, but the boot
+    sequence this turns on (fence and limbo after an unclean journal-less
+    run, recovery, repair from peers) is not built yet: a journal-less
+    bookie with this true warns at start that it is not enforced, and with
+    it false warns that it can lose acknowledged entries undetected."""
     storage: StorageConfig = field(default_factory=lambda: StorageConfig(
         journal_dirs=(DEFAULT_DATA_DIR,), ledger_dirs=(DEFAULT_DATA_DIR,)))
     """The storage engine's settings.  Its fields are flat keys of the
@@ -82,10 +83,19 @@ class BookieConfig:
 
 
 def warn_if_unprotected(config: BookieConfig) -> bool:
-    """Log a loud warning if ``config`` runs without the journal and without
-    data integrity checking; return whether it did."""
-    if config.storage.journal_write_data or config.data_integrity_checking:
+    """Log a loud warning if ``config`` runs without the journal and so can
+    lose acknowledged entries in a crash; return whether it did.  Without
+    data integrity checking that loss goes unnoticed (``UNSAFE``); with it,
+    the warning says the checking's boot sequence is not built yet."""
+    if config.storage.journal_write_data:
         return False
+    if config.data_integrity_checking:
+        log.warning(
+            "journal_write_data = false: data_integrity_checking = true is NOT ENFORCED yet "
+            "(this version keeps the unclean-shutdown mark and limbo ledgers but does not run "
+            "BP-46's boot-time fencing, recovery and repair); a crash or power loss of this "
+            "bookie can still lose entries it acknowledged")
+        return True
     log.warning(
         "UNSAFE: journal_write_data = false and data_integrity_checking = false: this bookie "
         "answers adds before they are on disk and a crash or power loss can lose "
