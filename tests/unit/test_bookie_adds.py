@@ -5,105 +5,27 @@ transport."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-from quire.bookie.config import BookieConfig
-from quire.bookie.connection import BookieConnection
 from quire.bookie.metrics import BookieMetrics
-from quire.bookie.server import BookieServer
 from quire.bookie.status import BookieStatus
-from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
-from quire.node import BookieNode
 from quire.protocol import (
     FLAG_RECOVERY_ADD,
     FLAG_VOLATILE_DURABILITY,
     AddRequest,
-    AddResponse,
-    Decoder,
     DigestManager,
-    encode_add_request,
-    master_key,
 )
 from quire.types import BookieState, DigestType
-from tests.support.fake_transport import FakeTransport
+from tests.support.bookie_node import KEY, AddPeer, count_add_runs, node_at, node_config
 
 VD, RECOVERY = FLAG_VOLATILE_DURABILITY, FLAG_RECOVERY_ADD
-KEY = master_key(b"pw")
-Answer = tuple[int, StatusCode, int, int, int]
-"""(request id, status, ledger, entry, LastAddSynced)"""
-
-
-def _config(tmp_path: Path) -> BookieConfig:
-    return BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
-                        metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                        storage=StorageConfig(journal_dirs=(tmp_path / "data",),
-                                              ledger_dirs=(tmp_path / "data",)))
-
-
-class Peer:
-    """One connection to the server on a fake transport, and its answers."""
-
-    def __init__(self, server: BookieServer) -> None:
-        self.server = server
-        self.conn: BookieConnection = server.new_connection()
-        self.transport = FakeTransport()
-        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
-        self._answers = Decoder("responses", 1 << 20)
-
-    def send(self, *adds: tuple[int, int, int, int]) -> None:
-        """One read holding ``(request id, ledger, entry id, flags)`` adds."""
-        self.conn.data_received(b"".join(
-            encode_add_request(rid, KEY, DigestManager(lid, DigestType.CRC32C, b"pw").encode(
-                eid, eid - 1, eid + 1, b"x" * 10), flags)
-            for rid, lid, eid, flags in adds))
-
-    def answers(self) -> list[Answer]:
-        """Every answer written so far, in the order written."""
-        self._answers.feed(b"".join(self.transport.written))
-        self.transport.written.clear()
-        out = []
-        for m in self._answers.next_messages():
-            assert isinstance(m, AddResponse)
-            out.append((m.request_id, m.status, m.ledger_id, m.entry_id, m.last_add_synced))
-        return out
-
-    async def durable(self) -> list[Answer]:
-        """The answers once everything journaled so far is durable and written."""
-        await self.server.committer.wait_durable(self.server.storage.journal.append_seq)
-        await asyncio.sleep(0)  # the hub's flush
-        return self.answers()
-
-
-@contextlib.asynccontextmanager
-async def node_at(tmp_path: Path) -> AsyncIterator[BookieNode]:
-    node = BookieNode(_config(tmp_path))
-    await node.start()
-    try:
-        yield node
-    finally:
-        await node.stop()
-
-
-def count_add_runs(server: BookieServer) -> list[int | None]:
-    taken: list[int | None] = []
-    real = server.storage.add_run
-
-    def add_run(*args: Any) -> int | None:
-        taken.append(real(*args))
-        return taken[-1]
-
-    server.storage.add_run = add_run  # type: ignore[method-assign]
-    return taken
 
 
 async def test_each_ledgers_durability_is_chosen_once_at_its_first_add(tmp_path: Path) -> None:
-    async with node_at(tmp_path) as node:
+    async with node_at(node_config(tmp_path)) as node:
         server, policy = node.server, node.server.durability
-        peer = Peer(server)
+        peer = AddPeer(server)
         assert policy.of_add(9, VD) is policy.volatile  # a new ledger asking for VD
         assert policy.of_add(9, 0) is policy.persistent
         assert policy.of_add(9, VD | RECOVERY) is policy.persistent  # recovery never chooses
@@ -119,7 +41,7 @@ async def test_each_ledgers_durability_is_chosen_once_at_its_first_add(tmp_path:
         assert peer.answers() == []
         assert await peer.durable() == [(3, StatusCode.OK, 7, 1, -1)]
         assert 7 not in server.cursors
-    async with node_at(tmp_path) as node:  # the VD choice survives a restart
+    async with node_at(node_config(tmp_path)) as node:  # the VD choice survives a restart
         policy = node.server.durability
         assert policy.of_stored(9) is policy.volatile
         assert policy.of_stored(7) is policy.persistent
@@ -129,9 +51,9 @@ async def test_a_new_ledgers_first_add_chooses_even_within_one_run(tmp_path: Pat
     """One read: a plain add to new ledger 8, then a VD add to it, then a VD
     add to new ledger 9 and a plain add to it: 8 is PD (both answered after
     the fsync), 9 is VD (its plain add still waits for the fsync)."""
-    async with node_at(tmp_path) as node:
+    async with node_at(node_config(tmp_path)) as node:
         server, policy = node.server, node.server.durability
-        peer = Peer(server)
+        peer = AddPeer(server)
         peer.send((1, 8, 0, 0), (2, 8, 1, VD), (3, 9, 0, VD), (4, 9, 1, 0))
         answers = await peer.durable()
         assert [a[0] for a in answers] == [3, 1, 2, 4]  # only 3 at the end of the read
@@ -140,8 +62,8 @@ async def test_a_new_ledgers_first_add_chooses_even_within_one_run(tmp_path: Pat
 
 
 async def test_a_single_add_is_a_run_of_one(tmp_path: Path) -> None:
-    async with node_at(tmp_path) as node:
-        peer = Peer(node.server)
+    async with node_at(node_config(tmp_path)) as node:
+        peer = AddPeer(node.server)
         entry = DigestManager(5, DigestType.CRC32C, b"pw").encode(0, -1, 1, b"one")
         node.server.take_request(peer.conn, AddRequest(11, KEY, entry, 0))
         assert peer.answers() == []  # PD: not before the fsync
@@ -154,9 +76,9 @@ async def test_a_mixed_run_answers_each_add_once_in_arrival_order(tmp_path: Path
     that VD ledger: VD adds are answered at the end of the read, the others
     after their fsync, each kind in arrival order; the VD ledger's cursor
     learned the recovery add too."""
-    async with node_at(tmp_path) as node:
+    async with node_at(node_config(tmp_path)) as node:
         server = node.server
-        peer = Peer(server)
+        peer = AddPeer(server)
         peer.send((1, 7, 0, 0), (2, 9, 0, VD), (3, 7, 1, 0), (4, 9, 1, VD), (5, 7, 2, 0),
                   (6, 9, 2, RECOVERY))
         answers = await peer.durable()
@@ -173,9 +95,9 @@ async def test_runs_of_one_ledger_stay_columns_whatever_their_durability(
     """Per-ledger durability: a PD ledger's run takes BookieStorage.add_run
     on a bookie that holds VD ledgers, and so does a VD ledger's run of VD
     adds, answered at the end of the read."""
-    async with node_at(tmp_path) as node:
+    async with node_at(node_config(tmp_path)) as node:
         server = node.server
-        peer = Peer(server)
+        peer = AddPeer(server)
         peer.send((1, 9, 0, VD), (2, 7, 0, 0))  # new ledgers: decided add by add
         await peer.durable()
         taken = count_add_runs(server)
@@ -187,14 +109,14 @@ async def test_runs_of_one_ledger_stay_columns_whatever_their_durability(
         await asyncio.sleep(0)  # the hub's flush: no fsync needed
         assert [a[:4] for a in peer.answers()] == [(5, StatusCode.OK, 9, 1),
                                                    (6, StatusCode.OK, 9, 2)]
-        assert len(taken) == 2 and None not in taken
+        assert len(taken) == 2 and None not in [result for result, _ in taken]
         assert server.adds.lacs == {7: 1, 9: 1}
 
 
 async def test_a_read_only_bookie_refuses_adds_but_takes_recovery_adds(tmp_path: Path) -> None:
-    async with node_at(tmp_path) as node:
+    async with node_at(node_config(tmp_path)) as node:
         server = node.server
-        peer = Peer(server)
+        peer = AddPeer(server)
         server.status.read_only = True
         peer.send((1, 7, 0, 0), (2, 7, 1, RECOVERY), (3, 7, 2, VD))
         answers = await peer.durable()

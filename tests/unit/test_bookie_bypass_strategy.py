@@ -10,114 +10,41 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from quire.bookie.config import BookieConfig, warn_if_unprotected
 from quire.bookie.durability import CheckpointedDurability
-from quire.bookie.server import BookieServer
-from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
 from quire.node import BookieNode
-from quire.protocol import (
-    FLAG_RECOVERY_ADD,
-    FLAG_VOLATILE_DURABILITY,
-    AddResponse,
-    Decoder,
-    DigestManager,
-    encode_add_request,
-    master_key,
-)
+from quire.protocol import FLAG_RECOVERY_ADD, FLAG_VOLATILE_DURABILITY
 from quire.testing.power_loss import emulate_power_loss
-from quire.types import DigestType
-from tests.support.fake_transport import FakeTransport
+from tests.support.bookie_node import AddPeer, count_add_runs, node_at, node_config, stored
 
 VD, RECOVERY = FLAG_VOLATILE_DURABILITY, FLAG_RECOVERY_ADD
-KEY = master_key(b"pw")
 
 
 def _config(tmp_path: Path, journal_write_data: bool) -> BookieConfig:
-    return BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
-                        metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                        data_integrity_checking=True,
-                        flush_interval_ms=600_000,
-                        storage=StorageConfig(journal_dirs=(tmp_path / "data",),
-                                              ledger_dirs=(tmp_path / "data",),
-                                              journal_write_data=journal_write_data,
-                                              power_loss_tracking=True))
-
-
-@contextlib.asynccontextmanager
-async def node_at(tmp_path: Path, journal_write_data: bool = False) -> AsyncIterator[BookieNode]:
-    node = BookieNode(_config(tmp_path, journal_write_data))
-    await node.start()
-    try:
-        yield node
-    finally:
-        await node.stop()
-
-
-def stored(ledger_id: int, entry_id: int) -> bytes:
-    return DigestManager(ledger_id, DigestType.CRC32C, b"pw").encode(
-        entry_id, entry_id - 1, entry_id + 1, b"x" * 10)
-
-
-class Peer:
-    """One connection to the server on a fake transport, and its add answers."""
-
-    def __init__(self, server: BookieServer) -> None:
-        self.conn = server.new_connection()
-        self.transport = FakeTransport()
-        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
-        self._answers = Decoder("responses", 1 << 20)
-
-    def send(self, *adds: tuple[int, int, int, int]) -> None:
-        """One read holding ``(request id, ledger, entry id, flags)`` adds."""
-        self.conn.data_received(b"".join(encode_add_request(rid, KEY, stored(lid, eid), flags)
-                                         for rid, lid, eid, flags in adds))
-
-    async def answers(self) -> list[tuple[int, StatusCode, int, int, int]]:
-        """Every answer written by the next loop iteration (the hub's flush)."""
-        await asyncio.sleep(0)
-        self._answers.feed(b"".join(self.transport.written))
-        self.transport.written.clear()
-        out = []
-        for m in self._answers.next_messages():
-            assert isinstance(m, AddResponse)
-            out.append((m.request_id, m.status, m.ledger_id, m.entry_id, m.last_add_synced))
-        return out
-
-
-def count_add_runs(server: BookieServer) -> list[tuple[Any, ...]]:
-    calls: list[tuple[Any, ...]] = []
-    real = server.storage.add_run
-
-    def add_run(*args: Any, **kwargs: Any) -> int | None:
-        result = real(*args, **kwargs)
-        calls.append((result, kwargs))
-        return result
-
-    server.storage.add_run = add_run  # type: ignore[method-assign]
-    return calls
+    return node_config(tmp_path, data_integrity_checking=True, flush_interval_ms=600_000,
+                       storage={"journal_write_data": journal_write_data,
+                                "power_loss_tracking": True})
 
 
 async def test_the_journal_off_policy_chooses_the_bypass_for_every_ledger(
         tmp_path: Path) -> None:
-    async with node_at(tmp_path) as node:
+    async with node_at(_config(tmp_path, journal_write_data=False)) as node:
         policy = node.server.durability
         pd, vd = policy.of_add(7, 0), policy.of_add(9, VD)
         assert isinstance(pd, CheckpointedDurability) and not pd.volatile
         assert isinstance(vd, CheckpointedDurability) and vd.volatile
         assert policy.of_add(9, VD | RECOVERY) is pd  # a recovery add never chooses VD
-        peer = Peer(node.server)
+        peer = AddPeer(node.server)
         peer.send((1, 9, 0, VD), (2, 7, 0, 0))
-        assert [a[0] for a in await peer.answers()] == [1, 2]
+        assert [a[0] for a in await peer.flushed()] == [1, 2]
         assert policy.of_stored(9) is vd and policy.of_stored(7) is pd
         assert policy.of_add(9, 0) is vd and policy.of_add(7, VD) is pd
-    async with node_at(tmp_path / "on", journal_write_data=True) as node:
+    async with node_at(_config(tmp_path / "on", journal_write_data=True)) as node:
         policy = node.server.durability
         assert not any(isinstance(policy.of_add(lid, flags), CheckpointedDurability)
                        for lid in (1, 2) for flags in (0, VD, RECOVERY))
@@ -128,18 +55,18 @@ async def test_bypass_adds_are_answered_at_once_with_no_journal_record(
         tmp_path: Path, flags: int) -> None:
     """The ledger's creation is journaled, its entries are not; a run stays
     a column-wise ``add_run``; no fsync is waited for."""
-    async with node_at(tmp_path) as node:
+    async with node_at(_config(tmp_path, journal_write_data=False)) as node:
         server = node.server
         journal, fsyncs = server.storage.journal, server.committer.fsync_count
-        peer = Peer(server)
+        peer = AddPeer(server)
         before = journal.append_seq
         peer.send((1, 5, 0, flags))
-        assert [a[:4] for a in await peer.answers()] == [(1, StatusCode.OK, 5, 0)]
+        assert [a[:4] for a in await peer.flushed()] == [(1, StatusCode.OK, 5, 0)]
         assert journal.append_seq == before + 1 + (1 if flags else 0)  # key (+ VD cursor)
         runs = count_add_runs(server)
         before = journal.append_seq
         peer.send(*((i + 2, 5, i, flags) for i in range(1, 50)))
-        answers = await peer.answers()
+        answers = await peer.flushed()
         assert [a[3] for a in answers] == list(range(1, 50))
         assert {a[4] for a in answers} == {-1}  # nothing synced: no checkpoint yet
         assert journal.append_seq == before
@@ -149,11 +76,11 @@ async def test_bypass_adds_are_answered_at_once_with_no_journal_record(
 
 
 async def test_recovery_adds_still_wait_for_their_journal_fsync(tmp_path: Path) -> None:
-    async with node_at(tmp_path) as node:
+    async with node_at(_config(tmp_path, journal_write_data=False)) as node:
         server = node.server
-        peer = Peer(server)
+        peer = AddPeer(server)
         peer.send((1, 5, 0, 0))
-        await peer.answers()
+        await peer.flushed()
         before, fsyncs = server.storage.journal.append_seq, server.committer.fsync_count
         durable_when_answered = []
         send_many = peer.conn.send_many
@@ -166,7 +93,7 @@ async def test_recovery_adds_still_wait_for_their_journal_fsync(tmp_path: Path) 
         peer.send((2, 5, 1, RECOVERY), (3, 5, 2, RECOVERY))
         assert server.storage.journal.append_seq == before + 2  # journaled
         await server.committer.wait_durable(server.storage.journal.append_seq)
-        assert [a[:4] for a in await peer.answers()] == [(2, StatusCode.OK, 5, 1),
+        assert [a[:4] for a in await peer.flushed()] == [(2, StatusCode.OK, 5, 1),
                                                          (3, StatusCode.OK, 5, 2)]
         assert durable_when_answered == [before + 2]  # answered once fsynced
         assert server.committer.fsync_count > fsyncs
@@ -175,11 +102,11 @@ async def test_recovery_adds_still_wait_for_their_journal_fsync(tmp_path: Path) 
 async def test_vd_cursor_moves_only_with_a_checkpoint(tmp_path: Path) -> None:
     """Neither a piggy-backed nor an explicit LAC, nor a journal fsync,
     counts a write-cache entry as synced; a checkpoint does."""
-    async with node_at(tmp_path) as node:
+    async with node_at(_config(tmp_path, journal_write_data=False)) as node:
         server = node.server
-        peer = Peer(server)
+        peer = AddPeer(server)
         peer.send(*((i + 1, 9, i, VD) for i in range(10)))  # each piggy-backs LAC i - 1
-        await peer.answers()
+        await peer.flushed()
         server.cursors.confirmed(9, 9)  # an explicit LAC
         await server.committer.wait_durable(server.storage.journal.append_seq)
         cursor = server.cursors.by_ledger[9]
@@ -196,9 +123,9 @@ async def sync_then_power_loss(tmp_path: Path, ledger_flags: int) -> tuple[int, 
     node = BookieNode(_config(root, journal_write_data=False))
     await node.start()
     server = node.server
-    peer = Peer(server)
+    peer = AddPeer(server)
     peer.send(*((i + 1, 3, i, ledger_flags) for i in range(20)))
-    await peer.answers()
+    await peer.flushed()
     synced = await server.cursors.last_add_synced(3, server.durability.of_stored(3).settle)
     # The journal's own records (the ledger's creation) made durable, so that
     # the node stops without syncing its abandoned journal: the entries
@@ -207,7 +134,7 @@ async def sync_then_power_loss(tmp_path: Path, ledger_flags: int) -> tuple[int, 
     server.storage.abandon()
     await asyncio.wait_for(node.stop(), 10)
     emulate_power_loss([root / "data"])
-    async with node_at(root) as node:
+    async with node_at(_config(root, journal_write_data=False)) as node:
         readable = []
         for i in range(20):
             with contextlib.suppress(Exception):
