@@ -12,26 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from quire.bookie.config import BookieConfig
-from quire.bookie.storage import BookieStorage
-from quire.config import load_config
 from quire.errors import StatusCode
 from quire.protocol import AddRequest, BatchReadRequest, ReadLacRequest, ReadRequest
 from tests.integration.test_bookie_server import KEY, entry
-from tests.support.bookies import BookieProcess, RawBookieClient
+from tests.support.bookies import BookieProcess, RawBookieClient, put_in_limbo
 
 HELD = 7       # stored entries 0..2, then put in limbo
 NEVER_SEEN = 8  # put in limbo without this bookie ever storing it
 PLAIN = 9      # stored entries 0..2, not in limbo (the negatives it answers)
-
-
-def put_in_limbo(process: BookieProcess, ledger_ids: list[int]) -> None:
-    config = load_config(BookieConfig, process.write_config(), section="bookie")
-    storage = BookieStorage.open(config.storage)
-    try:
-        storage.mark_limbo(ledger_ids)
-    finally:
-        storage.close()
 
 
 @pytest.fixture

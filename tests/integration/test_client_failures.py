@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 
 from quire.client import Client
-from quire.errors import StatusCode
-from quire.protocol import ReadRequest
 from quire.types import LedgerState
-from tests.support.bookies import RawBookieClient
+from tests.support.bookies import wait_until_stored
 from tests.support.cluster import Cluster
 
 Connect = Callable[..., Awaitable[Client]]
@@ -53,22 +51,6 @@ async def test_killed_bookie_is_replaced_mid_write(cluster: Cluster, connect: Co
     reader = await (await connect(cluster)).open_ledger(ledger.ledger_id, password=b"pw",
                                                        recovery=False)
     assert [e.data for e in await reader.read(0, 149)] == [payload(i) for i in range(150)]
-
-
-async def wait_until_stored(address: str, ledger_id: int, entry_id: int) -> None:
-    """Poll one bookie until it serves ``entry_id`` (the third replica's add
-    may still be on its way when the ack quorum answered)."""
-    raw = await RawBookieClient.connect(address)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            answer = await raw.call(ReadRequest(raw.next_id(), ledger_id, entry_id))
-            if answer.status == StatusCode.OK:
-                return
-            assert time.monotonic() < deadline, f"{address} never stored entry {entry_id}"
-            await asyncio.sleep(0.02)
-    finally:
-        raw.close()
 
 
 async def test_reads_survive_losing_all_but_one_replica(cluster: Cluster,

@@ -25,8 +25,7 @@ from quire.errors import (
     NoSuchEntryError,
 )
 from quire.types import NO_ENTRY, LedgerState
-from tests.integration.test_bookie_limbo import put_in_limbo
-from tests.integration.test_client_failures import wait_until_stored
+from tests.support.bookies import put_in_limbo, wait_until_stored
 from tests.support.cluster import Cluster
 
 Connect = Callable[..., Awaitable[Client]]

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from pathlib import Path
 from typing import Any, cast
 
 from quire import sandbox
-from quire.protocol import Decoder, Request, Response
+from quire.bookie.config import BookieConfig
+from quire.bookie.storage import BookieStorage
+from quire.config import load_config
+from quire.errors import StatusCode
+from quire.protocol import Decoder, ReadRequest, Request, Response
 from quire.testing.power_loss import emulate_power_loss
 
 TEST_SETTINGS: dict[str, Any] = {
@@ -95,3 +100,30 @@ class RawBookieClient(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+def put_in_limbo(process: BookieProcess, ledger_ids: list[int]) -> None:
+    """Fence the ledgers and put them in limbo on a stopped bookie's directories
+    (BP-46's phase one, as the storage engine does it)."""
+    config = load_config(BookieConfig, process.write_config(), section="bookie")
+    storage = BookieStorage.open(config.storage)
+    try:
+        storage.mark_limbo(ledger_ids)
+    finally:
+        storage.close()
+
+
+async def wait_until_stored(address: str, ledger_id: int, entry_id: int) -> None:
+    """Poll one bookie until it serves ``entry_id`` (the third replica's add
+    may still be on its way when the ack quorum answered)."""
+    raw = await RawBookieClient.connect(address)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            answer = await raw.call(ReadRequest(raw.next_id(), ledger_id, entry_id))
+            if answer.status == StatusCode.OK:
+                return
+            assert time.monotonic() < deadline, f"{address} never stored entry {entry_id}"
+            await asyncio.sleep(0.02)
+    finally:
+        raw.close()
