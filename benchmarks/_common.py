@@ -1,6 +1,6 @@
 """Pieces the benchmark scripts share: the disk's raw fsync rate and latency,
 scraping a bookie's /metrics, a Redis server and redis-py's reply parsers,
-and the median of rounds."""
+the median of rounds, and a progress line on stderr."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import re
 import socket
 import statistics
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -149,3 +150,25 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen = dict(ordered[len(ordered) // 2])
     chosen["runs_entries_per_s"] = [r["entries_per_s"] for r in runs]
     return chosen
+
+
+class Progress:
+    """One self-overwriting status line on stderr (a plain line when not a tty)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, label: str, snapshot: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = (f"[{label}] {snapshot['elapsed_s']:5.1f}s {snapshot['entries']:>10,} entries "
+                f"{snapshot['entries_per_s']:>10,.0f}/s")
+        if self.tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            print(("\n" if self.tty else "") + text, file=sys.stderr, flush=True)

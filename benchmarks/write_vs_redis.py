@@ -62,6 +62,7 @@ import uvloop
 
 from benchmarks._common import (
     GOAL_REDIS_PARSER,
+    Progress,
     median_run,
     parse_redis_parsers,
     redis_parser_class,
@@ -131,28 +132,6 @@ def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
         e, w, a = (int(x) for x in part.split("/"))
         shapes.append((e, w, a))
     return tuple(shapes)
-
-
-class Progress:
-    """One self-overwriting status line on stderr (a plain line when not a tty)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, label: str, snapshot: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        line = (f"[{label}] {snapshot['elapsed_s']:5.1f}s {snapshot['entries']:>10,} entries "
-                f"{snapshot['entries_per_s']:>10,.0f}/s")
-        if self.tty:
-            print(f"\r{line}", end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def note(self, text: str) -> None:
-        if self.enabled:
-            print(("\n" if self.tty else "") + text, file=sys.stderr, flush=True)
 
 
 # --- Quire --------------------------------------------------------------------

@@ -122,6 +122,10 @@ class BookieMetrics:
         self.journal_group_size = Histogram(
             "quire_bookie_journal_group_size", "Journal records made durable per fsync",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.journal_written_bytes = Gauge(
+            "quire_bookie_journal_written_bytes_total",
+            "Journal record bytes written to journal files (counter; page padding not "
+            "counted)", registry=r)
         self.journal_loop_syncs = Gauge(
             "quire_bookie_journal_syncs_on_loop_total",
             "Journal fsyncs the event loop ran itself, not the fsync thread (counter; "

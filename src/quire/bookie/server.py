@@ -90,6 +90,8 @@ class BookieServer:
         metrics.read_cache_hits.set_function(lambda: storage.stats.read_cache_hits)
         metrics.read_cache_misses.set_function(lambda: storage.stats.read_cache_misses)
         metrics.journal_loop_syncs.set_function(lambda: committer.loop_sync_count)
+        metrics.journal_written_bytes.set_function(
+            lambda: storage.journal.counters().written_bytes)
 
     @classmethod
     async def open(cls, config: BookieConfig, storage: BookieStorage, committer: GroupCommitter,
