@@ -20,8 +20,12 @@ journal's own byte counter (``quire_bookie_journal_written_bytes_total``,
 record bytes without page padding; scraped before the stop), the growth of
 the entry-log and index directories' file sizes (the index's is a lower
 bound: LMDB rewrites pages in place), the bookie's log file, and the rest
-unattributed (LMDB page rewrites and padding, the metadata store's SQLite
-file, journal page padding).
+unattributed: with the journal on, mostly each journal group's RWF_DSYNC
+write re-dirtying the partly written page it starts in (the kernel counts
+the whole folio, several pages on ext4 with large folios: 14-15 KiB per
+fsync on this project's VM, kernel 6.18) and the zeros it pads its last
+page with; LMDB page rewrites; the metadata store's SQLite
+file.
 
 Prints, per mode, the run with the median entries/s (p50/p99 from that run)
 and its bytes per byte; the journal-off / journal-on ratios are the medians
@@ -52,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import Progress, median_run, scrape
+from benchmarks._common import FSYNC_COUNT, Progress, median_run, scrape
 from quire.bench import WriteBenchParams, bench_write
 from quire.client import Client
 from quire.errors import QuireError
@@ -96,23 +100,30 @@ def file_parts(bookie: BookieProcess) -> dict[str, int]:
             "bookie_log": bookie.log_path.stat().st_size if bookie.log_path.exists() else 0}
 
 
+def journal_counters(bookie: BookieProcess) -> dict[str, int]:
+    """A running bookie's journal record bytes and fsyncs so far (its /metrics)."""
+    assert bookie.metrics_address
+    found = scrape(bookie.metrics_address, JOURNAL_BYTES, FSYNC_COUNT)
+    return {"journal": int(found[JOURNAL_BYTES]), "journal_fsyncs": int(found[FSYNC_COUNT])}
+
+
 def snapshot(bookie: BookieProcess) -> dict[str, int]:
-    """A running bookie's counters: its /proc io, journal bytes, file sizes."""
-    assert bookie.proc is not None and bookie.metrics_address
-    return {**proc_io(bookie.proc.pid), **file_parts(bookie),
-            "journal": int(scrape(bookie.metrics_address, JOURNAL_BYTES)[JOURNAL_BYTES])}
+    """A running bookie's counters: its /proc io, journal counters, file sizes."""
+    assert bookie.proc is not None
+    return {**proc_io(bookie.proc.pid), **file_parts(bookie), **journal_counters(bookie)}
 
 
 def stop_and_snapshot(bookies: list[BookieProcess],
-                      journal_bytes: list[int]) -> list[dict[str, int]]:
+                      journals: list[dict[str, int]]) -> list[dict[str, int]]:
     """SIGTERM every bookie (they stop in parallel: final checkpoint, exit),
     then each one's /proc io as it exited, read before it is reaped, and its
-    file sizes; ``journal_bytes`` were scraped just before the stop."""
+    file sizes; ``journals`` (:func:`journal_counters`) were scraped just
+    before the stop."""
     for bookie in bookies:
         assert bookie.proc is not None
         bookie.proc.send_signal(signal.SIGTERM)
     after = []
-    for bookie, journal in zip(bookies, journal_bytes, strict=True):
+    for bookie, journal in zip(bookies, journals, strict=True):
         assert bookie.proc is not None
         pid = bookie.proc.pid
         deadline = time.monotonic() + EXIT_TIMEOUT_S
@@ -128,7 +139,7 @@ def stop_and_snapshot(bookies: list[BookieProcess],
         if code != 0:
             raise QuireError(f"{bookie.bookie_id} exited with {code}; its log ends with:\n"
                              f"{bookie.log()[-3000:]}")
-        after.append({**io, **file_parts(bookie), "journal": journal})
+        after.append({**io, **file_parts(bookie), **journal})
     return after
 
 
@@ -150,11 +161,12 @@ def disk_figures(before: list[dict[str, int]], after: list[dict[str, int]],
     """Bytes written, summed over the bookies, and per payload byte per replica."""
     per_replica = payload_bytes * WRITE_QUORUM
     bookies = [{key: a[key] - b[key] for key in
-                ("write_bytes", "cancelled_write_bytes", *PARTS)}
+                ("write_bytes", "cancelled_write_bytes", *PARTS, "journal_fsyncs")}
                for b, a in zip(before, after, strict=True)]
     total = {key: sum(b[key] for b in bookies) for key in bookies[0]}
     total["unattributed"] = total["write_bytes"] - sum(total[p] for p in PARTS)
-    return {"bytes": total, "bookies": bookies,
+    fsyncs = total.pop("journal_fsyncs")
+    return {"bytes": total, "bookies": bookies, "journal_fsyncs": fsyncs,
             "per_payload_byte_per_replica": {k: v / per_replica for k, v in total.items()},
             "bytes_per_byte": total["write_bytes"] / per_replica}
 
@@ -171,7 +183,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path,
                       f"{args.outstanding} outstanding, {args.ledgers} ledger(s)")
         result: dict[str, Any] = uvloop.run(add_entries(sandbox.metadata_uri, args, mode,
                                                         progress))
-        journal = [snapshot(b)["journal"] for b in sandbox.bookies]
+        journal = [journal_counters(b) for b in sandbox.bookies]
         progress.note(f"{mode}: stopping the bookies (final checkpoint) ...")
         after = stop_and_snapshot(sandbox.bookies, journal)
     finally:
@@ -260,9 +272,15 @@ def main() -> None:
         print(f"{mode:<12} {per['write_bytes']:>11.3f} {per['journal']:>8.3f} "
               f"{per['entry_logs']:>10.3f} {per['index']:>8.3f} {per['bookie_log']:>10.4f} "
               f"{per['unattributed']:>8.3f}   ({total['write_bytes'] / 1e6:,.1f} MB)")
-    print("(journal: the bookies' journal byte counter, without page padding; entry logs "
-          "and index: growth of their files; other: the rest, LMDB page rewrites, page "
-          "padding, the metadata store)")
+    print("(journal: the bookies' journal record bytes; entry logs and index: growth of "
+          "their files; other: the rest: each journal group's write re-dirties the partly "
+          "written page (folio) it starts in and pads its last one, LMDB page rewrites, "
+          "the metadata store)")
+    for mode, r in results.items():
+        fsyncs = r["journal_fsyncs"]
+        per_fsync = (f", {r['bytes']['unattributed'] / fsyncs / 1024:.1f} KiB of other per fsync"
+                     if fsyncs else "")
+        print(f"{mode}: {fsyncs:,} journal fsyncs{per_fsync}")
 
     def rounds(values: list[float]) -> str:
         return ", ".join(f"{v:.3f}" for v in values)
