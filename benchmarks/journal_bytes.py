@@ -171,6 +171,13 @@ def disk_figures(before: list[dict[str, int]], after: list[dict[str, int]],
             "bytes_per_byte": total["write_bytes"] / per_replica}
 
 
+def device_written_bytes(device: str) -> int:
+    """Bytes the block device ``device`` (``/sys/block/<device>``) has written
+    since boot, file system metadata and every process included."""
+    fields = Path(f"/sys/block/{device}/stat").read_text().split()
+    return int(fields[6]) * 512  # sectors written, always of 512 bytes there
+
+
 def run_mode(mode: str, args: argparse.Namespace, root: Path,
              progress: Progress) -> dict[str, Any]:
     sandbox = Sandbox(root / "sandbox", bookies=3, metrics_port=0, **MODES[mode])
@@ -178,6 +185,9 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path,
     sandbox.start()
     try:
         before = [snapshot(b) for b in sandbox.bookies]
+        if args.block_device:
+            os.sync()
+            device_before = device_written_bytes(args.block_device)
         progress.note(f"{mode}: {args.entries:,} PD adds of {args.entry_bytes} B at "
                       f"E={ENSEMBLE} W={WRITE_QUORUM} A={ACK_QUORUM}, "
                       f"{args.outstanding} outstanding, {args.ledgers} ledger(s)")
@@ -186,9 +196,16 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path,
         journal = [journal_counters(b) for b in sandbox.bookies]
         progress.note(f"{mode}: stopping the bookies (final checkpoint) ...")
         after = stop_and_snapshot(sandbox.bookies, journal)
+        if args.block_device:
+            os.sync()  # (the file system's own journal included)
+            device = device_written_bytes(args.block_device) - device_before
     finally:
         sandbox.stop()  # whatever is still running, if something failed
-    result.update(disk_figures(before, after, result["entries"] * args.entry_bytes))
+    payload_bytes = result["entries"] * args.entry_bytes
+    result.update(disk_figures(before, after, payload_bytes))
+    if args.block_device:
+        result["device_bytes"] = device
+        result["device_bytes_per_byte"] = device / (payload_bytes * WRITE_QUORUM)
     progress.note(_line(mode, result))
     return result
 
@@ -218,6 +235,10 @@ def main() -> None:
     parser.add_argument("--ledgers", type=int, default=1)
     parser.add_argument("--tmpdir", type=Path, default=None,
                         help="where the bookies keep their files (default: system temp)")
+    parser.add_argument("--block-device", default="",
+                        help="also count what this block device (a name under /sys/block, "
+                             "e.g. loop0) wrote in each measurement; only meaningful for a "
+                             "device that holds --tmpdir and nothing else writes to")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args()
@@ -281,6 +302,11 @@ def main() -> None:
         per_fsync = (f", {r['bytes']['unattributed'] / fsyncs / 1024:.1f} KiB of other per fsync"
                      if fsyncs else "")
         print(f"{mode}: {fsyncs:,} journal fsyncs{per_fsync}")
+    if args.block_device:
+        for mode, r in results.items():
+            print(f"{mode}: device {args.block_device} wrote {r['device_bytes'] / 1e6:,.1f} MB, "
+                  f"{r['device_bytes_per_byte']:.3f} bytes per payload byte per replica "
+                  "(file system metadata included)")
 
     def rounds(values: list[float]) -> str:
         return ", ".join(f"{v:.3f}" for v in values)
