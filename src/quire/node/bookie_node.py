@@ -6,15 +6,22 @@ its own (BP-46 adds its boot steps between them, see the comments there):
 1. ``_check_identity``: a stable bookie id;
 2. ``_open_metadata``: the metadata store (leased registrations);
 3. ``_validate_cookie``: the cookie in every directory and in metadata;
-4. ``_open_storage``: the storage engine (journal replay) and the group
-   committer over its journal;
-5. ``_build_server``: the bookie server over them (its sync cursors rebuilt);
-6. ``_listen``: the listener, then the metrics endpoint;
-7. ``_register``: the bookie's address and state in metadata;
-8. ``_start_services``: checkpoints, GC, the disk watch.
+4. ``_open_storage``: the storage engine (journal replay, the running mark
+   read) and the group committer over its journal;
+5. ``_protect``: BP-46 phase one (:mod:`~quire.node.integrity`), when a
+   directory lost its cookie or the last run crashed without the journal:
+   fence this bookie's ledgers and put the open ones in limbo, durably,
+   before anything is answered;
+6. ``_build_server``: the bookie server over them (its sync cursors rebuilt);
+7. ``_listen``: the listener, then the metrics endpoint;
+8. ``_register``: the bookie's address and state in metadata;
+9. ``_start_services``: checkpoints, GC, the disk watch;
+10. ``_start_repair``: BP-46 phase two (:mod:`~quire.node.repair`) in the
+    background, while serving, when ``data_integrity_checking`` is on or a
+    ledger is in limbo.
 
-:meth:`BookieNode.stop` undoes them: services, listener and connections,
-the last fsync, storage, registration, metadata store.
+:meth:`BookieNode.stop` undoes them: repair, services, listener and
+connections, the last fsync, storage, registration, metadata store.
 """
 
 from __future__ import annotations
@@ -30,8 +37,13 @@ from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage
+from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
-from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore, open_store
+from quire.node.entry_copier import EntryCopier
+from quire.node.integrity import protect_ledgers
+from quire.node.repair import LedgerRepair, LocalSink, RepairMetrics, RepairSettings
+from quire.peer import BookiePool, PeerConfig
 from quire.types import BookieState
 
 log = logging.getLogger("quire.node")
@@ -57,6 +69,11 @@ class BookieNode:
         self._registered = False
         self._registering: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self._cookie_failed = False
+        self._repair: LedgerRepair | None = None
+        self._repair_task: asyncio.Task[None] | None = None
+        self._repair_client: Client | None = None
+        self._repair_pool: BookiePool | None = None
 
     @property
     def server(self) -> BookieServer:
@@ -73,17 +90,13 @@ class BookieNode:
         self._check_identity()
         store = await self._open_metadata()
         await self._validate_cookie(store)
-        # BP-46: the unclean-shutdown mark is read when the storage opens; a
-        # failed cookie or an unclean run without the journal leads to phase
-        # one (fence and mark limbo every open ledger of this bookie) here,
-        # after _open_storage and before _build_server answers anything.
         storage, committer = await self._open_storage()
+        await self._protect(store, storage)
         server = await self._build_server(store, storage, committer)
         await self._listen(server)
         await self._register()
         self._start_services(server)
-        # BP-46: phase two (recover limbo ledgers through the client, copy
-        # missing entries from peers) starts here, as a task, while serving.
+        await self._start_repair(store, storage, server, committer)
         log.info("bookie %s serving on %s", self.bookie_id, self.address)
 
     def _check_identity(self) -> None:
@@ -111,13 +124,28 @@ class BookieNode:
         return self._storage, self._committer
 
     def _check_last_shutdown(self, storage: BookieStorage) -> None:
-        """BP-46: report how the previous run ended.  The boot sequence's
-        phase one (when ``storage.last_shutdown.may_have_lost_acknowledged_entries``
-        or a cookie failed: ``storage.mark_limbo`` every open ledger of this
-        bookie, then ``storage.unclean_shutdown_handled()``) goes here."""
+        """BP-46: report how the previous run ended."""
         last = storage.last_shutdown
         log.log(logging.WARNING if last.unclean else logging.INFO,
                 "bookie %s: last shutdown %s", self.bookie_id, last.describe())
+
+    async def _protect(self, store: MetadataStore, storage: BookieStorage) -> None:
+        """BP-46 phase one, when a cookie was missing or the last run crashed
+        while acknowledging adds only its write cache held (and
+        ``data_integrity_checking`` is on).  Its marks are durable before the
+        running mark stops saying "crashed without the journal": a crash in
+        between runs phase one again."""
+        lost_writes = storage.last_shutdown.may_have_lost_acknowledged_entries
+        if lost_writes and not self.config.data_integrity_checking:
+            log.warning("bookie %s: the last run crashed without the journal and "
+                        "data_integrity_checking is off: acknowledged entries it held may "
+                        "be lost, undetected", self.bookie_id)
+            return
+        if not (lost_writes or self._cookie_failed):
+            return
+        await protect_ledgers(store, storage, self.bookie_id)
+        if lost_writes:
+            await asyncio.to_thread(storage.unclean_shutdown_handled)
 
     async def _build_server(self, store: MetadataStore, storage: BookieStorage,
                             committer: GroupCommitter) -> BookieServer:
@@ -147,6 +175,36 @@ class BookieNode:
     def _start_services(self, server: BookieServer) -> None:
         server.services.start()
 
+    async def _start_repair(self, store: MetadataStore, storage: BookieStorage,
+                            server: BookieServer, committer: GroupCommitter) -> None:
+        """BP-46 phase two, as a background task (see :mod:`~quire.node.repair`)."""
+        cfg = self.config
+        limbo = storage.limbo_ledgers()
+        if not (cfg.data_integrity_checking or limbo):
+            return
+        client = self._repair_client = await Client.over(store, ClientConfig())
+        peers = self._repair_pool = await BookiePool.open(store, PeerConfig())
+        copier = EntryCopier(peers, self.bookie_id, timeout_ms=cfg.repair_read_timeout_ms,
+                             chunk_max_bytes=max(1 << 20, cfg.storage.write_cache_max_bytes // 8),
+                             batch_max_bytes=cfg.batch_read_max_size_bytes)
+        settings = RepairSettings(cfg.repair_start_delay_ms, cfg.repair_retry_interval_ms,
+                                  cfg.repair_parallel_ledgers, cfg.repair_progress_every_ledgers)
+        metrics = RepairMetrics(self.metrics.registry, lambda: len(storage.limbo_ledgers()))
+        self._repair = LedgerRepair(self.bookie_id, store, storage, _ClientRecoverer(client),
+                                    copier, LocalSink(storage, server.services.covering),
+                                    committer.wait_durable, settings, metrics)
+        log.info("bookie %s: phase two starts (%d ledgers in limbo)", self.bookie_id,
+                 len(limbo))
+        self._repair_task = asyncio.get_running_loop().create_task(
+            self._repair.run(everything_first=cfg.data_integrity_checking))
+        self._repair_task.add_done_callback(_log_failure)
+
+    async def repair_idle(self) -> None:
+        """Return once phase two has nothing left in limbo (at once if it
+        does not run)."""
+        if self._repair is not None:
+            await self._repair.wait_idle()
+
     def publish(self, state: BookieState) -> None:
         """StatePublisher: register the new state (once registered at all)."""
         if not self._registered:
@@ -167,6 +225,7 @@ class BookieNode:
         """Clean shutdown: stop accepting, flush, checkpoint, unregister."""
         if self._listener is None:
             return
+        await self._stop_repair()
         server = self._server
         if server is not None:
             await server.services.stop()
@@ -188,3 +247,36 @@ class BookieNode:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+    async def _stop_repair(self) -> None:
+        if self._repair_task is not None:
+            self._repair_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._repair_task
+            self._repair_task = None
+        if self._repair_client is not None:
+            await self._repair_client.close()
+            self._repair_client = None
+        if self._repair_pool is not None:
+            await self._repair_pool.close()
+            self._repair_pool = None
+
+
+class _ClientRecoverer:
+    """:class:`~quire.node.repair.LedgerRecoverer` through the client: open
+    with recovery (BookKeeper's openLedger)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
+        handle = await self._client.open_ledger(ledger_id, password=password, recovery=True)
+        metadata = handle.metadata
+        await handle.close()
+        return metadata
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("BP-46 phase two stopped: %r (ledgers left in limbo stay there until "
+                  "the next start)", task.exception(), exc_info=task.exception())
