@@ -185,7 +185,8 @@ class BookieNode:
         client = self._repair_client = await Client.over(store, ClientConfig())
         peers = self._repair_pool = await BookiePool.open(store, PeerConfig())
         copier = EntryCopier(peers, self.bookie_id, timeout_ms=cfg.repair_read_timeout_ms,
-                             chunk_max_bytes=max(1 << 20, cfg.storage.write_cache_max_bytes // 8),
+                             chunk_max_bytes=max(1 << 20, min(8 << 20,
+                                                              cfg.storage.write_cache_max_bytes // 8)),
                              batch_max_bytes=cfg.batch_read_max_size_bytes)
         settings = RepairSettings(cfg.repair_start_delay_ms, cfg.repair_retry_interval_ms,
                                   cfg.repair_parallel_ledgers, cfg.repair_progress_every_ledgers)

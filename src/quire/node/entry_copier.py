@@ -32,6 +32,8 @@ from quire.protocol import DigestManager, ReadResponse, master_key
 log = logging.getLogger("quire.node.copier")
 
 _RECORD_LEN = struct.Struct(">I")
+_SOURCE_BLOCK = 256
+"""Consecutive entries asked of one source in a round."""
 
 
 class EntrySink(Protocol):
@@ -103,9 +105,11 @@ class EntryCopier:
                      digest: DigestManager, report: CopyReport) -> dict[int, bytes]:
         """Verified copies of the chunk's entries, from each entry's sources
         in turn (round ``r`` asks every entry's ``r``-th source)."""
-        sources = {e: [b for b in write_set_bookies(metadata.ensemble_at(e), e,
-                                                    metadata.write_quorum_size)
-                       if b != self._self]
+        # each entry's sources in one order (not the write set's, which turns
+        # with the entry id): neighbours then share sources, and runs form
+        sources = {e: sorted(b for b in write_set_bookies(metadata.ensemble_at(e), e,
+                                                          metadata.write_quorum_size)
+                             if b != self._self)
                    for e in chunk}
         got: dict[int, bytes] = {}
         for round_ in range(metadata.write_quorum_size):
@@ -115,8 +119,9 @@ class EntryCopier:
                     continue
                 candidates = sources[entry_id]
                 if round_ < len(candidates):
-                    # start at a different source per entry: spread the load
-                    source = candidates[(entry_id + round_) % len(candidates)]
+                    # spread the load over the sources a block of entries at a
+                    # time (a source's run of a block is one batch read)
+                    source = candidates[(entry_id // _SOURCE_BLOCK + round_) % len(candidates)]
                     by_source.setdefault(source, []).append(entry_id)
             if not by_source:
                 break
