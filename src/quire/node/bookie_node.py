@@ -5,7 +5,10 @@ its own (BP-46 adds its boot steps between them, see the comments there):
 
 1. ``_check_identity``: a stable bookie id;
 2. ``_open_metadata``: the metadata store (leased registrations);
-3. ``_validate_cookie``: the cookie in every directory and in metadata;
+3. ``_validate_cookie``: the cookie in every directory and in metadata (a
+   directory that lost it refuses the start, unless
+   ``data_integrity_stamp_missing_cookies``: then it is stamped after
+   ``_open_storage``);
 4. ``_open_storage``: the storage engine (journal replay) and the group
    committer over its journal;
 5. ``_build_server``: the bookie server over them (its sync cursors rebuilt);
@@ -25,7 +28,12 @@ import logging
 from pathlib import Path
 
 from quire.bookie.config import BookieConfig
-from quire.bookie.cookie import validate_or_create_cookie
+from quire.bookie.cookie import (
+    CookieCheck,
+    check_cookies,
+    missing_cookies_error,
+    stamp_missing_cookies,
+)
 from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
@@ -45,7 +53,7 @@ class BookieNode:
 
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
-        self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
+        self.bookie_id = config.resolved_bookie_id
         self.metrics = BookieMetrics()
         self.address = ""
         self.metrics_address: str | None = None
@@ -57,6 +65,9 @@ class BookieNode:
         self._registered = False
         self._registering: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self._cookie_check: CookieCheck | None = None
+        """The boot's cookie check; failed (directories missing their
+        cookie) only with ``data_integrity_stamp_missing_cookies``."""
 
     @property
     def server(self) -> BookieServer:
@@ -99,12 +110,25 @@ class BookieNode:
         storage_config = self.config.storage
         for d in (*storage_config.journal_dirs, *storage_config.ledger_dirs):
             Path(d).mkdir(parents=True, exist_ok=True)
-        await validate_or_create_cookie(store, self.bookie_id, storage_config.journal_dirs,
-                                        storage_config.ledger_dirs)
+        check = await check_cookies(store, self.bookie_id, storage_config.journal_dirs,
+                                    storage_config.ledger_dirs)
+        if check.failed and not self.config.data_integrity_stamp_missing_cookies:
+            raise missing_cookies_error(check)
+        if check.failed:
+            log.warning("bookie %s: directories %s lost their cookie; they are stamped "
+                        "once the bookie's open ledgers are protected",
+                        self.bookie_id, ", ".join(map(str, check.missing_dirs)))
+        self._cookie_check = check
 
     async def _open_storage(self) -> tuple[BookieStorage, GroupCommitter]:
         self._storage = await asyncio.to_thread(BookieStorage.open, self.config.storage)
         self._check_last_shutdown(self._storage)
+        check = self._cookie_check
+        if check is not None and check.failed:
+            # BP-46 phase one goes before this (fence and limbo, durably).
+            await asyncio.to_thread(stamp_missing_cookies, check)
+            log.warning("bookie %s: stamped the missing cookies of %s", self.bookie_id,
+                        ", ".join(map(str, check.missing_dirs)))
         self._committer = GroupCommitter(
             self._storage.journal, max_group_wait_ms=self.config.journal_max_group_wait_ms,
             loop_sync_max_ms=self.config.journal_sync_on_loop_max_ms)
