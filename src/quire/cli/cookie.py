@@ -73,10 +73,9 @@ def list_cookies(metadata_uri: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("bookie id", "instance id", "journal dirs", "ledger dirs", "version")
+    table = Table("bookie id", "instance id", "version")
     for r in rows:
-        table.add_row(r["bookie_id"], r["instance_id"], ", ".join(r["journal_dirs"]),
-                      ", ".join(r["ledger_dirs"]), str(r["version"]))
+        table.add_row(r["bookie_id"], r["instance_id"], str(r["version"]))
     Console().print(table)
 
 
@@ -146,10 +145,10 @@ def delete(bookie_id: str, yes: bool, metadata_uri: str | None, as_json: bool) -
 
 
 @cookie.command("fix")
-@click.argument("bookie_id")
+@click.argument("fixed_id", metavar="BOOKIE_ID")
 @bookie_config_options
 @json_option
-def fix(bookie_id: str, config_path: str | None, as_json: bool, **kwargs: Any) -> None:
+def fix(fixed_id: str, config_path: str | None, as_json: bool, **kwargs: Any) -> None:
     """Repair a stopped bookie whose directories lost their cookie.
 
     Takes the bookie's config as ``quire bookie start`` does (``--config``
@@ -162,19 +161,19 @@ def fix(bookie_id: str, config_path: str | None, as_json: bool, **kwargs: Any) -
     from quire.node.cookie_fix import fix_missing_cookies
 
     config = load_bookie_config(config_path, kwargs)
-    if config.resolved_bookie_id != bookie_id:
+    if config.resolved_bookie_id != fixed_id:
         raise click.UsageError(f"the config is of bookie {config.resolved_bookie_id}, "
-                               f"not {bookie_id}")
+                               f"not {fixed_id}")
     check: CookieCheck = run_async(lambda: fix_missing_cookies(config))
     stamped = [str(d) for d in check.missing_dirs]
     if as_json:
-        emit_json({"bookie_id": bookie_id, "instance_id": check.cookie.instance_id,
+        emit_json({"bookie_id": fixed_id, "instance_id": check.cookie.instance_id,
                    "stamped_dirs": stamped, "first_boot": check.first_boot})
     elif stamped:
-        click.echo(f"bookie {bookie_id}: open ledgers protected; cookie "
+        click.echo(f"bookie {fixed_id}: open ledgers protected; cookie "
                    f"{check.cookie.instance_id} written to {', '.join(stamped)}")
     elif check.first_boot:
-        click.echo(f"bookie {bookie_id} had no cookie anywhere: wrote a new one "
+        click.echo(f"bookie {fixed_id} had no cookie anywhere: wrote a new one "
                    f"({check.cookie.instance_id}) to its directories and the metadata store")
     else:
-        click.echo(f"bookie {bookie_id}: every directory has its cookie; nothing to fix")
+        click.echo(f"bookie {fixed_id}: every directory has its cookie; nothing to fix")
