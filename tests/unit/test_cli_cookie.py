@@ -13,7 +13,8 @@ from click.testing import CliRunner, Result
 
 from quire.bookie.cookie import Cookie, check_cookies
 from quire.cli.main import cli
-from quire.metadata import open_store
+from quire.metadata import BookieInfo, open_store
+from quire.types import BookieState
 
 
 @pytest.fixture
@@ -88,3 +89,16 @@ def test_fix_takes_the_bookie_config_and_checks_its_id(tmp_path: Path, metadata:
                                         "stamped_dirs": [str(tmp_path / "data")],
                                         "first_boot": False}
     assert "nothing to fix" in run("cookie", "fix", "bookie-1", "--config", str(config)).output
+
+
+async def test_delete_refuses_a_running_bookie(tmp_path: Path, metadata: str) -> None:
+    await asyncio.to_thread(make_cookie, metadata, tmp_path, "bookie-1")
+    store = await open_store(metadata)
+    try:
+        await store.register_bookie(BookieInfo("bookie-1", "127.0.0.1:1", BookieState.WRITABLE))
+        refused = await asyncio.to_thread(run, "cookie", "delete", "bookie-1", "--yes",
+                                          "--metadata", metadata)
+        assert refused.exit_code == 1 and "bookie-1 is running" in refused.output
+        assert (await store.read_cookie("bookie-1")).version == 0
+    finally:
+        await store.close()
