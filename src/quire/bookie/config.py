@@ -45,6 +45,12 @@ class BookieConfig:
     one), then recover them and copy back from peers what this bookie lacks
     (phase two, while serving).  Without it, a journal-less bookie warns at
     start that it can lose acknowledged entries undetected."""
+    data_integrity_stamp_missing_cookies: bool = False
+    """BP-46: a journal or ledger directory whose cookie is missing while the
+    metadata store holds this bookie's (an emptied or replaced disk) is a
+    cookie failure.  False: the bookie refuses to start, naming the
+    directories and ``quire cookie fix``.  True: it fences and limbos its
+    open ledgers (phase one) and then writes the missing cookies itself."""
     storage: StorageConfig = field(default_factory=lambda: StorageConfig(
         journal_dirs=(DEFAULT_DATA_DIR,), ledger_dirs=(DEFAULT_DATA_DIR,)))
     """The storage engine's settings.  Its fields are flat keys of the
@@ -92,6 +98,13 @@ class BookieConfig:
     entry and makes no reference cycles, so Python's default (700) ran a
     collection every few hundred adds, each walking what the write cache and
     the BP-14 cursors hold: about a tenth of the bookie's CPU under load."""
+
+
+    @property
+    def resolved_bookie_id(self) -> str:
+        """The id the bookie registers and keeps in its cookie:
+        ``bookie_id``, else ``host:port``."""
+        return self.bookie_id or f"{self.host}:{self.port}"
 
 
 def warn_if_unprotected(config: BookieConfig) -> bool:

@@ -5,7 +5,10 @@ its own (BP-46 adds its boot steps between them, see the comments there):
 
 1. ``_check_identity``: a stable bookie id;
 2. ``_open_metadata``: the metadata store (leased registrations);
-3. ``_validate_cookie``: the cookie in every directory and in metadata;
+3. ``_validate_cookie``: the cookie in every directory and in metadata (a
+   directory that lost it refuses the start, unless
+   ``data_integrity_stamp_missing_cookies``: then phase one runs and the
+   directory is stamped after it);
 4. ``_open_storage``: the storage engine (journal replay, the running mark
    read) and the group committer over its journal;
 5. ``_protect``: BP-46 phase one (:mod:`~quire.node.integrity`), when a
@@ -32,7 +35,12 @@ import logging
 from pathlib import Path
 
 from quire.bookie.config import BookieConfig
-from quire.bookie.cookie import validate_or_create_cookie
+from quire.bookie.cookie import (
+    CookieCheck,
+    check_cookies,
+    missing_cookies_error,
+    stamp_missing_cookies,
+)
 from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
@@ -41,7 +49,7 @@ from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
 from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore, open_store
 from quire.node.entry_copier import EntryCopier
-from quire.node.integrity import protect_ledgers
+from quire.node.integrity import protect_if_needed
 from quire.node.repair import LedgerRepair, LocalSink, RepairMetrics, RepairSettings
 from quire.peer import BookiePool, PeerConfig
 from quire.types import BookieState
@@ -57,7 +65,7 @@ class BookieNode:
 
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
-        self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
+        self.bookie_id = config.resolved_bookie_id
         self.metrics = BookieMetrics()
         self.address = ""
         self.metrics_address: str | None = None
@@ -69,7 +77,9 @@ class BookieNode:
         self._registered = False
         self._registering: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
-        self._cookie_failed = False
+        self._cookie_check: CookieCheck | None = None
+        """The boot's cookie check; failed (directories missing their
+        cookie) only with ``data_integrity_stamp_missing_cookies``."""
         self._repair: LedgerRepair | None = None
         self._repair_task: asyncio.Task[None] | None = None
         self._repair_client: Client | None = None
@@ -112,8 +122,15 @@ class BookieNode:
         storage_config = self.config.storage
         for d in (*storage_config.journal_dirs, *storage_config.ledger_dirs):
             Path(d).mkdir(parents=True, exist_ok=True)
-        await validate_or_create_cookie(store, self.bookie_id, storage_config.journal_dirs,
-                                        storage_config.ledger_dirs)
+        check = await check_cookies(store, self.bookie_id, storage_config.journal_dirs,
+                                    storage_config.ledger_dirs)
+        if check.failed and not self.config.data_integrity_stamp_missing_cookies:
+            raise missing_cookies_error(check)
+        if check.failed:
+            log.warning("bookie %s: directories %s lost their cookie; they are stamped "
+                        "once the bookie's ledgers are protected (BP-46 phase one)",
+                        self.bookie_id, ", ".join(map(str, check.missing_dirs)))
+        self._cookie_check = check
 
     async def _open_storage(self) -> tuple[BookieStorage, GroupCommitter]:
         self._storage = await asyncio.to_thread(BookieStorage.open, self.config.storage)
@@ -130,22 +147,17 @@ class BookieNode:
                 "bookie %s: last shutdown %s", self.bookie_id, last.describe())
 
     async def _protect(self, store: MetadataStore, storage: BookieStorage) -> None:
-        """BP-46 phase one, when a cookie was missing or the last run crashed
-        while acknowledging adds only its write cache held (and
-        ``data_integrity_checking`` is on).  Its marks are durable before the
-        running mark stops saying "crashed without the journal": a crash in
-        between runs phase one again."""
-        lost_writes = storage.last_shutdown.may_have_lost_acknowledged_entries
-        if lost_writes and not self.config.data_integrity_checking:
-            log.warning("bookie %s: the last run crashed without the journal and "
-                        "data_integrity_checking is off: acknowledged entries it held may "
-                        "be lost, undetected", self.bookie_id)
-            return
-        if not (lost_writes or self._cookie_failed):
-            return
-        await protect_ledgers(store, storage, self.bookie_id)
-        if lost_writes:
-            await asyncio.to_thread(storage.unclean_shutdown_handled)
+        """BP-46 phase one (:func:`~quire.node.integrity.protect_if_needed`),
+        then the missing cookies stamped: a crash before the stamps runs
+        phase one again."""
+        check = self._cookie_check
+        cookie_failed = check is not None and check.failed
+        await protect_if_needed(store, storage, self.bookie_id, cookie_failed=cookie_failed,
+                                data_integrity_checking=self.config.data_integrity_checking)
+        if check is not None and cookie_failed:
+            await asyncio.to_thread(stamp_missing_cookies, check)
+            log.warning("bookie %s: stamped the missing cookies of %s", self.bookie_id,
+                        ", ".join(map(str, check.missing_dirs)))
 
     async def _build_server(self, store: MetadataStore, storage: BookieStorage,
                             committer: GroupCommitter) -> BookieServer:
@@ -184,9 +196,9 @@ class BookieNode:
             return
         client = self._repair_client = await Client.over(store, ClientConfig())
         peers = self._repair_pool = await BookiePool.open(store, PeerConfig())
+        chunk_bytes = max(1 << 20, min(8 << 20, cfg.storage.write_cache_max_bytes // 8))
         copier = EntryCopier(peers, self.bookie_id, timeout_ms=cfg.repair_read_timeout_ms,
-                             chunk_max_bytes=max(1 << 20, min(8 << 20,
-                                                              cfg.storage.write_cache_max_bytes // 8)),
+                             chunk_max_bytes=chunk_bytes,
                              batch_max_bytes=cfg.batch_read_max_size_bytes)
         settings = RepairSettings(cfg.repair_start_delay_ms, cfg.repair_retry_interval_ms,
                                   cfg.repair_parallel_ledgers, cfg.repair_progress_every_ledgers)

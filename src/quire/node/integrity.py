@@ -86,3 +86,25 @@ async def protect_ledgers(store: MetadataStore, storage: BookieStorage,
     log.warning("phase one: fenced %d ledgers (%d in limbo)", protection.fenced,
                 protection.limbo)
     return protection
+
+
+async def protect_if_needed(store: MetadataStore, storage: BookieStorage, bookie_id: str, *,
+                            cookie_failed: bool, data_integrity_checking: bool
+                            ) -> Protection | None:
+    """Phase one when it is due: a directory lost its cookie, or the last
+    run crashed while acknowledging adds only its write cache held (and
+    ``data_integrity_checking`` is on).  The protection is durable before
+    the running mark stops saying "crashed without the journal", so a crash
+    in between runs phase one again.  None when nothing was due."""
+    lost_writes = storage.last_shutdown.may_have_lost_acknowledged_entries
+    if lost_writes and not data_integrity_checking:
+        log.warning("bookie %s: the last run crashed without the journal and "
+                    "data_integrity_checking is off: acknowledged entries it held may be "
+                    "lost, undetected", bookie_id)
+        lost_writes = False  # (the mark keeps saying so until a clean shutdown)
+    if not (lost_writes or cookie_failed):
+        return None
+    protection = await protect_ledgers(store, storage, bookie_id)
+    if storage.last_shutdown.may_have_lost_acknowledged_entries:
+        await asyncio.to_thread(storage.unclean_shutdown_handled)
+    return protection
