@@ -11,6 +11,10 @@ checked against the ledger's digest, retrying what it cannot do yet.
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -172,5 +176,58 @@ async def test_repair_refuses_a_corrupted_copy_and_takes_a_good_one(
         assert metrics["failures_total"] >= 1
         copied = await stored_on(cluster, 2, ledger_id, range(10))
         assert copied == dict(enumerate(good[:bad_only]))
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("stamping", [True, False], ids=["stamping", "quire-cookie-fix"])
+async def test_an_emptied_ledger_dir_is_caught_by_its_cookie_and_repaired_from_peers(
+        tmp_path: Path, connect: Connect, stamping: bool) -> None:
+    # journal on: a replaced disk loses what a journal cannot bring back
+    cluster = Cluster(tmp_path / "cluster", 3, data_integrity_checking=True, metrics_port=0,
+                      repair_retry_interval_ms=200)
+    victim = cluster.bookies[2]
+    victim.settings["data_integrity_stamp_missing_cookies"] = stamping
+    cluster.start()
+    try:
+        client = await connect(cluster)
+        closed = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(closed.append(payload(closed.ledger_id, i)) for i in range(30)))
+        await closed.close()
+        writing = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writing.append(payload(writing.ledger_id, i)) for i in range(30)))
+        for ledger_id in (closed.ledger_id, writing.ledger_id):
+            await wait_until_stored(victim.address, ledger_id, 29)
+        await asyncio.to_thread(victim.stop)
+        ledger_dir = Path(victim.settings["ledger_dirs"][0])
+        shutil.rmtree(ledger_dir)
+        ledger_dir.mkdir()
+
+        if stamping:
+            await asyncio.to_thread(victim.start)
+            assert f"stamped the missing cookies of {ledger_dir}" in victim.log()
+            assert "phase one: fenced 2 ledgers (1 in limbo)" in victim.log()
+        else:
+            victim.start(expect_ready=False)
+            assert await asyncio.to_thread(victim.wait_exit, 60) != 0
+            assert f"{ledger_dir} has no cookie" in victim.log()
+            assert "quire cookie fix bookie-2 --config" in victim.log()
+            fixed = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "quire.cli.main", "cookie", "fix",
+                                 "bookie-2", "--config", str(victim.write_config()), "--json"],
+                capture_output=True, timeout=60)
+            assert fixed.returncode == 0, fixed.stderr.decode()
+            assert json.loads(fixed.stdout)["stamped_dirs"] == [str(ledger_dir)]
+            await asyncio.to_thread(victim.start)
+            assert "phase two starts (1 ledgers in limbo)" in victim.log()
+
+        await wait_for_repair(victim)
+        reader = await client.open_ledger(writing.ledger_id, password=PW, recovery=False)
+        assert reader.metadata.state is LedgerState.CLOSED
+        assert reader.metadata.last_entry_id == 29
+        for ledger_id in (closed.ledger_id, writing.ledger_id):
+            assert await stored_on(cluster, 2, ledger_id, range(30)) == \
+                await stored_on(cluster, 1, ledger_id, range(30))
+            assert len(await stored_on(cluster, 2, ledger_id, range(30))) == 30
     finally:
         cluster.close()

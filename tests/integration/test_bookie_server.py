@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -225,54 +224,6 @@ async def test_read_only_bookie_refuses_adds_but_serves_fencing_and_recovery(
         client.close()
     finally:
         process.kill9()
-
-
-def emptied_ledger_dir(process: BookieProcess) -> Path:
-    """Start and stop ``process`` once, then empty its ledger directory (a
-    replaced disk)."""
-    process.start()
-    process.stop()
-    ledger_dir = Path(process.settings["ledger_dirs"][0])
-    shutil.rmtree(ledger_dir)
-    os.makedirs(ledger_dir)
-    return ledger_dir
-
-
-def test_emptied_ledger_dir_refuses_to_start_until_quire_cookie_fix(
-        tmp_path: Path, metadata_uri: str) -> None:
-    process = BookieProcess(tmp_path, metadata_uri, "bookie-c")
-    ledger_dir = emptied_ledger_dir(process)
-    process.start(expect_ready=False)
-    assert process.wait_exit(60) != 0
-    log = process.log()
-    assert "cookie check failed" in log and f"{ledger_dir} has no cookie" in log
-    assert "quire cookie fix bookie-c --config" in log
-    assert not (ledger_dir / "COOKIE").exists()
-
-    fixed = subprocess.run([sys.executable, "-m", "quire.cli.main", "cookie", "fix", "bookie-c",
-                            "--config", str(process.write_config()), "--json"],
-                           capture_output=True, timeout=60)
-    assert fixed.returncode == 0, fixed.stderr.decode()
-    assert json.loads(fixed.stdout)["stamped_dirs"] == [str(ledger_dir)]
-    process.start()
-    try:
-        assert (ledger_dir / "COOKIE").exists()
-    finally:
-        process.stop()
-
-
-def test_emptied_ledger_dir_is_stamped_at_start_with_stamping_on(
-        tmp_path: Path, metadata_uri: str) -> None:
-    process = BookieProcess(tmp_path, metadata_uri, "bookie-s",
-                            data_integrity_stamp_missing_cookies=True)
-    ledger_dir = emptied_ledger_dir(process)
-    cookie = (Path(process.settings["journal_dirs"][0]) / "COOKIE").read_bytes()
-    process.start()
-    try:
-        assert (ledger_dir / "COOKIE").read_bytes() == cookie
-        assert f"stamped the missing cookies of {ledger_dir}" in process.log()
-    finally:
-        process.stop()
 
 
 async def test_full_write_cache_pauses_reads_instead_of_refusing_adds(

@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quire.client.placement import write_set_bookies
-from quire.errors import DigestMismatchError, QuireError, UnsupportedError
+from quire.errors import (
+    EXPLICIT_NEGATIVES,
+    DigestMismatchError,
+    QuireError,
+    UnknownStateError,
+    UnsupportedError,
+)
 from quire.metadata import LedgerMetadata
 from quire.peer import BookieClient, BookiePool
 from quire.protocol import DigestManager, ReadResponse, master_key
@@ -33,6 +39,11 @@ log = logging.getLogger("quire.node.copier")
 
 _RECORD_LEN = struct.Struct(">I")
 _SOURCE_BLOCK = 256
+"""Consecutive entries asked of one source in a round."""
+_LACKS: tuple[type[QuireError], ...] = (*EXPLICIT_NEGATIVES, UnknownStateError)
+"""Answers that a source does not have an entry (or cannot say): the
+copier goes on past it with that source; any other failure ends the
+source's turn."""
 """Consecutive entries asked of one source in a round."""
 
 
@@ -151,12 +162,16 @@ class EntryCopier:
                     entries = await self._read_run(client, ledger_id, run[start], len(run) - start)
                 except UnsupportedError:
                     entries = await self._read_one(client, ledger_id, run[start])
+                except _LACKS:
+                    start += 1  # it lacks this one (or cannot say): go on past it
+                    continue
                 except QuireError as e:
                     log.debug("ledger %d: %s gave no copy from entry %d: %s",
                               ledger_id, source, run[start], e)
-                    break  # this source, this run: the next round tries another
+                    break  # not answering: the next round asks another source
                 if not entries:
-                    break
+                    start += 1
+                    continue
                 for offset, entry in enumerate(entries):
                     entry_id = run[start + offset]
                     try:
