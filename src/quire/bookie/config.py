@@ -79,7 +79,8 @@ class BookieConfig:
     answers hold phase two back with it)."""
     repair_retry_interval_ms: int = 2000
     """BP-46 phase two: pause before trying again the ledgers a pass could
-    not repair (no peer answered, recovery could not decide)."""
+    not finish (no peer answered, recovery could not decide, no good copy);
+    it doubles after each such pass, up to a minute."""
     repair_parallel_ledgers: int = 4
     """BP-46 phase two: ledgers recovered and repaired at once."""
     repair_progress_every_ledgers: int = 100

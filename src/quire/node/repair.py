@@ -48,6 +48,10 @@ from quire.types import LedgerState
 
 log = logging.getLogger("quire.node.repair")
 
+_MAX_PAUSE_MS = 60_000
+"""Longest pause between passes (the pause doubles from
+``repair_retry_interval_ms`` while passes leave work)."""
+
 
 class LedgerRecoverer(Protocol):
     """Closes a ledger the way a recovering reader does.
@@ -154,39 +158,46 @@ class LedgerRepair:
         self._idle = asyncio.Event()
 
     async def run(self, *, everything_first: bool) -> None:
-        """Passes until nothing is left in limbo.  With ``everything_first``
+        """Passes until nothing is left to do.  With ``everything_first``
         (``data_integrity_checking``) the first pass looks at every ledger
-        of this bookie, else, like later passes, at the limbo ones only."""
-        first = everything_first
+        of this bookie, else at the limbo ones; later passes at the limbo
+        ones and those the pass before could not finish."""
+        everything = everything_first
+        unfinished: set[int] = set()
+        pause_ms = self._settings.retry_interval_ms
         if self._settings.start_delay_ms > 0:
             await asyncio.sleep(self._settings.start_delay_ms / 1000.0)
         while True:
             try:
-                left = await self.run_pass(everything=first)
+                unfinished = await self.run_pass(everything=everything, also=unfinished)
             except QuireError as e:  # e.g. metadata unreachable: the whole pass again
-                log.warning("phase two: pass failed (%s); again in %d ms", e,
-                            self._settings.retry_interval_ms)
-                left = -1
+                log.warning("phase two: pass failed (%s); again in %d ms", e, pause_ms)
             else:
-                first = False
-            if left == 0:
-                self._idle.set()
-                return
-            await asyncio.sleep(self._settings.retry_interval_ms / 1000.0)
+                everything = False
+                if not unfinished:
+                    self._idle.set()
+                    return
+            await asyncio.sleep(pause_ms / 1000.0)
+            # a ledger nobody can help now (its only copies are bad) is not
+            # worth a pass every few seconds forever
+            pause_ms = min(pause_ms * 2, max(self._settings.retry_interval_ms, _MAX_PAUSE_MS))
 
     async def wait_idle(self) -> None:
-        """Return once a pass ended with nothing in limbo."""
+        """Return once a pass left nothing in limbo or unfinished."""
         await self._idle.wait()
 
-    async def run_pass(self, *, everything: bool) -> int:
-        """One pass; returns how many ledgers are still in limbo."""
+    async def run_pass(self, *, everything: bool, also: set[int] | None = None) -> set[int]:
+        """One pass over the limbo ledgers and ``also`` (or, ``everything``,
+        every ledger of this bookie); returns the ledgers it could not
+        finish (still in limbo, or still lacking entries)."""
         started = time.monotonic()
         limbo = set(self._storage.limbo_ledgers())
         if everything:
             ledgers = await ledgers_of(self._store, self._bookie_id)
             todo = sorted(ledgers, key=lambda i: (i not in limbo, i))
         else:
-            todo = sorted(limbo)
+            todo = sorted(limbo | (also or set()))
+        unfinished: set[int] = set()
         metrics = self.metrics
         metrics.pending = len(todo)
         checked = 0
@@ -203,6 +214,7 @@ class LedgerRepair:
                 try:
                     await self.repair_ledger(ledger_id)
                 except QuireError as e:
+                    unfinished.add(ledger_id)
                     metrics.failures += 1
                     log.warning("phase two: ledger %d not repaired yet: %s", ledger_id, e)
                 metrics.pending -= 1
@@ -214,12 +226,12 @@ class LedgerRepair:
 
         workers = max(1, min(self._settings.parallel_ledgers, len(todo)))
         await asyncio.gather(*(worker() for _ in range(workers)))
-        left = len(self._storage.limbo_ledgers())
+        unfinished.update(self._storage.limbo_ledgers())
         metrics.passes += 1
-        log.info("phase two: pass done: %d ledgers checked, %d entries copied, %d in limbo, "
-                 "%.1f s", checked, metrics.entries_copied - copied_before, left,
-                 time.monotonic() - started)
-        return left
+        log.info("phase two: pass done: %d ledgers checked, %d entries copied, %d unfinished "
+                 "(%d in limbo), %.1f s", checked, metrics.entries_copied - copied_before,
+                 len(unfinished), len(self._storage.limbo_ledgers()), time.monotonic() - started)
+        return unfinished
 
     async def repair_ledger(self, ledger_id: int) -> None:
         """Recover (if in limbo), copy what is missing, end limbo; raises
