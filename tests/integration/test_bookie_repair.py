@@ -22,7 +22,14 @@ import pytest
 
 from quire.client import Client
 from quire.errors import LedgerClosedError, LedgerFencedError, StatusCode
-from quire.protocol import AddRequest, DigestManager, ReadRequest, ReadResponse, master_key
+from quire.protocol import (
+    FLAG_RECOVERY_ADD,
+    AddRequest,
+    DigestManager,
+    ReadRequest,
+    ReadResponse,
+    master_key,
+)
 from quire.types import DigestType, LedgerState
 from tests.support.bookies import RawBookieClient, wait_until_stored
 from tests.support.cluster import Cluster
@@ -231,3 +238,58 @@ async def test_an_emptied_ledger_dir_is_caught_by_its_cookie_and_repaired_from_p
             assert len(await stored_on(cluster, 2, ledger_id, range(30))) == 30
     finally:
         cluster.close()
+
+
+async def test_repair_progress_survives_a_power_loss_half_way(
+        protected_cluster: Cluster, connect: Connect) -> None:
+    """Copies are durable before they count: a bookie that loses power in the
+    middle of phase two keeps what it copied and copies only the rest."""
+    cluster = protected_cluster.start()
+    victim = cluster.bookies[2]
+    try:
+        client = await connect(cluster)
+        done_first, held_back = [await client.create_ledger(3, 3, 2, password=PW)
+                                 for _ in range(2)]
+        for handle in (done_first, held_back):
+            await asyncio.gather(*(handle.append(payload(handle.ledger_id, i))
+                                   for i in range(50)))
+            await handle.close()
+            await wait_until_stored(victim.address, handle.ledger_id, 49)
+        # entry 7 of the second ledger: a corrupted copy on both peers, so
+        # phase two finishes the first ledger and stays stuck on the second
+        digest = DigestManager(held_back.ledger_id, DigestType.CRC32C, PW)
+        good = (await stored_on(cluster, 0, held_back.ledger_id, range(7, 8)))[7]
+        bad = good[:-1] + bytes([good[-1] ^ 0xFF])
+        for index in (0, 1):
+            await overwrite(cluster, index, bad)
+
+        victim.power_loss()
+        await asyncio.to_thread(victim.start)
+        half = await wait_for_repair(
+            victim, lambda m: m["passes_total"] >= 1 and m["entries_copied_total"] == 99)
+        assert half["copies_refused_total"] >= 2
+        victim.power_loss()  # half way: the first ledger copied, entry 7 not
+        await asyncio.to_thread(victim.start)
+        again = await wait_for_repair(victim, lambda m: m["failures_total"] >= 1)
+        assert again["entries_copied_total"] == 0  # nothing copied twice
+        assert sorted(await stored_on(cluster, 2, done_first.ledger_id, range(50))) == \
+            list(range(50))
+        await overwrite(cluster, 1, good)  # a good copy appears: the retry takes it
+        await wait_for_repair(victim, lambda m: m["entries_copied_total"] == 1)
+        mine = await stored_on(cluster, 2, held_back.ledger_id, range(50))
+        assert [digest.verify_payload(e, i) for i, e in sorted(mine.items())] == \
+            [payload(held_back.ledger_id, i) for i in range(50)]
+    finally:
+        cluster.close()
+
+
+async def overwrite(cluster: Cluster, index: int, entry: bytes) -> None:
+    """Store ``entry`` on bookie ``index`` in place of its copy (as a
+    recovery add does)."""
+    raw = await RawBookieClient.connect(cluster.bookies[index].address)
+    try:
+        answer = await raw.call(AddRequest(raw.next_id(), master_key(PW), entry,
+                                           FLAG_RECOVERY_ADD))
+        assert answer.status == StatusCode.OK
+    finally:
+        raw.close()
