@@ -199,6 +199,11 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path,
         if args.block_device:
             os.sync()  # (the file system's own journal included)
             device = device_written_bytes(args.block_device) - device_before
+    except BaseException:
+        for bookie in sandbox.bookies:  # before the temporary directory goes
+            print(f"--- {mode}: {bookie.log_path.name} ends with:\n{bookie.log()[-3000:]}",
+                  file=sys.stderr)
+        raise
     finally:
         sandbox.stop()  # whatever is still running, if something failed
     payload_bytes = result["entries"] * args.entry_bytes
