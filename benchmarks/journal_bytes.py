@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -206,6 +207,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path,
         raise
     finally:
         sandbox.stop()  # whatever is still running, if something failed
+        shutil.rmtree(root, ignore_errors=True)  # 1-2 GB a mode: not kept for the next
     payload_bytes = result["entries"] * args.entry_bytes
     result.update(disk_figures(before, after, payload_bytes))
     if args.block_device:
