@@ -22,7 +22,7 @@ the entry-log and index directories' file sizes (the index's is a lower
 bound: LMDB rewrites pages in place), the bookie's log file, and the rest
 unattributed: with the journal on, mostly each journal group's RWF_DSYNC
 write re-dirtying the partly written page it starts in (the kernel counts
-the whole folio, several pages on ext4 with large folios: 14-15 KiB per
+the whole folio, several pages on ext4 with large folios: 14-17 KiB per
 fsync on this project's VM, kernel 6.18) and the zeros it pads its last
 page with; LMDB page rewrites; the metadata store's SQLite
 file.
@@ -36,7 +36,14 @@ is 0 either way: the script reports, it does not judge).  ``--json`` prints
 one JSON object instead.  Progress goes to stderr.
 
     .venv/bin/python benchmarks/journal_bytes.py [--entries 200000] [--rounds 1]
-        [--entry-bytes 1024] [--outstanding 256] [--ledgers 1] [--tmpdir DIR] [--json] [--quiet]
+        [--entry-bytes 1024] [--outstanding 256] [--ledgers 1] [--tmpdir DIR]
+        [--block-device NAME] [--json] [--quiet]
+
+Each mode's directory is removed once it is measured (with the journal on a
+mode leaves 1-2 GB).  ``--block-device`` (e.g. ``loop0`` for a loop-mounted
+file system given as ``--tmpdir``) also counts what that device wrote, file
+system metadata included: the cross-check of ``write_bytes``, which counts
+a whole page-cache folio each time one is dirtied.
 """
 
 from __future__ import annotations
