@@ -88,31 +88,43 @@ class EntryCopier:
                    sink: EntrySink, *, target: str, avoid: Collection[str] = (),
                    on_stored: Callable[[int], None] | None = None) -> CopyReport:
         """Copy ``entry_ids`` (ascending) of the ledger into ``sink`` (the
-        storage of bookie ``target``), a chunk at a time (each chunk stored,
-        durably, before the next is read), never reading from ``target`` or
-        the bookies in ``avoid``; ``on_stored(count)`` after each chunk."""
+        storage of bookie ``target``), a chunk at a time, never reading from
+        ``target`` or the bookies in ``avoid``; ``on_stored(count)`` once a
+        chunk is stored (durably).  The next chunk is read while one is
+        being stored: at most two chunks in memory."""
         excluded = {target, *avoid}
         digest = DigestManager(ledger_id, metadata.digest_type, metadata.password)
         key = master_key(metadata.password)
         report = CopyReport()
-        pending = list(entry_ids)
-        while pending:
-            chunk, pending = self._next_chunk(pending)
-            got = await self._fetch(ledger_id, metadata, chunk, digest, excluded, report)
-            if got:
-                entries = sorted(got.items())
-                await sink.store(ledger_id, key, entries)
-                report.copied += len(entries)
-                if on_stored is not None:
-                    on_stored(len(entries))
-            report.unavailable.extend(e for e in chunk if e not in got)
+        chunks = self._chunks(list(entry_ids))
+
+        def fetch(chunk: list[int]) -> asyncio.Task[dict[int, bytes]]:
+            return asyncio.ensure_future(
+                self._fetch(ledger_id, metadata, chunk, digest, excluded, report))
+
+        fetching = fetch(chunks[0]) if chunks else None
+        try:
+            for index, chunk in enumerate(chunks):
+                assert fetching is not None
+                got = await fetching
+                fetching = fetch(chunks[index + 1]) if index + 1 < len(chunks) else None
+                if got:
+                    entries = sorted(got.items())
+                    await sink.store(ledger_id, key, entries)
+                    report.copied += len(entries)
+                    if on_stored is not None:
+                        on_stored(len(entries))
+                report.unavailable.extend(e for e in chunk if e not in got)
+        finally:
+            if fetching is not None and not fetching.done():
+                fetching.cancel()
         return report
 
-    def _next_chunk(self, pending: list[int]) -> tuple[list[int], list[int]]:
+    def _chunks(self, entry_ids: list[int]) -> list[list[int]]:
         # Chunks bounded by count, with the byte size bounded by the batch
         # reads (entries are not sized before they are read).
         count = max(1, self._chunk_max_bytes // 1024)
-        return pending[:count], pending[count:]
+        return [entry_ids[i:i + count] for i in range(0, len(entry_ids), count)]
 
     async def _fetch(self, ledger_id: int, metadata: LedgerMetadata, chunk: list[int],
                      digest: DigestManager, excluded: set[str], report: CopyReport
