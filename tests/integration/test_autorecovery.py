@@ -94,6 +94,26 @@ async def check_every_replica(cluster: Cluster, ledgers: dict[int, LedgerMetadat
             raw.close()
 
 
+def quire(*args: str) -> bytes:
+    return subprocess.run([sys.executable, "-m", "quire.cli.main", *args], capture_output=True,
+                          timeout=60, check=True).stdout
+
+
+async def keep_reading(client: Client, ledger_ids: list[int], entries: int,
+                       stop: asyncio.Event) -> int:
+    """Read every entry of the ledgers again and again until ``stop``;
+    return how many reads there were (each checked)."""
+    reads = 0
+    handles = [await client.open_ledger(i, password=PW, recovery=False) for i in ledger_ids]
+    while not stop.is_set():
+        for handle in handles:
+            got = await handle.read(0, entries - 1)
+            assert [e.data for e in got] == [payload(handle.ledger_id, i)
+                                             for i in range(entries)]
+            reads += len(got)
+    return reads
+
+
 async def test_a_lost_bookie_is_re_replicated_under_writes(
         tmp_path: Path, connect: Connect) -> None:
     cluster = Cluster(tmp_path / "cluster", 4, autorecovery_enabled=True, **FAST).start()
@@ -101,7 +121,11 @@ async def test_a_lost_bookie_is_re_replicated_under_writes(
         client = await connect(cluster)
         lost = cluster.bookie_id(3)
         ledger_ids = await write_ledgers(client, 50, 20, halfway=lambda: cluster.kill9(3))
+        stop = asyncio.Event()
+        reader = asyncio.ensure_future(keep_reading(client, ledger_ids, 20, stop))
         ledgers = await fully_replicated(client.metadata_store, ledger_ids, lost)
+        stop.set()
+        assert await reader > 0  # reads kept working while fragments moved
         await check_every_replica(cluster, ledgers, 20)
     finally:
         cluster.close()
@@ -126,6 +150,15 @@ async def test_a_worker_killed_half_way_leaves_the_ledger_marked_for_another(
              cluster.metadata_uri, "--json"], capture_output=True, timeout=60, check=True)
         marked = json.loads(audit.stdout)
         assert marked["lost_bookies"] == [lost] and marked["ledgers_marked"] > 0
+        listed = json.loads(quire("ledger", "underreplicated", "--metadata",
+                                  cluster.metadata_uri, "--json"))
+        assert len(listed) == marked["ledgers_marked"]
+        assert all(row["lost"] == [lost] and row["worker"] is None for row in listed)
+        state = json.loads(quire("autorecovery", "status", "--metadata", cluster.metadata_uri,
+                                 "--json"))
+        assert state["auditor"] is None and state["lost_bookies"] == [lost]
+        assert [r["ledger_id"] for r in state["underreplicated"]] == \
+            [r["ledger_id"] for r in listed]
 
         def worker(name: str) -> subprocess.Popen[bytes]:
             proc = subprocess.Popen(
