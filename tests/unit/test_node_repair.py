@@ -129,8 +129,8 @@ class Sink:
 
 
 def copier(peers: dict[str, Peer]) -> EntryCopier:
-    return EntryCopier(cast(Any, Pool(peers)), "me", timeout_ms=1000,
-                       chunk_max_bytes=64 * 1024, batch_max_bytes=1 << 20)
+    return EntryCopier(cast(Any, Pool(peers)), timeout_ms=1000, chunk_max_bytes=64 * 1024,
+                       batch_max_bytes=1 << 20)
 
 
 METADATA = LedgerMetadata(3, 3, 2, password=PW, state=LedgerState.CLOSED, last_entry_id=599,
@@ -141,7 +141,7 @@ async def test_copies_come_in_runs_verified_and_from_both_peers() -> None:
     peers = {"p1": Peer({e: good(e) for e in range(600)}),
              "p2": Peer({e: good(e) for e in range(600)})}
     sink = Sink()
-    report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink)
+    report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink, target="me")
     assert report.copied == 600 and report.unavailable == [] and report.refused == 0
     assert sink.stored == {e: good(e) for e in range(600)}
     assert peers["p1"].asked and peers["p2"].asked  # the load is spread
@@ -153,7 +153,7 @@ async def test_a_corrupted_copy_is_refused_and_the_other_peer_asked() -> None:
     peers = {"p1": Peer({e: corrupted(e) for e in range(600)}),
              "p2": Peer({e: good(e) for e in range(600)})}
     sink = Sink()
-    report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink)
+    report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink, target="me")
     assert report.refused > 0
     assert report.unavailable == []
     assert sink.stored == {e: good(e) for e in range(600)}
@@ -163,7 +163,7 @@ async def test_unknown_or_silent_peers_leave_entries_for_later_never_lost() -> N
     for error in (UnknownStateError("limbo"), ClientTimeoutError("no answer")):
         peers = {"p1": Peer({}, error), "p2": Peer({e: good(e) for e in range(0, 600, 2)})}
         sink = Sink()
-        report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink)
+        report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink, target="me")
         assert sink.stored == {e: good(e) for e in range(0, 600, 2)}
         assert report.unavailable == list(range(1, 600, 2))
         assert report.copied == 300
@@ -173,6 +173,6 @@ async def test_no_good_copy_anywhere_stores_nothing_of_that_entry() -> None:
     peers = {"p1": Peer({e: corrupted(e) for e in range(600)}),
              "p2": Peer({e: corrupted(e) if e == 7 else good(e) for e in range(600)})}
     sink = Sink()
-    report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink)
+    report = await copier(peers).copy(LEDGER, METADATA, list(range(600)), sink, target="me")
     assert 7 not in sink.stored
     assert report.unavailable == [7]

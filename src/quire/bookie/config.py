@@ -73,6 +73,17 @@ class BookieConfig:
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000
+    autorecovery_enabled: bool = False
+    """Run an autorecovery auditor candidate and a replication worker in this
+    bookie process (see ``quire.node.autorecovery``)."""
+    lost_bookie_delay_s: float = 30.0
+    """Autorecovery: how long a bookie must be missing from the registry
+    before its ledgers are re-replicated."""
+    open_ledger_grace_ms: int = 30_000
+    """Autorecovery: how long an open ledger's writer gets to replace a lost
+    bookie itself before a worker closes the ledger and re-replicates it."""
+    autorecovery_interval_ms: int = 1000
+    """Autorecovery: the auditor's look at the registry, an idle worker's pause."""
     repair_start_delay_ms: int = 0
     """BP-46 phase two: wait this long after the bookie serves before the
     first pass (limbo ledgers answer UNKNOWN meanwhile; tests of limbo

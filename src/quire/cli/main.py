@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from quire.cli.autorecovery import autorecovery, decommission, underreplicated
 from quire.cli.bench import bench
 from quire.cli.bookie import bookie
 from quire.cli.cookie import cookie
@@ -22,6 +23,9 @@ cli.add_command(cookie)
 cli.add_command(sandbox)
 cli.add_command(ledger)
 cli.add_command(bench)
+cli.add_command(autorecovery)
+bookie.add_command(decommission)
+ledger.add_command(underreplicated)
 
 
 def main() -> None:

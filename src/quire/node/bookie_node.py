@@ -21,10 +21,13 @@ its own (BP-46 adds its boot steps between them, see the comments there):
 9. ``_start_services``: checkpoints, GC, the disk watch;
 10. ``_start_repair``: BP-46 phase two (:mod:`~quire.node.repair`) in the
     background, while serving, when ``data_integrity_checking`` is on or a
-    ledger is in limbo.
+    ledger is in limbo;
+11. ``_start_autorecovery``: an auditor candidate and a replication worker
+    (:mod:`~quire.node.autorecovery`) when ``autorecovery_enabled``.
 
-:meth:`BookieNode.stop` undoes them: repair, services, listener and
-connections, the last fsync, storage, registration, metadata store.
+:meth:`BookieNode.stop` undoes them: autorecovery and repair, services,
+listener and connections, the last fsync, storage, registration, metadata
+store.
 """
 
 from __future__ import annotations
@@ -47,10 +50,17 @@ from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage
 from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
-from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore, open_store
+from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.node.autorecovery import Autorecovery, AutorecoverySettings
 from quire.node.entry_copier import EntryCopier
 from quire.node.integrity import protect_if_needed
-from quire.node.repair import LedgerRepair, LocalSink, RepairMetrics, RepairSettings
+from quire.node.repair import (
+    ClientRecoverer,
+    LedgerRepair,
+    LocalSink,
+    RepairMetrics,
+    RepairSettings,
+)
 from quire.peer import BookiePool, PeerConfig
 from quire.types import BookieState
 
@@ -82,8 +92,9 @@ class BookieNode:
         cookie) only with ``data_integrity_stamp_missing_cookies``."""
         self._repair: LedgerRepair | None = None
         self._repair_task: asyncio.Task[None] | None = None
-        self._repair_client: Client | None = None
-        self._repair_pool: BookiePool | None = None
+        self._client: Client | None = None
+        self._peers: BookiePool | None = None
+        self._autorecovery: Autorecovery | None = None
 
     @property
     def server(self) -> BookieServer:
@@ -107,6 +118,7 @@ class BookieNode:
         await self._register()
         self._start_services(server)
         await self._start_repair(store, storage, server, committer)
+        await self._start_autorecovery(store)
         log.info("bookie %s serving on %s", self.bookie_id, self.address)
 
     def _check_identity(self) -> None:
@@ -194,16 +206,15 @@ class BookieNode:
         limbo = storage.limbo_ledgers()
         if not (cfg.data_integrity_checking or limbo):
             return
-        client = self._repair_client = await Client.over(store, ClientConfig())
-        peers = self._repair_pool = await BookiePool.open(store, PeerConfig())
+        client, peers = await self._client_and_peers(store)
         chunk_bytes = max(1 << 20, min(8 << 20, cfg.storage.write_cache_max_bytes // 8))
-        copier = EntryCopier(peers, self.bookie_id, timeout_ms=cfg.repair_read_timeout_ms,
+        copier = EntryCopier(peers, timeout_ms=cfg.repair_read_timeout_ms,
                              chunk_max_bytes=chunk_bytes,
                              batch_max_bytes=cfg.batch_read_max_size_bytes)
         settings = RepairSettings(cfg.repair_start_delay_ms, cfg.repair_retry_interval_ms,
                                   cfg.repair_parallel_ledgers, cfg.repair_progress_every_ledgers)
         metrics = RepairMetrics(self.metrics.registry, lambda: len(storage.limbo_ledgers()))
-        self._repair = LedgerRepair(self.bookie_id, store, storage, _ClientRecoverer(client),
+        self._repair = LedgerRepair(self.bookie_id, store, storage, ClientRecoverer(client),
                                     copier, LocalSink(storage, server.services.covering),
                                     committer.wait_durable, settings, metrics)
         log.info("bookie %s: phase two starts (%d ledgers in limbo)", self.bookie_id,
@@ -211,6 +222,31 @@ class BookieNode:
         self._repair_task = asyncio.get_running_loop().create_task(
             self._repair.run(everything_first=cfg.data_integrity_checking))
         self._repair_task.add_done_callback(_log_failure)
+
+    async def _client_and_peers(self, store: MetadataStore) -> tuple[Client, BookiePool]:
+        """The client (recovery) and peer pool (copies) that repair and
+        autorecovery share, made on first use."""
+        if self._client is None:
+            self._client = await Client.over(store, ClientConfig())
+        if self._peers is None:
+            self._peers = await BookiePool.open(store, PeerConfig())
+        return self._client, self._peers
+
+    async def _start_autorecovery(self, store: MetadataStore) -> None:
+        cfg = self.config
+        if not cfg.autorecovery_enabled:
+            return
+        client, peers = await self._client_and_peers(store)
+        settings = AutorecoverySettings(
+            lost_bookie_delay_s=cfg.lost_bookie_delay_s,
+            open_ledger_grace_ms=cfg.open_ledger_grace_ms,
+            check_interval_ms=cfg.autorecovery_interval_ms,
+            read_timeout_ms=cfg.repair_read_timeout_ms,
+            batch_max_bytes=cfg.batch_read_max_size_bytes)
+        self._autorecovery = Autorecovery(store, peers, ClientRecoverer(client), self.bookie_id,
+                                          settings)
+        self._autorecovery.register_metrics(self.metrics.registry)
+        self._autorecovery.start()
 
     async def repair_idle(self) -> None:
         """Return once phase two has nothing left in limbo (at once if it
@@ -238,7 +274,7 @@ class BookieNode:
         """Clean shutdown: stop accepting, flush, checkpoint, unregister."""
         if self._listener is None:
             return
-        await self._stop_repair()
+        await self._stop_background()
         server = self._server
         if server is not None:
             await server.services.stop()
@@ -261,32 +297,21 @@ class BookieNode:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    async def _stop_repair(self) -> None:
+    async def _stop_background(self) -> None:
+        if self._autorecovery is not None:
+            await self._autorecovery.stop()
+            self._autorecovery = None
         if self._repair_task is not None:
             self._repair_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._repair_task
             self._repair_task = None
-        if self._repair_client is not None:
-            await self._repair_client.close()
-            self._repair_client = None
-        if self._repair_pool is not None:
-            await self._repair_pool.close()
-            self._repair_pool = None
-
-
-class _ClientRecoverer:
-    """:class:`~quire.node.repair.LedgerRecoverer` through the client: open
-    with recovery (BookKeeper's openLedger)."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-
-    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
-        handle = await self._client.open_ledger(ledger_id, password=password, recovery=True)
-        metadata = handle.metadata
-        await handle.close()
-        return metadata
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

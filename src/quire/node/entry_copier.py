@@ -2,11 +2,12 @@
 
 One copier for every kind of re-replication: BP-46 repair copies what this
 bookie lost into its own storage (:class:`~quire.node.repair.LocalSink`);
-autorecovery (re-replicating a lost bookie's ledgers onto another bookie)
-will copy into a remote bookie through another :class:`EntrySink`.
+autorecovery copies a lost bookie's entries into the bookie that replaces it
+(:class:`RemoteSink`).
 
-For each entry the sources are the other bookies of its write set (the
-fragment's ensemble, striping included), tried in turn.  Runs of entries one
+For each entry the sources are the bookies of its write set (the fragment's
+ensemble, striping included) other than the target and the bookies to
+avoid (a lost one), tried in turn.  Runs of entries one
 source holds are read with BP-62 batch reads, the rest one entry at a time.
 Every copy is verified with the ledger's digest (and its ledger and entry
 ids) before it is handed to the sink: a corrupted copy is refused and the
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,7 +34,7 @@ from quire.errors import (
 )
 from quire.metadata import LedgerMetadata
 from quire.peer import BookieClient, BookiePool
-from quire.protocol import DigestManager, ReadResponse, master_key
+from quire.protocol import FLAG_RECOVERY_ADD, DigestManager, ReadResponse, master_key
 
 log = logging.getLogger("quire.node.copier")
 
@@ -76,51 +77,65 @@ class CopyReport:
 class EntryCopier:
     """Reads entries from peers, verifies them, stores them through a sink."""
 
-    def __init__(self, pool: BookiePool, bookie_id: str, *, timeout_ms: int,
-                 chunk_max_bytes: int, batch_max_bytes: int) -> None:
+    def __init__(self, pool: BookiePool, *, timeout_ms: int, chunk_max_bytes: int,
+                 batch_max_bytes: int) -> None:
         self._pool = pool
-        self._self = bookie_id
         self._timeout_s = timeout_ms / 1000.0
         self._chunk_max_bytes = chunk_max_bytes
         self._batch_max_bytes = batch_max_bytes
 
     async def copy(self, ledger_id: int, metadata: LedgerMetadata, entry_ids: Sequence[int],
-                   sink: EntrySink, on_stored: Callable[[int], None] | None = None
-                   ) -> CopyReport:
-        """Copy ``entry_ids`` (ascending) of the ledger into ``sink``, a
-        chunk at a time (each chunk stored, durably, before the next is
-        read); ``on_stored(count)`` after each chunk."""
+                   sink: EntrySink, *, target: str, avoid: Collection[str] = (),
+                   on_stored: Callable[[int], None] | None = None) -> CopyReport:
+        """Copy ``entry_ids`` (ascending) of the ledger into ``sink`` (the
+        storage of bookie ``target``), a chunk at a time, never reading from
+        ``target`` or the bookies in ``avoid``; ``on_stored(count)`` once a
+        chunk is stored (durably).  The next chunk is read while one is
+        being stored: at most two chunks in memory."""
+        excluded = {target, *avoid}
         digest = DigestManager(ledger_id, metadata.digest_type, metadata.password)
         key = master_key(metadata.password)
         report = CopyReport()
-        pending = list(entry_ids)
-        while pending:
-            chunk, pending = self._next_chunk(pending)
-            got = await self._fetch(ledger_id, metadata, chunk, digest, report)
-            if got:
-                entries = sorted(got.items())
-                await sink.store(ledger_id, key, entries)
-                report.copied += len(entries)
-                if on_stored is not None:
-                    on_stored(len(entries))
-            report.unavailable.extend(e for e in chunk if e not in got)
+        chunks = self._chunks(list(entry_ids))
+
+        def fetch(chunk: list[int]) -> asyncio.Task[dict[int, bytes]]:
+            return asyncio.ensure_future(
+                self._fetch(ledger_id, metadata, chunk, digest, excluded, report))
+
+        fetching = fetch(chunks[0]) if chunks else None
+        try:
+            for index, chunk in enumerate(chunks):
+                assert fetching is not None
+                got = await fetching
+                fetching = fetch(chunks[index + 1]) if index + 1 < len(chunks) else None
+                if got:
+                    entries = sorted(got.items())
+                    await sink.store(ledger_id, key, entries)
+                    report.copied += len(entries)
+                    if on_stored is not None:
+                        on_stored(len(entries))
+                report.unavailable.extend(e for e in chunk if e not in got)
+        finally:
+            if fetching is not None and not fetching.done():
+                fetching.cancel()
         return report
 
-    def _next_chunk(self, pending: list[int]) -> tuple[list[int], list[int]]:
+    def _chunks(self, entry_ids: list[int]) -> list[list[int]]:
         # Chunks bounded by count, with the byte size bounded by the batch
         # reads (entries are not sized before they are read).
         count = max(1, self._chunk_max_bytes // 1024)
-        return pending[:count], pending[count:]
+        return [entry_ids[i:i + count] for i in range(0, len(entry_ids), count)]
 
     async def _fetch(self, ledger_id: int, metadata: LedgerMetadata, chunk: list[int],
-                     digest: DigestManager, report: CopyReport) -> dict[int, bytes]:
+                     digest: DigestManager, excluded: set[str], report: CopyReport
+                     ) -> dict[int, bytes]:
         """Verified copies of the chunk's entries, from each entry's sources
         in turn (round ``r`` asks every entry's ``r``-th source)."""
         # each entry's sources in one order (not the write set's, which turns
         # with the entry id): neighbours then share sources, and runs form
         sources = {e: sorted(b for b in write_set_bookies(metadata.ensemble_at(e), e,
                                                           metadata.write_quorum_size)
-                             if b != self._self)
+                             if b not in excluded)
                    for e in chunk}
         got: dict[int, bytes] = {}
         for round_ in range(metadata.write_quorum_size):
@@ -214,3 +229,19 @@ class EntryCopier:
         if isinstance(result, QuireError):
             raise result
         return [] if result.entry is None else [result.entry]
+
+
+class RemoteSink:
+    """:class:`EntrySink` into another bookie: RECOVERY_ADDs (past a fence),
+    pipelined; stored once that bookie acknowledged every one (its
+    acknowledgement of a recovery add is after its journal fsync)."""
+
+    def __init__(self, pool: BookiePool, bookie_id: str, *, timeout_ms: int) -> None:
+        self._client = pool.client(bookie_id)
+        self._timeout_s = timeout_ms / 1000.0
+
+    async def store(self, ledger_id: int, master_key: bytes,
+                    entries: Sequence[tuple[int, bytes]]) -> None:
+        client, timeout_s = self._client, self._timeout_s
+        await asyncio.gather(*(client.add(master_key, entry, FLAG_RECOVERY_ADD, timeout_s)
+                               for _entry_id, entry in entries))

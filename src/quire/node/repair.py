@@ -39,6 +39,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Gauge
 
 from quire.bookie.storage import BookieStorage
+from quire.client import Client
 from quire.client.placement import write_set
 from quire.errors import MetadataNotFoundError, QuireError
 from quire.metadata import LedgerMetadata, MetadataStore
@@ -63,6 +64,20 @@ class LedgerRecoverer(Protocol):
     :class:`~quire.errors.MetadataNotFoundError` if the ledger is gone."""
 
     async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata: ...
+
+
+class ClientRecoverer:
+    """:class:`~quire.node.repair.LedgerRecoverer` through the client: open
+    with recovery (BookKeeper's openLedger)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
+        handle = await self._client.open_ledger(ledger_id, password=password, recovery=True)
+        metadata = handle.metadata
+        await handle.close()
+        return metadata
 
 
 @dataclass(frozen=True)
@@ -265,7 +280,8 @@ class LedgerRepair:
         def stored(count: int) -> None:
             metrics.entries_copied += count
 
-        report = await self._copier.copy(ledger_id, metadata, missing, self._sink, stored)
+        report = await self._copier.copy(ledger_id, metadata, missing, self._sink,
+                                         target=self._bookie_id, on_stored=stored)
         metrics.copies_refused += report.refused
         metrics.ledgers_repaired += not report.unavailable
         if report.unavailable:
