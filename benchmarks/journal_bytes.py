@@ -68,13 +68,13 @@ from benchmarks._common import FSYNC_COUNT, Progress, median_run, scrape
 from quire.bench import WriteBenchParams, bench_write
 from quire.client import Client
 from quire.errors import QuireError
-from quire.sandbox import BookieProcess, Sandbox
+from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, Sandbox
 from quire.types import LedgerType
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 MODES: dict[str, dict[str, Any]] = {
     "journal on": {},
-    "journal off": {"journal_write_data": False, "data_integrity_checking": True},
+    "journal off": NO_JOURNAL_SETTINGS,
 }
 GOAL_OFF_BYTES_PER_BYTE = 1.1
 """Journal off: at most this many disk bytes per acknowledged payload byte per replica."""

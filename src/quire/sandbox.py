@@ -32,6 +32,13 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+NO_JOURNAL_SETTINGS: dict[str, Any] = {"journal_write_data": False,
+                                       "data_integrity_checking": True}
+"""BP-46's protected journal-less mode, as bookie settings: adds skip the
+journal, and what a crash loses is detected and repaired (``quire sandbox
+--no-journal`` gives them to every bookie)."""
+
+
 def sqlite_uri(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 

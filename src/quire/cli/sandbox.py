@@ -12,7 +12,7 @@ import click
 
 from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json
 from quire.errors import QuireError
-from quire.sandbox import BookieProcess, Sandbox
+from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, Sandbox
 
 
 @click.command()
@@ -29,8 +29,7 @@ from quire.sandbox import BookieProcess, Sandbox
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
             as_json: bool) -> None:
     """Run a local Quire cluster until Ctrl-C."""
-    journal_settings = ({"journal_write_data": False, "data_integrity_checking": True}
-                        if no_journal else {})
+    journal_settings = NO_JOURNAL_SETTINGS if no_journal else {}
     cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0, **journal_settings)
     # The handler runs between two bytecodes of this thread, wherever it is,
     # so it takes no lock: it notes the signal, and set_wakeup_fd makes the
