@@ -15,6 +15,10 @@ entries    ledger_id u64, entry_id u64  log_id u32, offset u64, length u32
 ledgers    ledger_id u64                encoded LedgerState (``state`` module)
 logs       log_id u64                   ledger ids u64 ... (sorted): ledgers
                                         with entries in that entry log
+usage      log_id u64, ledger_id u64    bytes u64: record bytes (length
+                                        prefix + entry) the ledger has in
+                                        that entry log (compaction's live
+                                        fraction; see ``compaction``)
 meta       b"journal_mark"              file_seq u64, offset u64
 meta       b"format"                    format version u32 (= 1)
 meta       b"running"                   journal_write_data u8 (0 or 1): the
@@ -27,8 +31,21 @@ meta       b"running"                   journal_write_data u8 (0 or 1): the
 
 A checkpoint commits, in **one** transaction: removal of deleted ledgers
 (their entries and state), the new index rows, the dirty ledger states, the
-per-log ledger sets and the journal replay mark.  So after a crash the index,
-the states and the mark always agree.
+per-log ledger sets and byte totals, and the journal replay mark.  So after
+a crash the index, the states and the mark always agree.
+
+The ``usage`` database came after format 1 and is an addition to it, not a
+new format: an index written before it (or by a build without it) simply
+has no usage rows for its logs; :meth:`LedgerIndex.log_usage` then counts
+those logs' bytes from the ``entries`` rows once and stores the totals.  A
+log's usage rows are all written by the run that wrote the log (every open
+starts a new log), so a log has either all its rows or none.  Rows of
+deleted ledgers stay until their log goes: readers count only the ledgers
+that still exist.
+
+Compaction (``compaction``) moves a log's live rows to a new log in one
+transaction of its own (:meth:`LedgerIndex.commit_compaction`), which also
+drops the old log's ``logs`` and ``usage`` records.
 
 The ``running`` key is written in a transaction of its own when the engine
 opens and deleted in one as the last step of a clean close; it is never
@@ -40,6 +57,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import lmdb
 
@@ -54,6 +72,8 @@ ENTRY_KEY = struct.Struct(">QQ")
 ENTRY_VALUE = struct.Struct(">IQI")
 LEDGER_KEY = struct.Struct(">Q")
 LOG_KEY = struct.Struct(">Q")
+USAGE_KEY = struct.Struct(">QQ")
+USAGE_VALUE = struct.Struct(">Q")
 MARK_VALUE = struct.Struct(">QQ")
 _FORMAT_VALUE = struct.Struct(">I")
 _MARK_KEY = b"journal_mark"
@@ -71,6 +91,24 @@ def _unpack_ids(data: bytes) -> set[int]:
     return set(struct.unpack(f">{len(data) // 8}Q", data))
 
 
+LogUsage = Mapping[tuple[int, int], int]
+"""Record bytes by ``(log id, ledger id)``."""
+
+
+class Move(NamedTuple):
+    """One entry compaction copied: its key, where the index had it when it
+    was read, and where the copy went."""
+
+    ledger_id: int
+    entry_id: int
+    old_value: bytes
+    """The ``entries`` value read (packed): the row is moved only if it
+    still holds exactly this."""
+    log_id: int
+    offset: int
+    length: int
+
+
 class LedgerIndex:
     """Thread-safe: each call uses its own LMDB transaction (LMDB serialises
     writers and gives readers a snapshot)."""
@@ -86,6 +124,7 @@ class LedgerIndex:
         self._entries = self.env.open_db(b"entries")
         self._ledgers = self.env.open_db(b"ledgers")
         self._logs = self.env.open_db(b"logs")
+        self._usage = self.env.open_db(b"usage")
         self._meta = self.env.open_db(b"meta")
         with self.env.begin(db=self._meta, write=True) as txn:
             found = txn.get(_FORMAT_KEY)
@@ -231,21 +270,82 @@ class LedgerIndex:
                 out[LOG_KEY.unpack(key)[0]] = _unpack_ids(value)
         return out
 
+    def log_usage(self, log_ids: Iterable[int]) -> dict[int, dict[int, int]]:
+        """Record bytes per ledger of each of ``log_ids`` (``{}`` for a log
+        without entries).  Logs without usage rows (an index from before
+        them) are counted from the ``entries`` rows in one walk, and their
+        totals stored."""
+        wanted = set(log_ids)
+        out: dict[int, dict[int, int]] = {log_id: {} for log_id in wanted}
+        try:
+            with self.env.begin(db=self._usage) as txn:
+                for key, value in txn.cursor():
+                    log_id, ledger_id = USAGE_KEY.unpack(key)
+                    if log_id in wanted:
+                        out[log_id][ledger_id] = USAGE_VALUE.unpack(value)[0]
+            missing = {log_id for log_id in wanted if not out[log_id]}
+            if missing:
+                counted = self._count_usage(missing)
+                if counted:
+                    with self.env.begin(db=self._usage, write=True) as txn:
+                        for (log_id, ledger_id), nbytes in counted.items():
+                            txn.put(USAGE_KEY.pack(log_id, ledger_id), USAGE_VALUE.pack(nbytes))
+                            out[log_id][ledger_id] = nbytes
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index usage read failed: {e}") from e
+        return out
+
+    def _count_usage(self, log_ids: set[int]) -> dict[tuple[int, int], int]:
+        counted: dict[tuple[int, int], int] = {}
+        key_unpack, value_unpack = ENTRY_KEY.unpack, ENTRY_VALUE.unpack
+        with self.env.begin(db=self._entries) as txn:
+            for key, value in txn.cursor():
+                log_id, _offset, length = value_unpack(value)
+                if log_id in log_ids:
+                    usage_key = (log_id, key_unpack(key)[0])
+                    counted[usage_key] = counted.get(usage_key, 0) + RECORD_PREFIX_SIZE + length
+        return counted
+
+    def rows_in_log(self, log_id: int, ledger_ids: Iterable[int]
+                    ) -> list[tuple[int, int, bytes, int, int]]:
+        """``(ledger_id, entry_id, packed value, offset, length)`` of every
+        entry of ``ledger_ids`` that the index has in entry log ``log_id``,
+        in key order (one cursor walk per ledger)."""
+        found: list[tuple[int, int, bytes, int, int]] = []
+        key_unpack, value_unpack = ENTRY_KEY.unpack, ENTRY_VALUE.unpack
+        try:
+            with self.env.begin(db=self._entries) as txn:
+                cursor = txn.cursor()
+                for ledger_id in sorted(ledger_ids):
+                    prefix = LEDGER_KEY.pack(ledger_id)
+                    if not cursor.set_range(prefix):
+                        continue
+                    for key, value in cursor.iternext():
+                        if key[:8] != prefix:
+                            break
+                        row_log, offset, length = value_unpack(value)
+                        if row_log == log_id:
+                            found.append((ledger_id, key_unpack(key)[1], value, offset, length))
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index read failed: {e}") from e
+        return found
+
     # --- writes -------------------------------------------------------------
 
     def commit_checkpoint(self, rows: IndexRows, log_ledgers: Mapping[int, set[int]],
                           states: Mapping[int, LedgerState], deletions: Iterable[int],
-                          mark: JournalMark) -> None:
+                          mark: JournalMark, usage: LogUsage | None = None) -> None:
         """One durable transaction: deletions first, then rows, states, the
-        per-log ledger sets and the mark."""
+        per-log ledger sets and byte totals (``usage``, added to what the
+        index has) and the mark."""
         try:
-            self._commit_checkpoint(rows, log_ledgers, states, deletions, mark)
+            self._commit_checkpoint(rows, log_ledgers, states, deletions, mark, usage or {})
         except lmdb.Error as e:
             raise StorageError(f"ledger index commit failed: {e}") from e
 
     def _commit_checkpoint(self, rows: IndexRows, log_ledgers: Mapping[int, set[int]],
                            states: Mapping[int, LedgerState], deletions: Iterable[int],
-                           mark: JournalMark) -> None:
+                           mark: JournalMark, usage: LogUsage) -> None:
         with self.env.begin(write=True) as txn:
             for ledger_id in deletions:
                 self._delete_ledger(txn, ledger_id)
@@ -265,7 +365,61 @@ class LedgerIndex:
                 old = txn.get(key, db=self._logs)
                 merged = ledger_ids | _unpack_ids(old) if old is not None else ledger_ids
                 txn.put(key, _pack_ids(merged), db=self._logs)
+            self._add_usage(txn, usage)
             txn.put(_MARK_KEY, MARK_VALUE.pack(mark.file_seq, mark.offset), db=self._meta)
+
+    def _add_usage(self, txn: lmdb.Transaction, usage: LogUsage) -> None:
+        for (log_id, ledger_id), nbytes in usage.items():
+            key = USAGE_KEY.pack(log_id, ledger_id)
+            old = txn.get(key, db=self._usage)
+            total = nbytes + (USAGE_VALUE.unpack(old)[0] if old is not None else 0)
+            txn.put(key, USAGE_VALUE.pack(total), db=self._usage)
+
+    def commit_compaction(self, old_log_id: int, moves: Iterable[Move]) -> tuple[int, int]:
+        """One durable transaction: each moved row that still holds the value
+        compaction read points to its copy (a row deleted or rewritten
+        meanwhile is left alone), the copies' ledgers and bytes are added to
+        their logs' records, and entry log ``old_log_id``'s records are
+        removed.  Returns ``(rows moved, their record bytes)``."""
+        try:
+            return self._commit_compaction(old_log_id, moves)
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index commit failed: {e}") from e
+
+    def _commit_compaction(self, old_log_id: int, moves: Iterable[Move]) -> tuple[int, int]:
+        moved = moved_bytes = 0
+        usage: dict[tuple[int, int], int] = {}
+        log_ledgers: dict[int, set[int]] = {}
+        with self.env.begin(write=True) as txn:
+            entries = txn.cursor(db=self._entries)
+            for move in moves:
+                key = ENTRY_KEY.pack(move.ledger_id, move.entry_id)
+                if not entries.set_key(key) or entries.value() != move.old_value:
+                    continue
+                entries.put(key, ENTRY_VALUE.pack(move.log_id, move.offset, move.length))
+                nbytes = RECORD_PREFIX_SIZE + move.length
+                usage_key = (move.log_id, move.ledger_id)
+                usage[usage_key] = usage.get(usage_key, 0) + nbytes
+                log_ledgers.setdefault(move.log_id, set()).add(move.ledger_id)
+                moved += 1
+                moved_bytes += nbytes
+            for log_id, ledger_ids in log_ledgers.items():
+                key = LOG_KEY.pack(log_id)
+                old = txn.get(key, db=self._logs)
+                merged = ledger_ids | _unpack_ids(old) if old is not None else ledger_ids
+                txn.put(key, _pack_ids(merged), db=self._logs)
+            self._add_usage(txn, usage)
+            self._remove_log_records(txn, old_log_id)
+        return moved, moved_bytes
+
+    def _remove_log_records(self, txn: lmdb.Transaction, log_id: int) -> None:
+        txn.delete(LOG_KEY.pack(log_id), db=self._logs)
+        prefix = LOG_KEY.pack(log_id)
+        cursor = txn.cursor(db=self._usage)
+        if cursor.set_range(prefix):
+            while cursor.key()[:8] == prefix:
+                if not cursor.delete():
+                    break
 
     def _delete_ledger(self, txn: lmdb.Transaction, ledger_id: int) -> None:
         prefix = LEDGER_KEY.pack(ledger_id)
@@ -295,9 +449,9 @@ class LedgerIndex:
             raise StorageError(f"ledger index commit failed: {e}") from e
 
     def remove_logs(self, log_ids: Iterable[int]) -> None:
-        with self.env.begin(write=True, db=self._logs) as txn:
+        with self.env.begin(write=True) as txn:
             for log_id in log_ids:
-                txn.delete(LOG_KEY.pack(log_id))
+                self._remove_log_records(txn, log_id)
 
     def close(self) -> None:
         self.env.close()
