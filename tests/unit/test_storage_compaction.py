@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quire.bookie.storage import BookieStorage, StorageConfig
-from quire.bookie.storage.compaction import record_bytes_by_log
 from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRows, list_entry_logs
+from quire.bookie.storage.index import record_bytes_by_log
 from quire.errors import NoSuchLedgerError, StorageError
 from quire.testing.power_loss import emulate_power_loss
 from tests.support.entries import filler_entry

@@ -7,7 +7,8 @@ compaction (BookKeeper's minor and major compaction) reclaims it:
 
 1. **Choose.**  A log's *live fraction* is the record bytes of its ledgers
    that still exist over the log's size.  The bytes come from the index's
-   ``usage`` rows, written by each checkpoint (:func:`record_bytes_by_log`)
+   ``usage`` rows, written by each checkpoint
+   (:func:`~quire.bookie.storage.index.record_bytes_by_log`)
    and by each compaction, so choosing reads no log.  Logs below the
    threshold are compacted (the one being written never is).
 2. **Copy.**  The log's live rows (one index walk per live ledger) are read
@@ -48,8 +49,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from itertools import accumulate, groupby
-from operator import add
+from operator import add, itemgetter
 from typing import Protocol
 
 from quire.bookie.storage.entry_log import (
@@ -59,7 +59,7 @@ from quire.bookie.storage.entry_log import (
     IndexRows,
     entry_log_name,
 )
-from quire.bookie.storage.index import LedgerIndex, Move
+from quire.bookie.storage.index import LedgerIndex, MovedRows
 from quire.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -68,20 +68,7 @@ STEP_COPIED = "copied"
 STEP_COMMITTED = "committed"
 COMPACTION_STEPS = frozenset({STEP_COPIED, STEP_COMMITTED})
 _PLUS_PREFIX = partial(add, RECORD_PREFIX_SIZE)
-
-
-def record_bytes_by_log(rows: IndexRows) -> dict[tuple[int, int], int]:
-    """Record bytes (prefix + entry) of ``rows`` by ``(log id, ledger id)``.
-    Rows come in key order, so each pair is one run: the per-entry work is
-    C-level (``groupby``, ``accumulate``), Python only loops per run."""
-    ends = list(accumulate(map(_PLUS_PREFIX, rows.lengths), initial=0))
-    out: dict[tuple[int, int], int] = {}
-    pos = 0
-    for pair, run in groupby(zip(rows.log_ids, rows.ledger_ids, strict=True)):
-        end = pos + len(list(run))
-        out[pair] = out.get(pair, 0) + ends[end] - ends[pos]
-        pos = end
-    return out
+_LEDGER, _ENTRY, _VALUE = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def kill_at(step: str) -> Callable[[str], None]:
@@ -200,17 +187,18 @@ class Compactor:
         live_ledgers = [ledger_id for ledger_id, _ in
                         self._index.log_usage([log_id])[log_id].items() if is_live(ledger_id)]
         rows = self._index.rows_in_log(log_id, live_ledgers)
-        moves: list[Move] = []
+        moves = MovedRows([], [], [], IndexRows([], [], [], [], []))
         written = 0
         for piece in self._pieces(rows):
             items = self._read(log_id, piece)
             with exclusive():
                 new_rows, _ledgers = self._logger.write_batch(items)
-            written += sum(map(_PLUS_PREFIX, new_rows.lengths))
-            moves.extend(Move(ledger_id, entry_id, old_value, new_log, offset, length)
-                         for (ledger_id, entry_id, old_value, _o, _l), new_log, offset, length
-                         in zip(piece, new_rows.log_ids, new_rows.offsets, new_rows.lengths,
-                                strict=True))
+            written += sum(new_rows.lengths) + RECORD_PREFIX_SIZE * len(new_rows.lengths)
+            moves.ledger_ids.extend(map(_LEDGER, piece))
+            moves.entry_ids.extend(map(_ENTRY, piece))
+            moves.old_values.extend(map(_VALUE, piece))
+            for column, added in zip(moves.copies, new_rows, strict=True):
+                column.extend(added)
         self._step(STEP_COPIED)
         with exclusive():
             moved, moved_bytes = self._index.commit_compaction(log_id, moves)

@@ -55,7 +55,10 @@ touched by a checkpoint.
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
+from itertools import compress
+from operator import eq
 from pathlib import Path
 from typing import NamedTuple
 
@@ -95,18 +98,37 @@ LogUsage = Mapping[tuple[int, int], int]
 """Record bytes by ``(log id, ledger id)``."""
 
 
-class Move(NamedTuple):
-    """One entry compaction copied: its key, where the index had it when it
-    was read, and where the copy went."""
+class MovedRows(NamedTuple):
+    """Entries compaction copied, one column per field: their keys, where
+    the index had them when they were read, and where the copies went."""
 
-    ledger_id: int
-    entry_id: int
-    old_value: bytes
-    """The ``entries`` value read (packed): the row is moved only if it
+    ledger_ids: list[int]
+    entry_ids: list[int]
+    old_values: list[bytes]
+    """The ``entries`` values read (packed): a row is moved only if it
     still holds exactly this."""
-    log_id: int
-    offset: int
-    length: int
+    copies: IndexRows
+    """Where each copy went (same positions; in key order, log ids never
+    going down, as the entry logger writes them)."""
+
+
+def record_bytes_by_log(rows: IndexRows) -> dict[tuple[int, int], int]:
+    """Record bytes (prefix + entry) of ``rows`` by ``(log id, ledger id)``.
+    ``rows`` are in key order and their log ids never go down (as a
+    checkpoint writes them), so each pair is one run, found by two
+    ``bisect`` s: Python loops per run only, and the per-entry work (a
+    ``sum`` of a slice per run) is C-level and short."""
+    ledger_ids, log_ids, lengths = rows.ledger_ids, rows.log_ids, rows.lengths
+    out: dict[tuple[int, int], int] = {}
+    pos, count = 0, len(ledger_ids)
+    while pos < count:
+        ledger_id, log_id = ledger_ids[pos], log_ids[pos]
+        end = bisect_right(ledger_ids, ledger_id, pos)
+        end = max(pos + 1, bisect_right(log_ids, log_id, pos, end))
+        pair = (log_id, ledger_id)
+        out[pair] = out.get(pair, 0) + sum(lengths[pos:end]) + RECORD_PREFIX_SIZE * (end - pos)
+        pos = end
+    return out
 
 
 class LedgerIndex:
@@ -375,34 +397,40 @@ class LedgerIndex:
             total = nbytes + (USAGE_VALUE.unpack(old)[0] if old is not None else 0)
             txn.put(key, USAGE_VALUE.pack(total), db=self._usage)
 
-    def commit_compaction(self, old_log_id: int, moves: Iterable[Move]) -> tuple[int, int]:
+    def commit_compaction(self, old_log_id: int, moved: MovedRows) -> tuple[int, int]:
         """One durable transaction: each moved row that still holds the value
         compaction read points to its copy (a row deleted or rewritten
         meanwhile is left alone), the copies' ledgers and bytes are added to
         their logs' records, and entry log ``old_log_id``'s records are
         removed.  Returns ``(rows moved, their record bytes)``."""
         try:
-            return self._commit_compaction(old_log_id, moves)
+            return self._commit_compaction(old_log_id, moved)
         except lmdb.Error as e:
             raise StorageError(f"ledger index commit failed: {e}") from e
 
-    def _commit_compaction(self, old_log_id: int, moves: Iterable[Move]) -> tuple[int, int]:
-        moved = moved_bytes = 0
-        usage: dict[tuple[int, int], int] = {}
-        log_ledgers: dict[int, set[int]] = {}
+    def _commit_compaction(self, old_log_id: int, moved: MovedRows) -> tuple[int, int]:
+        # Columns and C-level steps (getmulti, map, compress, putmulti), a
+        # chunk at a time, as a checkpoint's commit: no bytecode per entry.
+        copies = moved.copies
+        kept = IndexRows([], [], [], [], [])
+        step = entry_log.CHUNK_ENTRIES
         with self.env.begin(write=True) as txn:
-            entries = txn.cursor(db=self._entries)
-            for move in moves:
-                key = ENTRY_KEY.pack(move.ledger_id, move.entry_id)
-                if not entries.set_key(key) or entries.value() != move.old_value:
-                    continue
-                entries.put(key, ENTRY_VALUE.pack(move.log_id, move.offset, move.length))
-                nbytes = RECORD_PREFIX_SIZE + move.length
-                usage_key = (move.log_id, move.ledger_id)
-                usage[usage_key] = usage.get(usage_key, 0) + nbytes
-                log_ledgers.setdefault(move.log_id, set()).add(move.ledger_id)
-                moved += 1
-                moved_bytes += nbytes
+            cursor = txn.cursor(db=self._entries)
+            for start in range(0, len(moved.ledger_ids), step):
+                end = start + step
+                keys = list(map(ENTRY_KEY.pack, moved.ledger_ids[start:end],
+                                moved.entry_ids[start:end]))
+                now = dict(cursor.getmulti(keys))
+                same = list(map(eq, map(now.get, keys), moved.old_values[start:end]))
+                values = map(ENTRY_VALUE.pack, copies.log_ids[start:end],
+                             copies.offsets[start:end], copies.lengths[start:end])
+                cursor.putmulti(zip(compress(keys, same), compress(values, same), strict=True))
+                for column, source in zip(kept, copies, strict=True):
+                    column.extend(compress(source[start:end], same))
+            usage = record_bytes_by_log(kept)
+            log_ledgers: dict[int, set[int]] = {}
+            for log_id, ledger_id in usage:
+                log_ledgers.setdefault(log_id, set()).add(ledger_id)
             for log_id, ledger_ids in log_ledgers.items():
                 key = LOG_KEY.pack(log_id)
                 old = txn.get(key, db=self._logs)
@@ -410,7 +438,7 @@ class LedgerIndex:
                 txn.put(key, _pack_ids(merged), db=self._logs)
             self._add_usage(txn, usage)
             self._remove_log_records(txn, old_log_id)
-        return moved, moved_bytes
+        return len(kept.lengths), sum(usage.values())
 
     def _remove_log_records(self, txn: lmdb.Transaction, log_id: int) -> None:
         txn.delete(LOG_KEY.pack(log_id), db=self._logs)

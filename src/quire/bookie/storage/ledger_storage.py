@@ -30,10 +30,10 @@ from operator import lt
 from typing import overload
 
 from quire.bookie.storage import entry_log
-from quire.bookie.storage.compaction import Compactor, kill_at, record_bytes_by_log
+from quire.bookie.storage.compaction import Compactor, kill_at
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, EntryLogger
-from quire.bookie.storage.index import LedgerIndex
+from quire.bookie.storage.index import LedgerIndex, record_bytes_by_log
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.bookie.storage.sync_tracker import SyncTracker
