@@ -113,14 +113,21 @@ def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, metadata_uri: s
         finally:
             await store.close()
 
+    def fail(message: str) -> None:
+        if as_json:
+            emit_json({"error": message})
+        else:
+            click.echo(f"error: {message}", err=True)
+        raise SystemExit(1)
+
     registered = {b.bookie_id: b for b in run_async(fetch)}
     unknown = [bid for bid in bookie_ids if bid not in registered]
     if unknown:
-        raise click.ClickException(f"no registered bookie {', '.join(unknown)}")
+        fail(f"no registered bookie {', '.join(unknown)}")
     chosen = [registered[bid] for bid in bookie_ids] if bookie_ids else list(
         registered.values())
     if not chosen:
-        raise click.ClickException("no bookie is registered")
+        fail("no bookie is registered")
     reports: dict[str, Any] = {}
     failed = False
     for b in chosen:
