@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.bookie.storage.compaction import LogUse
 from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRows, list_entry_logs
 from quire.bookie.storage.index import record_bytes_by_log
 from quire.errors import NoSuchLedgerError, StorageError
@@ -166,6 +167,10 @@ def test_an_index_without_usage_rows_counts_them_from_its_entries(tmp_path: Path
         counted = index.log_usage(logs)
         for log_id in logs:
             assert counted[log_id]  # every log got its figures back
+        walks: list[object] = []
+        real_count = index._count_usage
+        index._count_usage = lambda ids: walks.append(ids) or real_count(ids)  # type: ignore[method-assign]
+        assert index.log_usage(logs) == counted and walks == []  # stored: counted once
         assert sum(sum(v.values()) for v in counted.values()) == sum(
             RECORD_PREFIX_SIZE + len(entry(lid, e)) for lid in range(1, 4) for e in range(10))
         s.delete_ledger(2)
@@ -334,3 +339,18 @@ def test_compaction_after_close_is_refused_and_a_closing_engine_stops_it(
         check_reads(s, {2}, {1}, entries=10)
     finally:
         s.close()
+
+
+def test_a_log_that_became_current_since_it_was_chosen_is_left_alone(
+        storage: BookieStorage) -> None:
+    """Logs are chosen without the lock; one a checkpoint started meanwhile
+    is the log being written, and compacting it would copy into itself."""
+    fill(storage, ledgers=range(1, 3), entries=10)
+    s = storage
+    logger = s.ledger_storage.entry_logger
+    current = logger.current_log_id
+    chosen = LogUse(current, 4096, 0, (1, 2))
+    stats = s.ledger_storage.compactor._compact_log(chosen, lambda lid: True, s._exclusive)
+    assert stats.logs_compacted == 0
+    assert current in list_entry_logs(s.config.entry_log_dir)
+    check_reads(s, {1, 2}, entries=10)

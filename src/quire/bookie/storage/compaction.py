@@ -103,6 +103,8 @@ class LogUse:
     """Bytes of records (the file's size less its header)."""
     live_bytes: int
     """Record bytes of ledgers that still exist."""
+    live_ledgers: tuple[int, ...] = ()
+    """Those ledgers."""
 
     @property
     def live_fraction(self) -> float:
@@ -156,9 +158,10 @@ class Compactor:
                 size = os.stat(self._logger.directory / entry_log_name(log_id)).st_size
             except FileNotFoundError:
                 continue
-            live = sum(nbytes for ledger_id, nbytes in by_log[log_id].items()
-                       if is_live(ledger_id))
-            out.append(LogUse(log_id, max(0, size - LOG_HEADER_SIZE), live))
+            live = {ledger_id: nbytes for ledger_id, nbytes in by_log[log_id].items()
+                    if is_live(ledger_id)}
+            out.append(LogUse(log_id, max(0, size - LOG_HEADER_SIZE), sum(live.values()),
+                              tuple(sorted(live))))
         return out
 
     def compact(self, threshold: float, is_live: Callable[[int], bool],
@@ -184,9 +187,13 @@ class Compactor:
                      exclusive: Exclusive) -> CompactionStats:
         started = time.perf_counter()
         log_id = use.log_id
-        live_ledgers = [ledger_id for ledger_id, _ in
-                        self._index.log_usage([log_id])[log_id].items() if is_live(ledger_id)]
-        rows = self._index.rows_in_log(log_id, live_ledgers)
+        with exclusive():
+            # Chosen without the lock: a checkpoint may have started it since.
+            # Not current now (the lock held), it never will be: ids only grow.
+            if log_id == self._logger.current_log_id:
+                return CompactionStats()
+        rows = self._index.rows_in_log(log_id, [ledger_id for ledger_id in use.live_ledgers
+                                                if is_live(ledger_id)])
         moves = MovedRows([], [], [], IndexRows([], [], [], [], []))
         written = 0
         for piece in self._pieces(rows):

@@ -77,6 +77,10 @@ LEDGER_KEY = struct.Struct(">Q")
 LOG_KEY = struct.Struct(">Q")
 USAGE_KEY = struct.Struct(">QQ")
 USAGE_VALUE = struct.Struct(">Q")
+_COUNTED = (1 << 64) - 1
+"""Usage row ledger id (no ledger's: ids are below 2**63) of a log whose
+usage was counted from its entry rows, so that a log they gave nothing
+(none of its rows left) is not counted again."""
 MARK_VALUE = struct.Struct(">QQ")
 _FORMAT_VALUE = struct.Struct(">I")
 _MARK_KEY = b"journal_mark"
@@ -308,13 +312,16 @@ class LedgerIndex:
             missing = {log_id for log_id in wanted if not out[log_id]}
             if missing:
                 counted = self._count_usage(missing)
-                if counted:
-                    with self.env.begin(db=self._usage, write=True) as txn:
-                        for (log_id, ledger_id), nbytes in counted.items():
-                            txn.put(USAGE_KEY.pack(log_id, ledger_id), USAGE_VALUE.pack(nbytes))
-                            out[log_id][ledger_id] = nbytes
+                with self.env.begin(db=self._usage, write=True) as txn:
+                    for log_id in missing:  # counted, even if to nothing
+                        txn.put(USAGE_KEY.pack(log_id, _COUNTED), USAGE_VALUE.pack(0))
+                    for (log_id, ledger_id), nbytes in counted.items():
+                        txn.put(USAGE_KEY.pack(log_id, ledger_id), USAGE_VALUE.pack(nbytes))
+                        out[log_id][ledger_id] = nbytes
         except lmdb.Error as e:
             raise StorageError(f"ledger index usage read failed: {e}") from e
+        for usage in out.values():
+            usage.pop(_COUNTED, None)
         return out
 
     def _count_usage(self, log_ids: set[int]) -> dict[tuple[int, int], int]:
