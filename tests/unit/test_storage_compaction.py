@@ -354,3 +354,28 @@ def test_a_log_that_became_current_since_it_was_chosen_is_left_alone(
     assert stats.logs_compacted == 0
     assert current in list_entry_logs(s.config.entry_log_dir)
     check_reads(s, {1, 2}, entries=10)
+
+
+def test_a_copy_that_fails_leaves_the_log_as_it_was(storage: BookieStorage,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(storage, ledgers=range(1, 3), entries=10)
+    s = reopen(storage)
+    try:
+        s.delete_ledger(1)
+        s.checkpoint()
+        logger = s.ledger_storage.entry_logger
+
+        def full(*args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(logger, "write_batch", full)
+        before = list_entry_logs(s.config.entry_log_dir)
+        stats = s.compact_entry_logs(1.0)
+        assert stats.logs_failed == len(before) and stats.logs_compacted == 0
+        assert list_entry_logs(s.config.entry_log_dir) == before
+        monkeypatch.undo()
+        check_reads(s, {2}, {1}, entries=10)
+        assert s.compact_entry_logs(1.0).logs_compacted == len(before)
+        check_reads(s, {2}, {1}, entries=10)
+    finally:
+        s.close()

@@ -176,7 +176,7 @@ class Compactor:
         for use in chosen:
             try:
                 stats += self._compact_log(use, is_live, exclusive)
-            except StorageError as e:
+            except (StorageError, OSError) as e:  # (a write failing on a full disk)
                 with exclusive():
                     pass  # an engine closed meanwhile ends the run (this raises)
                 log.warning("compaction of entry log %d failed, kept as is: %s", use.log_id, e)
