@@ -5,7 +5,7 @@ ledgers written interleaved (each checkpoint holds a slice of every
 ledger), deletes ``--dead-fraction`` of the ledgers, then compacts every
 log (threshold 1.0) and prints the bytes moved and reclaimed, the time, and
 the rate.  Also times the per-checkpoint usage bookkeeping
-(``record_bytes_by_log``) for a 70,000-entry checkpoint.
+(``usage_of_rows``) for a 70,000-entry checkpoint.
 
     .venv/bin/python benchmarks/compaction.py --megabytes 256 --dead-fraction 0.5
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from quire.bookie.storage import BookieStorage, StorageConfig
 from quire.bookie.storage.entry_log import IndexRows
-from quire.bookie.storage.index import record_bytes_by_log
+from quire.bookie.storage.index import usage_of_rows
 
 _MiB = 1024 * 1024
 
@@ -44,7 +44,7 @@ def main() -> None:
                      [1] * 70_000, [0] * 70_000, [1024] * 70_000)
     started = time.perf_counter()
     for _ in range(10):
-        record_bytes_by_log(rows)
+        usage_of_rows(rows)
     print(f"usage bookkeeping: {(time.perf_counter() - started) * 100:.2f} ms per "
           "70,000-entry checkpoint of 100 ledgers")
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from quire.bookie.storage import BookieStorage, StorageConfig
 from quire.bookie.storage.compaction import LogUse
 from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRows, list_entry_logs
-from quire.bookie.storage.index import record_bytes_by_log
+from quire.bookie.storage.index import LedgerUse, usage_of_rows
 from quire.errors import NoSuchLedgerError, StorageError
 from quire.testing.power_loss import emulate_power_loss
 from tests.support.entries import filler_entry
@@ -137,14 +137,15 @@ def test_live_log_usage_is_recorded_at_checkpoint_and_moved_by_compaction(
         (log_id,) = index.log_ledgers()
         expected = {lid: sum(RECORD_PREFIX_SIZE + len(entry(lid, e)) for e in range(10))
                     for lid in (1, 2)}
-        assert index.log_usage([log_id]) == {log_id: expected}
+        assert index.log_usage([log_id]) == {log_id: {
+            lid: LedgerUse(nbytes, 0, 9) for lid, nbytes in expected.items()}}
         s.delete_ledger(1)
         stats = s.compact_entry_logs(0.8)
         assert stats.logs_compacted == 1 and stats.entries_moved == 10
         assert stats.bytes_moved == expected[2]
         (new_log,) = index.log_ledgers()
         assert new_log != log_id
-        assert index.log_usage([new_log]) == {new_log: {2: expected[2]}}
+        assert index.log_usage([new_log]) == {new_log: {2: LedgerUse(expected[2], 0, 9)}}
         assert index.log_ledgers() == {new_log: {2}}
     finally:
         s.close()
@@ -171,7 +172,7 @@ def test_an_index_without_usage_rows_counts_them_from_its_entries(tmp_path: Path
         real_count = index._count_usage
         index._count_usage = lambda ids: walks.append(ids) or real_count(ids)  # type: ignore[method-assign]
         assert index.log_usage(logs) == counted and walks == []  # stored: counted once
-        assert sum(sum(v.values()) for v in counted.values()) == sum(
+        assert sum(u.record_bytes for v in counted.values() for u in v.values()) == sum(
             RECORD_PREFIX_SIZE + len(entry(lid, e)) for lid in range(1, 4) for e in range(10))
         s.delete_ledger(2)
         assert s.compact_entry_logs(1.0).logs_compacted == len(logs)
@@ -180,10 +181,11 @@ def test_an_index_without_usage_rows_counts_them_from_its_entries(tmp_path: Path
         s.close()
 
 
-def test_record_bytes_by_log_sums_each_log_and_ledger() -> None:
+def test_usage_of_rows_sums_each_log_and_ledger_with_its_entry_range() -> None:
     rows = IndexRows([1, 1, 2, 2, 2], [0, 1, 0, 1, 2], [5, 5, 5, 6, 6], [0, 0, 0, 0, 0],
                      [10, 20, 30, 40, 50])
-    assert record_bytes_by_log(rows) == {(5, 1): 38, (5, 2): 34, (6, 2): 98}
+    assert usage_of_rows(rows) == {(5, 1): LedgerUse(38, 0, 1), (5, 2): LedgerUse(34, 0, 0),
+                                   (6, 2): LedgerUse(98, 1, 2)}
 
 
 @pytest.mark.parametrize("step", ["copied", "committed"])
@@ -349,7 +351,7 @@ def test_a_log_that_became_current_since_it_was_chosen_is_left_alone(
     s = storage
     logger = s.ledger_storage.entry_logger
     current = logger.current_log_id
-    chosen = LogUse(current, 4096, 0, (1, 2))
+    chosen = LogUse(current, 4096, 0, ((1, 0, 9), (2, 0, 9)))
     stats = s.ledger_storage.compactor._compact_log(chosen, lambda lid: True, s._exclusive)
     assert stats.logs_compacted == 0
     assert current in list_entry_logs(s.config.entry_log_dir)

@@ -8,10 +8,11 @@ compaction (BookKeeper's minor and major compaction) reclaims it:
 1. **Choose.**  A log's *live fraction* is the record bytes of its ledgers
    that still exist over the log's size.  The bytes come from the index's
    ``usage`` rows, written by each checkpoint
-   (:func:`~quire.bookie.storage.index.record_bytes_by_log`)
+   (:func:`~quire.bookie.storage.index.usage_of_rows`)
    and by each compaction, so choosing reads no log.  Logs below the
    threshold are compacted (the one being written never is).
-2. **Copy.**  The log's live rows (one index walk per live ledger) are read
+2. **Copy.**  The log's live rows (one index walk per live ledger, over
+   the entry ids its usage row says it has in the log) are read
    with one ``pread`` per run of back-to-back records, each record checked
    against its row, and appended to the current entry log in pieces of
    ``compaction_chunk_bytes``; each piece is fsynced before the next.  Reads
@@ -103,8 +104,9 @@ class LogUse:
     """Bytes of records (the file's size less its header)."""
     live_bytes: int
     """Record bytes of ledgers that still exist."""
-    live_ledgers: tuple[int, ...] = ()
-    """Those ledgers."""
+    live_ranges: tuple[tuple[int, int, int], ...] = ()
+    """Those ledgers, with the lowest and highest entry id each has there:
+    ``(ledger id, first, last)``."""
 
     @property
     def live_fraction(self) -> float:
@@ -158,10 +160,11 @@ class Compactor:
                 size = os.stat(self._logger.directory / entry_log_name(log_id)).st_size
             except FileNotFoundError:
                 continue
-            live = {ledger_id: nbytes for ledger_id, nbytes in by_log[log_id].items()
-                    if is_live(ledger_id)}
-            out.append(LogUse(log_id, max(0, size - LOG_HEADER_SIZE), sum(live.values()),
-                              tuple(sorted(live))))
+            live = sorted((ledger_id, use) for ledger_id, use in by_log[log_id].items()
+                          if is_live(ledger_id))
+            out.append(LogUse(log_id, max(0, size - LOG_HEADER_SIZE),
+                              sum(use.record_bytes for _lid, use in live),
+                              tuple((lid, use.first_entry, use.last_entry) for lid, use in live)))
         return out
 
     def compact(self, threshold: float, is_live: Callable[[int], bool],
@@ -192,8 +195,8 @@ class Compactor:
             # Not current now (the lock held), it never will be: ids only grow.
             if log_id == self._logger.current_log_id:
                 return CompactionStats()
-        rows = self._index.rows_in_log(log_id, [ledger_id for ledger_id in use.live_ledgers
-                                                if is_live(ledger_id)])
+        rows = self._index.rows_in_log(log_id, [(ledger_id, first, last) for ledger_id, first, last
+                                                in use.live_ranges if is_live(ledger_id)])
         moves = MovedRows([], [], [], IndexRows([], [], [], [], []))
         written = 0
         for piece in self._pieces(rows):

@@ -15,10 +15,13 @@ entries    ledger_id u64, entry_id u64  log_id u32, offset u64, length u32
 ledgers    ledger_id u64                encoded LedgerState (``state`` module)
 logs       log_id u64                   ledger ids u64 ... (sorted): ledgers
                                         with entries in that entry log
-usage      log_id u64, ledger_id u64    bytes u64: record bytes (length
-                                        prefix + entry) the ledger has in
-                                        that entry log (compaction's live
-                                        fraction; see ``compaction``)
+usage      log_id u64, ledger_id u64    bytes u64, first u64, last u64:
+                                        record bytes (length prefix + entry)
+                                        the ledger has in that entry log,
+                                        and the lowest and highest entry id
+                                        of them (compaction's live fraction,
+                                        and where its walk starts and ends;
+                                        see ``compaction``)
 meta       b"journal_mark"              file_seq u64, offset u64
 meta       b"format"                    format version u32 (= 1)
 meta       b"running"                   journal_write_data u8 (0 or 1): the
@@ -76,7 +79,7 @@ ENTRY_VALUE = struct.Struct(">IQI")
 LEDGER_KEY = struct.Struct(">Q")
 LOG_KEY = struct.Struct(">Q")
 USAGE_KEY = struct.Struct(">QQ")
-USAGE_VALUE = struct.Struct(">Q")
+USAGE_VALUE = struct.Struct(">QQQ")
 _COUNTED = (1 << 64) - 1
 """Usage row ledger id (no ledger's: ids are below 2**63) of a log whose
 usage was counted from its entry rows, so that a log they gave nothing
@@ -98,8 +101,25 @@ def _unpack_ids(data: bytes) -> set[int]:
     return set(struct.unpack(f">{len(data) // 8}Q", data))
 
 
-LogUsage = Mapping[tuple[int, int], int]
-"""Record bytes by ``(log id, ledger id)``."""
+class LedgerUse(NamedTuple):
+    """What one ledger has in one entry log."""
+
+    record_bytes: int
+    """Of its records there (length prefix + entry)."""
+    first_entry: int
+    """The lowest entry id the index has in that log (perhaps rewritten
+    elsewhere since: the range only bounds where to look)."""
+    last_entry: int
+    """The highest."""
+
+    def merged(self, other: LedgerUse) -> LedgerUse:
+        return LedgerUse(self.record_bytes + other.record_bytes,
+                         min(self.first_entry, other.first_entry),
+                         max(self.last_entry, other.last_entry))
+
+
+LogUsage = Mapping[tuple[int, int], LedgerUse]
+"""By ``(log id, ledger id)``."""
 
 
 class MovedRows(NamedTuple):
@@ -116,21 +136,26 @@ class MovedRows(NamedTuple):
     going down, as the entry logger writes them)."""
 
 
-def record_bytes_by_log(rows: IndexRows) -> dict[tuple[int, int], int]:
-    """Record bytes (prefix + entry) of ``rows`` by ``(log id, ledger id)``.
-    ``rows`` are in key order and their log ids never go down (as a
-    checkpoint writes them), so each pair is one run, found by two
-    ``bisect`` s: Python loops per run only, and the per-entry work (a
-    ``sum`` of a slice per run) is C-level and short."""
-    ledger_ids, log_ids, lengths = rows.ledger_ids, rows.log_ids, rows.lengths
-    out: dict[tuple[int, int], int] = {}
+def usage_of_rows(rows: IndexRows) -> dict[tuple[int, int], LedgerUse]:
+    """What ``rows`` put in each log, by ``(log id, ledger id)``.  ``rows``
+    are in key order and their log ids never go down (as a checkpoint writes
+    them), so each pair is one run, found by two ``bisect`` s: Python loops
+    per run only, and the per-entry work (a ``sum`` of a slice per run) is
+    C-level and short."""
+    ledger_ids, entry_ids, log_ids, lengths = (rows.ledger_ids, rows.entry_ids, rows.log_ids,
+                                               rows.lengths)
+    out: dict[tuple[int, int], LedgerUse] = {}
     pos, count = 0, len(ledger_ids)
     while pos < count:
         ledger_id, log_id = ledger_ids[pos], log_ids[pos]
         end = bisect_right(ledger_ids, ledger_id, pos)
         end = max(pos + 1, bisect_right(log_ids, log_id, pos, end))
+        use = LedgerUse(sum(lengths[pos:end]) + RECORD_PREFIX_SIZE * (end - pos),
+                        min(entry_ids[pos], entry_ids[end - 1]),
+                        max(entry_ids[pos], entry_ids[end - 1]))
         pair = (log_id, ledger_id)
-        out[pair] = out.get(pair, 0) + sum(lengths[pos:end]) + RECORD_PREFIX_SIZE * (end - pos)
+        old = out.get(pair)
+        out[pair] = use if old is None else old.merged(use)
         pos = end
     return out
 
@@ -296,61 +321,65 @@ class LedgerIndex:
                 out[LOG_KEY.unpack(key)[0]] = _unpack_ids(value)
         return out
 
-    def log_usage(self, log_ids: Iterable[int]) -> dict[int, dict[int, int]]:
-        """Record bytes per ledger of each of ``log_ids`` (``{}`` for a log
+    def log_usage(self, log_ids: Iterable[int]) -> dict[int, dict[int, LedgerUse]]:
+        """What each ledger has in each of ``log_ids`` (``{}`` for a log
         without entries).  Logs without usage rows (an index from before
         them) are counted from the ``entries`` rows in one walk, and their
-        totals stored."""
+        figures stored."""
         wanted = set(log_ids)
-        out: dict[int, dict[int, int]] = {log_id: {} for log_id in wanted}
+        out: dict[int, dict[int, LedgerUse]] = {log_id: {} for log_id in wanted}
         try:
             with self.env.begin(db=self._usage) as txn:
                 for key, value in txn.cursor():
                     log_id, ledger_id = USAGE_KEY.unpack(key)
                     if log_id in wanted:
-                        out[log_id][ledger_id] = USAGE_VALUE.unpack(value)[0]
+                        out[log_id][ledger_id] = LedgerUse(*USAGE_VALUE.unpack(value))
             missing = {log_id for log_id in wanted if not out[log_id]}
             if missing:
                 counted = self._count_usage(missing)
                 with self.env.begin(db=self._usage, write=True) as txn:
                     for log_id in missing:  # counted, even if to nothing
-                        txn.put(USAGE_KEY.pack(log_id, _COUNTED), USAGE_VALUE.pack(0))
-                    for (log_id, ledger_id), nbytes in counted.items():
-                        txn.put(USAGE_KEY.pack(log_id, ledger_id), USAGE_VALUE.pack(nbytes))
-                        out[log_id][ledger_id] = nbytes
+                        txn.put(USAGE_KEY.pack(log_id, _COUNTED), USAGE_VALUE.pack(0, 0, 0))
+                    for (log_id, ledger_id), use in counted.items():
+                        txn.put(USAGE_KEY.pack(log_id, ledger_id), USAGE_VALUE.pack(*use))
+                        out[log_id][ledger_id] = use
         except lmdb.Error as e:
             raise StorageError(f"ledger index usage read failed: {e}") from e
         for usage in out.values():
             usage.pop(_COUNTED, None)
         return out
 
-    def _count_usage(self, log_ids: set[int]) -> dict[tuple[int, int], int]:
-        counted: dict[tuple[int, int], int] = {}
+    def _count_usage(self, log_ids: set[int]) -> dict[tuple[int, int], LedgerUse]:
+        counted: dict[tuple[int, int], LedgerUse] = {}
         key_unpack, value_unpack = ENTRY_KEY.unpack, ENTRY_VALUE.unpack
         with self.env.begin(db=self._entries) as txn:
             for key, value in txn.cursor():
                 log_id, _offset, length = value_unpack(value)
                 if log_id in log_ids:
-                    usage_key = (log_id, key_unpack(key)[0])
-                    counted[usage_key] = counted.get(usage_key, 0) + RECORD_PREFIX_SIZE + length
+                    ledger_id, entry_id = key_unpack(key)
+                    use = LedgerUse(RECORD_PREFIX_SIZE + length, entry_id, entry_id)
+                    old = counted.get((log_id, ledger_id))
+                    counted[(log_id, ledger_id)] = use if old is None else old.merged(use)
         return counted
 
-    def rows_in_log(self, log_id: int, ledger_ids: Iterable[int]
+    def rows_in_log(self, log_id: int, ranges: Iterable[tuple[int, int, int]]
                     ) -> list[tuple[int, int, bytes, int, int]]:
         """``(ledger_id, entry_id, packed value, offset, length)`` of every
-        entry of ``ledger_ids`` that the index has in entry log ``log_id``,
-        in key order (one cursor walk per ledger)."""
+        entry that the index has in entry log ``log_id`` among ``(ledger_id,
+        first entry, last entry)`` ranges (as :meth:`log_usage` gives them),
+        in key order: one cursor walk per range, so a long-lived ledger's
+        entries in other logs are not visited."""
         found: list[tuple[int, int, bytes, int, int]] = []
         key_unpack, value_unpack = ENTRY_KEY.unpack, ENTRY_VALUE.unpack
         try:
             with self.env.begin(db=self._entries) as txn:
                 cursor = txn.cursor()
-                for ledger_id in sorted(ledger_ids):
-                    prefix = LEDGER_KEY.pack(ledger_id)
-                    if not cursor.set_range(prefix):
+                for ledger_id, first, last in sorted(ranges):
+                    end = ENTRY_KEY.pack(ledger_id, last)
+                    if not cursor.set_range(ENTRY_KEY.pack(ledger_id, first)):
                         continue
                     for key, value in cursor.iternext():
-                        if key[:8] != prefix:
+                        if key > end:
                             break
                         row_log, offset, length = value_unpack(value)
                         if row_log == log_id:
@@ -398,11 +427,12 @@ class LedgerIndex:
             txn.put(_MARK_KEY, MARK_VALUE.pack(mark.file_seq, mark.offset), db=self._meta)
 
     def _add_usage(self, txn: lmdb.Transaction, usage: LogUsage) -> None:
-        for (log_id, ledger_id), nbytes in usage.items():
+        for (log_id, ledger_id), use in usage.items():
             key = USAGE_KEY.pack(log_id, ledger_id)
             old = txn.get(key, db=self._usage)
-            total = nbytes + (USAGE_VALUE.unpack(old)[0] if old is not None else 0)
-            txn.put(key, USAGE_VALUE.pack(total), db=self._usage)
+            if old is not None:
+                use = LedgerUse(*USAGE_VALUE.unpack(old)).merged(use)
+            txn.put(key, USAGE_VALUE.pack(*use), db=self._usage)
 
     def commit_compaction(self, old_log_id: int, moved: MovedRows) -> tuple[int, int]:
         """One durable transaction: each moved row that still holds the value
@@ -434,7 +464,7 @@ class LedgerIndex:
                 cursor.putmulti(zip(compress(keys, same), compress(values, same), strict=True))
                 for column, source in zip(kept, copies, strict=True):
                     column.extend(compress(source[start:end], same))
-            usage = record_bytes_by_log(kept)
+            usage = usage_of_rows(kept)
             log_ledgers: dict[int, set[int]] = {}
             for log_id, ledger_id in usage:
                 log_ledgers.setdefault(log_id, set()).add(ledger_id)
@@ -445,7 +475,7 @@ class LedgerIndex:
                 txn.put(key, _pack_ids(merged), db=self._logs)
             self._add_usage(txn, usage)
             self._remove_log_records(txn, old_log_id)
-        return len(kept.lengths), sum(usage.values())
+        return len(kept.lengths), sum(use.record_bytes for use in usage.values())
 
     def _remove_log_records(self, txn: lmdb.Transaction, log_id: int) -> None:
         txn.delete(LOG_KEY.pack(log_id), db=self._logs)

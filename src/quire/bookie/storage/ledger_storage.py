@@ -33,7 +33,7 @@ from quire.bookie.storage import entry_log
 from quire.bookie.storage.compaction import Compactor, kill_at
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, EntryLogger
-from quire.bookie.storage.index import LedgerIndex, record_bytes_by_log
+from quire.bookie.storage.index import LedgerIndex, usage_of_rows
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.bookie.storage.sync_tracker import SyncTracker
@@ -275,7 +275,7 @@ class LedgerStorage:
         nbytes = sum(rows.lengths)
         deletions = list(deletions)
         self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark,
-                                     record_bytes_by_log(rows))
+                                     usage_of_rows(rows))
         self.read_cache.invalidate(entries)
         for ledger_id in deletions:
             self.read_cache.discard_ledger(ledger_id)
