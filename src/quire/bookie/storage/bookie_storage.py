@@ -58,8 +58,9 @@ checkpoint removes its index rows and state in its transaction.
 ``gc_entry_logs`` (which first checkpoints pending deletions) then removes
 the entry logs all of whose ledgers are gone, and ``compact_entry_logs``
 copies the live entries out of logs below a live fraction and removes them
-(see :mod:`~quire.bookie.storage.compaction`).  Ledger ids are assumed not to be reused: re-creating
-a deleted id before the deletion is checkpointed may expose old entries.
+(see :mod:`~quire.bookie.storage.compaction`).  Ledger ids are assumed not
+to be reused: re-creating a deleted id before the deletion is checkpointed
+may expose old entries.
 
 Unclean shutdown and limbo (BP-46)
 ----------------------------------
