@@ -216,6 +216,11 @@ class StorageError(QuireError):
     """The bookie's local storage failed or found corruption."""
 
 
+class AdminRequestError(QuireError):
+    """An admin request to a bookie (``quire.bookie.admin``) could not be
+    sent, or the bookie answered that it failed."""
+
+
 # --- ledger client --------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ TEST_SETTINGS: dict[str, Any] = {
     # metadata, which GC rightly drops once it runs, so on a slow machine
     # their adds could vanish between the write and the read.
     "disk_check_interval_ms": 500,
+    "compaction_disk_usage_threshold": 0.0,  # (a full test disk would run GC at once)
     "registration_lease_ms": 1500,
     "power_loss_tracking": True,
 }

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -500,6 +501,34 @@ class StorageMachine(RuleBasedStateMachine):
             # gc first checkpoints pending deletions (and so everything else)
             self.base = self.live()
             self.events = []
+
+    def _fold_if_deleting(self) -> None:
+        if any(e[0] == "delete" for _seq, e in self.events):
+            # compaction, like gc, first checkpoints pending deletions
+            self.base = self.live()
+            self.events = []
+
+    @rule(threshold=st.sampled_from([0.2, 0.8, 1.0]))
+    def compact(self, threshold: float) -> None:
+        self.s.compact_entry_logs(threshold)
+        self._fold_if_deleting()
+
+    @rule(step=st.sampled_from(["copied", "committed"]), power_loss=st.booleans())
+    def crash_in_compaction(self, step: str, power_loss: bool) -> None:
+        """kill -9 (and maybe power loss) at a step of a compaction: every
+        entry still reads back, from the old copy or the new one."""
+        class Crash(Exception):
+            pass
+
+        def crash_at(reached: str) -> None:
+            if reached == step:
+                raise Crash(step)
+
+        self.s.ledger_storage.compactor.on_step = crash_at
+        with contextlib.suppress(Crash):
+            self.s.compact_entry_logs(1.0)
+        self._fold_if_deleting()
+        self.crash(power_loss)
 
     @invariant()
     def reads_match_the_model(self) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quire.bookie.storage.config import StorageConfig
+from quire.errors import ConfigError
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger("quire.bookie")
@@ -60,7 +61,23 @@ class BookieConfig:
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000
-    """How often deleted ledgers are dropped and dead entry logs removed."""
+    """How often deleted ledgers are dropped and dead entry logs removed
+    (and whether a compaction is due is checked)."""
+    minor_compaction_threshold: float = 0.2
+    """Minor compaction copies out the live entries of entry logs less than
+    this fraction live and removes the logs (0 turns it off)."""
+    minor_compaction_interval_ms: int = 3_600_000
+    """How often a minor compaction runs (at a GC, so at most every
+    ``gc_interval_ms``; 0 turns it off)."""
+    major_compaction_threshold: float = 0.8
+    """Major compaction does the same for logs less than this fraction live
+    (0 turns it off)."""
+    major_compaction_interval_ms: int = 86_400_000
+    """How often a major compaction runs (0 turns it off)."""
+    compaction_disk_usage_threshold: float = 0.85
+    """Above this used fraction of the ledger disk, the disk watch runs GC
+    and a major compaction at once (at most once per ``gc_interval_ms``),
+    whatever the intervals; 0 turns it off."""
     disk_check_interval_ms: int = 5_000
     disk_usage_threshold: float = 0.95
     """Above this used fraction of a ledger dir's disk the bookie turns read-only."""
@@ -111,6 +128,14 @@ class BookieConfig:
     collection every few hundred adds, each walking what the write cache and
     the BP-14 cursors hold: about a tenth of the bookie's CPU under load."""
 
+
+    def __post_init__(self) -> None:
+        for name in ("minor_compaction_threshold", "major_compaction_threshold",
+                     "compaction_disk_usage_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be between 0 and 1")
+        if self.minor_compaction_interval_ms < 0 or self.major_compaction_interval_ms < 0:
+            raise ConfigError("compaction intervals must be 0 (off) or positive")
 
     @property
     def resolved_bookie_id(self) -> str:

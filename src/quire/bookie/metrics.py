@@ -1,4 +1,5 @@
-"""Bookie metrics in Prometheus format, served at ``/metrics``.
+"""Bookie metrics in Prometheus format, served at ``/metrics`` (by
+:mod:`quire.bookie.admin`, beside the admin requests).
 
 Per-operation names follow one scheme: ``quire_bookie_<op>_request`` is a
 histogram of request latency in milliseconds (its ``_count`` is the request
@@ -13,8 +14,9 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from quire.bookie.storage.compaction import CompactionStats
 from quire.errors import StatusCode
 from quire.protocol import OpCode
 
@@ -146,11 +148,31 @@ class BookieMetrics:
             "quire_bookie_connections", "Open client connections", registry=r)
         self.read_only = Gauge(
             "quire_bookie_read_only", "1 while the bookie is read-only", registry=r)
+        self.compactions = Counter(
+            "quire_bookie_compactions", "Entry-log compaction runs, by kind (minor, major)",
+            ["kind"], registry=r)
+        self.compacted_entry_logs = Counter(
+            "quire_bookie_compaction_entry_logs", "Entry logs compacted and removed",
+            registry=r)
+        self.compaction_entries_moved = Counter(
+            "quire_bookie_compaction_entries_moved", "Entries copied by compaction",
+            registry=r)
+        self.compaction_bytes_moved = Counter(
+            "quire_bookie_compaction_bytes_moved",
+            "Record bytes copied by compaction", registry=r)
+        self.compaction_bytes_reclaimed = Counter(
+            "quire_bookie_compaction_bytes_reclaimed",
+            "Disk bytes compaction freed (logs removed less their copies)", registry=r)
+        self.entry_logs_removed = Counter(
+            "quire_bookie_gc_entry_logs_removed",
+            "Entry logs GC removed because none of their ledgers exists", registry=r)
 
-    def serve(self, host: str, port: int) -> int:
-        """Start the HTTP endpoint; return its port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)
+    def count_compaction(self, kind: str, stats: CompactionStats) -> None:
+        self.compactions.labels(kind).inc()
+        self.compacted_entry_logs.inc(stats.logs_compacted)
+        self.compaction_entries_moved.inc(stats.entries_moved)
+        self.compaction_bytes_moved.inc(stats.bytes_moved)
+        self.compaction_bytes_reclaimed.inc(max(0, stats.bytes_reclaimed))
 
 
 class RequestLatencies:

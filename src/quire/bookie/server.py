@@ -65,7 +65,8 @@ class BookieServer:
         self.cursors = SyncCursors(storage, committer, cursors,
                                    journal_write_data=config.storage.journal_write_data)
         self.services = BackgroundServices(config, storage, committer, self.hub, self.status,
-                                           store, self._forget_ledger, self.cursors.on_checkpoint)
+                                           store, self._forget_ledger, self.cursors.on_checkpoint,
+                                           metrics)
         after_fsync = AfterFsync(committer, self.cursors, self.latencies, self.status)
         bypass = None
         if not config.storage.journal_write_data:

@@ -1,4 +1,4 @@
-"""``quire bookie start|list``."""
+"""``quire bookie start|list|gc``."""
 
 from __future__ import annotations
 
@@ -85,3 +85,73 @@ def list_bookies(metadata_uri: str | None, as_json: bool) -> None:
     for b in bookies:
         table.add_row(b.bookie_id, b.address, b.state.value, b.metrics_address or "-")
     Console().print(table)
+
+
+@bookie.command("gc")
+@click.option("--now", is_flag=True, help="Run GC and a major compaction now (required).")
+@click.option("--bookie", "bookie_ids", multiple=True, metavar="BOOKIE_ID",
+              help="Only this bookie (repeatable; default: every registered bookie).")
+@click.option("--timeout-s", type=float, default=3600.0, show_default=True,
+              help="How long to wait for each bookie's GC.")
+@metadata_option
+@json_option
+def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, metadata_uri: str | None,
+       as_json: bool) -> None:
+    """Ask running bookies to drop deleted ledgers, remove dead entry logs and
+    compact partly live ones now (an admin request to each bookie's metrics
+    endpoint, see quire.bookie.admin), and show what each did."""
+    from quire.bookie.admin import request_gc
+    from quire.metadata import open_store
+
+    if not now:
+        raise click.UsageError("say --now: GC otherwise runs on the bookies' own timers")
+
+    async def fetch() -> list[Any]:
+        store = await open_store(metadata_uri or default_metadata_uri())
+        try:
+            return await store.list_bookies()
+        finally:
+            await store.close()
+
+    def fail(message: str) -> None:
+        if as_json:
+            emit_json({"error": message})
+        else:
+            click.echo(f"error: {message}", err=True)
+        raise SystemExit(1)
+
+    registered = {b.bookie_id: b for b in run_async(fetch)}
+    unknown = [bid for bid in bookie_ids if bid not in registered]
+    if unknown:
+        fail(f"no registered bookie {', '.join(unknown)}")
+    chosen = [registered[bid] for bid in bookie_ids] if bookie_ids else list(
+        registered.values())
+    if not chosen:
+        fail("no bookie is registered")
+    reports: dict[str, Any] = {}
+    failed = False
+    for b in chosen:
+        if not b.metrics_address:
+            reports[b.bookie_id] = {"error": "no metrics endpoint (metrics_port = -1)"}
+            failed = True
+            continue
+        try:
+            reports[b.bookie_id] = request_gc(b.metrics_address, timeout_s=timeout_s)
+        except QuireError as e:
+            reports[b.bookie_id] = {"error": str(e)}
+            failed = True
+    if as_json:
+        emit_json(reports)
+    else:
+        for bookie_id, report in reports.items():
+            if "error" in report:
+                click.echo(f"{bookie_id}: error: {report['error']}", err=True)
+                continue
+            stats = report["compaction_stats"]
+            click.echo(f"{bookie_id}: {len(report['ledgers_dropped'])} ledgers dropped, "
+                       f"{len(report['entry_logs_removed'])} dead entry logs removed, "
+                       f"{stats['logs_compacted']} entry logs compacted "
+                       f"({stats['entries_moved']} entries moved, "
+                       f"{stats['bytes_reclaimed']} bytes reclaimed)")
+    if failed:
+        raise SystemExit(1)

@@ -37,6 +37,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from quire.bookie.admin import LoopAdminActions, serve_admin
 from quire.bookie.config import BookieConfig
 from quire.bookie.cookie import (
     CookieCheck,
@@ -185,9 +186,10 @@ class BookieNode:
                                                   reuse_address=True)
         port = self._listener.sockets[0].getsockname()[1]
         self.address = f"{cfg.host}:{port}"
-        if cfg.metrics_port >= 0:
-            metrics_port = self.metrics.serve(cfg.host, cfg.metrics_port)
-            self.metrics_address = f"{cfg.host}:{metrics_port}"
+        if cfg.metrics_port >= 0:  # /metrics and the admin requests (quire.bookie.admin)
+            http = serve_admin(self.metrics.registry, LoopAdminActions(server.services, loop),
+                               cfg.host, cfg.metrics_port)
+            self.metrics_address = f"{cfg.host}:{http.server_port}"
 
     async def _register(self) -> None:
         assert self._store is not None

@@ -31,6 +31,10 @@ Built for one event-loop thread plus two background threads:
   an LMDB read transaction);
 * one thread runs ``checkpoint()`` (also ``gc_entry_logs()`` and
   ``close()``; these three are serialised by a checkpoint lock);
+  ``compact_entry_logs()`` runs on a thread of its own and takes the
+  checkpoint lock only for each piece it writes and for its index commit;
+  it and ``gc_entry_logs()`` are serialised by a compaction lock (taken
+  before the checkpoint lock);
 * one thread runs ``journal.sync()``.
 
 Every public method is nevertheless thread-safe.  One engine lock guards the
@@ -52,9 +56,11 @@ Deletion
 DELETE_LEDGER record (durable once synced, like any state change); the next
 checkpoint removes its index rows and state in its transaction.
 ``gc_entry_logs`` (which first checkpoints pending deletions) then removes
-the entry logs all of whose ledgers are gone.  Compaction of partly live
-logs is out of scope.  Ledger ids are assumed not to be reused: re-creating
-a deleted id before the deletion is checkpointed may expose old entries.
+the entry logs all of whose ledgers are gone, and ``compact_entry_logs``
+copies the live entries out of logs below a live fraction and removes them
+(see :mod:`~quire.bookie.storage.compaction`).  Ledger ids are assumed not
+to be reused: re-creating a deleted id before the deletion is checkpointed
+may expose old entries.
 
 Unclean shutdown and limbo (BP-46)
 ----------------------------------
@@ -82,17 +88,19 @@ Ledger and entry ids must be in ``[0, 2**63)``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import is_, lt
 from typing import Any
 
+from quire.bookie.storage.compaction import CompactionStats
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE
 from quire.bookie.storage.files import lock_directory
@@ -193,6 +201,7 @@ class BookieStorage:
         self._lock_fds = lock_fds
         self._lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
+        self._compaction_lock = threading.Lock()
         self._ledgers: dict[int, _Ledger] = {lid: _Ledger(st) for lid, st in states.items()}
         self._cache: dict[EntryKey, bytes] = {}
         self._cache_bytes = 0
@@ -906,16 +915,31 @@ class BookieStorage:
     def gc_entry_logs(self) -> list[int]:
         """Checkpoint pending deletions, then remove every entry log none of
         whose ledgers exists any more; return the removed log ids."""
-        with self._checkpoint_lock:
+        with self._compaction_lock, self._checkpoint_lock:
             self._check_open()
             if self._pending_deletes:
                 self._checkpoint_locked()
-            index = self._store.index
+            return self._store.gc_entry_logs(self._is_live)
 
-            def is_live(ledger_id: int) -> bool:
-                return ledger_id in self._ledgers or index.has_ledger_state(ledger_id)
+    def _is_live(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers or self._store.index.has_ledger_state(ledger_id)
 
-            return self._store.gc_entry_logs(is_live)
+    def compact_entry_logs(self, threshold: float) -> CompactionStats:
+        """Checkpoint pending deletions, then compact every entry log whose
+        live fraction is below ``threshold`` (see
+        :mod:`~quire.bookie.storage.compaction`)."""
+        with self._compaction_lock:
+            with self._checkpoint_lock:
+                self._check_open()
+                if self._pending_deletes:
+                    self._checkpoint_locked()
+            return self._store.compactor.compact(threshold, self._is_live, self._exclusive)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        with self._checkpoint_lock:
+            self._check_open()
+            yield
 
     # --- misc -----------------------------------------------------------------
 

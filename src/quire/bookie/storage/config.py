@@ -107,6 +107,10 @@ class StorageConfig:
     older kernels), at open or at the first write, the logs are written
     through the page cache, as with this off (a warning is logged for a
     refused write).  Off: ``entry_log_remove_pages_from_cache`` applies."""
+    compaction_chunk_bytes: int = 4 * _MiB
+    """Compaction copies a log's live entries in pieces of about this many
+    bytes, each written and fsynced under the checkpoint lock (a checkpoint
+    waits for at most one piece; adds never wait)."""
     index_map_size_bytes: int = 64 * _GiB
     """LMDB map size (address space, sparse on disk)."""
     power_loss_tracking: bool = False
@@ -116,6 +120,11 @@ class StorageConfig:
     """Test seam, never for production: the journal skips every fsync (and so
     records none) yet ``sync()`` still reports records durable.  Proves that
     the power-loss emulation catches a bookie acknowledging before fsync."""
+
+    test_kill_during_compaction: str = ""
+    """Test seam, never for production: ``"copied"`` or ``"committed"``
+    makes the bookie process kill itself (``SIGKILL``) at that step of its
+    first entry-log compaction (see :mod:`quire.bookie.storage.compaction`)."""
 
     def __post_init__(self) -> None:
         if not self.journal_dirs:
@@ -145,6 +154,10 @@ class StorageConfig:
             raise ConfigError("entry_log_max_bytes must be at least 4096")
         if self.entry_log_write_buffer_bytes <= 0:
             raise ConfigError("entry_log_write_buffer_bytes must be positive")
+        if self.compaction_chunk_bytes <= 0:
+            raise ConfigError("compaction_chunk_bytes must be positive")
+        if self.test_kill_during_compaction not in ("", "copied", "committed"):
+            raise ConfigError("test_kill_during_compaction must be '', 'copied' or 'committed'")
         if self.index_map_size_bytes < 1 * _MiB:
             raise ConfigError("index_map_size_bytes must be at least 1 MiB")
 

@@ -11,9 +11,10 @@ This is the durable half of the engine, below the write cache that
   together with the ledger's entries that follow it there (read-ahead, up to
   ``read_ahead_bytes``: sequential readers then cost one ``pread`` per run);
 * :meth:`LedgerStorage.gc_entry_logs` deletes entry logs whose ledgers are
-  all gone.  **Compaction** (copying the live entries out of partly dead logs
-  so they can be deleted) is out of scope: a log with a single live ledger is
-  kept whole.
+  all gone; compaction (:mod:`~quire.bookie.storage.compaction`) copies the
+  live entries out of partly dead logs so that they can go too.  A read that
+  finds its entry log gone (compaction moved the entry and removed the log
+  between the index lookup and the ``pread``) looks the entry up again.
 
 Byte layouts: see :mod:`~quire.bookie.storage.entry_log` (entry log files)
 and :mod:`~quire.bookie.storage.index` (index keys and values).
@@ -29,12 +30,14 @@ from operator import lt
 from typing import overload
 
 from quire.bookie.storage import entry_log
+from quire.bookie.storage.compaction import Compactor, kill_at
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, EntryLogger
-from quire.bookie.storage.index import LedgerIndex
+from quire.bookie.storage.index import LedgerIndex, usage_of_rows
 from quire.bookie.storage.journal import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.bookie.storage.sync_tracker import SyncTracker
+from quire.errors import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +189,10 @@ class LedgerStorage:
             raise
         self.read_cache = ReadCache(config.read_cache_max_bytes)
         self._read_ahead_bytes = config.read_ahead_bytes
+        kill_step = config.test_kill_during_compaction
+        self.compactor = Compactor(self.index, self.entry_logger,
+                                   chunk_bytes=config.compaction_chunk_bytes,
+                                   on_step=kill_at(kill_step) if kill_step else None)
 
     def read(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The checkpointed entry, or None if the index does not have it."""
@@ -199,7 +206,16 @@ class LedgerStorage:
         log_id, plan = self.index.locate_run(ledger_id, entry_id, self._read_ahead_bytes)
         if not plan:
             return None
-        entries = self.entry_logger.read_run(log_id, ledger_id, plan)
+        try:
+            entries = self.entry_logger.read_run(log_id, ledger_id, plan)
+        except StorageError:
+            moved = self._moved(log_id, ledger_id, entry_id, self._read_ahead_bytes)
+            if moved is None:
+                raise
+            log_id, plan = moved
+            if not plan:
+                return None
+            entries = self.entry_logger.read_run(log_id, ledger_id, plan)
         self.read_cache.put_many(ledger_id, entries)
         return entries[0][1]
 
@@ -225,7 +241,27 @@ class LedgerStorage:
         log_id, plan = self.index.locate_run(ledger_id, start, max_bytes, max_count)
         if not plan:
             return 0, []
-        return len(plan), [self.entry_logger.read_records(log_id, ledger_id, plan)]
+        try:
+            return len(plan), [self.entry_logger.read_records(log_id, ledger_id, plan)]
+        except StorageError:
+            moved = self._moved(log_id, ledger_id, start, max_bytes, max_count)
+            if moved is None:
+                raise
+            log_id, plan = moved
+            if not plan:
+                return 0, []
+            return len(plan), [self.entry_logger.read_records(log_id, ledger_id, plan)]
+
+    def _moved(self, log_id: int, ledger_id: int, entry_id: int, max_bytes: int,
+               max_count: int = 1 << 62) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """After a failed read from entry log ``log_id``: the entry's new
+        plan if compaction moved it meanwhile (a read racing a compaction
+        gets the old copy while its log exists, else the new one), or None
+        if the index still names that log (the failure stands)."""
+        new_log_id, plan = self.index.locate_run(ledger_id, entry_id, max_bytes, max_count)
+        if plan and new_log_id == log_id:
+            return None
+        return new_log_id, plan
 
     def flush(self, entries: Mapping[EntryKey, bytes], states: Mapping[int, LedgerState],
               deletions: Iterable[int], mark: JournalMark) -> int:
@@ -238,7 +274,8 @@ class LedgerStorage:
             _ItemsInKeyOrder(_sorted_keys(entries), entries))
         nbytes = sum(rows.lengths)
         deletions = list(deletions)
-        self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark)
+        self.index.commit_checkpoint(rows, log_ledgers, states, deletions, mark,
+                                     usage_of_rows(rows))
         self.read_cache.invalidate(entries)
         for ledger_id in deletions:
             self.read_cache.discard_ledger(ledger_id)
