@@ -162,7 +162,7 @@ async def test_scenario_2_recovery_truncates_an_acknowledged_entry(
                 return
         recovered = await recover_until_closed(c2, ledger_id)
         assert recovered.last_add_confirmed == 0
-        assert [e.payload for e in await recovered.read(0, 0)] == [b"E0"]
+        assert [e.data for e in await recovered.read(0, 0)] == [b"E0"]
         await wait_limbo_cleared(b1)
         assert await read_from(b1, ledger_id, 0) == (StatusCode.OK, e0)
 
