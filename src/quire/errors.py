@@ -205,6 +205,13 @@ class CookieMismatchError(QuireError):
     """A bookie's cookies disagree (a directory was emptied or swapped)."""
 
 
+class CookieMissingError(CookieMismatchError):
+    """BP-46 cookie failure: directories lack the cookie the metadata store
+    holds for this bookie (emptied or replaced disks), and nothing was set
+    to repair them (``data_integrity_stamp_missing_cookies``, ``quire
+    cookie fix``)."""
+
+
 class StorageError(QuireError):
     """The bookie's local storage failed or found corruption."""
 

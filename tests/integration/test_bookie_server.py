@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -225,19 +224,6 @@ async def test_read_only_bookie_refuses_adds_but_serves_fencing_and_recovery(
         client.close()
     finally:
         process.kill9()
-
-
-def test_cookie_mismatch_refuses_to_start(tmp_path: Path, metadata_uri: str) -> None:
-    process = BookieProcess(tmp_path, metadata_uri, "bookie-c")
-    process.start()
-    process.stop()
-    ledger_dir = Path(process.settings["ledger_dirs"][0])
-    shutil.rmtree(ledger_dir)
-    os.makedirs(ledger_dir)
-    process.start(expect_ready=False)
-    assert process.wait_exit(60) != 0
-    log = process.log()
-    assert "cookie check failed" in log and str(ledger_dir) in log and "no cookie" in log
 
 
 async def test_full_write_cache_pauses_reads_instead_of_refusing_adds(

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from quire.bookie.config import BookieConfig
+from quire.config import load_config
+
 QUIRE = [sys.executable, "-m", "quire.cli.main"]
 
 
@@ -24,9 +27,9 @@ class SandboxProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
 
-    def start(self, timeout_s: float = 90) -> dict[str, Any]:
+    def start(self, *args: str, timeout_s: float = 90) -> dict[str, Any]:
         self.proc = subprocess.Popen(
-            [*QUIRE, "sandbox", "--dir", str(self.directory), "--json"],
+            [*QUIRE, "sandbox", "--dir", str(self.directory), "--json", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout_s
@@ -134,3 +137,17 @@ def test_sandbox_stops_on_a_burst_of_signals(sandbox: SandboxProcess) -> None:
     left = subprocess.run(["pgrep", "-f", str(sandbox.directory)], capture_output=True,
                           text=True).stdout.split()
     assert left == [], f"bookies {bookie_ids} still running: {left}"
+
+
+def test_sandbox_no_journal_reaches_every_bookie(sandbox: SandboxProcess) -> None:
+    """Each bookie runs ``quire bookie start --config DIR/<id>.toml``: the
+    file the sandbox wrote is the config the bookie loads."""
+    info = sandbox.start("--no-journal", "--bookies", "2")
+    for bookie in info["bookies"]:
+        config = load_config(BookieConfig, sandbox.directory / f"{bookie['bookie_id']}.toml",
+                             section="bookie")
+        assert not config.storage.journal_write_data and config.data_integrity_checking
+    metadata = info["metadata"]
+    written = quire(metadata, "ledger", "append", "a", "b", "-e", "2", "-w", "2", "-a", "2")
+    assert written["entry_ids"] == [0, 1]
+    assert sandbox.interrupt() == 0

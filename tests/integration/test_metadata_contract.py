@@ -274,6 +274,18 @@ async def test_cookie_compare_and_set(store: MetadataStore) -> None:
         await store.delete_cookie("bookie-1")
 
 
+async def test_list_cookies(store: MetadataStore, stores: list[MetadataStore]) -> None:
+    assert await store.list_cookies() == []
+    for bookie_id in ("bookie-2", "127.0.0.1:3181", "bookie-10"):
+        await store.write_cookie(bookie_id, b"c", None)
+    await store.create_record("cookies", b"a record, not a cookie")
+    expected = sorted(["bookie-2", "127.0.0.1:3181", "bookie-10"])
+    assert await store.list_cookies() == expected
+    assert await stores[0].list_cookies() == expected  # another store sees them
+    await store.delete_cookie("bookie-2")
+    assert await stores[0].list_cookies() == ["127.0.0.1:3181", "bookie-10"]
+
+
 # --- bookie registry -----------------------------------------------------------
 
 

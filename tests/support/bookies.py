@@ -113,7 +113,10 @@ class RawBookieClient(asyncio.Protocol):
 
 def put_in_limbo(process: BookieProcess, ledger_ids: list[int]) -> None:
     """Fence the ledgers and put them in limbo on a stopped bookie's directories
-    (BP-46's phase one, as the storage engine does it)."""
+    (BP-46's phase one, as the storage engine does it).  Phase two, which
+    would recover and repair them, is held back at the bookie's next starts,
+    so that they stay in limbo for the test."""
+    process.settings["repair_start_delay_ms"] = 600_000
     config = load_config(BookieConfig, process.write_config(), section="bookie")
     storage = BookieStorage.open(config.storage)
     try:

@@ -40,12 +40,17 @@ class BookieConfig:
     held up that long for each.  Syncing on the loop saves the thread's
     hand-overs on every group (see ``quire.bookie.group_commit``)."""
     data_integrity_checking: bool = False
-    """BP-46: detect and repair what a crash of a bookie running without the
-    journal lost.  The running mark and limbo ledgers exist, but the boot
-    sequence this turns on (fence and limbo after an unclean journal-less
-    run, recovery, repair from peers) is not built yet: a journal-less
-    bookie with this true warns at start that it is not enforced, and with
-    it false warns that it can lose acknowledged entries undetected."""
+    """BP-46: at boot, after an unclean run without the journal, fence this
+    bookie's ledgers and put the open ones in limbo before serving (phase
+    one), then recover them and copy back from peers what this bookie lacks
+    (phase two, while serving).  Without it, a journal-less bookie warns at
+    start that it can lose acknowledged entries undetected."""
+    data_integrity_stamp_missing_cookies: bool = False
+    """BP-46: a journal or ledger directory whose cookie is missing while the
+    metadata store holds this bookie's (an emptied or replaced disk) is a
+    cookie failure.  False: the bookie refuses to start, naming the
+    directories and ``quire cookie fix``.  True: it fences and limbos its
+    open ledgers (phase one) and then writes the missing cookies itself."""
     storage: StorageConfig = field(default_factory=lambda: StorageConfig(
         journal_dirs=(DEFAULT_DATA_DIR,), ledger_dirs=(DEFAULT_DATA_DIR,)))
     """The storage engine's settings.  Its fields are flat keys of the
@@ -68,6 +73,20 @@ class BookieConfig:
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000
+    repair_start_delay_ms: int = 0
+    """BP-46 phase two: wait this long after the bookie serves before the
+    first pass (limbo ledgers answer UNKNOWN meanwhile; tests of limbo
+    answers hold phase two back with it)."""
+    repair_retry_interval_ms: int = 2000
+    """BP-46 phase two: pause before trying again the ledgers a pass could
+    not finish (no peer answered, recovery could not decide, no good copy);
+    it doubles after each such pass, up to a minute."""
+    repair_parallel_ledgers: int = 4
+    """BP-46 phase two: ledgers recovered and repaired at once."""
+    repair_progress_every_ledgers: int = 100
+    """BP-46 phase two: a progress log line per this many ledgers."""
+    repair_read_timeout_ms: int = 10_000
+    """BP-46 phase two: timeout of one read of a peer's copies."""
     gil_switch_interval_us: int = 200
     """``sys.setswitchinterval`` of the bookie process.  The fsync thread
     needs the GIL for a moment after every system call; with Python's default
@@ -82,20 +101,19 @@ class BookieConfig:
     the BP-14 cursors hold: about a tenth of the bookie's CPU under load."""
 
 
+    @property
+    def resolved_bookie_id(self) -> str:
+        """The id the bookie registers and keeps in its cookie:
+        ``bookie_id``, else ``host:port``."""
+        return self.bookie_id or f"{self.host}:{self.port}"
+
+
 def warn_if_unprotected(config: BookieConfig) -> bool:
-    """Log a loud warning if ``config`` runs without the journal and so can
-    lose acknowledged entries in a crash; return whether it did.  Without
-    data integrity checking that loss goes unnoticed (``UNSAFE``); with it,
-    the warning says the checking's boot sequence is not built yet."""
-    if config.storage.journal_write_data:
+    """Log a loud warning if ``config`` runs without the journal and without
+    BP-46's data integrity checking, so that a crash can lose acknowledged
+    entries unnoticed; return whether it did."""
+    if config.storage.journal_write_data or config.data_integrity_checking:
         return False
-    if config.data_integrity_checking:
-        log.warning(
-            "journal_write_data = false: data_integrity_checking = true is NOT ENFORCED yet "
-            "(this version keeps the unclean-shutdown mark and limbo ledgers but does not run "
-            "BP-46's boot-time fencing, recovery and repair); a crash or power loss of this "
-            "bookie can still lose entries it acknowledged")
-        return True
     log.warning(
         "UNSAFE: journal_write_data = false and data_integrity_checking = false: this bookie "
         "answers adds before they are on disk and a crash or power loss can lose "

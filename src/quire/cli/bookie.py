@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -18,25 +19,39 @@ from quire.cli.options import config_options, pick_overrides
 from quire.config import load_config
 from quire.errors import QuireError
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 @click.group()
 def bookie() -> None:
     """Run and inspect bookies."""
 
 
+def bookie_config_options(func: F) -> F:
+    """``--config`` and one flag per BookieConfig key, as ``quire bookie start``
+    takes them (read them back with :func:`load_bookie_config`)."""
+    func = config_options(BookieConfig)(func)
+    return click.option(
+        "--config", "config_path", type=click.Path(dir_okay=False), default=None,
+        help="TOML file (top-level keys or a [bookie] table).")(func)
+
+
+def load_bookie_config(config_path: str | None, kwargs: dict[str, Any]) -> BookieConfig:
+    """The bookie's config from ``--config`` and the flags left in ``kwargs``."""
+    overrides = pick_overrides(BookieConfig, kwargs)
+    try:
+        return load_config(BookieConfig, config_path, overrides, section="bookie")
+    except QuireError as e:
+        raise click.UsageError(str(e)) from e
+
+
 @bookie.command("start")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="TOML file (top-level keys or a [bookie] table).")
-@config_options(BookieConfig)
+@bookie_config_options
 def start(config_path: str | None, **kwargs: Any) -> None:
     """Run one bookie in the foreground until SIGTERM/SIGINT."""
     from quire.node import run
 
-    overrides = pick_overrides(BookieConfig, kwargs)
-    try:
-        config = load_config(BookieConfig, config_path, overrides, section="bookie")
-    except QuireError as e:
-        raise click.UsageError(str(e)) from e
+    config = load_bookie_config(config_path, kwargs)
     try:
         run(config)
     except QuireError as e:

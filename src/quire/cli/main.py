@@ -6,6 +6,7 @@ import click
 
 from quire.cli.bench import bench
 from quire.cli.bookie import bookie
+from quire.cli.cookie import cookie
 from quire.cli.ledger import ledger
 from quire.cli.sandbox import sandbox
 
@@ -17,6 +18,7 @@ def cli() -> None:
 
 
 cli.add_command(bookie)
+cli.add_command(cookie)
 cli.add_command(sandbox)
 cli.add_command(ledger)
 cli.add_command(bench)

@@ -22,10 +22,16 @@ from quire.sandbox import BookieProcess, Sandbox
               help="State directory (kept across restarts).")
 @click.option("--metadata", "metadata_uri", default=None,
               help="Metadata URI (default: SQLite in DIR; or zk://host:port/chroot).")
+@click.option("--no-journal", is_flag=True,
+              help="BP-46: bookies skip the journal for adds (journal_write_data = false) "
+                   "and detect and repair what a crash loses (data_integrity_checking = true).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
-def sandbox(bookies: int, directory: Path, metadata_uri: str | None, as_json: bool) -> None:
+def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
+            as_json: bool) -> None:
     """Run a local Quire cluster until Ctrl-C."""
-    cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0)
+    journal_settings = ({"journal_write_data": False, "data_integrity_checking": True}
+                        if no_journal else {})
+    cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0, **journal_settings)
     # The handler runs between two bytecodes of this thread, wherever it is,
     # so it takes no lock: it notes the signal, and set_wakeup_fd makes the
     # pipe readable, which ends the loop's select at once.  (It used to set

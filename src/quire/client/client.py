@@ -31,8 +31,9 @@ class Client:
         await client.close()
     """
 
-    def __init__(self, ctx: ClientContext) -> None:
+    def __init__(self, ctx: ClientContext, *, owns_store: bool = True) -> None:
         self._ctx = ctx
+        self._owns_store = owns_store
         self._closed = False
 
     @classmethod
@@ -47,6 +48,15 @@ class Client:
             await store.close()
             raise
         return cls(ClientContext(store, pool, config, RandomPlacement()))
+
+    @classmethod
+    async def over(cls, store: MetadataStore, config: ClientConfig | None = None) -> Client:
+        """A client on a metadata store its caller already has open (a
+        bookie's own, for BP-46 recovery); :meth:`close` leaves the store
+        open."""
+        config = config or ClientConfig()
+        pool = await BookiePool.open(store, config.peer_config())
+        return cls(ClientContext(store, pool, config, RandomPlacement()), owns_store=False)
 
     @property
     def config(self) -> ClientConfig:
@@ -130,7 +140,8 @@ class Client:
         await self._ctx.store.delete_ledger(ledger_id)
 
     async def close(self) -> None:
-        """Close connections and the metadata store.  Handles still open are
+        """Close connections and the metadata store (unless the client was
+        made :meth:`over` a store of its caller's).  Handles still open are
         abandoned (their pending adds fail with ClientClosedError; the ledgers
         stay OPEN until someone recovers them)."""
         if self._closed:
@@ -140,7 +151,8 @@ class Client:
             handle._shutdown()
         self._ctx.writers.clear()
         await self._ctx.pool.close()
-        await self._ctx.store.close()
+        if self._owns_store:
+            await self._ctx.store.close()
 
     async def __aenter__(self) -> Client:
         return self

@@ -72,6 +72,9 @@ class _MemoryTxn(Txn):
     def ledger_ids(self) -> list[int]:
         return sorted(k for k in self._data.rows[Table.LEDGERS] if isinstance(k, int))
 
+    def cookie_ids(self) -> list[str]:
+        return sorted(k for k in self._data.rows[Table.COOKIES] if isinstance(k, str))
+
     def record_keys(self, prefix: str) -> list[str]:
         return sorted(k for k in self._data.rows[Table.RECORDS]
                       if isinstance(k, str) and k.startswith(prefix))

@@ -81,6 +81,10 @@ class _SqliteTxn(Txn):
     def ledger_ids(self) -> list[int]:
         return [row[0] for row in self._conn.execute("SELECT id FROM ledgers ORDER BY id")]
 
+    def cookie_ids(self) -> list[str]:
+        return [row[0] for row in
+                self._conn.execute("SELECT bookie_id FROM cookies ORDER BY bookie_id")]
+
     def record_keys(self, prefix: str) -> list[str]:
         keys = []
         # TEXT compares as UTF-8 bytes, i.e. in code point order like str

@@ -269,6 +269,10 @@ class MetadataStore(Protocol):
         """Delete the bookie's cookie."""
         ...
 
+    async def list_cookies(self) -> list[str]:
+        """Every bookie id that has a cookie, sorted."""
+        ...
+
     # --- named records ---------------------------------------------------
 
     async def create_record(self, key: str, value: bytes) -> int:

@@ -364,6 +364,11 @@ class ZooKeeperStore(LeaseHolder):
         await self._zk(f"cookie {bookie_id}", self._client.delete_async,
                        self._cookie_path(bookie_id), _version(expected_version))
 
+    async def list_cookies(self) -> list[str]:
+        names: list[str] = await self._zk("cookies", self._client.get_children_async,
+                                          f"{self._root}/cookies")
+        return sorted(names)
+
     # --- records ---------------------------------------------------------
 
     async def create_record(self, key: str, value: bytes) -> int:

@@ -5,16 +5,26 @@ its own (BP-46 adds its boot steps between them, see the comments there):
 
 1. ``_check_identity``: a stable bookie id;
 2. ``_open_metadata``: the metadata store (leased registrations);
-3. ``_validate_cookie``: the cookie in every directory and in metadata;
-4. ``_open_storage``: the storage engine (journal replay) and the group
-   committer over its journal;
-5. ``_build_server``: the bookie server over them (its sync cursors rebuilt);
-6. ``_listen``: the listener, then the metrics endpoint;
-7. ``_register``: the bookie's address and state in metadata;
-8. ``_start_services``: checkpoints, GC, the disk watch.
+3. ``_validate_cookie``: the cookie in every directory and in metadata (a
+   directory that lost it refuses the start, unless
+   ``data_integrity_stamp_missing_cookies``: then phase one runs and the
+   directory is stamped after it);
+4. ``_open_storage``: the storage engine (journal replay, the running mark
+   read) and the group committer over its journal;
+5. ``_protect``: BP-46 phase one (:mod:`~quire.node.integrity`), when a
+   directory lost its cookie or the last run crashed without the journal:
+   fence this bookie's ledgers and put the open ones in limbo, durably,
+   before anything is answered;
+6. ``_build_server``: the bookie server over them (its sync cursors rebuilt);
+7. ``_listen``: the listener, then the metrics endpoint;
+8. ``_register``: the bookie's address and state in metadata;
+9. ``_start_services``: checkpoints, GC, the disk watch;
+10. ``_start_repair``: BP-46 phase two (:mod:`~quire.node.repair`) in the
+    background, while serving, when ``data_integrity_checking`` is on or a
+    ledger is in limbo.
 
-:meth:`BookieNode.stop` undoes them: services, listener and connections,
-the last fsync, storage, registration, metadata store.
+:meth:`BookieNode.stop` undoes them: repair, services, listener and
+connections, the last fsync, storage, registration, metadata store.
 """
 
 from __future__ import annotations
@@ -25,13 +35,23 @@ import logging
 from pathlib import Path
 
 from quire.bookie.config import BookieConfig
-from quire.bookie.cookie import validate_or_create_cookie
+from quire.bookie.cookie import (
+    CookieCheck,
+    check_cookies,
+    missing_cookies_error,
+    stamp_missing_cookies,
+)
 from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage
+from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
-from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.metadata import BookieInfo, LedgerMetadata, MetadataStore, open_store
+from quire.node.entry_copier import EntryCopier
+from quire.node.integrity import protect_if_needed
+from quire.node.repair import LedgerRepair, LocalSink, RepairMetrics, RepairSettings
+from quire.peer import BookiePool, PeerConfig
 from quire.types import BookieState
 
 log = logging.getLogger("quire.node")
@@ -45,7 +65,7 @@ class BookieNode:
 
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
-        self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
+        self.bookie_id = config.resolved_bookie_id
         self.metrics = BookieMetrics()
         self.address = ""
         self.metrics_address: str | None = None
@@ -57,6 +77,13 @@ class BookieNode:
         self._registered = False
         self._registering: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self._cookie_check: CookieCheck | None = None
+        """The boot's cookie check; failed (directories missing their
+        cookie) only with ``data_integrity_stamp_missing_cookies``."""
+        self._repair: LedgerRepair | None = None
+        self._repair_task: asyncio.Task[None] | None = None
+        self._repair_client: Client | None = None
+        self._repair_pool: BookiePool | None = None
 
     @property
     def server(self) -> BookieServer:
@@ -73,17 +100,13 @@ class BookieNode:
         self._check_identity()
         store = await self._open_metadata()
         await self._validate_cookie(store)
-        # BP-46: the unclean-shutdown mark is read when the storage opens; a
-        # failed cookie or an unclean run without the journal leads to phase
-        # one (fence and mark limbo every open ledger of this bookie) here,
-        # after _open_storage and before _build_server answers anything.
         storage, committer = await self._open_storage()
+        await self._protect(store, storage)
         server = await self._build_server(store, storage, committer)
         await self._listen(server)
         await self._register()
         self._start_services(server)
-        # BP-46: phase two (recover limbo ledgers through the client, copy
-        # missing entries from peers) starts here, as a task, while serving.
+        await self._start_repair(store, storage, server, committer)
         log.info("bookie %s serving on %s", self.bookie_id, self.address)
 
     def _check_identity(self) -> None:
@@ -99,8 +122,15 @@ class BookieNode:
         storage_config = self.config.storage
         for d in (*storage_config.journal_dirs, *storage_config.ledger_dirs):
             Path(d).mkdir(parents=True, exist_ok=True)
-        await validate_or_create_cookie(store, self.bookie_id, storage_config.journal_dirs,
-                                        storage_config.ledger_dirs)
+        check = await check_cookies(store, self.bookie_id, storage_config.journal_dirs,
+                                    storage_config.ledger_dirs)
+        if check.failed and not self.config.data_integrity_stamp_missing_cookies:
+            raise missing_cookies_error(check)
+        if check.failed:
+            log.warning("bookie %s: directories %s lost their cookie; they are stamped "
+                        "once the bookie's ledgers are protected (BP-46 phase one)",
+                        self.bookie_id, ", ".join(map(str, check.missing_dirs)))
+        self._cookie_check = check
 
     async def _open_storage(self) -> tuple[BookieStorage, GroupCommitter]:
         self._storage = await asyncio.to_thread(BookieStorage.open, self.config.storage)
@@ -111,13 +141,23 @@ class BookieNode:
         return self._storage, self._committer
 
     def _check_last_shutdown(self, storage: BookieStorage) -> None:
-        """BP-46: report how the previous run ended.  The boot sequence's
-        phase one (when ``storage.last_shutdown.may_have_lost_acknowledged_entries``
-        or a cookie failed: ``storage.mark_limbo`` every open ledger of this
-        bookie, then ``storage.unclean_shutdown_handled()``) goes here."""
+        """BP-46: report how the previous run ended."""
         last = storage.last_shutdown
         log.log(logging.WARNING if last.unclean else logging.INFO,
                 "bookie %s: last shutdown %s", self.bookie_id, last.describe())
+
+    async def _protect(self, store: MetadataStore, storage: BookieStorage) -> None:
+        """BP-46 phase one (:func:`~quire.node.integrity.protect_if_needed`),
+        then the missing cookies stamped: a crash before the stamps runs
+        phase one again."""
+        check = self._cookie_check
+        cookie_failed = check is not None and check.failed
+        await protect_if_needed(store, storage, self.bookie_id, cookie_failed=cookie_failed,
+                                data_integrity_checking=self.config.data_integrity_checking)
+        if check is not None and cookie_failed:
+            await asyncio.to_thread(stamp_missing_cookies, check)
+            log.warning("bookie %s: stamped the missing cookies of %s", self.bookie_id,
+                        ", ".join(map(str, check.missing_dirs)))
 
     async def _build_server(self, store: MetadataStore, storage: BookieStorage,
                             committer: GroupCommitter) -> BookieServer:
@@ -147,6 +187,37 @@ class BookieNode:
     def _start_services(self, server: BookieServer) -> None:
         server.services.start()
 
+    async def _start_repair(self, store: MetadataStore, storage: BookieStorage,
+                            server: BookieServer, committer: GroupCommitter) -> None:
+        """BP-46 phase two, as a background task (see :mod:`~quire.node.repair`)."""
+        cfg = self.config
+        limbo = storage.limbo_ledgers()
+        if not (cfg.data_integrity_checking or limbo):
+            return
+        client = self._repair_client = await Client.over(store, ClientConfig())
+        peers = self._repair_pool = await BookiePool.open(store, PeerConfig())
+        chunk_bytes = max(1 << 20, min(8 << 20, cfg.storage.write_cache_max_bytes // 8))
+        copier = EntryCopier(peers, self.bookie_id, timeout_ms=cfg.repair_read_timeout_ms,
+                             chunk_max_bytes=chunk_bytes,
+                             batch_max_bytes=cfg.batch_read_max_size_bytes)
+        settings = RepairSettings(cfg.repair_start_delay_ms, cfg.repair_retry_interval_ms,
+                                  cfg.repair_parallel_ledgers, cfg.repair_progress_every_ledgers)
+        metrics = RepairMetrics(self.metrics.registry, lambda: len(storage.limbo_ledgers()))
+        self._repair = LedgerRepair(self.bookie_id, store, storage, _ClientRecoverer(client),
+                                    copier, LocalSink(storage, server.services.covering),
+                                    committer.wait_durable, settings, metrics)
+        log.info("bookie %s: phase two starts (%d ledgers in limbo)", self.bookie_id,
+                 len(limbo))
+        self._repair_task = asyncio.get_running_loop().create_task(
+            self._repair.run(everything_first=cfg.data_integrity_checking))
+        self._repair_task.add_done_callback(_log_failure)
+
+    async def repair_idle(self) -> None:
+        """Return once phase two has nothing left in limbo (at once if it
+        does not run)."""
+        if self._repair is not None:
+            await self._repair.wait_idle()
+
     def publish(self, state: BookieState) -> None:
         """StatePublisher: register the new state (once registered at all)."""
         if not self._registered:
@@ -167,6 +238,7 @@ class BookieNode:
         """Clean shutdown: stop accepting, flush, checkpoint, unregister."""
         if self._listener is None:
             return
+        await self._stop_repair()
         server = self._server
         if server is not None:
             await server.services.stop()
@@ -188,3 +260,36 @@ class BookieNode:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+    async def _stop_repair(self) -> None:
+        if self._repair_task is not None:
+            self._repair_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._repair_task
+            self._repair_task = None
+        if self._repair_client is not None:
+            await self._repair_client.close()
+            self._repair_client = None
+        if self._repair_pool is not None:
+            await self._repair_pool.close()
+            self._repair_pool = None
+
+
+class _ClientRecoverer:
+    """:class:`~quire.node.repair.LedgerRecoverer` through the client: open
+    with recovery (BookKeeper's openLedger)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
+        handle = await self._client.open_ledger(ledger_id, password=password, recovery=True)
+        metadata = handle.metadata
+        await handle.close()
+        return metadata
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("BP-46 phase two stopped: %r (ledgers left in limbo stay there until "
+                  "the next start)", task.exception(), exc_info=task.exception())

@@ -68,8 +68,10 @@ without the journal it keeps saying "off" until
 limbo marks are durable), so that a crash in between still protects.
 
 :meth:`BookieStorage.mark_limbo` fences ledgers and puts them in limbo (the
-bookie may have lost some of their entries) in one durable index commit;
-:meth:`BookieStorage.clear_limbo` journals the end of it.  A ledger this
+bookie may have lost some of their entries) in one durable index commit
+(:meth:`BookieStorage.mark_fenced` only fences, for closed ledgers);
+:meth:`BookieStorage.clear_limbo` journals the end of it.
+:meth:`BookieStorage.stored_entry_ids` tells repair what is there.  A ledger this
 bookie never stored is created by ``mark_limbo`` with an empty master key,
 meaning "not known": the first fence adopts the key it brings.  The storage
 answers reads of limbo ledgers as of any other; turning negatives into
@@ -603,6 +605,16 @@ class BookieStorage:
         """BP-46 phase one: fence each ledger and put it in limbo, creating
         (without a master key) those this bookie never stored; durable, in
         one index commit (a checkpoint), when this returns."""
+        self._protect(ledger_ids, limbo=True)
+
+    def mark_fenced(self, ledger_ids: Iterable[int]) -> None:
+        """BP-46 phase one for ledgers whose end is decided (CLOSED): fence
+        each, creating (without a master key) those this bookie never
+        stored, so that a writer that missed the close is refused here too;
+        durable, in one index commit, when this returns."""
+        self._protect(ledger_ids, limbo=False)
+
+    def _protect(self, ledger_ids: Iterable[int], *, limbo: bool) -> None:
         with self._checkpoint_lock:
             self._check_open()
             with self._lock:
@@ -612,9 +624,12 @@ class BookieStorage:
                     info = self._ledgers.get(ledger_id)
                     if info is None:
                         self._ledgers[ledger_id] = _Ledger(
-                            LedgerState(b"", fenced=True, limbo=True))
+                            LedgerState(b"", fenced=True, limbo=limbo))
+                    elif not info.state.fenced or (limbo and not info.state.limbo):
+                        info.state = dataclasses.replace(info.state, fenced=True,
+                                                         limbo=info.state.limbo or limbo)
                     else:
-                        info.state = dataclasses.replace(info.state, fenced=True, limbo=True)
+                        continue
                     self._dirty.add(ledger_id)
             self._checkpoint_locked()
 
@@ -756,6 +771,24 @@ class BookieStorage:
             count += got
             entry_id += got
         return count, chunks
+
+    def stored_entry_ids(self, ledger_id: int, first: int, last: int) -> set[int]:
+        """The ids from ``first`` to ``last`` (inclusive) of the entries
+        stored for the ledger, in the write cache or the index (BP-46
+        repair: what this bookie lacks is what it should hold minus these)."""
+        with self._lock:
+            self._check_open()
+            if ledger_id not in self._ledgers:
+                return set()
+            caches = (self._cache, self._flushing)
+            if last - first < sum(map(len, caches)):  # look each id up
+                pending = {entry_id for entry_id in range(first, last + 1)
+                           if (ledger_id, entry_id) in self._cache
+                           or (ledger_id, entry_id) in self._flushing}
+            else:  # walk the (smaller) caches
+                pending = {entry_id for cached in caches for (lid, entry_id) in cached
+                           if lid == ledger_id and first <= entry_id <= last}
+        return pending.union(self._store.index.entry_ids(ledger_id, first, last))
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id stored for the ledger (-1 if none)."""

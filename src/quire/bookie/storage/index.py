@@ -162,6 +162,26 @@ class LedgerIndex:
             lid, eid = ENTRY_KEY.unpack(cursor.key())
         return int(eid) if lid == ledger_id else -1
 
+    def entry_ids(self, ledger_id: int, first: int, last: int) -> list[int]:
+        """The indexed entry ids of the ledger from ``first`` to ``last``
+        (inclusive), in order: one cursor walk (BP-46 repair's scan)."""
+        found: list[int] = []
+        if last < first:
+            return found
+        key_unpack = ENTRY_KEY.unpack
+        end = ENTRY_KEY.pack(ledger_id, last)
+        try:
+            with self.env.begin(db=self._entries) as txn:
+                cursor = txn.cursor()
+                if cursor.set_range(ENTRY_KEY.pack(ledger_id, first)):
+                    for key in cursor.iternext(keys=True, values=False):
+                        if key > end:
+                            break
+                        found.append(key_unpack(key)[1])
+        except lmdb.Error as e:
+            raise StorageError(f"ledger index read failed: {e}") from e
+        return found
+
     def entry_count(self, ledger_id: int) -> int:
         """How many entries of the ledger are indexed (tests, tools)."""
         prefix = LEDGER_KEY.pack(ledger_id)
