@@ -13,8 +13,8 @@ from quire.client import Client
 from quire.log import Position
 from quire.log.catalog import LogCatalog
 from quire.log.named_data_log import NamedDataLog
-from tests.support.bookies import wait_limbo_cleared
 from tests.support.bp46 import PASSWORD, journal_less_cluster
+from tests.support.repair import wait_for_repair
 
 NAME = "bp46-log"
 
@@ -84,7 +84,7 @@ async def test_log_writer_rolls_past_a_ledger_fenced_by_an_unclean_reboot(
                 .ensembles[-1][1]
             bookie = cluster.bookies[cluster.index_of(ensemble[0])]
             await asyncio.to_thread(bookie.reboot_after_power_loss)
-            await wait_limbo_cleared(bookie)
+            await wait_for_repair(bookie)
             await appender.acknowledged(len(appender.positions) + 300)
             await appender.stop()
             await appending

@@ -22,7 +22,7 @@ import pytest
 from quire.client import Client, ClientConfig, ReadHandle
 from quire.errors import LedgerRecoveryError, StatusCode
 from quire.types import NO_ENTRY, LedgerState
-from tests.support.bookies import BookieProcess, wait_limbo_cleared, wait_until_stored
+from tests.support.bookies import BookieProcess, wait_until_stored
 from tests.support.bp46 import (
     PASSWORD,
     add_everywhere,
@@ -33,6 +33,7 @@ from tests.support.bp46 import (
     stored_entry,
 )
 from tests.support.cluster import Cluster
+from tests.support.repair import wait_for_repair
 
 PROTECTION = pytest.mark.parametrize("protected", [False, True],
                                      ids=["protection-off", "protection-on"])
@@ -95,7 +96,7 @@ async def test_scenario_1_crash_keeps_the_fence(bp46_cluster: Cluster, protected
         ledger_id, e1, (b1, b2, b3) = await recovered_by_c2_with_b3_fence_lost(cluster, c1, c2)
         b2.reboot_after_power_loss()
         if protected:
-            await wait_limbo_cleared(b2)
+            await wait_for_repair(b2)
         e2 = stored_entry(ledger_id, e1 + 1, b"E2", lac=e1, length=4)
         answers = await add_everywhere([b1, b2, b3], e2)
     assert answers == [StatusCode.FENCED, StatusCode.FENCED, StatusCode.OK]  # not acknowledged
@@ -163,7 +164,7 @@ async def test_scenario_2_recovery_truncates_an_acknowledged_entry(
         recovered = await recover_until_closed(c2, ledger_id)
         assert recovered.last_add_confirmed == 0
         assert [e.data for e in await recovered.read(0, 0)] == [b"E0"]
-        await wait_limbo_cleared(b1)
+        await wait_for_repair(b1)
         assert await read_from(b1, ledger_id, 0) == (StatusCode.OK, e0)
 
 

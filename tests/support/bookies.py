@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -139,37 +136,3 @@ async def wait_until_stored(address: str, ledger_id: int, entry_id: int) -> None
             await asyncio.sleep(0.02)
     finally:
         raw.close()
-
-
-def metric(process: BookieProcess, name: str) -> float | None:
-    """The value of an unlabelled sample ``name`` on the bookie's ``/metrics``
-    (None when the bookie does not expose it)."""
-    assert process.metrics_address is not None, "start the bookie with metrics_port = 0"
-    text = urllib.request.urlopen(f"http://{process.metrics_address}/metrics",
-                                  timeout=10).read().decode()
-    found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+|NaN)$", text, re.M)
-    return float(found.group(1)) if found else None
-
-
-async def wait_for_metric(process: BookieProcess, name: str, holds: Callable[[float], bool],
-                          timeout_s: float = 60.0) -> float:
-    """Poll the bookie's ``name`` until ``holds(value)``; its value then
-    (AssertionError, with the last value seen, at the deadline)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await asyncio.to_thread(metric, process, name)
-        if value is not None and holds(value):
-            return value
-        assert time.monotonic() < deadline, (
-            f"{process.bookie_id}: {name} = {value} after {timeout_s} s; log ends with:\n"
-            f"{process.log()[-2000:]}")
-        await asyncio.sleep(0.05)
-
-
-async def wait_limbo_cleared(process: BookieProcess, timeout_s: float = 60.0) -> None:
-    """BP-46: wait until a (re)started bookie's phase two finished a pass and
-    left no ledger in limbo (its metrics count from the process's start)."""
-    await wait_for_metric(process, "quire_bookie_repair_passes_total", lambda v: v >= 1,
-                          timeout_s)
-    await wait_for_metric(process, "quire_bookie_repair_limbo_ledgers", lambda v: v == 0,
-                          timeout_s)

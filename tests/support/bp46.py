@@ -38,6 +38,7 @@ def journal_less_cluster(root: Path, *, protected: bool, size: int = 3,
     return Cluster(root, size, **{"journal_write_data": False,
                                   "data_integrity_checking": protected,
                                   "flush_interval_ms": 600_000, "metrics_port": 0,
+                                  "repair_retry_interval_ms": 200,
                                   **settings})
 
 

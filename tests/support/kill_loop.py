@@ -30,9 +30,9 @@ from typing import Any
 
 from quire.client import Client, ClientConfig, ReadHandle, WriteHandle
 from quire.errors import LedgerRecoveryError, QuireError
-from tests.support.bookies import wait_limbo_cleared
 from tests.support.bp46 import PASSWORD, journal_less_cluster
 from tests.support.cluster import Cluster
+from tests.support.repair import wait_for_repair
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,8 @@ async def run_kill_loop(cluster: Cluster, params: KillLoopParams,
                 bookie = cluster.bookies[cycle % len(cluster)]
                 await asyncio.to_thread(bookie.reboot_after_power_loss)
                 if params.protected:
-                    await _race(writing, wait_limbo_cleared(bookie, params.cycle_timeout_s))
+                    await _race(writing, wait_for_repair(
+                        bookie, timeout_s=params.cycle_timeout_s))
                 report.cycles += 1
                 if on_cycle is not None:
                     on_cycle(CycleReport(cycle + 1, bookie.bookie_id, writer.count,
