@@ -39,12 +39,16 @@ class Appender:
         self._pending: list[asyncio.Future[Position]] = []
 
     async def run(self) -> None:
-        while not self._stopping:
+        """Append until stopped, then wait for the appends still pending."""
+        while True:
             await self._room.acquire()
+            if self._stopping:
+                break
             future = self.log.append(record(self.appended))
             future.add_done_callback(lambda f, i=self.appended: self._done(i, f))
             self._pending.append(future)
             self.appended += 1
+        await asyncio.gather(*self._pending, return_exceptions=True)
 
     def _done(self, index: int, future: asyncio.Future[Position]) -> None:
         self._room.release()
@@ -60,9 +64,8 @@ class Appender:
                 self._progress.clear()
                 await self._progress.wait()
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
         self._stopping = True
-        await asyncio.gather(*self._pending, return_exceptions=True)
 
 
 async def test_log_writer_rolls_past_a_ledger_fenced_by_an_unclean_reboot(
@@ -77,8 +80,8 @@ async def test_log_writer_rolls_past_a_ledger_fenced_by_an_unclean_reboot(
             appending = asyncio.create_task(appender.run())
             await appender.acknowledged(300)
             seq = max(appender.positions.values()).ledger_seq
-            head = (await LogCatalog(client.metadata_store).read_head(NAME)).value
-            ledger = head.ledger(seq)
+            info = await LogCatalog(client.metadata_store).info(NAME)
+            ledger = info.ledger(seq)
             assert ledger is not None
             ensemble = (await client.metadata_store.read_ledger(ledger.ledger_id)).value \
                 .ensembles[-1][1]
@@ -86,13 +89,14 @@ async def test_log_writer_rolls_past_a_ledger_fenced_by_an_unclean_reboot(
             await asyncio.to_thread(bookie.reboot_after_power_loss)
             await wait_for_repair(bookie)
             await appender.acknowledged(len(appender.positions) + 300)
-            await appender.stop()
+            appender.stop()
             await appending
             assert appender.failures == []
             written = [(appender.positions[i], record(i)) for i in range(appender.appended)]
             assert written[-1][0].ledger_seq > seq  # the writer rolled
             assert [r async for r in log.read()] == written
             assert log.epoch == epoch
+            assert (await LogCatalog(client.metadata_store).info(NAME)).epoch == epoch
             await log.close()
     finally:
         cluster.close()

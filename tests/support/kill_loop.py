@@ -23,16 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from quire.client import Client, ClientConfig, ReadHandle, WriteHandle
 from quire.errors import LedgerRecoveryError, QuireError
 from tests.support.bp46 import PASSWORD, journal_less_cluster
 from tests.support.cluster import Cluster
 from tests.support.repair import wait_for_repair
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class CycleReport:
     entries_acknowledged: int
     ledgers: int
     recoveries: int
+    entries_copied: int
+    """By the restarted bookie's phase two (what its power loss cost it)."""
     seconds: float
 
 
@@ -77,13 +81,16 @@ class KillLoopReport:
     recoveries: int = 0
     entries_acknowledged: int = 0
     entries_verified: int = 0
+    entries_copied: int = 0
+    """Copied back by the restarted bookies' phase two, summed over cycles."""
     losses: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"cycles": self.cycles, "ledgers": self.ledgers, "recoveries": self.recoveries,
                 "entries_acknowledged": self.entries_acknowledged,
-                "entries_verified": self.entries_verified, "losses": len(self.losses),
+                "entries_verified": self.entries_verified,
+                "entries_copied": self.entries_copied, "losses": len(self.losses),
                 "loss_details": self.losses[:50], "seconds": round(self.seconds, 1)}
 
 
@@ -152,23 +159,29 @@ class _Writer:
             await ledger.close()  # refused when fenced: the recoverer owns the end
 
     async def acknowledged_more(self, count: int, timeout_s: float) -> None:
-        """Wait until ``count`` more entries were acknowledged."""
+        """Wait until ``count`` more entries were acknowledged (or the writer
+        is stopping)."""
         target = self.count + count
-        deadline = time.monotonic() + timeout_s
-        while self.count < target:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"the writer stalled at {self.count} acknowledged entries"
-            self.progress.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.progress.wait(), remaining)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.count < target and not self.stopping:
+                    self.progress.clear()
+                    await self.progress.wait()
+        except TimeoutError:
+            raise AssertionError(f"the writer stalled at {self.count} acknowledged "
+                                 f"entries") from None
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.progress.set()
 
 
 async def _recover_now_and_then(client: Client, writer: _Writer, params: KillLoopParams,
                                 recoveries: list[int]) -> None:
     """Fence the writer's current ledger each ``recovery_every_entries``."""
-    while True:
+    while not writer.stopping:
         await writer.acknowledged_more(params.recovery_every_entries, 3600)
-        if writer.current is None:
+        if writer.current is None or writer.stopping:
             continue
         with contextlib.suppress(QuireError):  # cannot decide now: fine, the writer goes on
             await client.open_ledger(writer.current, password=PASSWORD, recovery=True)
@@ -260,19 +273,21 @@ async def run_kill_loop(cluster: Cluster, params: KillLoopParams,
                                                               params.cycle_timeout_s))
                 bookie = cluster.bookies[cycle % len(cluster)]
                 await asyncio.to_thread(bookie.reboot_after_power_loss)
+                copied = 0
                 if params.protected:
-                    await _race(writing, wait_for_repair(
+                    repair = await _race(writing, wait_for_repair(
                         bookie, timeout_s=params.cycle_timeout_s))
+                    copied = int(repair["entries_copied_total"])
                 report.cycles += 1
+                report.entries_copied += copied
                 if on_cycle is not None:
                     on_cycle(CycleReport(cycle + 1, bookie.bookie_id, writer.count,
-                                         len(writer.ledgers), len(recoveries),
+                                         len(writer.ledgers), len(recoveries), copied,
                                          time.monotonic() - cycle_started))
             await _race(writing, writer.acknowledged_more(params.entries_per_cycle,
                                                           params.cycle_timeout_s))
         finally:
-            recovering.cancel()
-            writer.stopping = True
+            writer.stop()
             await asyncio.gather(writing, recovering, return_exceptions=True)
         if writing.done() and not writing.cancelled() and writing.exception() is not None:
             raise writing.exception()  # type: ignore[misc]
@@ -283,7 +298,7 @@ async def run_kill_loop(cluster: Cluster, params: KillLoopParams,
     return report
 
 
-async def _race(background: asyncio.Task[None], awaited: Any) -> None:
+async def _race(background: asyncio.Task[None], awaited: Awaitable[T]) -> T:
     """Await ``awaited``, failing at once if ``background`` dies first."""
     task = asyncio.ensure_future(awaited)
     done, _ = await asyncio.wait({task, background}, return_when=asyncio.FIRST_COMPLETED)
@@ -291,4 +306,4 @@ async def _race(background: asyncio.Task[None], awaited: Any) -> None:
         task.cancel()
         background.result()
         raise AssertionError("the writer stopped")
-    task.result()
+    return task.result()
