@@ -55,6 +55,9 @@ class KillLoopParams:
     recovery_every_entries: int = 2500
     """The recoverer fences the writer's ledger each time this many more
     entries were acknowledged."""
+    max_entries_per_s: int = 0
+    """Pace the writer to at most this rate (0: as fast as it goes); long
+    soaks use it to bound the data they write and verify."""
     flush_interval_ms: int = 600_000
     """The bookies' checkpoint interval: what a power loss can cost them
     (by default no timed checkpoint: a power loss costs a journal-less
@@ -112,6 +115,8 @@ class _Writer:
         self.count = 0
         self.progress = asyncio.Event()
         self.stopping = False
+        self._appended = 0
+        self._started = time.monotonic()
 
     async def run(self) -> None:
         while not self.stopping:
@@ -147,6 +152,7 @@ class _Writer:
             if self.stopping or failed.is_set():
                 room.release()
                 break
+            await self._pace()
             try:
                 future = ledger.append(payload_of(ledger_id, entry_id, params.entry_bytes))
             except QuireError:
@@ -157,6 +163,14 @@ class _Writer:
         await asyncio.gather(*pending, return_exceptions=True)
         with contextlib.suppress(QuireError):
             await ledger.close()  # refused when fenced: the recoverer owns the end
+
+    async def _pace(self) -> None:
+        rate = self.params.max_entries_per_s
+        if rate:
+            self._appended += 1
+            ahead_s = self._started + self._appended / rate - time.monotonic()
+            if ahead_s > 0:
+                await asyncio.sleep(ahead_s)  # load shaping, not synchronisation
 
     async def acknowledged_more(self, count: int, timeout_s: float) -> None:
         """Wait until ``count`` more entries were acknowledged (or the writer
