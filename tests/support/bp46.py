@@ -11,10 +11,12 @@ loses it, as the spec's "boots again with all unflushed operations lost".
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
-from quire.errors import StatusCode
+from quire.client import Client, ReadHandle
+from quire.errors import LedgerRecoveryError, StatusCode
 from quire.protocol import (
     FLAG_DO_FENCING,
     AddRequest,
@@ -83,3 +85,17 @@ async def fence_on(bookie: BookieProcess, ledger_id: int) -> StatusCode:
 async def add_everywhere(bookies: list[BookieProcess], entry: bytes) -> list[StatusCode]:
     """The same add sent to every bookie at once (a writer's write set)."""
     return list(await asyncio.gather(*(add_to(b, entry) for b in bookies)))
+
+
+async def recover_until_closed(client: Client, ledger_id: int,
+                               timeout_s: float = 60.0) -> ReadHandle:
+    """Open with recovery, again while the end cannot be decided yet (a
+    restarted bookie may still be in limbo, a peer may be down)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
+        except LedgerRecoveryError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)

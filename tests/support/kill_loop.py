@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from quire.client import Client, ClientConfig, ReadHandle, WriteHandle
-from quire.errors import LedgerRecoveryError, QuireError
-from tests.support.bp46 import PASSWORD, journal_less_cluster
+from quire.errors import QuireError
+from tests.support.bp46 import PASSWORD, journal_less_cluster, recover_until_closed
 from tests.support.cluster import Cluster
 from tests.support.repair import wait_for_repair
 
@@ -200,19 +200,6 @@ async def _recover_now_and_then(client: Client, writer: _Writer, params: KillLoo
         with contextlib.suppress(QuireError):  # cannot decide now: fine, the writer goes on
             await client.open_ledger(writer.current, password=PASSWORD, recovery=True)
             recoveries.append(writer.current)
-
-
-async def recover_until_closed(client: Client, ledger_id: int,
-                               timeout_s: float = 60.0) -> ReadHandle:
-    """Open with recovery, again while the end cannot be decided yet."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await client.open_ledger(ledger_id, password=PASSWORD, recovery=True)
-        except LedgerRecoveryError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
 
 
 async def verify(client: Client, writer: _Writer, params: KillLoopParams,
