@@ -7,6 +7,7 @@ the whole log gives every append once, in order."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 from quire.client import Client
@@ -45,7 +46,7 @@ class Appender:
             if self._stopping:
                 break
             future = self.log.append(record(self.appended))
-            future.add_done_callback(lambda f, i=self.appended: self._done(i, f))
+            future.add_done_callback(functools.partial(self._done, self.appended))
             self._pending.append(future)
             self.appended += 1
         await asyncio.gather(*self._pending, return_exceptions=True)

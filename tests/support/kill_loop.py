@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -158,7 +159,7 @@ class _Writer:
             except QuireError:
                 room.release()
                 break
-            future.add_done_callback(lambda f, e=entry_id: on_done(f, e))
+            future.add_done_callback(functools.partial(on_done, expected=entry_id))
             pending.append(future)
         await asyncio.gather(*pending, return_exceptions=True)
         with contextlib.suppress(QuireError):
