@@ -45,6 +45,12 @@ class BookieProcess(sandbox.BookieProcess):
         self.kill9()
         emulate_power_loss(self.dirs)
 
+    def reboot_after_power_loss(self, timeout_s: float = 60.0) -> None:
+        """kill -9, lose everything never fsynced, start again (same id,
+        port and directories): an unclean reboot."""
+        self.power_loss()
+        self.start(timeout_s=timeout_s)
+
 
 class RawBookieClient(asyncio.Protocol):
     """Minimal pipelined protocol client for bookie tests (not the real client)."""
