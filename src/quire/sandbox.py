@@ -285,7 +285,9 @@ class Sandbox:
     def describe(self) -> dict[str, Any]:
         return {"metadata": self.metadata_uri, "dir": str(self.directory.resolve()),
                 "bookies": [{"bookie_id": b.bookie_id, "address": b.address,
-                             "metrics": b.metrics_address} for b in self.bookies]}
+                             "metrics": b.metrics_address,
+                             "pid": b.proc.pid if b.proc is not None else None}
+                            for b in self.bookies]}
 
 
 @dataclass(frozen=True)

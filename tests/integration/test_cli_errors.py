@@ -136,11 +136,9 @@ def test_unknown_ids_on_a_cluster_with_no_bookies(path: tuple[str, ...],
 # --- on 3 real bookies ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def metadata(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    started = Cluster(tmp_path_factory.mktemp("cli-errors"), 3).start()
-    yield started.metadata_uri
-    started.close()
+@pytest.fixture
+def metadata(cli_cluster: Cluster) -> str:
+    return cli_cluster.metadata_uri
 
 
 def test_known_errors_on_a_real_cluster(metadata: str) -> None:
