@@ -10,6 +10,7 @@ with backoff.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -137,8 +138,9 @@ class BookieProcess:
                 return True
             if line:
                 return False
-        if self.proc.poll() is not None or ready:
-            self.proc.wait(10)
+        if self.proc.poll() is not None or ready:  # exited, or closed its stdout
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
             raise QuireError(f"bookie {self.bookie_id} exited before it was ready (status "
                              f"{self.proc.returncode}): {self.last_log_line()} "
                              f"(log: {self.log_path})")
