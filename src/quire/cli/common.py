@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from quire.errors import QuireError
 
@@ -92,6 +93,9 @@ class QuireGroup(click.Group):
         try:
             result = super().main(argv, prog_name, complete_var, standalone_mode=False,
                                   **extra)
+        except NoArgsIsHelpError as e:  # a bare group: its help, as click shows it
+            click.echo(e.format_message(), err=True)
+            return self._finish(2, standalone_mode)
         except click.UsageError as e:
             hint = f" (try '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             report_error(e.format_message() + hint, as_json)

@@ -171,6 +171,8 @@ def append(name: str, records: tuple[str, ...], ensemble_size: int, write_quorum
     The command becomes the log's writer for the time it runs: a writer
     another process holds is fenced out (as ``LogStore.open_writer`` does).
     """
+    if not records and sys.stdin.isatty():
+        raise click.UsageError("give RECORDS, or pipe them in one a line")
     data = ([r.encode() for r in records] if records
             else [line.rstrip(b"\n") for line in sys.stdin.buffer])
 
