@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from quire.cli.common import emit_json, json_option, metadata_option, with_client
-from quire.log import LogInfo, LogRecord, LogStore, Position
 from quire.types import LedgerType
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: `quire` and every bookie start import this module
     from quire.client import Client
+    from quire.log import LogInfo, LogRecord, LogStore, Position
 
 T = TypeVar("T")
 
@@ -28,13 +28,15 @@ password_option = click.option("--password", default="",
                                help="Password of the log's ledgers.")
 
 
-class PositionType(click.ParamType[Position]):
+class PositionType(click.ParamType["Position"]):
     """A log position on the command line: ``SEQ:ENTRY``."""
 
     name = "SEQ:ENTRY"
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> Position:
+        from quire.log import Position
+
         if isinstance(value, Position):
             return value
         try:
@@ -46,6 +48,7 @@ class PositionType(click.ParamType[Position]):
 def with_logs(metadata_uri: str | None, password: str,
               action: Callable[[LogStore], Awaitable[T]]) -> T:
     """Run ``action(logs)`` on a :class:`LogStore` of a fresh client."""
+    from quire.log import LogStore
 
     async def go(client: Client) -> T:
         return await action(LogStore(client, password=password.encode()))
@@ -227,6 +230,8 @@ async def last_records(logs: LogStore, name: str, count: int) -> tuple[list[LogR
 
     Closed ledgers' entry counts say where to start; an open ledger (a
     writer is at work) is read from its start."""
+    from quire.log import Position
+
     log_info = await logs.info(name)
     start = log_info.start
     need = count
