@@ -6,6 +6,7 @@ import contextlib
 import os
 import select
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -37,6 +38,41 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
                         if no_journal else {})
     cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0, **journal_settings)
     run_async(lambda: check_store(cluster.metadata_uri))
+
+    def ready(bookie: BookieProcess) -> None:
+        if not as_json:
+            click.echo(f"bookie {bookie.bookie_id} ready on {bookie.address} "
+                       f"(metrics http://{bookie.metrics_address}/metrics)", err=True)
+
+    def announce() -> None:
+        if as_json:
+            emit_json(cluster.describe())
+        else:
+            click.echo(f"metadata: {cluster.metadata_uri}")
+            click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
+            click.echo("Ctrl-C stops the sandbox", err=True)
+
+    def say(line: str) -> None:
+        if as_json and line == STOPPING:
+            return
+        click.echo(line, err=True)
+
+    if not as_json:
+        click.echo(f"starting {bookies} bookies in {directory} ...", err=True)
+    # a failed start (or Ctrl-C, a KeyboardInterrupt here) stops every bookie it started
+    cluster.start(on_ready=ready)
+    supervise(cluster, say, announce)
+
+
+STOPPING = "stopping the sandbox ..."
+
+
+def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[], None]
+              ) -> None:
+    """Keep the bookies running (:class:`BookieSupervisor`) until SIGINT or
+    SIGTERM, then stop them.  ``announce`` runs once the signals are caught,
+    and they stay caught until every bookie stopped, so signals sent as soon
+    as the sandbox says it is ready, or in a burst, stop it cleanly once."""
     # The handler runs between two bytecodes of this thread, wherever it is,
     # so it takes no lock: it notes the signal, and set_wakeup_fd makes the
     # pipe readable, which ends the loop's select at once.  (It used to set
@@ -49,25 +85,8 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
     previous_wakeup_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     previous_handlers = {sig: signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
                          for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def ready(bookie: BookieProcess) -> None:
-        if not as_json:
-            click.echo(f"bookie {bookie.bookie_id} ready on {bookie.address} "
-                       f"(metrics http://{bookie.metrics_address}/metrics)", err=True)
-
-    def say(line: str) -> None:
-        click.echo(line, err=True)
-
     try:
-        if not as_json:
-            click.echo(f"starting {bookies} bookies in {directory} ...", err=True)
-        cluster.start(on_ready=ready)
-        if as_json:
-            emit_json(cluster.describe())
-        else:
-            click.echo(f"metadata: {cluster.metadata_uri}")
-            click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
-            click.echo("Ctrl-C stops the sandbox", err=True)
+        announce()
         supervisor = BookieSupervisor(cluster.bookies, say)
         while not stop_signals:
             select.select([wake_read], [], [], 0.5)
@@ -76,8 +95,7 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
             if not stop_signals:
                 supervisor.poll()
     finally:
-        if not as_json:
-            click.echo("stopping the sandbox ...", err=True)
+        say(STOPPING)
         cluster.stop()
         signal.set_wakeup_fd(previous_wakeup_fd)
         for sig, handler in previous_handlers.items():
