@@ -3,6 +3,7 @@ asyncio, and the one place errors become ``error: ...`` (:class:`QuireGroup`).""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -56,13 +57,17 @@ DEBUG_ENV = "QUIRE_DEBUG"
 
 
 def debug_wanted(argv: Sequence[str]) -> bool:
-    """``quire --debug ...`` or ``QUIRE_DEBUG=1``: let tracebacks through."""
-    return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    """``quire --debug ...`` (before the command's name) or ``QUIRE_DEBUG=1``:
+    let tracebacks through."""
+    root_options = itertools.takewhile(lambda arg: arg.startswith("-"), argv)
+    return "--debug" in root_options or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def report_error(message: str, as_json: bool) -> None:
     """The error convention: ``error: MESSAGE`` on stderr, and with ``--json``
-    also ``{"error": MESSAGE}`` on stdout."""
+    also ``{"error": MESSAGE}`` on stdout; a message of several lines is
+    joined into one."""
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
     if as_json:
         emit_json({"error": message})
     click.echo(f"error: {message}", err=True)
