@@ -2,11 +2,16 @@
 
 :class:`BookieProcess` runs ``quire bookie start`` as a child process and
 waits for its ready line; :class:`Sandbox` runs N of them with stable bookie
-ids and ports, state kept in one directory so a restart finds its data.
+ids and ports, state kept in one directory so a restart finds its data.  A
+sandbox's bookies end when the sandbox process does, however it ends (a
+parent-death signal); :class:`BookieSupervisor` restarts the ones that exit,
+with backoff.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import select
@@ -16,10 +21,36 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quire.bookie.storage.files import lock_holder
 from quire.errors import QuireError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def parent_death_hook(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child get ``signum`` when the thread
+    that forks it dies (Linux ``prctl(PR_SET_PDEATHSIG)``), and exit at once
+    if its parent is already gone; None where there is no ``prctl``.
+
+    The signal follows the forking *thread*: fork from a thread that lives
+    as long as the process (the sandbox's main thread)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+            os._exit(70)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(0)
+
+    return hook
 
 
 def _toml_value(value: Any) -> str:
@@ -63,6 +94,9 @@ class BookieProcess:
         self.address = ""
         self.metrics_address: str | None = None
         self.log_path = root / f"{bookie_id}.log"
+        self.ends_with_parent = False
+        """SIGTERM the bookie when the process that started it dies (see
+        :func:`parent_death_hook`); the sandbox sets it."""
 
     @property
     def dirs(self) -> list[Path]:
@@ -79,37 +113,57 @@ class BookieProcess:
         return path
 
     def start(self, timeout_s: float = 60.0, expect_ready: bool = True) -> None:
+        self.address = ""
         config = self.write_config()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "quire.cli.main", "bookie", "start", "--config",
                  str(config)],
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=parent_death_hook() if self.ends_with_parent else None)
         if expect_ready:
             self._wait_ready(timeout_s)
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def check_ready(self, wait_s: float = 0.0) -> bool:
+        """True once the bookie printed its ready line (waiting up to
+        ``wait_s`` for it), False while it is still starting; QuireError if
+        it exited before it was ready."""
         assert self.proc is not None and self.proc.stdout is not None
+        if self.address:
+            return True
+        ready, _, _ = select.select([self.proc.stdout], [], [], wait_s)
+        if ready:
+            line = self.proc.stdout.readline()
+            try:
+                event = json.loads(line) if line else None
+            except ValueError:
+                event = None
+            if isinstance(event, dict) and event.get("event") == "ready":
+                self.address = str(event["address"])
+                self.metrics_address = event.get("metrics")
+                return True
+            if line:
+                return False
+        if self.proc.poll() is not None or ready:  # exited, or closed its stdout
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            raise QuireError(f"bookie {self.bookie_id} exited before it was ready (status "
+                             f"{self.proc.returncode}): {self.last_log_line()} "
+                             f"(log: {self.log_path})")
+        return False
+
+    def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if ready:
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and event.get("event") == "ready":
-                    self.address = str(event["address"])
-                    self.metrics_address = event.get("metrics")
-                    return
-            if self.proc.poll() is not None:
-                break
-        raise QuireError(f"bookie {self.bookie_id} did not become ready; its log "
-                         f"({self.log_path}) ends with:\n{self.log()[-3000:]}")
+            if self.check_ready(0.2):
+                return
+        raise QuireError(f"bookie {self.bookie_id} did not become ready in {timeout_s:g} s: "
+                         f"{self.last_log_line()} (log: {self.log_path})")
+
+    def last_log_line(self) -> str:
+        lines = [line for line in self.log().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "(its log is empty)"
 
     def wait_exit(self, timeout_s: float = 60.0) -> int:
         assert self.proc is not None
@@ -193,8 +247,10 @@ class Sandbox:
         for i in range(1, bookies + 1):
             bookie_id = f"bookie-{i}"
             port = ports.get(bookie_id) or free_port()
-            self.bookies.append(BookieProcess(directory, self.metadata_uri, bookie_id,
-                                              port=port, **bookie_settings))
+            process = BookieProcess(directory, self.metadata_uri, bookie_id, port=port,
+                                    **bookie_settings)
+            process.ends_with_parent = True
+            self.bookies.append(process)
 
     def _load_state(self) -> dict[str, Any]:
         path = self.directory / "sandbox.json"
@@ -211,8 +267,26 @@ class Sandbox:
 
     def start(self, on_ready: Callable[[BookieProcess], None] | None = None,
               timeout_s: float = 60.0) -> None:
+        """Start every bookie; QuireError naming the holders if another
+        process holds one of their directories, or if a bookie fails to start.
+        Start it from a thread that lives as long as the sandbox (see
+        :func:`parent_death_hook`)."""
+        self.check_not_held()
         self._save_state()
         start_all(self.bookies, timeout_s, on_ready)
+
+    def check_not_held(self) -> None:
+        """QuireError if a process holds a storage lock in the directory (a
+        sandbox or bookies left running, say), naming each holder."""
+        held = []
+        for bookie in self.bookies:
+            for lock in sorted(bookie.data_dir.glob("*/*/LOCK")):
+                holder = lock_holder(lock.parent)
+                if holder is not None:
+                    held.append(f"{lock.parent} by {holder}")
+        if held:
+            raise QuireError(f"{self.directory} is in use (stop those processes first): "
+                             + "; ".join(held))
 
     def stop(self) -> None:
         stop_all(self.bookies)
@@ -220,4 +294,99 @@ class Sandbox:
     def describe(self) -> dict[str, Any]:
         return {"metadata": self.metadata_uri, "dir": str(self.directory.resolve()),
                 "bookies": [{"bookie_id": b.bookie_id, "address": b.address,
-                             "metrics": b.metrics_address} for b in self.bookies]}
+                             "metrics": b.metrics_address,
+                             "pid": b.proc.pid if b.proc is not None else None}
+                            for b in self.bookies]}
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How :class:`BookieSupervisor` restarts a bookie that exited."""
+
+    first_delay_ms: int = 500
+    """Wait before the first restart; it doubles after each failed one."""
+    max_delay_ms: int = 30_000
+    """The longest wait between two restarts."""
+    ready_timeout_ms: int = 60_000
+    """A restarted bookie not ready in this time is killed: a failed restart."""
+    stable_after_ms: int = 30_000
+    """A bookie that served this long before it exited starts over from
+    ``first_delay_ms``; one that exits sooner keeps backing off."""
+
+
+class BookieSupervisor:
+    """Keeps a sandbox's bookies running: call :meth:`poll` often (it never
+    blocks).  A bookie that exited is restarted after a delay that starts
+    at ``first_delay_ms`` and doubles up to ``max_delay_ms`` while restarts
+    fail (exit before ready, not ready in time, or the process could not
+    even be started); each event is told to ``say``.  The other bookies are
+    not touched, so one crash-looping bookie never stops the rest."""
+
+    def __init__(self, bookies: list[BookieProcess], say: Callable[[str], None],
+                 policy: RestartPolicy = RestartPolicy(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._say = say
+        self._policy = policy
+        self._clock = clock
+        first_delay_s = policy.first_delay_ms / 1000
+        self._states = {b.bookie_id: _Watch(b, ready_at=clock(), delay_s=first_delay_s)
+                        for b in bookies}
+
+    def poll(self) -> None:
+        for watch in self._states.values():
+            self._step(watch, self._clock())
+
+    def _step(self, watch: _Watch, now: float) -> None:
+        bookie = watch.bookie
+        if watch.restart_at is not None:
+            if now >= watch.restart_at:
+                watch.restart_at = None
+                try:
+                    bookie.start(expect_ready=False)
+                except OSError as e:
+                    self._failed(watch, now, f"could not start it: {e}")
+                    return
+                watch.starting_since = now
+        elif watch.starting_since is not None:
+            try:
+                ready = bookie.check_ready()
+            except QuireError as e:
+                self._failed(watch, now, str(e))
+                return
+            if ready:
+                watch.starting_since = None
+                watch.ready_at = now
+                self._say(f"bookie {bookie.bookie_id} is back on {bookie.address}")
+            elif now - watch.starting_since > self._policy.ready_timeout_ms / 1000:
+                bookie.kill9()
+                self._failed(watch, now, "not ready in time; killed it")
+        elif not bookie.running:
+            status = bookie.proc.returncode if bookie.proc is not None else None
+            if now - watch.ready_at >= self._policy.stable_after_ms / 1000:
+                watch.delay_s = self._policy.first_delay_ms / 1000
+            watch.restart_at = now + watch.delay_s
+            self._say(f"bookie {bookie.bookie_id} exited (status {status}); restarting "
+                      f"in {watch.delay_s:g} s")
+            self._back_off(watch)
+
+    def _failed(self, watch: _Watch, now: float, why: str) -> None:
+        watch.starting_since = None
+        watch.restart_at = now + watch.delay_s
+        self._say(f"restart of bookie {watch.bookie.bookie_id} failed: {why}; "
+                  f"retrying in {watch.delay_s:g} s")
+        self._back_off(watch)
+
+    def _back_off(self, watch: _Watch) -> None:
+        watch.delay_s = min(watch.delay_s * 2, self._policy.max_delay_ms / 1000)
+
+
+@dataclass
+class _Watch:
+    """One supervised bookie: restart pending (``restart_at``), starting
+    (``starting_since``), or serving (neither); times on the supervisor's clock."""
+
+    bookie: BookieProcess
+    ready_at: float
+    delay_s: float
+    restart_at: float | None = None
+    starting_since: float | None = None

@@ -29,6 +29,15 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
     started.close()
 
 
+@pytest.fixture(scope="session")
+def cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """3 bookies shared by the command-line tests of the session (they use
+    their own ledgers and log names)."""
+    started = Cluster(tmp_path_factory.mktemp("cli-cluster"), 3).start()
+    yield started
+    started.close()
+
+
 @pytest.fixture
 async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
     """``await connect(cluster, **config)``: a Client closed at teardown."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import select
 import signal
 import subprocess
@@ -64,6 +65,20 @@ class SandboxProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+    def wait_for_stderr(self, text: str, count: int = 1, timeout_s: float = 60) -> list[str]:
+        """Read the sandbox's stderr until ``count`` lines held ``text``; the lines read."""
+        assert self.proc is not None and self.proc.stderr is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while sum(text in line for line in seen) < count:
+            assert time.monotonic() < deadline, f"no {count} x {text!r} in {seen}"
+            ready, _, _ = select.select([self.proc.stderr], [], [], 0.5)
+            if ready:
+                line = self.proc.stderr.readline().decode()
+                assert line, f"the sandbox exited; its stderr: {seen}"
+                seen.append(line)
+        return seen
 
 
 @pytest.fixture
@@ -150,4 +165,60 @@ def test_sandbox_no_journal_reaches_every_bookie(sandbox: SandboxProcess) -> Non
     metadata = info["metadata"]
     written = quire(metadata, "ledger", "append", "a", "b", "-e", "2", "-w", "2", "-a", "2")
     assert written["entry_ids"] == [0, 1]
+    assert sandbox.interrupt() == 0
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":  # a zombie has ended; its parent (init, here) reaps it
+            alive.append(pid)
+    return alive
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal")
+def test_a_killed_sandbox_takes_its_bookies_and_a_failing_restart_is_retried(
+        sandbox: SandboxProcess) -> None:
+    first = sandbox.start()
+    pids = [b["pid"] for b in first["bookies"]]
+
+    held = subprocess.run([*QUIRE, "sandbox", "--dir", str(sandbox.directory), "--json"],
+                          capture_output=True, timeout=60)
+    assert held.returncode == 1 and b"Traceback" not in held.stderr
+    message = json.loads(held.stdout)["error"]
+    assert held.stderr.decode().splitlines() == [f"error: {message}"]
+    assert all(f"pid {pid} (" in message for pid in pids), message
+    assert "bookie start --config" in message
+
+    assert sandbox.proc is not None
+    sandbox.proc.kill()  # kill -9: no chance to stop its bookies
+    sandbox.proc.wait(10)
+    deadline = time.monotonic() + 30
+    while pids_alive(pids):
+        assert time.monotonic() < deadline, f"bookies {pids_alive(pids)} outlived the sandbox"
+        time.sleep(0.1)
+
+    second = sandbox.start()
+    assert [b["bookie_id"] for b in second["bookies"]] == ["bookie-1", "bookie-2", "bookie-3"]
+    metadata = second["metadata"]
+
+    # bookie-2 crashes and cannot start again (its journal directory is a file now)
+    journal = sandbox.directory / "bookie-2" / "journal"
+    journal.rename(journal.with_name("journal.away"))
+    journal.write_text("not a directory")
+    os.kill(second["bookies"][1]["pid"], signal.SIGKILL)
+    sandbox.wait_for_stderr("restart of bookie bookie-2 failed")
+    assert sandbox.proc.poll() is None
+    written = quire(metadata, "ledger", "append", "still", "serving", "-e", "2", "-w", "2")
+    assert written["entry_ids"] == [0, 1]
+
+    journal.unlink()
+    journal.with_name("journal.away").rename(journal)
+    sandbox.wait_for_stderr("bookie bookie-2 is back")
+    assert sorted(b["bookie_id"] for b in quire(metadata, "bookie", "list")) == [
+        "bookie-1", "bookie-2", "bookie-3"]
     assert sandbox.interrupt() == 0

@@ -1,15 +1,19 @@
-"""Helpers shared by the CLI commands: the metadata URI default, output, asyncio."""
+"""Helpers shared by the CLI commands: the metadata URI default, output,
+asyncio, and the one place errors become ``error: ...`` (:class:`QuireGroup`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import sqlite3
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from quire.errors import QuireError
 
@@ -36,13 +40,95 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine on a fresh uvloop loop; its errors reach :class:`QuireGroup`."""
     import uvloop
 
-    try:
-        return uvloop.run(factory())
-    except QuireError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    return uvloop.run(factory())
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (QuireError, ValueError, OSError,
+                                                  sqlite3.Error, TimeoutError)
+"""Exceptions that mean the request could not be done (bad input, a store
+that is not there, a cluster that cannot serve it): shown as one line.
+Anything else is an internal error: one line too, plus a hint about
+``--debug``, which shows the traceback."""
+
+DEBUG_ENV = "QUIRE_DEBUG"
+
+
+def debug_wanted(argv: Sequence[str]) -> bool:
+    """``quire --debug ...`` (before the command's name) or ``QUIRE_DEBUG=1``:
+    let tracebacks through."""
+    root_options = itertools.takewhile(lambda arg: arg.startswith("-"), argv)
+    return "--debug" in root_options or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def report_error(message: str, as_json: bool) -> None:
+    """The error convention: ``error: MESSAGE`` on stderr, and with ``--json``
+    also ``{"error": MESSAGE}`` on stdout; a message of several lines is
+    joined into one."""
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    if as_json:
+        emit_json({"error": message})
+    click.echo(f"error: {message}", err=True)
+
+
+def describe_error(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, OSError) and error.filename is not None and str(error.filename) \
+            not in text:
+        text = f"{text}: {error.filename}"
+    return text
+
+
+class QuireGroup(click.Group):
+    """The ``quire`` root group: every command's errors end here.
+
+    A click usage error exits 2, anything else 1, after :func:`report_error`
+    (no traceback).  An exception outside :data:`USER_ERRORS` says it is
+    internal and to run with ``--debug``; with ``--debug`` or
+    ``QUIRE_DEBUG=1`` it propagates with its traceback.  Ctrl-C exits 130.
+    """
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
+        try:
+            result = super().main(argv, prog_name, complete_var, standalone_mode=False,
+                                  **extra)
+        except NoArgsIsHelpError as e:  # a bare group: its help, as click shows it
+            click.echo(e.format_message(), err=True)
+            return self._finish(2, standalone_mode)
+        except click.UsageError as e:
+            hint = f" (try '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            report_error(e.format_message() + hint, as_json)
+            return self._finish(2, standalone_mode)
+        except click.ClickException as e:
+            report_error(e.format_message(), as_json)
+            return self._finish(e.exit_code, standalone_mode)
+        except click.Abort:
+            return self._finish(130, standalone_mode)
+        except USER_ERRORS as e:
+            if debug_wanted(argv):
+                raise
+            report_error(describe_error(e), as_json)
+            return self._finish(1, standalone_mode)
+        except Exception as e:
+            if debug_wanted(argv):
+                raise
+            report_error(f"internal error: {type(e).__name__}: {describe_error(e)} "
+                         "(run with --debug for details)", as_json)
+            return self._finish(1, standalone_mode)
+        code = result if isinstance(result, int) else 0
+        return self._finish(code, standalone_mode) if standalone_mode else result
+
+    @staticmethod
+    def _finish(code: int, standalone_mode: bool) -> int:
+        if standalone_mode:
+            sys.exit(code)
+        return code
 
 
 def emit_json(obj: Any) -> None:

@@ -7,21 +7,30 @@ import click
 from quire.cli.autorecovery import autorecovery, decommission, underreplicated
 from quire.cli.bench import bench
 from quire.cli.bookie import bookie
+from quire.cli.common import DEBUG_ENV, QuireGroup
 from quire.cli.cookie import cookie
 from quire.cli.ledger import ledger
+from quire.cli.log import log
 from quire.cli.sandbox import sandbox
 
 
-@click.group()
+@click.group(cls=QuireGroup)
 @click.version_option(package_name="quire")
+@click.option("--debug", is_flag=True, expose_value=False,
+              help=f"Show the traceback of an internal error (or set {DEBUG_ENV}=1).")
 def cli() -> None:
-    """Quire: a replicated log store (BookKeeper ledgers, Pravega segments, Spark)."""
+    """Quire: a replicated log store (BookKeeper ledgers, Pravega segments, Spark).
+
+    An error prints one line, ``error: ...``, on stderr (and ``{"error": ...}``
+    on stdout with --json); the exit status is 1, or 2 for a usage error.
+    """
 
 
 cli.add_command(bookie)
 cli.add_command(cookie)
 cli.add_command(sandbox)
 cli.add_command(ledger)
+cli.add_command(log)
 cli.add_command(bench)
 cli.add_command(autorecovery)
 bookie.add_command(decommission)

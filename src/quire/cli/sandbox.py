@@ -6,13 +6,13 @@ import contextlib
 import os
 import select
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json
-from quire.errors import QuireError
-from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, Sandbox
+from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json, run_async
+from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, BookieSupervisor, Sandbox
 
 
 @click.command()
@@ -28,9 +28,51 @@ from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, Sandbox
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
             as_json: bool) -> None:
-    """Run a local Quire cluster until Ctrl-C."""
+    """Run a local Quire cluster until Ctrl-C (or SIGTERM).
+
+    A bookie that exits is restarted, with a backoff from 0.5 s doubling up
+    to 30 s while restarts fail; the others keep serving.  The bookies end
+    when the sandbox does, even by kill -9 (Linux).
+    """
     journal_settings = NO_JOURNAL_SETTINGS if no_journal else {}
-    cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0, **journal_settings)
+    cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0,
+                      autorecovery_enabled=True, **journal_settings)
+    run_async(lambda: check_store(cluster.metadata_uri))
+
+    def ready(bookie: BookieProcess) -> None:
+        if not as_json:
+            click.echo(f"bookie {bookie.bookie_id} ready on {bookie.address} "
+                       f"(metrics http://{bookie.metrics_address}/metrics)", err=True)
+
+    def announce() -> None:
+        if as_json:
+            emit_json(cluster.describe())
+        else:
+            click.echo(f"metadata: {cluster.metadata_uri}")
+            click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
+            click.echo("Ctrl-C stops the sandbox", err=True)
+
+    def say(line: str) -> None:
+        if as_json and line == STOPPING:
+            return
+        click.echo(line, err=True)
+
+    if not as_json:
+        click.echo(f"starting {bookies} bookies in {directory} ...", err=True)
+    # a failed start (or Ctrl-C, a KeyboardInterrupt here) stops every bookie it started
+    cluster.start(on_ready=ready)
+    supervise(cluster, say, announce)
+
+
+STOPPING = "stopping the sandbox ..."
+
+
+def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[], None]
+              ) -> None:
+    """Keep the bookies running (:class:`BookieSupervisor`) until SIGINT or
+    SIGTERM, then stop them.  ``announce`` runs once the signals are caught,
+    and they stay caught until every bookie stopped, so signals sent as soon
+    as the sandbox says it is ready, or in a burst, stop it cleanly once."""
     # The handler runs between two bytecodes of this thread, wherever it is,
     # so it takes no lock: it notes the signal, and set_wakeup_fd makes the
     # pipe readable, which ends the loop's select at once.  (It used to set
@@ -41,39 +83,31 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
     previous_wakeup_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
-
-    def ready(bookie: BookieProcess) -> None:
-        if not as_json:
-            click.echo(f"bookie {bookie.bookie_id} ready on {bookie.address} "
-                       f"(metrics http://{bookie.metrics_address}/metrics)", err=True)
-
+    previous_handlers = {sig: signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
+                         for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if not as_json:
-            click.echo(f"starting {bookies} bookies in {directory} ...", err=True)
-        cluster.start(on_ready=ready)
-    except QuireError as e:
-        raise click.ClickException(str(e)) from e
-    if as_json:
-        emit_json(cluster.describe())
-    else:
-        click.echo(f"metadata: {cluster.metadata_uri}")
-        click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
-        click.echo("Ctrl-C stops the sandbox", err=True)
-    try:
+        announce()
+        supervisor = BookieSupervisor(cluster.bookies, say)
         while not stop_signals:
             select.select([wake_read], [], [], 0.5)
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_read, 512)
-            for bookie in cluster.bookies:
-                if not stop_signals and not bookie.running:
-                    click.echo(f"bookie {bookie.bookie_id} exited; restarting", err=True)
-                    bookie.start()
+            if not stop_signals:
+                supervisor.poll()
     finally:
-        if not as_json:
-            click.echo("stopping the sandbox ...", err=True)
+        say(STOPPING)
         cluster.stop()
         signal.set_wakeup_fd(previous_wakeup_fd)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         os.close(wake_read)
         os.close(wake_write)
+
+
+async def check_store(metadata_uri: str) -> None:
+    """Open and close the metadata store, so a URI that is not one fails
+    here, before any bookie starts."""
+    from quire.metadata import open_store
+
+    store = await open_store(metadata_uri)
+    await store.close()

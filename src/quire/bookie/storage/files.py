@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import mmap
 import os
+import sys
 from pathlib import Path
 
 from quire.bookie.storage.sync_tracker import SyncTracker
@@ -129,12 +131,51 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
 
 def lock_directory(directory: Path) -> int:
     """Take an exclusive ``flock`` on ``<directory>/LOCK``; returns the fd
-    (close it to release).  Raises :class:`StorageError` if another process
-    (or another open engine in this one) holds it."""
+    (close it to release).  The file then names its holder (pid and command
+    line, see :func:`lock_holder`).  Raises :class:`StorageError`, naming
+    the holder, if another process (or another open engine in this one)
+    holds it."""
     fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StorageError(f"{directory} is in use by another storage engine") from None
+        holder = lock_holder(directory) or "a process that did not say who it is"
+        raise StorageError(f"{directory} is in use by another storage engine: held by "
+                           f"{holder}") from None
+    owner = json.dumps({"pid": os.getpid(), "command": _own_command()}).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, owner, 0)
     return fd
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds ``<directory>/LOCK`` now: ``"pid N (command line)"`` as the
+    holder recorded it, or a note that it did not; None if nobody holds it
+    (or there is no such file).  Takes and drops the lock to find out."""
+    try:
+        fd = os.open(directory / "LOCK", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        else:
+            return None  # closing the fd drops the lock we just took
+        try:
+            owner = json.loads(os.pread(fd, 64 * 1024, 0))
+            return f"pid {int(owner['pid'])} ({owner['command']})"
+        except (ValueError, KeyError, TypeError):
+            return "a process that did not record its pid"
+    finally:
+        os.close(fd)
+
+
+def _own_command() -> str:
+    try:
+        raw = Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return " ".join(sys.argv)
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
