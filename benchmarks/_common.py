@@ -172,3 +172,35 @@ class Progress:
     def note(self, text: str) -> None:
         if self.enabled:
             print(("\n" if self.tty else "") + text, file=sys.stderr, flush=True)
+
+
+async def write_closed_ledgers(uri: str, ledgers: int, entries_per_ledger: int,
+                               entry_bytes: int, *, outstanding: int = 256,
+                               quiet: bool = False) -> float:
+    """Fill ``ledgers`` E3 W3 A2 ledgers one after the other, ``outstanding``
+    appends in flight, and close each; return entries/s."""
+    import asyncio
+
+    from quire.client import Client
+
+    client = await Client.connect(uri)
+    try:
+        payload = b"q" * entry_bytes
+        started = time.monotonic()
+        for n in range(ledgers):
+            handle = await client.create_ledger(3, 3, 2, password=b"bench")
+            window: set[asyncio.Future[int]] = set()
+            for _ in range(entries_per_ledger):
+                window.add(handle.append(payload))
+                if len(window) >= outstanding:
+                    done, window = await asyncio.wait(window,
+                                                      return_when=asyncio.FIRST_COMPLETED)
+                    for f in done:
+                        f.result()
+            await asyncio.gather(*window)
+            await handle.close()
+            if not quiet:
+                print(f"  written ledger {n + 1}/{ledgers}", file=sys.stderr, flush=True)
+        return ledgers * entries_per_ledger / (time.monotonic() - started)
+    finally:
+        await client.close()

@@ -27,37 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import scrape
-from quire.client import Client
+from benchmarks._common import scrape, write_closed_ledgers
 from quire.metadata import open_store
 from quire.node.autorecovery import UnderReplication
 from quire.sandbox import Sandbox
 
 COPIED = "quire_autorecovery_entries_copied_total"
-
-
-async def write(uri: str, ledgers: int, entries: int, entry_bytes: int, quiet: bool) -> float:
-    client = await Client.connect(uri)
-    try:
-        payload = b"a" * entry_bytes
-        started = time.monotonic()
-        for n in range(ledgers):
-            handle = await client.create_ledger(3, 3, 2, password=b"bench")
-            window: set[asyncio.Future[int]] = set()
-            for _ in range(entries):
-                window.add(handle.append(payload))
-                if len(window) >= 256:
-                    done, window = await asyncio.wait(window,
-                                                      return_when=asyncio.FIRST_COMPLETED)
-                    for f in done:
-                        f.result()
-            await asyncio.gather(*window)
-            await handle.close()
-            if not quiet:
-                print(f"  written ledger {n + 1}/{ledgers}", file=sys.stderr, flush=True)
-        return ledgers * entries / (time.monotonic() - started)
-    finally:
-        await client.close()
 
 
 async def wait_replicated(uri: str, lost: str, metrics: list[str],
@@ -95,8 +70,8 @@ def measure(root: Path, ledgers: int, entries: int, entry_bytes: int, delay_s: f
                       lost_bookie_delay_s=delay_s, autorecovery_interval_ms=500)
     sandbox.start()
     try:
-        write_rate = uvloop.run(write(sandbox.metadata_uri, ledgers, entries, entry_bytes,
-                                      quiet))
+        write_rate = uvloop.run(write_closed_ledgers(sandbox.metadata_uri, ledgers, entries,
+                                                     entry_bytes, quiet=quiet))
         victim = sandbox.bookies[-1]
         survivors = [b.metrics_address for b in sandbox.bookies[:-1] if b.metrics_address]
         victim.kill9()

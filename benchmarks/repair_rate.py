@@ -16,7 +16,6 @@ write rate of the same run as the baseline it is compared to.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import sys
@@ -29,44 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
-from benchmarks._common import scrape
-from quire.client import Client
+from benchmarks._common import scrape, write_closed_ledgers
 from quire.metadata import open_store
 from quire.sandbox import Sandbox
 
 COPIED = "quire_bookie_repair_entries_copied_total"
 PASSES = "quire_bookie_repair_passes_total"
 LIMBO = "quire_bookie_repair_limbo_ledgers"
-
-
-async def write(uri: str, entries: int, ledgers: int, entry_bytes: int,
-                outstanding: int, quiet: bool) -> float:
-    """Write the entries into closed ledgers; return entries/s."""
-    client = await Client.connect(uri)
-    try:
-        payload = b"r" * entry_bytes
-        started = time.monotonic()
-        per_ledger = entries // ledgers
-        done = 0
-        for _ in range(ledgers):
-            handle = await client.create_ledger(3, 3, 2, password=b"bench")
-            window: set[asyncio.Future[int]] = set()
-            for _ in range(per_ledger):
-                window.add(handle.append(payload))
-                if len(window) >= outstanding:
-                    finished, window = await asyncio.wait(
-                        window, return_when=asyncio.FIRST_COMPLETED)
-                    for f in finished:
-                        f.result()
-                    done += len(finished)
-            await asyncio.gather(*window)
-            done += len(window)
-            await handle.close()
-            if not quiet:
-                print(f"  written {done:,}/{entries:,}", file=sys.stderr, flush=True)
-        return done / (time.monotonic() - started)
-    finally:
-        await client.close()
 
 
 async def forget_cookie(uri: str, bookie_id: str) -> None:
@@ -83,8 +51,9 @@ def measure(root: Path, entries: int, ledgers: int, entry_bytes: int,
                       data_integrity_checking=True)
     sandbox.start()
     try:
-        write_rate = uvloop.run(write(sandbox.metadata_uri, entries, ledgers, entry_bytes,
-                                      256, quiet))
+        write_rate = uvloop.run(write_closed_ledgers(sandbox.metadata_uri, ledgers,
+                                                     entries // ledgers, entry_bytes,
+                                                     quiet=quiet))
         victim = sandbox.bookies[-1]
         victim.stop()
         for directory in victim.dirs:

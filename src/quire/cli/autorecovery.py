@@ -13,21 +13,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
-    run_async,
+    with_store,
 )
 
 if TYPE_CHECKING:
     from quire.metadata import MetadataStore
-
-
-async def _open(metadata_uri: str | None) -> MetadataStore:
-    from quire.metadata import open_store
-
-    return await open_store(metadata_uri or default_metadata_uri())
 
 
 async def _marks(store: MetadataStore) -> list[dict[str, Any]]:
@@ -87,8 +80,7 @@ def start(metadata_uri: str | None, worker_id: str | None, lost_bookie_delay_s: 
 
     name = worker_id or f"{socket.gethostname()}:{os.getpid()}"
 
-    async def go() -> None:
-        store = await _open(metadata_uri)
+    async def go(store: MetadataStore) -> None:
         client = await Client.over(store)
         pool = await BookiePool.open(store, PeerConfig())
         service = Autorecovery(store, pool, ClientRecoverer(client), name, AutorecoverySettings(
@@ -106,9 +98,8 @@ def start(metadata_uri: str | None, worker_id: str | None, lost_bookie_delay_s: 
             await service.stop()
             await pool.close()
             await client.close()
-            await store.close()
 
-    run_async(go)
+    with_store(metadata_uri, go)
 
 
 @autorecovery.command("audit")
@@ -119,15 +110,11 @@ def audit(metadata_uri: str | None, as_json: bool) -> None:
     registered (the auditor does this after its delay)."""
     from quire.node.autorecovery import lost_bookies, mark_ledgers_of
 
-    async def go() -> tuple[list[str], int]:
-        store = await _open(metadata_uri)
-        try:
-            lost = sorted(await lost_bookies(store))
-            return lost, await mark_ledgers_of(store, lost=lost)
-        finally:
-            await store.close()
+    async def go(store: MetadataStore) -> tuple[list[str], int]:
+        lost = sorted(await lost_bookies(store))
+        return lost, await mark_ledgers_of(store, lost=lost)
 
-    lost, marked = run_async(go)
+    lost, marked = with_store(metadata_uri, go)
     if as_json:
         emit_json({"lost_bookies": lost, "ledgers_marked": marked})
     else:
@@ -144,16 +131,12 @@ def status(metadata_uri: str | None, as_json: bool) -> None:
     from quire.node.autorecovery import lost_bookies
     from quire.node.autorecovery.records import AUDITOR_GROUP
 
-    async def go() -> dict[str, Any]:
-        store = await _open(metadata_uri)
-        try:
-            return {"auditor": await read_leader(store, AUDITOR_GROUP),
-                    "lost_bookies": sorted(await lost_bookies(store)),
-                    "underreplicated": await _marks(store)}
-        finally:
-            await store.close()
+    async def go(store: MetadataStore) -> dict[str, Any]:
+        return {"auditor": await read_leader(store, AUDITOR_GROUP),
+                "lost_bookies": sorted(await lost_bookies(store)),
+                "underreplicated": await _marks(store)}
 
-    found = run_async(go)
+    found = with_store(metadata_uri, go)
     if as_json:
         emit_json(found)
         return
@@ -168,14 +151,7 @@ def status(metadata_uri: str | None, as_json: bool) -> None:
 def underreplicated(metadata_uri: str | None, as_json: bool) -> None:
     """Ledgers marked under-replicated, with the bookies to replace."""
 
-    async def go() -> list[dict[str, Any]]:
-        store = await _open(metadata_uri)
-        try:
-            return await _marks(store)
-        finally:
-            await store.close()
-
-    rows = run_async(go)
+    rows = with_store(metadata_uri, _marks)
     if as_json:
         emit_json(rows)
     else:
@@ -201,8 +177,7 @@ def decommission(bookie_id: str, metadata_uri: str | None, as_json: bool) -> Non
             click.echo(f"\r{progress.ledgers_left:>8} ledgers left  "
                        f"{progress.entries_copied:>10,} entries copied", nl=False, err=True)
 
-    async def go() -> tuple[int, bool]:
-        store = await _open(metadata_uri)
+    async def go(store: MetadataStore) -> tuple[int, bool]:
         client = await Client.over(store)
         pool = await BookiePool.open(store, PeerConfig())
         try:
@@ -215,9 +190,8 @@ def decommission(bookie_id: str, metadata_uri: str | None, as_json: bool) -> Non
         finally:
             await pool.close()
             await client.close()
-            await store.close()
 
-    count, running = run_async(go)
+    count, running = with_store(metadata_uri, go)
     if as_json:
         emit_json({"bookie_id": bookie_id, "ledgers_replicated": count,
                    "still_running": running})

@@ -19,6 +19,7 @@ from quire.errors import QuireError
 
 if TYPE_CHECKING:
     from quire.client import Client
+    from quire.metadata import MetadataStore
 
 T = TypeVar("T")
 
@@ -145,6 +146,21 @@ def with_client(metadata_uri: str | None, action: Callable[[Client], Awaitable[T
             return await action(client)
         finally:
             await client.close()
+
+    return run_async(go)
+
+
+def with_store(metadata_uri: str | None, action: Callable[[MetadataStore], Awaitable[T]]) -> T:
+    """Run ``action(store)`` on the metadata store of ``metadata_uri`` (or the
+    default), closed afterwards."""
+    from quire.metadata import open_store
+
+    async def go() -> T:
+        store = await open_store(metadata_uri or default_metadata_uri())
+        try:
+            return await action(store)
+        finally:
+            await store.close()
 
     return run_async(go)
 

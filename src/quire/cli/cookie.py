@@ -13,11 +13,11 @@ import click
 
 from quire.cli.bookie import bookie_config_options, load_bookie_config
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
     run_async,
+    with_store,
 )
 
 if TYPE_CHECKING:
@@ -39,12 +39,6 @@ def _describe(bookie_id: str, data: bytes, version: int) -> dict[str, Any]:
             "version": version}
 
 
-async def _open(metadata_uri: str | None) -> MetadataStore:
-    from quire.metadata import open_store
-
-    return await open_store(metadata_uri or default_metadata_uri())
-
-
 @cookie.command("list")
 @metadata_option
 @json_option
@@ -52,21 +46,17 @@ def list_cookies(metadata_uri: str | None, as_json: bool) -> None:
     """Every bookie id with a cookie in the metadata store."""
     from quire.errors import MetadataNotFoundError
 
-    async def go() -> list[dict[str, Any]]:
-        store = await _open(metadata_uri)
-        try:
-            rows = []
-            for bookie_id in await store.list_cookies():
-                try:
-                    stored = await store.read_cookie(bookie_id)
-                except MetadataNotFoundError:
-                    continue  # deleted meanwhile
-                rows.append(_describe(bookie_id, stored.value, stored.version))
-            return rows
-        finally:
-            await store.close()
+    async def go(store: MetadataStore) -> list[dict[str, Any]]:
+        rows = []
+        for bookie_id in await store.list_cookies():
+            try:
+                stored = await store.read_cookie(bookie_id)
+            except MetadataNotFoundError:
+                continue  # deleted meanwhile
+            rows.append(_describe(bookie_id, stored.value, stored.version))
+        return rows
 
-    rows = run_async(go)
+    rows = with_store(metadata_uri, go)
     if as_json:
         emit_json(rows)
         return
@@ -86,15 +76,11 @@ def list_cookies(metadata_uri: str | None, as_json: bool) -> None:
 def get(bookie_id: str, metadata_uri: str | None, as_json: bool) -> None:
     """Show a bookie's cookie (its fields and version)."""
 
-    async def go() -> dict[str, Any]:
-        store = await _open(metadata_uri)
-        try:
-            stored = await store.read_cookie(bookie_id)
-            return _describe(bookie_id, stored.value, stored.version)
-        finally:
-            await store.close()
+    async def go(store: MetadataStore) -> dict[str, Any]:
+        stored = await store.read_cookie(bookie_id)
+        return _describe(bookie_id, stored.value, stored.version)
 
-    row = run_async(go)
+    row = with_store(metadata_uri, go)
     if as_json:
         emit_json(row)
         return
@@ -127,17 +113,13 @@ def delete(bookie_id: str, yes: bool, metadata_uri: str | None, as_json: bool) -
         raise click.UsageError(_DELETE_MEANING.format(id=bookie_id) + " Add --yes to delete.")
     from quire.errors import QuireError
 
-    async def go() -> None:
-        store = await _open(metadata_uri)
-        try:
-            if any(info.bookie_id == bookie_id for info in await store.list_bookies()):
-                raise QuireError(f"bookie {bookie_id} is running: stop it before deleting "
-                                 f"its cookie")
-            await store.delete_cookie(bookie_id)
-        finally:
-            await store.close()
+    async def go(store: MetadataStore) -> None:
+        if any(info.bookie_id == bookie_id for info in await store.list_bookies()):
+            raise QuireError(f"bookie {bookie_id} is running: stop it before deleting "
+                             f"its cookie")
+        await store.delete_cookie(bookie_id)
 
-    run_async(go)
+    with_store(metadata_uri, go)
     if as_json:
         emit_json({"bookie_id": bookie_id, "deleted": True})
     else:
