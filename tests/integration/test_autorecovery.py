@@ -22,6 +22,7 @@ from quire.protocol import DigestManager, ReadRequest, ReadResponse
 from quire.types import DigestType, LedgerState
 from tests.support.bookies import RawBookieClient
 from tests.support.cluster import Cluster
+from tests.support.repair import scrape
 
 Connect = Callable[..., Awaitable[Client]]
 PW = b"pw"
@@ -116,7 +117,8 @@ async def keep_reading(client: Client, ledger_ids: list[int], entries: int,
 
 async def test_a_lost_bookie_is_re_replicated_under_writes(
         tmp_path: Path, connect: Connect) -> None:
-    cluster = Cluster(tmp_path / "cluster", 4, autorecovery_enabled=True, **FAST).start()
+    cluster = Cluster(tmp_path / "cluster", 4, autorecovery_enabled=True, metrics_port=0,
+                      **FAST).start()
     try:
         client = await connect(cluster)
         lost = cluster.bookie_id(3)
@@ -127,6 +129,9 @@ async def test_a_lost_bookie_is_re_replicated_under_writes(
         stop.set()
         assert await reader > 0  # reads kept working while fragments moved
         await check_every_replica(cluster, ledgers, 20)
+        copied = sum(scrape(b)["quire_autorecovery_entries_copied_total"]
+                     for b in cluster.bookies[:3])
+        assert copied >= 20  # the workers' metrics count what they copied
     finally:
         cluster.close()
 
@@ -206,5 +211,21 @@ async def test_decommission_moves_everything_off_a_running_bookie(
         cluster.stop(0)
         ledgers = await fully_replicated(store, ledger_ids, leaving)
         await check_every_replica(cluster, ledgers, 30)
+    finally:
+        cluster.close()
+
+
+async def test_an_idle_open_ledger_is_closed_after_its_grace_and_re_replicated(
+        tmp_path: Path, connect: Connect) -> None:
+    cluster = Cluster(tmp_path / "cluster", 4, autorecovery_enabled=True, **FAST).start()
+    try:
+        client = await connect(cluster)
+        writer = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(writer.append(payload(writer.ledger_id, i)) for i in range(10)))
+        lost = writer.ensemble[0]  # the writer goes idle, its ledger open
+        cluster.kill9(cluster.index_of(lost))
+        ledgers = await fully_replicated(client.metadata_store, [writer.ledger_id], lost)
+        assert ledgers[writer.ledger_id].state is LedgerState.CLOSED  # recovered first
+        await check_every_replica(cluster, ledgers, 10)
     finally:
         cluster.close()
