@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -195,9 +196,40 @@ class BookieProcess:
         return host, int(port)
 
 
+_LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_ports() -> range:
+    """The kernel's range for the local ports of outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A loopback port free right now (for a bookie's stable port)."""
-    with socket.socket() as s:
+    """A loopback port free right now, for a bookie's stable port.
+
+    Taken below the kernel's ephemeral range, never from it: a port the
+    kernel can give an outgoing connection (any process's) could be taken
+    between this check and the bookie's bind, or while a stopped bookie is
+    restarted on it.  Never the same port twice in one process."""
+    ephemeral = _ephemeral_ports()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(_LOWEST_PORT, max(ephemeral.start, _LOWEST_PORT + 1))
+        if port in _handed_out or port in ephemeral:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # nothing free below the range: take what the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -116,3 +116,11 @@ def test_a_held_directory_names_its_holder(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert lock_holder(tmp_path) is None
+
+
+def test_free_ports_are_outside_the_ephemeral_range_and_never_repeat() -> None:
+    from quire.sandbox import _ephemeral_ports, free_port
+
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert not any(port in _ephemeral_ports() for port in ports)
