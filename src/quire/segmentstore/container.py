@@ -409,8 +409,11 @@ class SegmentContainer:
                         s.start_offset)
                 end = offset + len(data)
                 return ReadResult(offset, data, end == s.length, end == s.length and s.sealed)
+            if max_length == 0:
+                at_tail = offset == s.length
+                return ReadResult(offset, b"", at_tail, at_tail and s.sealed)
             remaining = deadline - loop.time()
-            if s.sealed or remaining <= 0 or max_length == 0:
+            if s.sealed or remaining <= 0:
                 return ReadResult(offset, b"", True, s.sealed)
             changed = self.read_index.changed(s.segment_id)
             with contextlib.suppress(TimeoutError):
