@@ -44,6 +44,8 @@ T = TypeVar("T")
 CONTAINER_COUNT_KEY = "segmentstore/container_count"
 DEFAULT_CONTAINER_COUNT = 4
 LOG_PASSWORD = b"quire-segmentstore"
+_ROUTE_CACHE_SIZE = 100_000
+"""Names whose container is remembered (hashing a name costs a microsecond per append)."""
 
 OpenLog = Callable[[int], DurableDataLog]
 """``open_log(container_id)``: a new, uninitialized instance on the container's log."""
@@ -94,6 +96,7 @@ class SegmentStore:
         self._config = config
         self._containers: dict[int, SegmentContainer] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
+        self._routes: dict[str, int] = {}
 
     @classmethod
     async def open(cls, client: Client | None, container_ids: Iterable[int] = (),
@@ -132,7 +135,12 @@ class SegmentStore:
     # --- ownership -----------------------------------------------------------
 
     def container_for(self, name: str) -> int:
-        return container_of(name, self.container_count)
+        found = self._routes.get(name)
+        if found is None:
+            if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            found = self._routes[name] = container_of(name, self.container_count)
+        return found
 
     def owns(self, name: str) -> bool:
         """Whether this store hosts (and has opened) ``name``'s container."""
