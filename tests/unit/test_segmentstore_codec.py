@@ -13,6 +13,7 @@ from quire.segmentstore.operations import (
     AttributesOp,
     CheckpointOp,
     DeleteOp,
+    MergeOp,
     Operation,
     SealOp,
     SegmentMapOp,
@@ -37,6 +38,9 @@ GOLDEN: list[tuple[Operation, str]] = [
      "06" "0000000000000012" "0000000000000013" "0000000000000014"
      "00000001" "00000000000000000000000000000015" "0000000000000016"),
     (CheckpointOp(23, 24, b"{}"), "07" "0000000000000017" "0000000000000018" "00000002" "7b7d"),
+    (MergeOp(25, 26, 27, 28, 29, 30),
+     "08" "0000000000000019" "000000000000001a" "000000000000001b" "000000000000001c"
+     "000000000000001d" "000000000000001e"),
 ]
 
 
@@ -78,6 +82,7 @@ operations = st.one_of(
     st.builds(DeleteOp, u64, u64, u64),
     st.builds(AttributesOp, u64, u64, u64, attributes),
     st.builds(CheckpointOp, u64, u64, st.binary(max_size=100)),
+    st.builds(MergeOp, u64, u64, u64, u64, u64, u64),
 )
 
 

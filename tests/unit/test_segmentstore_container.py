@@ -24,6 +24,7 @@ from quire.segmentstore import (
     SegmentSealedError,
     SegmentStore,
     SegmentStoreConfig,
+    SegmentStoreError,
     SegmentTruncatedError,
     SegmentType,
     UpdateType,
@@ -235,6 +236,44 @@ async def test_replay_restores_from_checkpoints_and_reads_evicted_data_from_tier
         {i: s.info() for i, s in before.segments.items()}
     assert (await c.read(S, 100, 1 << 20)).data == b"".join(chunks)[100:]
     assert (await c.get_info("other")).start_offset == 1
+    await c.close()
+
+
+async def test_merge_and_transient_segments(logs: MemoryDataLogs) -> None:
+    c = await reopen(logs, read_index_budget_bytes=10)
+    await c.create_segment(S)
+    await c.append(S, b"head-")
+    t1 = await c.create_transient_segment(S, 0xABC)
+    t2 = await c.create_transient_segment(S, 0xABC)
+    assert t1 != t2 and base_segment_name(t1) == S
+    assert (await c.get_info(t1)).type is SegmentType.TRANSIENT
+    await c.append(t1, b"one-")
+    await c.append(t1, b"two-")
+    await c.append(t2, b"three")
+    assert (await c.merge(S, t1)).target_length == 13  # t1 sealed by the merge
+    await c.seal(t2)
+    assert (await c.merge(S, t2)).target_length == 18
+    with pytest.raises(SegmentNotFoundError):
+        await c.get_info(t1)
+    with pytest.raises(SegmentNotFoundError):
+        await c.merge(S, t1)
+    assert (await c.read(S, 0, 100)).data == b"head-one-two-three"  # evicted: from tier-1
+    c = await reopen(logs, c, read_index_budget_bytes=10)
+    assert (await c.read(S, 2, 100)).data == b"ad-one-two-three"
+    await c.truncate(S, 7)
+    assert (await c.read(S, 7, 100)).data == b"e-two-three"
+    other = await c.create_transient_segment(S, 1)
+    await c.append(other, b"xyz")
+    await c.truncate(other, 1)
+    with pytest.raises(SegmentTruncatedError):
+        await c.merge(S, other)
+    with pytest.raises(SegmentStoreError):
+        await c.merge(S, S)
+    await c.seal(S)
+    with pytest.raises(SegmentSealedError):
+        await c.merge(S, other)
+    assert (await c.get_info(other)).length == 3  # refused: nothing applied, not sealed
+    assert not (await c.get_info(other)).sealed
     await c.close()
 
 

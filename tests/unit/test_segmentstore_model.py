@@ -34,6 +34,7 @@ from quire.segmentstore import (
     AppendResult,
     AttributeUpdate,
     ContainerConfig,
+    MergeResult,
     SegmentContainer,
     UpdateType,
 )
@@ -225,6 +226,25 @@ class ContainerMachine(RuleBasedStateMachine):
         else:
             assert got is None
             del self.model[name]
+
+    @rule(into=st.sampled_from(NAMES), source=st.sampled_from(NAMES))
+    def merge(self, into: str, source: str) -> None:
+        got = self.outcome(lambda: self.container.merge(into, source))
+        t, src = self.model.get(into), self.model.get(source)
+        if t is None:
+            assert got is SegmentNotFoundError
+        elif t.sealed:
+            assert got is SegmentSealedError
+        elif src is None:
+            assert got is SegmentNotFoundError
+        elif src is t:
+            assert got is SegmentStoreError
+        elif src.start:
+            assert got is SegmentTruncatedError
+        else:
+            t.data += src.data
+            del self.model[source]
+            assert got == MergeResult(len(t.data))
 
     @rule(name=st.sampled_from(NAMES), updates=updates_st)
     def update_attributes(self, name: str, updates: list[AttributeUpdate]) -> None:

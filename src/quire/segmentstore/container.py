@@ -53,6 +53,7 @@ from quire.segmentstore.operations import (
     AttributesOp,
     CheckpointOp,
     DeleteOp,
+    MergeOp,
     Operation,
     SealOp,
     SegmentMapOp,
@@ -64,6 +65,7 @@ from quire.segmentstore.types import (
     NULL_ATTRIBUTE_VALUE,
     AppendResult,
     AttributeUpdate,
+    MergeResult,
     ReadResult,
     SegmentInfo,
     SegmentType,
@@ -217,6 +219,8 @@ class SegmentContainer:
             self.read_index.truncate(op.segment_id, op.start_offset)
         elif isinstance(op, DeleteOp):
             self.read_index.delete(op.segment_id)
+        elif isinstance(op, MergeOp):
+            self.read_index.merge(op.target_id, op.source_id, op.target_offset)
         elif isinstance(op, SealOp | AttributesOp):
             self.read_index.notify(op.segment_id)
 
@@ -363,6 +367,38 @@ class SegmentContainer:
                 return self._oplog.barrier()
             seq, now = self._next()
             return self._log_op(AttributesOp(seq, now, s.segment_id, resolved))
+        return self._submit(make)
+
+    def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
+        """Append all of ``source`` to ``target`` and remove ``source``
+        (sealed first if it is not).  The source must not be truncated."""
+        def make() -> asyncio.Future[MergeResult]:
+            t = self._writable(target)
+            src = self._segment(source)
+            if src is t:
+                raise SegmentStoreError(f"cannot merge segment {target!r} into itself")
+            if src.start_offset != 0:
+                raise SegmentTruncatedError(f"segment {source!r} is truncated: only a whole "
+                                            f"segment can be merged", src.start_offset)
+            if not src.sealed:
+                seq, now = self._next()
+                self._log_op(SealOp(seq, now, src.segment_id)).add_done_callback(_retrieve)
+            seq, now = self._next()
+            op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
+            return self._log_op(op, MergeResult(t.length + src.length))
+        return self._submit(make)
+
+    def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
+        """Create a server-named segment of ``parent``'s (in this container);
+        the future gives its name."""
+        def make() -> asyncio.Future[str]:
+            self._segment(parent)
+            check_key(writer_id)
+            name = f"{parent}#transient.{writer_id:032x}.{self.accepted.next_segment_id}"
+            seq, now = self._next()
+            op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name,
+                              SegmentType.TRANSIENT, ())
+            return self._log_op(op, name)
         return self._submit(make)
 
     # --- reads (committed state) -------------------------------------------------

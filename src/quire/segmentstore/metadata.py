@@ -29,6 +29,7 @@ from quire.segmentstore.operations import (
     AttributesOp,
     CheckpointOp,
     DeleteOp,
+    MergeOp,
     Operation,
     SealOp,
     SegmentMapOp,
@@ -115,6 +116,18 @@ class ContainerMetadata:
             s = self._segment(op.segment_id)
             s.attributes.update(op.attributes)
             s.last_modified_ms = op.timestamp_ms
+        elif isinstance(op, MergeOp):
+            target = self._segment(op.target_id)
+            source = self._segment(op.source_id)
+            if (op.target_offset != target.length or target.sealed or not source.sealed
+                    or source.start_offset != 0 or op.length != source.length
+                    or source is target):
+                raise ValueError(f"merge of {source.name!r} into {target.name!r} does not fit")
+            target.length += op.length
+            target.last_modified_ms = op.timestamp_ms
+            source.deleted = True
+            source.last_modified_ms = op.timestamp_ms
+            del self.by_name[source.name]
         else:
             assert isinstance(op, CheckpointOp)  # the state is what it describes already
         self.sequence = op.sequence

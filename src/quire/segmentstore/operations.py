@@ -19,6 +19,8 @@ Byte layout (big-endian, no padding)::
     ATTRIBUTES  := segment_id:u64 | attributes                       (kind 6)
     CHECKPOINT  := length:u32 | checkpoint (quire.segmentstore.metadata)
                                                                      (kind 7)
+    MERGE       := target_id:u64 | source_id:u64 | target_offset:u64 | length:u64
+                                                                     (kind 8)
     attributes  := count:u32 | (key:u128 | value:i64) * count
 
 ``sequence`` numbers a container's operations 1, 2, 3, ... in log order;
@@ -43,7 +45,8 @@ _U64 = struct.Struct(">Q")
 _TWO_U64 = struct.Struct(">QQ")
 _ATTRIBUTE = struct.Struct(">QQq")  # key high, key low, value
 
-SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT = range(1, 8)
+SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE = range(1, 9)
+_MERGE = struct.Struct(">QQQQ")
 
 Attributes = tuple[tuple[int, int], ...]
 """Final attribute values, (key, value) pairs in the order they were set."""
@@ -116,8 +119,21 @@ class CheckpointOp:
     checkpoint: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class MergeOp:
+    """The sealed ``source_id`` (all ``length`` bytes of it, from offset 0)
+    appended to ``target_id`` at ``target_offset``; the source is gone."""
+
+    sequence: int
+    timestamp_ms: int
+    target_id: int
+    source_id: int
+    target_offset: int
+    length: int
+
+
 Operation = (SegmentMapOp | AppendOp | SealOp | TruncateOp | DeleteOp | AttributesOp
-             | CheckpointOp)
+             | CheckpointOp | MergeOp)
 
 
 def _attributes(attributes: Attributes) -> bytes:
@@ -148,6 +164,9 @@ def encode(op: Operation) -> bytes:
     if isinstance(op, AttributesOp):
         return (_HEADER.pack(ATTRIBUTES, op.sequence, op.timestamp_ms)
                 + _U64.pack(op.segment_id) + _attributes(op.attributes))
+    if isinstance(op, MergeOp):
+        return (_HEADER.pack(MERGE, op.sequence, op.timestamp_ms)
+                + _MERGE.pack(op.target_id, op.source_id, op.target_offset, op.length))
     return (_HEADER.pack(CHECKPOINT, op.sequence, op.timestamp_ms)
             + _U32.pack(len(op.checkpoint)) + op.checkpoint)
 
@@ -219,6 +238,9 @@ def decode(buf: bytes | memoryview) -> Operation:
     elif kind == ATTRIBUTES:
         segment_id = c.one(_U64)
         op = AttributesOp(sequence, ts, segment_id, c.attributes())
+    elif kind == MERGE:
+        target_id, source_id, target_offset, length = c.take(_MERGE)
+        op = MergeOp(sequence, ts, target_id, source_id, target_offset, length)
     elif kind == CHECKPOINT:
         op = CheckpointOp(sequence, ts, c.raw(c.one(_U32)))
     else:

@@ -24,13 +24,17 @@ Fetch = Callable[[int, int, Position], Awaitable[bytes]]
 
 
 class _Chunk:
-    __slots__ = ("address", "data", "length", "offset")
+    __slots__ = ("address", "data", "length", "offset", "origin")
 
-    def __init__(self, offset: int, data: bytes, address: Position) -> None:
+    def __init__(self, offset: int, data: bytes, address: Position,
+                 origin: tuple[int, int] | None = None) -> None:
         self.offset = offset
         self.length = len(data)
         self.data: bytes | None = data
         self.address = address
+        self.origin = origin
+        """(segment id, offset) of the append in its frame, if not this
+        segment's at ``offset`` (a merged segment's chunks)."""
 
 
 class _Segment:
@@ -66,6 +70,24 @@ class ReadIndex:
             if self.cached_bytes > self.budget_bytes:
                 self._evict()
         self.notify(segment_id)
+
+    def merge(self, target_id: int, source_id: int, target_offset: int) -> None:
+        """Move the source's chunks to the end of the target (at ``target_offset``)."""
+        source = self._segments.pop(source_id, None)
+        target = self._segments.get(target_id)
+        if target is None:
+            target = self._segments[target_id] = _Segment()
+        if source is not None:
+            for chunk in source.chunks:
+                if chunk.origin is None:
+                    chunk.origin = (source_id, chunk.offset)
+                chunk.offset += target_offset
+                target.offsets.append(chunk.offset)
+                target.chunks.append(chunk)
+            for waiter in source.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self.notify(target_id)
 
     def _evict(self) -> None:
         while self.cached_bytes > self.budget_bytes and self._age:
@@ -140,7 +162,8 @@ class ReadIndex:
                 break  # a gap: cannot happen for committed data
             data = chunk.data
             if data is None:
-                data = await self._fetch(segment_id, chunk.offset, chunk.address)
+                origin_id, origin_offset = chunk.origin or (segment_id, chunk.offset)
+                data = await self._fetch(origin_id, origin_offset, chunk.address)
                 if segment is not self._segments.get(segment_id) or i >= len(chunks) \
                         or chunks[i] is not chunk:
                     # truncated or deleted meanwhile: start again from the current index

@@ -27,6 +27,7 @@ from quire.errors import (
     ContainerNotOwnedError,
     MetadataExistsError,
     MetadataNotFoundError,
+    SegmentStoreError,
 )
 from quire.log import DurableDataLog, NamedDataLog
 from quire.metadata import MetadataStore
@@ -35,6 +36,7 @@ from quire.segmentstore.names import container_log_name, container_of
 from quire.segmentstore.types import (
     AppendResult,
     AttributeUpdate,
+    MergeResult,
     ReadResult,
     SegmentInfo,
     SegmentType,
@@ -238,6 +240,24 @@ class SegmentStore:
                           updates: Sequence[AttributeUpdate]) -> asyncio.Future[None]:
         try:
             return self._route(name).update_attributes(name, updates)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
+        """Append all of ``source`` to ``target`` (sealing ``source`` first if
+        needed); ``source`` is gone afterwards.  Both must share a container
+        (a transaction or transient segment and its parent do)."""
+        try:
+            if self.container_for(source) != self.container_for(target):
+                raise SegmentStoreError(f"{source!r} and {target!r} are in different containers")
+            return self._route(target).merge(target, source)
+        except SegmentStoreError as e:
+            return self._failed(e)
+
+    def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
+        """A new server-named segment in ``parent``'s container (its name)."""
+        try:
+            return self._route(parent).create_transient_segment(parent, writer_id)
         except ContainerNotOwnedError as e:
             return self._failed(e)
 
