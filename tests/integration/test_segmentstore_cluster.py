@@ -1,7 +1,8 @@
 """The segment store on real bookies: appends acknowledged by a segment store
 process that is then killed (``kill -9``) are all there when a new process's
 SegmentStore takes the containers over (fencing the old owner, replaying
-tier-1), in call order, with the writers' event numbers for dedup."""
+tier-1), in call order, with the writers' event numbers for dedup; and a
+second owner fences the first while it writes."""
 
 from __future__ import annotations
 
@@ -17,8 +18,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from quire.client import Client
-from quire.segmentstore import SegmentStore
+from quire.log import NamedDataLog
+from quire.segmentstore import (
+    AppendResult,
+    ContainerFencedError,
+    SegmentContainer,
+    SegmentStore,
+)
+from quire.segmentstore.names import container_log_name
+from quire.segmentstore.store import LOG_PASSWORD
 from tests.support.cluster import Cluster
 from tests.support.segment_writer import segment_name
 
@@ -78,3 +89,52 @@ async def test_acknowledged_appends_survive_kill9_and_takeover(
                 info.length + 3
     finally:
         await store.close()
+
+
+async def test_a_second_owner_fences_the_first_mid_write(
+        cluster: Cluster, connect: Callable[..., Awaitable[Client]]) -> None:
+    name = "sc/st/0.#epoch.0"
+    log_name = container_log_name(0)
+    first = await SegmentContainer.open(
+        0, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD))
+    await first.create_segment(name)
+    futures: list[asyncio.Future[AppendResult]] = []
+    some_acked = asyncio.Event()
+
+    async def write() -> None:
+        """Appends with 256 outstanding until one fails."""
+        window = asyncio.Semaphore(256)
+
+        def done(future: asyncio.Future[AppendResult]) -> None:
+            window.release()
+            if len(futures) > 300 and futures[200].done():
+                some_acked.set()
+
+        while not any(f.done() and f.exception() is not None for f in futures[-300:]):
+            await window.acquire()
+            future = first.append(name, b"%06d;" % len(futures))
+            future.add_done_callback(done)
+            futures.append(future)
+
+    writer = asyncio.ensure_future(write())
+    await some_acked.wait()
+    second = await SegmentContainer.open(
+        0, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD))
+    try:
+        await writer
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        acked = [i for i, o in enumerate(outcomes) if isinstance(o, AppendResult)]
+        failed = [o for o in outcomes if not isinstance(o, AppendResult)]
+        assert failed and all(isinstance(o, ContainerFencedError) for o in failed)
+        # acknowledged appends are a prefix of the calls (in order), all in the new owner's log
+        assert acked == list(range(len(acked))) and len(acked) > 200
+        info = await second.get_info(name)
+        data = (await second.read(name, 0, info.length)).data
+        assert data == b"".join(b"%06d;" % i for i in range(info.length // 7))
+        assert info.length >= 7 * len(acked)
+        with pytest.raises(ContainerFencedError):
+            await first.append(name, b"late")
+        assert (await second.append(name, b"next")).length == info.length + 4
+    finally:
+        await first.close()
+        await second.close()

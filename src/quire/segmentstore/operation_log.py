@@ -68,7 +68,7 @@ class OperationLog:
     def check(self) -> None:
         """Raise the log's failure, or ContainerClosedError once closed."""
         if self._failure is not None:
-            raise self._failure
+            raise _fresh(self._failure)
         if self._closed:
             raise ContainerClosedError("the container is closed")
 
@@ -135,8 +135,8 @@ class OperationLog:
             error = appended.exception() if not appended.cancelled() else \
                 ContainerClosedError("a tier-1 append was cancelled")
             if error is not None:
-                self._reject(batch)  # before _fail, which rejects what is left
-                self._fail(error)
+                self._fail(error)  # rejects what is in flight behind it and queued
+                self._reject(batch)
                 continue
             address = appended.result()
             commit = self._on_committed
@@ -173,7 +173,7 @@ class OperationLog:
         error = self._failure or ContainerClosedError("a tier-1 append failed")
         for _op, _raw, future, _result in batch:
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(_fresh(error))
 
     async def drain(self) -> None:
         """Wait until every operation added so far is committed or failed."""
@@ -190,6 +190,17 @@ class OperationLog:
         await self.drain()
         self._closed = True
         await self._log.close()
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new instance of ``error`` to raise (one object raised in many places
+    would pile up tracebacks)."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__
+    return copy
 
 
 async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
