@@ -1,7 +1,7 @@
 """A model-based test of one segment container (hypothesis state machine).
 
 The container runs on the in-memory tier-1 log twin; the model is plain
-dicts of bytes and attributes.  Every operation kind comes in random order,
+dicts of bytes, attributes and one table's entries.  Every operation kind comes in random order,
 some pipelined (called together, awaited in reverse), and the container is
 reopened (closed or just abandoned, then replayed) in the middle: every
 acknowledged operation is there, refused ones left nothing behind, and
@@ -28,20 +28,27 @@ from quire.errors import (
     SegmentSealedError,
     SegmentStoreError,
     SegmentTruncatedError,
+    TableKeyBadVersionError,
+    TableKeyNotFoundError,
 )
 from quire.segmentstore import (
+    NOT_EXISTS,
     NULL_ATTRIBUTE_VALUE,
     AppendResult,
     AttributeUpdate,
     ContainerConfig,
     MergeResult,
     SegmentContainer,
+    SegmentType,
     UpdateType,
 )
+from quire.segmentstore.tables import encode_batch
 from quire.testing.memory_data_log import MemoryDataLogs
 
 T = TypeVar("T")
 NAMES = ["a", "b"]
+TABLE = "_system/table"
+TABLE_KEYS = [b"x", b"y", b"z"]
 WRITERS = [1 << 100, 2 << 100]
 KEYS = [1, 2, 3]
 
@@ -103,6 +110,8 @@ class ContainerMachine(RuleBasedStateMachine):
                                       max_frame_bytes=256)
         self.container = self.run(SegmentContainer.open(0, self.logs.open("c"), self.config))
         self.model: dict[str, Seg] = {}
+        self.table: dict[bytes, tuple[int, bytes]] = {}
+        self.table_length = 0
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -148,6 +157,63 @@ class ContainerMachine(RuleBasedStateMachine):
     def create_all(self) -> None:
         for name in NAMES:
             self.create(name, {})
+        assert self.outcome(lambda: self.container.create_segment(
+            TABLE, SegmentType.TABLE)) is None
+
+    def expected_version(self, key: bytes, kind: str) -> int | None:
+        current = self.table.get(key)
+        return {"any": None, "absent": NOT_EXISTS,
+                "current": current[0] if current else None,
+                "wrong": (current[0] + 1) if current else 10_001}[kind]
+
+    def table_refusal(self, conditions: list[tuple[bytes, int | None]]) -> Any:
+        for key, expected in conditions:
+            current = self.table.get(key)
+            if expected is None:
+                continue
+            if expected == NOT_EXISTS:
+                if current is not None:
+                    return TableKeyBadVersionError
+            elif current is None:
+                return TableKeyNotFoundError
+            elif current[0] != expected:
+                return TableKeyBadVersionError
+        return None
+
+    @rule(puts=st.dictionaries(st.sampled_from(TABLE_KEYS), st.tuples(
+        st.binary(max_size=8), st.sampled_from(["any", "absent", "current", "current",
+                                                "wrong"])),
+        max_size=2))
+    def table_put(self, puts: dict[bytes, tuple[bytes, str]]) -> None:
+        entries = [(k, v, self.expected_version(k, kind)) for k, (v, kind) in puts.items()]
+        want = self.table_refusal([(k, e) for k, _v, e in entries])
+        got = self.outcome(lambda: self.container.table_put(TABLE, entries))
+        if want is not None:
+            assert got is want
+            return
+        data, offsets = encode_batch([(k, v) for k, v, _e in entries])
+        versions = [self.table_length + o for o in offsets]
+        self.table_length += len(data)
+        assert got == versions
+        for (k, v, _e), version in zip(entries, versions, strict=True):
+            self.table[k] = (version, v)
+
+    @rule(removes=st.dictionaries(st.sampled_from(TABLE_KEYS),
+                                  st.sampled_from(["any", "current", "current", "wrong"]),
+                                  max_size=2))
+    def table_remove(self, removes: dict[bytes, str]) -> None:
+        keys = [(k, self.expected_version(k, kind)) for k, kind in removes.items()]
+        want = self.table_refusal(keys)
+        got = self.outcome(lambda: self.container.table_remove(TABLE, keys))
+        if want is not None:
+            assert got is want
+            return
+        assert got is None
+        present = [(k, None) for k, _e in keys if k in self.table]
+        if present:
+            self.table_length += len(encode_batch(present)[0])
+        for k, _e in keys:
+            self.table.pop(k, None)
 
     @rule(name=st.sampled_from(NAMES), attrs=st.dictionaries(st.sampled_from(KEYS),
                                                              st.integers(0, 3), max_size=2))
@@ -287,9 +353,18 @@ class ContainerMachine(RuleBasedStateMachine):
             self.run(old.close())
 
     @invariant()
+    def table_matches_the_model(self) -> None:
+        got = self.run(self.container.table_get(TABLE, TABLE_KEYS))
+        assert {e.key: (e.version, e.value) for e in got if e is not None} == self.table
+        delta = self.run(self.container.table_read_delta(TABLE, 0, 100))
+        assert [(e.key, e.version) for e in delta.entries] == \
+            sorted(((k, v[0]) for k, v in self.table.items()), key=lambda kv: kv[1])
+        assert delta.last_position == self.table_length
+
+    @invariant()
     def matches_the_model(self) -> None:
         committed = self.container.committed
-        assert sorted(committed.by_name) == sorted(self.model)
+        assert sorted(committed.by_name) == sorted([*self.model, TABLE])
         for name, seg in self.model.items():
             info = self.run(self.container.get_info(name))
             assert (info.length, info.start_offset, info.sealed, info.attributes) == \

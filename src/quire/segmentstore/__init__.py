@@ -18,11 +18,12 @@ Modules, each importing only those listed before it:
 * :mod:`~quire.segmentstore.operation_log` -- operations to frames to the
   :class:`~quire.log.DurableDataLog`, acknowledged once durable;
   :mod:`~quire.segmentstore.read_index` -- committed data in memory;
+  :mod:`~quire.segmentstore.tables` -- table segments' entries and index;
 * :mod:`~quire.segmentstore.container` -- one container;
 * :mod:`~quire.segmentstore.store` -- :class:`SegmentStore`, routing.
 
-Not yet here (see ``docs/internals/segmentstore-status.md``): table
-segments, merge and transient segments, tier-2.
+Not yet here (see ``docs/internals/segmentstore-status.md``): tier-2,
+table indexes and attributes as segments of their own.
 """
 
 from quire.errors import (
@@ -41,6 +42,7 @@ from quire.errors import (
 )
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
 from quire.segmentstore.store import SegmentStore, SegmentStoreConfig
+from quire.segmentstore.tables import NOT_EXISTS, TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
     NULL_ATTRIBUTE_VALUE,
     AppendResult,
@@ -53,6 +55,7 @@ from quire.segmentstore.types import (
 )
 
 __all__ = [
+    "NOT_EXISTS",
     "NULL_ATTRIBUTE_VALUE",
     "AppendResult",
     "AttributeUpdate",
@@ -74,6 +77,9 @@ __all__ = [
     "SegmentStoreError",
     "SegmentTruncatedError",
     "SegmentType",
+    "TableDelta",
+    "TableEntry",
+    "TableIteratorPage",
     "TableKeyBadVersionError",
     "TableKeyNotFoundError",
     "UpdateType",

@@ -61,6 +61,14 @@ from quire.segmentstore.operations import (
     decode,
 )
 from quire.segmentstore.read_index import ReadIndex
+from quire.segmentstore.tables import (
+    TableDelta,
+    TableEntry,
+    TableIndex,
+    TableIteratorPage,
+    decode_entries,
+    encode_batch,
+)
 from quire.segmentstore.types import (
     NULL_ATTRIBUTE_VALUE,
     AppendResult,
@@ -151,6 +159,8 @@ class SegmentContainer:
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    on_failure=self._failed)
         self._bytes_since_checkpoint = 0
+        self.tables_accepted: dict[int, TableIndex] = {}
+        self.tables_committed: dict[int, TableIndex] = {}
 
     @property
     def epoch(self) -> int:
@@ -170,6 +180,8 @@ class SegmentContainer:
             await log.initialize()
             await container._replay()
             container.accepted = container.committed.copy()
+            container.tables_accepted = {i: t.copy()
+                                         for i, t in container.tables_committed.items()}
             await container._checkpoint()
         except LogFencedError as e:
             await log.close()
@@ -214,10 +226,16 @@ class SegmentContainer:
 
     def _index(self, op: Operation, address: Position) -> None:
         if isinstance(op, AppendOp):
+            if self.committed.segments[op.segment_id].type is SegmentType.TABLE:
+                table = self.tables_committed.get(op.segment_id)
+                if table is None:
+                    table = self.tables_committed[op.segment_id] = TableIndex()
+                table.apply(op.data, op.offset)
             self.read_index.append(op.segment_id, op.offset, op.data, address)
         elif isinstance(op, TruncateOp):
             self.read_index.truncate(op.segment_id, op.start_offset)
         elif isinstance(op, DeleteOp):
+            self.tables_committed.pop(op.segment_id, None)
             self.read_index.delete(op.segment_id)
         elif isinstance(op, MergeOp):
             self.read_index.merge(op.target_id, op.source_id, op.target_offset)
@@ -306,6 +324,8 @@ class SegmentContainer:
         """Append ``data`` (see :class:`~quire.segmentstore.SegmentStore.append`)."""
         def make() -> asyncio.Future[AppendResult]:
             s = self._writable(name)
+            if s.type is SegmentType.TABLE:
+                raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
             if len(data) > MAX_APPEND_BYTES:
                 raise SegmentStoreError(f"an append is at most {MAX_APPEND_BYTES} bytes, "
                                         f"got {len(data)}")
@@ -355,6 +375,7 @@ class SegmentContainer:
         def make() -> asyncio.Future[None]:
             s = self._segment(name)
             seq, now = self._next()
+            self.tables_accepted.pop(s.segment_id, None)
             return self._log_op(DeleteOp(seq, now, s.segment_id))
         return self._submit(make)
 
@@ -377,6 +398,8 @@ class SegmentContainer:
             src = self._segment(source)
             if src is t:
                 raise SegmentStoreError(f"cannot merge segment {target!r} into itself")
+            if SegmentType.TABLE in (t.type, src.type):
+                raise SegmentStoreError("table segments are not merged (yet)")
             if src.start_offset != 0:
                 raise SegmentTruncatedError(f"segment {source!r} is truncated: only a whole "
                                             f"segment can be merged", src.start_offset)
@@ -400,6 +423,114 @@ class SegmentContainer:
                               SegmentType.TRANSIENT, ())
             return self._log_op(op, name)
         return self._submit(make)
+
+    # --- tables ---------------------------------------------------------------------
+
+    def _table(self, s: SegmentMetadata) -> TableIndex:
+        if s.type is not SegmentType.TABLE:
+            raise SegmentStoreError(f"segment {s.name!r} is not a table segment")
+        table = self.tables_accepted.get(s.segment_id)
+        if table is None:
+            table = self.tables_accepted[s.segment_id] = TableIndex()
+        return table
+
+    def _table_batch(self, s: SegmentMetadata, table: TableIndex,
+                     batch: Sequence[tuple[bytes, bytes | None]]) -> tuple[AppendOp, list[int]]:
+        data, offsets = encode_batch(batch)
+        if len(data) > MAX_APPEND_BYTES:
+            raise SegmentStoreError(f"a table update is at most {MAX_APPEND_BYTES} bytes")
+        seq, now = self._next()
+        op = AppendOp(seq, now, s.segment_id, s.length, data)
+        table.apply(data, s.length)
+        return op, [s.length + o for o in offsets]
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> asyncio.Future[list[int]]:
+        """Set keys to values, each if its expected version holds (None: any;
+        ``tables.NOT_EXISTS``: must not exist; else exactly that version), all
+        or nothing; the future gives the new versions."""
+        def make() -> asyncio.Future[list[int]]:
+            s = self._writable(name)
+            table = self._table(s)
+            table.check_put(entries)
+            if not entries:
+                return self._oplog.barrier([])
+            op, versions = self._table_batch(s, table, [(k, v) for k, v, _ in entries])
+            return self._log_op(op, versions)
+        return self._submit(make)
+
+    def table_remove(self, name: str, keys: Sequence[tuple[bytes, int | None]]
+                     ) -> asyncio.Future[None]:
+        """Remove keys, each if its version holds (None: any, and a missing
+        key is no error), all or nothing."""
+        def make() -> asyncio.Future[None]:
+            s = self._writable(name)
+            table = self._table(s)
+            table.check_put([(k, b"", v) for k, v in keys])
+            present = [(k, None) for k, _ in keys if k in table.entries]
+            if not present:
+                return self._oplog.barrier()
+            op, _versions = self._table_batch(s, table, present)
+            return self._log_op(op)
+        return self._submit(make)
+
+    def _committed_table(self, name: str) -> tuple[SegmentMetadata, TableIndex]:
+        s = self._committed(name)
+        if s.type is not SegmentType.TABLE:
+            raise SegmentStoreError(f"segment {name!r} is not a table segment")
+        return s, self.tables_committed.get(s.segment_id) or TableIndex()
+
+    async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
+        """Each key's entry, or None if it does not exist."""
+        _s, table = self._committed_table(name)
+        out: list[TableEntry | None] = []
+        for key in keys:
+            found = table.entries.get(key)
+            out.append(None if found is None else TableEntry(key, found[1], found[0]))
+        return out
+
+    async def table_iterate(self, name: str, keys_only: bool = False,
+                            token: bytes | None = None,
+                            max_entries: int = 1000) -> TableIteratorPage:
+        """Up to ``max_entries`` entries in key order after ``token``."""
+        _s, table = self._committed_table(name)
+        keys = sorted(k for k in table.entries if token is None or k > token)[:max_entries]
+        entries = [TableEntry(k, None if keys_only else table.entries[k][1],
+                              table.entries[k][0]) for k in keys]
+        done = len(keys) < max_entries
+        return TableIteratorPage(entries, None if done or not keys else keys[-1])
+
+    async def table_read_delta(self, name: str, from_position: int,
+                               max_entries: int) -> TableDelta:
+        """Live entries with version >= ``from_position`` (a version or a
+        ``last_position`` given before), in version order."""
+        s, table = self._committed_table(name)
+        if from_position < s.start_offset:
+            return TableDelta([], s.start_offset, True)
+        if from_position > s.length:
+            raise BadOffsetError(f"table {name!r}: position {from_position} is past its end "
+                                 f"{s.length}", from_position, s.length)
+        entries: list[TableEntry] = []
+        position = from_position
+        length = s.length
+        chunk = 1 << 16
+        while position < length and len(entries) < max_entries:
+            data = await self.read_index.read(s.segment_id, position,
+                                              min(chunk, length - position))
+            progressed = False
+            for version, key, value, end in decode_entries(data, position):
+                progressed = True
+                position = end
+                live = table.entries.get(key)
+                if value is not None and live is not None and live[0] == version:
+                    entries.append(TableEntry(key, value, version))
+                    if len(entries) >= max_entries:
+                        break
+            if not progressed:
+                if chunk >= length - position:
+                    raise ValueError(f"table {name!r}: no entry at {position}")
+                chunk *= 2
+        return TableDelta(entries, position, False)
 
     # --- reads (committed state) -------------------------------------------------
 

@@ -33,6 +33,7 @@ from quire.log import DurableDataLog, NamedDataLog
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
 from quire.segmentstore.names import container_log_name, container_of
+from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
     AppendResult,
     AttributeUpdate,
@@ -260,6 +261,34 @@ class SegmentStore:
             return self._route(parent).create_transient_segment(parent, writer_id)
         except ContainerNotOwnedError as e:
             return self._failed(e)
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> asyncio.Future[list[int]]:
+        """Set ``(key, value, expected_version)`` entries, all or nothing; the
+        new versions (expected None: any; ``NOT_EXISTS``: must not exist)."""
+        try:
+            return self._route(name).table_put(name, entries)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def table_remove(self, name: str, keys_with_versions: Sequence[tuple[bytes, int | None]]
+                     ) -> asyncio.Future[None]:
+        try:
+            return self._route(name).table_remove(name, keys_with_versions)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
+        return await self._route(name).table_get(name, keys)
+
+    async def table_iterate(self, name: str, keys_only: bool = False,
+                            token: bytes | None = None,
+                            max_entries: int = 1000) -> TableIteratorPage:
+        return await self._route(name).table_iterate(name, keys_only, token, max_entries)
+
+    async def table_read_delta(self, name: str, from_position: int,
+                               max_entries: int) -> TableDelta:
+        return await self._route(name).table_read_delta(name, from_position, max_entries)
 
     async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
         return await self._route(name).get_attributes(name, keys)
