@@ -1,8 +1,9 @@
 """The segment store on real bookies: appends acknowledged by a segment store
 process that is then killed (``kill -9``) are all there when a new process's
 SegmentStore takes the containers over (fencing the old owner, replaying
-tier-1), in call order, with the writers' event numbers for dedup; and a
-second owner fences the first while it writes."""
+tier-1), in call order, with the writers' event numbers for dedup; a
+second owner fences the first while it writes; and many writers keep their
+order and dedup across a container restart."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from quire.log import NamedDataLog
 from quire.segmentstore import (
     AppendResult,
     ContainerFencedError,
+    ContainerNotOwnedError,
     SegmentContainer,
     SegmentStore,
+    SegmentStoreConfig,
 )
 from quire.segmentstore.names import container_log_name
 from quire.segmentstore.store import LOG_PASSWORD
@@ -138,3 +141,65 @@ async def test_a_second_owner_fences_the_first_mid_write(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_many_writers_keep_order_and_dedup_across_a_container_restart(
+        cluster: Cluster, connect: Callable[..., Awaitable[Client]]) -> None:
+    """100 writers, 10 segments, 100 B events: every writer's events land once
+    each and in order, although each block is sent twice (a retry racing
+    the original) and the containers restart mid-write."""
+    store = await SegmentStore.open(await connect(cluster), range(2),
+                                    config=SegmentStoreConfig(container_count=2))
+    segments = [f"sc/many/{i}.#epoch.0" for i in range(10)]
+    for name in segments:
+        await store.create_segment(name)
+    available = asyncio.Event()
+    available.set()
+    halfway = asyncio.Event()
+    progress = [0]
+    events = 20
+
+    def event(writer: int, n: int) -> bytes:
+        return (b"w%03de%03d;" % (writer, n)).ljust(100, b".")
+
+    async def write(writer: int) -> None:
+        name = segments[writer % 10]
+        for n in range(events):
+            while True:
+                await available.wait()
+                first = store.append(name, event(writer, n), writer=(writer + 1, n))
+                retry = store.append(name, event(writer, n), writer=(writer + 1, n))
+                outcomes = await asyncio.gather(first, retry, return_exceptions=True)
+                if all(isinstance(o, AppendResult) for o in outcomes):
+                    assert [o.duplicate for o in outcomes if isinstance(o, AppendResult)] \
+                        == [False, True]
+                    break
+                # refused while the containers restart: send the block again after
+                assert all(isinstance(o, AppendResult | ContainerNotOwnedError)
+                           for o in outcomes)
+            progress[0] += 1
+            if progress[0] == 100 * events // 2:
+                halfway.set()
+
+    async def restart() -> None:
+        await halfway.wait()
+        available.clear()
+        for container in (0, 1):
+            await store.stop_container(container)
+        for container in (0, 1):
+            await store.start_container(container)
+        available.set()
+
+    try:
+        await asyncio.gather(restart(), *(write(w) for w in range(100)))
+        for i, name in enumerate(segments):
+            info = await store.get_info(name)
+            data = (await store.read(name, 0, info.length)).data
+            blocks = [data[k:k + 100] for k in range(0, len(data), 100)]
+            for writer in range(i, 100, 10):
+                mine = [b for b in blocks if b.startswith(b"w%03de" % writer)]
+                assert mine == [event(writer, n) for n in range(events)]
+            assert len(blocks) == 10 * events
+            assert await store.get_attributes(name, [i + 1]) == {i + 1: events - 1}
+    finally:
+        await store.close()
