@@ -1,14 +1,16 @@
 """Segment store appends against raw ledger appends, in the same run.
 
 Starts 3 bookie processes on a temporary SQLite metadata store, then writes
-the same payloads with 256 outstanding (E=3 W=3 A=2) three ways: raw
-``ledger.append`` (one entry each), ``SegmentStore.append`` of single
-100 B events to one segment of one container (frames pack many per entry),
-and appends of blocks of 100 events of 100 B (as the Pravega client sends
-them), counted in events.  Prints appends/s, events/s, MB/s, p50/p99.
+the same payloads with 256 outstanding (E=3 W=3 A=2): raw ``ledger.append``
+(one entry each), then ``SegmentStore.append`` to 1, 10 and 1,000 segments
+of one container (round robin) of single events (frames pack many per
+entry) and of blocks of 100 events (as the Pravega client sends them),
+counted in events; for 100 B and 1 KiB events.  Prints appends/s,
+events/s, MB/s, p50/p99, and the time to reopen the container (replaying
+everything written, as part 1 never truncates tier-1).
 
-    .venv/bin/python benchmarks/segment_appends.py [--appends 30000] [--outstanding 256]
-        [--event-bytes 100] [--json]
+    .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
+        [--sizes 100,1024] [--segments 1,10,1000] [--json]
 """
 
 from __future__ import annotations
@@ -66,49 +68,66 @@ async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstand
 
 async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     client = await Client.connect(uri)
-    event = b"e" * args.event_bytes
-    block = event * 100
-    results = []
+    results: list[dict[str, Any]] = []
     try:
-        ledger = await client.create_ledger(3, 3, 2, password=b"bench")
-        raw = await drive(lambda i: ledger.append(event), args.appends, args.outstanding)
-        await ledger.close()
-        results.append({"what": f"raw ledger.append, {args.event_bytes} B", **raw,
-                        "events_per_s": raw["per_s"],
-                        "mb_per_s": raw["per_s"] * args.event_bytes / 1e6})
         store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(container_count=1))
         try:
-            await store.create_segment("bench/single/0")
-            single = await drive(lambda i: store.append("bench/single/0", event),
-                                 args.appends, args.outstanding)
-            results.append({"what": f"segment append, 1 event of {args.event_bytes} B", **single,
-                            "events_per_s": single["per_s"],
-                            "mb_per_s": single["per_s"] * args.event_bytes / 1e6})
-            await store.create_segment("bench/blocks/0")
-            blocks = max(1, args.appends // 20)
-            grouped = await drive(
-                lambda i: store.append("bench/blocks/0", block, writer=(1, i)),
-                blocks, args.outstanding)
-            results.append({"what": f"segment append, 100 events of {args.event_bytes} B",
-                            **grouped, "events_per_s": grouped["per_s"] * 100,
-                            "mb_per_s": grouped["per_s"] * len(block) / 1e6})
-            frames = store.container(0).operation_log.frames_written
-            results[-1]["frames_written"] = frames
+            for size in args.sizes:
+                event = b"e" * size
+                ledger = await client.create_ledger(3, 3, 2, password=b"bench")
+                raw = await drive(lambda i, ledger=ledger, event=event: ledger.append(event),
+                                  args.appends, args.outstanding)
+                await ledger.close()
+                base = raw["per_s"]
+                results.append({"what": f"raw ledger.append, {size} B", **raw,
+                                "events_per_s": raw["per_s"], "x_raw_events": 1.0,
+                                "mb_per_s": raw["per_s"] * size / 1e6})
+                for count in args.segments:
+                    names = [f"bench/{size}/{count}/{i}" for i in range(count)]
+                    await asyncio.gather(*(store.create_segment(n) for n in names))
+                    single = await drive(
+                        lambda i, names=names, event=event: store.append(names[i % len(names)],
+                                                                         event),
+                        args.appends, args.outstanding)
+                    results.append({"what": f"{count} segment(s), 1 event of {size} B", **single,
+                                    "events_per_s": single["per_s"],
+                                    "x_raw_events": single["per_s"] / base,
+                                    "mb_per_s": single["per_s"] * size / 1e6})
+                    if size <= 1024:
+                        block = event * 100
+                        grouped = await drive(
+                            lambda i, names=names, block=block: store.append(
+                                names[i % len(names)], block, writer=(1 + i % len(names), i)),
+                            max(1, args.appends // 20), args.outstanding)
+                        results.append({"what": f"{count} segment(s), 100 events of {size} B",
+                                        **grouped, "events_per_s": grouped["per_s"] * 100,
+                                        "x_raw_events": grouped["per_s"] * 100 / base,
+                                        "mb_per_s": grouped["per_s"] * len(block) / 1e6})
+            container = store.container(0)
+            logged = container.committed.checkpoint()
+            tier1_mb = sum(s.length for s in container.committed.segments.values()) / 1e6
+            await store.stop_container(0)
+            start = time.perf_counter()
+            await store.start_container(0)
+            reopen = time.perf_counter() - start
+            results.append({"what": f"reopen the container ({tier1_mb:.0f} MB of tier-1)",
+                            "seconds": reopen, "tier1_mb": tier1_mb,
+                            "checkpoint_bytes": len(logged)})
         finally:
             await store.close()
     finally:
         await client.close()
-    base = results[0]["events_per_s"]
-    for r in results:
-        r["x_raw_events"] = r["events_per_s"] / base
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--appends", type=int, default=30_000)
+    parser.add_argument("--appends", type=int, default=20_000)
     parser.add_argument("--outstanding", type=int, default=256)
-    parser.add_argument("--event-bytes", type=int, default=100)
+    parser.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[100, 1024], help="event sizes, comma separated")
+    parser.add_argument("--segments", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[1, 10, 1000], help="segment counts, comma separated")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:
@@ -129,9 +148,12 @@ def main() -> None:
         return
     print(f"{args.outstanding} outstanding, E=3 W=3 A=2, 3 bookie processes on this machine")
     for r in results:
-        print(f"  {r['what']:<36} {r['per_s']:>9.0f} appends/s {r['events_per_s']:>9.0f} "
-              f"events/s ({r['x_raw_events']:.1f}x raw)  {r['mb_per_s']:>6.1f} MB/s  "
-              f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms")
+        if "per_s" not in r:
+            print(f"  {r['what']}: {r['seconds']:.2f} s")
+            continue
+        print(f"  {r['what']:<38} {r['per_s']:>8.0f} appends/s {r['events_per_s']:>8.0f} "
+              f"events/s ({r['x_raw_events']:4.1f}x raw) {r['mb_per_s']:>6.1f} MB/s  "
+              f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms")
 
 
 if __name__ == "__main__":
