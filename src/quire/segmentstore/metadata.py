@@ -81,13 +81,17 @@ class ContainerMetadata:
         if op.sequence != self.sequence + 1:
             raise ValueError(f"container {self.container_id}: operation {op.sequence} after "
                              f"{self.sequence}")
-        if isinstance(op, AppendOp):
-            s = self._segment(op.segment_id)
+        if type(op) is AppendOp:  # the hot path: no helper calls
+            s = self.segments.get(op.segment_id)
+            if s is None or s.deleted:
+                raise ValueError(f"container {self.container_id}: no live segment "
+                                 f"{op.segment_id}")
             if op.offset != s.length or s.sealed:
                 raise ValueError(f"segment {s.name!r}: append at {op.offset}, length {s.length}"
                                  f"{' (sealed)' if s.sealed else ''}")
             s.length += len(op.data)
-            s.attributes.update(op.attributes)
+            if op.attributes:
+                s.attributes.update(op.attributes)
             s.last_modified_ms = op.timestamp_ms
         elif isinstance(op, SegmentMapOp):
             if op.name in self.by_name or op.segment_id in self.segments:

@@ -44,6 +44,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TWO_U64 = struct.Struct(">QQ")
 _ATTRIBUTE = struct.Struct(">QQq")  # key high, key low, value
+_PLAIN_APPEND = struct.Struct(">BQQQQII")  # an APPEND without attributes, up to its data
 
 SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE = range(1, 9)
 _MERGE = struct.Struct(">QQQQ")
@@ -146,6 +147,9 @@ def _attributes(attributes: Attributes) -> bytes:
 def encode(op: Operation) -> bytes:
     """The bytes of one operation (see the module docstring)."""
     if isinstance(op, AppendOp):
+        if not op.attributes:  # the hot path: one pack
+            return _PLAIN_APPEND.pack(APPEND, op.sequence, op.timestamp_ms, op.segment_id,
+                                      op.offset, 0, len(op.data)) + op.data
         return b"".join((_HEADER.pack(APPEND, op.sequence, op.timestamp_ms),
                          _TWO_U64.pack(op.segment_id, op.offset), _attributes(op.attributes),
                          _U32.pack(len(op.data)), op.data))
