@@ -338,6 +338,11 @@ async def test_store_routes_by_name_and_keeps_container_count(logs: MemoryDataLo
             await store.append(lost, b"x")
         with pytest.raises(ContainerNotOwnedError):
             await store.get_info(lost)
+        # a stop called while the container starts waits for the start, then stops it
+        starting = asyncio.ensure_future(store.start_container(1))
+        stopping = asyncio.ensure_future(store.stop_container(1))
+        await asyncio.gather(starting, stopping)
+        assert not store.owns(lost)
         await store.start_container(1)
         assert (await store.get_info(lost)).length == len(lost)
         await store.close()

@@ -160,31 +160,42 @@ class SegmentStore:
         return found
 
     async def start_container(self, container_id: int) -> None:
-        """Take container ``container_id``: fence its previous owner, replay its log."""
+        """Take container ``container_id``: fence its previous owner, replay its log.
+        The container is registered when it opens, even if this call is cancelled."""
         if not 0 <= container_id < self.container_count:
             raise ConfigError(f"container {container_id} is not in 0..{self.container_count - 1}")
         if container_id in self._containers:
             return
         task = self._starting.get(container_id)
         if task is None:
-            task = asyncio.ensure_future(SegmentContainer.open(
-                container_id, self._open_log(container_id), self._config.container))
+            task = asyncio.ensure_future(self._open(container_id))
             self._starting[container_id] = task
+        await asyncio.shield(task)
+
+    async def _open(self, container_id: int) -> SegmentContainer:
         try:
-            container = await asyncio.shield(task)
+            container = await SegmentContainer.open(
+                container_id, self._open_log(container_id), self._config.container)
+            self._containers[container_id] = container
+            return container
         finally:
-            if task.done():
-                self._starting.pop(container_id, None)
-        self._containers[container_id] = container
+            self._starting.pop(container_id, None)
 
     async def stop_container(self, container_id: int) -> None:
-        """Give up container ``container_id`` (after its queued operations)."""
+        """Give up container ``container_id`` (after its queued operations);
+        one still starting is stopped once it has started."""
+        starting = self._starting.get(container_id)
+        if starting is not None:
+            await asyncio.wait([starting])
+            if not starting.cancelled():
+                starting.exception()  # its starter saw it
         container = self._containers.pop(container_id, None)
         if container is not None:
             await container.close()
 
     async def close(self) -> None:
-        await asyncio.gather(*(self.stop_container(c) for c in list(self._containers)))
+        await asyncio.gather(*(self.stop_container(c)
+                               for c in {*self._containers, *self._starting}))
 
     # --- segments --------------------------------------------------------------
 
