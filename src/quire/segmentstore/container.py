@@ -245,11 +245,17 @@ class SegmentContainer:
     def _failed(self, _error: BaseException) -> None:
         self.read_index.notify_all()
 
-    async def _fetch(self, segment_id: int, offset: int, address: Position) -> bytes:
-        for op in await read_frame(self._log, address):
-            if isinstance(op, AppendOp) and op.segment_id == segment_id and op.offset == offset:
-                return op.data
-        raise ValueError(f"segment {segment_id}: no append at {offset} in frame {address}")
+    async def _fetch(self, segment_id: int, offset: int, length: int,
+                     address: Position) -> bytes:
+        """The segment's bytes [offset, offset + length) from the frame at ``address``."""
+        parts = [op.data for op in await read_frame(self._log, address)
+                 if isinstance(op, AppendOp) and op.segment_id == segment_id
+                 and offset <= op.offset < offset + length]
+        data = b"".join(parts)
+        if len(data) != length:
+            raise ValueError(f"segment {segment_id}: frame {address} holds {len(data)} of the "
+                             f"{length} bytes at {offset}")
+        return data
 
     # --- requests ------------------------------------------------------------
 

@@ -18,23 +18,34 @@ from collections.abc import Awaitable, Callable
 
 from quire.log import Position
 
-Fetch = Callable[[int, int, Position], Awaitable[bytes]]
-"""``fetch(segment_id, offset, address)``: the data of the append at
-``offset`` of the segment, from the frame at ``address``."""
+Fetch = Callable[[int, int, int, Position], Awaitable[bytes]]
+"""``fetch(segment_id, offset, length, address)``: the ``length`` bytes of
+the segment's appends from ``offset`` on in the frame at ``address``."""
 
 
 class _Chunk:
-    __slots__ = ("address", "data", "length", "offset", "origin")
+    """Consecutive bytes of one segment from one tier-1 frame (the appends to
+    a segment in one frame make one chunk)."""
 
-    def __init__(self, offset: int, data: bytes, address: Position,
-                 origin: tuple[int, int] | None = None) -> None:
+    __slots__ = ("address", "length", "offset", "origin", "parts")
+
+    def __init__(self, offset: int, data: bytes, address: Position) -> None:
         self.offset = offset
         self.length = len(data)
-        self.data: bytes | None = data
+        self.parts: list[bytes] | None = [data]
+        """The cached bytes (joined on first read), None once evicted."""
         self.address = address
-        self.origin = origin
-        """(segment id, offset) of the append in its frame, if not this
+        self.origin: tuple[int, int] | None = None
+        """(segment id, offset) of the bytes in their frame, if not this
         segment's at ``offset`` (a merged segment's chunks)."""
+
+    def cached(self) -> bytes | None:
+        parts = self.parts
+        if parts is None:
+            return None
+        if len(parts) > 1:
+            parts[:] = [b"".join(parts)]
+        return parts[0]
 
 
 class _Segment:
@@ -62,11 +73,18 @@ class ReadIndex:
         if segment is None:
             segment = self._segments[segment_id] = _Segment()
         if data:
-            chunk = _Chunk(offset, data, address)
-            segment.offsets.append(offset)
-            segment.chunks.append(chunk)
-            self._age.append(chunk)
-            self.cached_bytes += chunk.length
+            chunks = segment.chunks
+            last = chunks[-1] if chunks else None
+            if last is not None and last.parts is not None and last.origin is None \
+                    and last.offset + last.length == offset and last.address == address:
+                last.parts.append(data)  # the same frame: one chunk
+                last.length += len(data)
+            else:
+                chunk = _Chunk(offset, data, address)
+                segment.offsets.append(offset)
+                chunks.append(chunk)
+                self._age.append(chunk)
+            self.cached_bytes += len(data)
             if self.cached_bytes > self.budget_bytes:
                 self._evict()
         self.notify(segment_id)
@@ -91,10 +109,7 @@ class ReadIndex:
 
     def _evict(self) -> None:
         while self.cached_bytes > self.budget_bytes and self._age:
-            chunk = self._age.popleft()
-            if chunk.data is not None:
-                chunk.data = None
-                self.cached_bytes -= chunk.length
+            self._forget(self._age.popleft())
 
     def truncate(self, segment_id: int, start_offset: int) -> None:
         """Drop the chunks wholly below ``start_offset``."""
@@ -117,8 +132,8 @@ class ReadIndex:
                     waiter.set_result(None)
 
     def _forget(self, chunk: _Chunk) -> None:
-        if chunk.data is not None:
-            chunk.data = None
+        if chunk.parts is not None:
+            chunk.parts = None
             self.cached_bytes -= chunk.length
 
     def notify(self, segment_id: int) -> None:
@@ -160,10 +175,10 @@ class ReadIndex:
             chunk = chunks[i]
             if chunk.offset > position:
                 break  # a gap: cannot happen for committed data
-            data = chunk.data
+            data = chunk.cached()
             if data is None:
                 origin_id, origin_offset = chunk.origin or (segment_id, chunk.offset)
-                data = await self._fetch(origin_id, origin_offset, chunk.address)
+                data = await self._fetch(origin_id, origin_offset, chunk.length, chunk.address)
                 if segment is not self._segments.get(segment_id) or i >= len(chunks) \
                         or chunks[i] is not chunk:
                     # truncated or deleted meanwhile: start again from the current index
