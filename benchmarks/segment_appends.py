@@ -10,7 +10,8 @@ events/s, MB/s, p50/p99, and the time to reopen the container (replaying
 everything written, as part 1 never truncates tier-1).
 
     .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
-        [--sizes 100,1024] [--segments 1,10,1000] [--json]
+        [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
+        [--frames-in-flight N] [--json]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import uvloop
 
 from quire.client import Client
 from quire.sandbox import BookieProcess, sqlite_uri
-from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
 
 
 async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int
@@ -70,7 +71,10 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     client = await Client.connect(uri)
     results: list[dict[str, Any]] = []
     try:
-        store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(container_count=1))
+        store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(
+            container_count=1, container=ContainerConfig(
+                max_frame_bytes=args.max_frame_bytes,
+                max_frames_in_flight=args.frames_in_flight)))
         try:
             for size in args.sizes:
                 event = b"e" * size
@@ -128,6 +132,8 @@ def main() -> None:
                         default=[100, 1024], help="event sizes, comma separated")
     parser.add_argument("--segments", type=lambda t: [int(x) for x in t.split(",")],
                         default=[1, 10, 1000], help="segment counts, comma separated")
+    parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
+    parser.add_argument("--frames-in-flight", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:
