@@ -278,3 +278,66 @@ class EnsembleChangeRefusedError(ClientError):
 
 class ClientClosedError(ClientError):
     """The client (or the handle) was closed while the operation was pending."""
+
+
+# --- segment store (quire.segmentstore) -------------------------------------
+
+
+class SegmentStoreError(QuireError):
+    """A segment store operation was refused; nothing of it was applied."""
+
+
+class SegmentNotFoundError(SegmentStoreError):
+    """No such segment (never created, or deleted)."""
+
+
+class SegmentExistsError(SegmentStoreError):
+    """A segment of that name exists already."""
+
+
+class SegmentSealedError(SegmentStoreError):
+    """The segment is sealed: it takes no more appends or attribute changes."""
+
+
+class SegmentTruncatedError(SegmentStoreError):
+    """A read below the segment's start offset (``start_offset`` says where it begins)."""
+
+    def __init__(self, message: str, start_offset: int) -> None:
+        super().__init__(message)
+        self.start_offset = start_offset
+
+
+class BadOffsetError(SegmentStoreError):
+    """A conditional append whose expected offset is not the segment's length
+    (``expected_offset``, ``actual_offset``), or an offset out of range."""
+
+    def __init__(self, message: str, expected_offset: int, actual_offset: int) -> None:
+        super().__init__(message)
+        self.expected_offset = expected_offset
+        self.actual_offset = actual_offset
+
+
+class BadAttributeUpdateError(SegmentStoreError):
+    """An attribute update whose condition failed, or a key or value out of range."""
+
+
+class TableKeyBadVersionError(SegmentStoreError):
+    """A table update or removal whose expected version did not hold."""
+
+
+class TableKeyNotFoundError(SegmentStoreError):
+    """A conditional table update or removal of a key that does not exist."""
+
+
+class ContainerFencedError(SegmentStoreError):
+    """Another owner took the container's tier-1 log: this instance may do nothing more."""
+
+
+class ContainerNotOwnedError(SegmentStoreError):
+    """This segment store does not host (or has not finished starting) the
+    segment's container; the Pravega server answers WrongHost."""
+
+
+class ContainerClosedError(SegmentStoreError):
+    """The container was stopped or failed; an operation pending then has an
+    unknown outcome (a reopen shows whether it is in the log)."""

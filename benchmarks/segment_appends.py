@@ -1,0 +1,166 @@
+"""Segment store appends against raw ledger appends, in the same run.
+
+Starts 3 bookie processes on a temporary SQLite metadata store, then writes
+the same payloads with 256 outstanding (E=3 W=3 A=2): raw ``ledger.append``
+(one entry each), then ``SegmentStore.append`` to 1, 10 and 1,000 segments
+of one container (round robin) of single events (frames pack many per
+entry) and of blocks of 100 events (as the Pravega client sends them),
+counted in events; for 100 B and 1 KiB events.  Prints appends/s,
+events/s, MB/s, p50/p99, and the time to reopen the container (replaying
+everything written, as part 1 never truncates tier-1).
+
+    .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
+        [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
+        [--frames-in-flight N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvloop
+
+from quire.client import Client
+from quire.sandbox import BookieProcess, sqlite_uri
+from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
+
+
+async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int
+                ) -> dict[str, float]:
+    """``call(i)`` for i < count with ``outstanding`` in flight; rate and latencies."""
+    window = asyncio.Semaphore(outstanding)
+    latencies: list[float] = []
+    failures: list[BaseException] = []
+    done = asyncio.get_running_loop().create_future()
+
+    def finished(t0: float, future: asyncio.Future[Any]) -> None:
+        latencies.append(time.perf_counter() - t0)
+        window.release()
+        if future.exception() is not None:
+            failures.append(future.exception())  # type: ignore[arg-type]
+        if len(latencies) == count and not done.done():
+            done.set_result(None)
+
+    start = time.perf_counter()
+    for i in range(count):
+        await window.acquire()
+        t0 = time.perf_counter()
+        call(i).add_done_callback(lambda f, t0=t0: finished(t0, f))
+    await done
+    seconds = time.perf_counter() - start
+    if failures:
+        raise failures[0]
+    latencies.sort()
+    return {"per_s": count / seconds, "seconds": seconds,
+            "p50_ms": statistics.median(latencies) * 1000,
+            "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000}
+
+
+async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    client = await Client.connect(uri)
+    results: list[dict[str, Any]] = []
+    try:
+        store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(
+            container_count=1, container=ContainerConfig(
+                max_frame_bytes=args.max_frame_bytes,
+                max_frames_in_flight=args.frames_in_flight)))
+        try:
+            for size in args.sizes:
+                event = b"e" * size
+                ledger = await client.create_ledger(3, 3, 2, password=b"bench")
+                raw = await drive(lambda i, ledger=ledger, event=event: ledger.append(event),
+                                  args.appends, args.outstanding)
+                await ledger.close()
+                base = raw["per_s"]
+                results.append({"what": f"raw ledger.append, {size} B", **raw,
+                                "events_per_s": raw["per_s"], "x_raw_events": 1.0,
+                                "mb_per_s": raw["per_s"] * size / 1e6})
+                for count in args.segments:
+                    names = [f"bench/{size}/{count}/{i}" for i in range(count)]
+                    await asyncio.gather(*(store.create_segment(n) for n in names))
+                    single = await drive(
+                        lambda i, names=names, event=event: store.append(names[i % len(names)],
+                                                                         event),
+                        args.appends, args.outstanding)
+                    results.append({"what": f"{count} segment(s), 1 event of {size} B", **single,
+                                    "events_per_s": single["per_s"],
+                                    "x_raw_events": single["per_s"] / base,
+                                    "mb_per_s": single["per_s"] * size / 1e6})
+                    if size <= 1024:
+                        block = event * 100
+                        grouped = await drive(
+                            lambda i, names=names, block=block: store.append(
+                                names[i % len(names)], block, writer=(1 + i % len(names), i)),
+                            max(1, args.appends // 20), args.outstanding)
+                        results.append({"what": f"{count} segment(s), 100 events of {size} B",
+                                        **grouped, "events_per_s": grouped["per_s"] * 100,
+                                        "x_raw_events": grouped["per_s"] * 100 / base,
+                                        "mb_per_s": grouped["per_s"] * len(block) / 1e6})
+            container = store.container(0)
+            logged = container.committed.checkpoint()
+            tier1_mb = sum(s.length for s in container.committed.segments.values()) / 1e6
+            await store.stop_container(0)
+            start = time.perf_counter()
+            await store.start_container(0)
+            reopen = time.perf_counter() - start
+            results.append({"what": f"reopen the container ({tier1_mb:.0f} MB of tier-1)",
+                            "seconds": reopen, "tier1_mb": tier1_mb,
+                            "checkpoint_bytes": len(logged)})
+        finally:
+            await store.close()
+    finally:
+        await client.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--appends", type=int, default=20_000)
+    parser.add_argument("--outstanding", type=int, default=256)
+    parser.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[100, 1024], help="event sizes, comma separated")
+    parser.add_argument("--segments", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[1, 10, 1000], help="segment counts, comma separated")
+    parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
+    parser.add_argument("--frames-in-flight", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:
+        root = Path(tmp)
+        uri = sqlite_uri(root / "metadata.db")
+        bookies = [BookieProcess(root, uri, f"bench-{i}", port=0) for i in range(3)]
+        for bookie in bookies:
+            bookie.start(expect_ready=False)
+        try:
+            for bookie in bookies:
+                bookie._wait_ready(60.0)
+            results = uvloop.run(run(uri, args))
+        finally:
+            for bookie in bookies:
+                bookie.stop()
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{args.outstanding} outstanding, E=3 W=3 A=2, 3 bookie processes on this machine")
+    for r in results:
+        if "per_s" not in r:
+            print(f"  {r['what']}: {r['seconds']:.2f} s")
+            continue
+        print(f"  {r['what']:<38} {r['per_s']:>8.0f} appends/s {r['events_per_s']:>8.0f} "
+              f"events/s ({r['x_raw_events']:4.1f}x raw) {r['mb_per_s']:>6.1f} MB/s  "
+              f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

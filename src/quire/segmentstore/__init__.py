@@ -1,0 +1,86 @@
+"""The segment store (Pravega's model): segments in containers on tier-1 logs.
+
+::
+
+    from quire.segmentstore import SegmentStore, SegmentType, AttributeUpdate, UpdateType
+    store = await SegmentStore.open(client, container_ids=range(4))
+    await store.create_segment("sc/st/0.#epoch.0", SegmentType.STREAM)
+    r = await store.append("sc/st/0.#epoch.0", b"event", writer=(writer_id, 1))
+    data = await store.read("sc/st/0.#epoch.0", 0, 1024, wait_ms=0)
+
+Modules, each importing only those listed before it:
+
+* :mod:`~quire.segmentstore.types` -- public value types;
+  :mod:`~quire.segmentstore.names` -- names and their containers;
+* :mod:`~quire.segmentstore.operations` -- the log's operations and codec;
+  :mod:`~quire.segmentstore.frames` -- many operations per tier-1 record;
+* :mod:`~quire.segmentstore.metadata` -- container metadata, checkpoints;
+* :mod:`~quire.segmentstore.operation_log` -- operations to frames to the
+  :class:`~quire.log.DurableDataLog`, acknowledged once durable;
+  :mod:`~quire.segmentstore.read_index` -- committed data in memory;
+  :mod:`~quire.segmentstore.tables` -- table segments' entries and index;
+* :mod:`~quire.segmentstore.container` -- one container;
+* :mod:`~quire.segmentstore.store` -- :class:`SegmentStore`, routing.
+
+Not yet here (see ``docs/internals/segmentstore-status.md``): tier-2,
+table indexes and attributes as segments of their own.
+"""
+
+from quire.errors import (
+    BadAttributeUpdateError,
+    BadOffsetError,
+    ContainerClosedError,
+    ContainerFencedError,
+    ContainerNotOwnedError,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    SegmentSealedError,
+    SegmentStoreError,
+    SegmentTruncatedError,
+    TableKeyBadVersionError,
+    TableKeyNotFoundError,
+)
+from quire.segmentstore.container import ContainerConfig, SegmentContainer
+from quire.segmentstore.store import SegmentStore, SegmentStoreConfig
+from quire.segmentstore.tables import NOT_EXISTS, TableDelta, TableEntry, TableIteratorPage
+from quire.segmentstore.types import (
+    NULL_ATTRIBUTE_VALUE,
+    AppendResult,
+    AttributeUpdate,
+    MergeResult,
+    ReadResult,
+    SegmentInfo,
+    SegmentType,
+    UpdateType,
+)
+
+__all__ = [
+    "NOT_EXISTS",
+    "NULL_ATTRIBUTE_VALUE",
+    "AppendResult",
+    "AttributeUpdate",
+    "BadAttributeUpdateError",
+    "BadOffsetError",
+    "ContainerClosedError",
+    "ContainerConfig",
+    "ContainerFencedError",
+    "ContainerNotOwnedError",
+    "MergeResult",
+    "ReadResult",
+    "SegmentContainer",
+    "SegmentExistsError",
+    "SegmentInfo",
+    "SegmentNotFoundError",
+    "SegmentSealedError",
+    "SegmentStore",
+    "SegmentStoreConfig",
+    "SegmentStoreError",
+    "SegmentTruncatedError",
+    "SegmentType",
+    "TableDelta",
+    "TableEntry",
+    "TableIteratorPage",
+    "TableKeyBadVersionError",
+    "TableKeyNotFoundError",
+    "UpdateType",
+]

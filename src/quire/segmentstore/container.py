@@ -1,0 +1,607 @@
+"""One segment container: its segments, on one tier-1 log.
+
+A request is checked and resolved *when it is called*, against the
+container's accepted state (every operation queued so far), becomes one
+operation (:mod:`~quire.segmentstore.operations`) and goes to the
+:class:`~quire.segmentstore.operation_log.OperationLog`.  Mutating methods
+are plain methods returning futures, so requests are ordered by call, not by
+await: two appends called one after the other land in that order even if
+the caller awaits the second first.  A refused request raises nothing at
+call time; its future fails with the typed error, and nothing of it is
+applied.
+
+When the frame holding an operation is durable, the operation is applied to
+the committed state and the read index, then acknowledged.  Reads and
+``get_info`` see only the committed state.  A failed tier-1 append fails the
+container (every later call fails with the same error); it must be
+reopened, which replays the log.
+
+Opening a container takes its log (fencing the previous owner), replays it
+(a checkpoint operation restores the whole metadata; every other operation
+is applied as it was live) and writes a checkpoint, which also proves the
+log is still ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from quire.errors import (
+    BadAttributeUpdateError,
+    BadOffsetError,
+    ContainerClosedError,
+    ContainerFencedError,
+    QuireError,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    SegmentSealedError,
+    SegmentStoreError,
+    SegmentTruncatedError,
+)
+from quire.log import DurableDataLog, LogFencedError, Position
+from quire.segmentstore import frames
+from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
+from quire.segmentstore.operation_log import OperationLog, read_frame
+from quire.segmentstore.operations import (
+    AppendOp,
+    Attributes,
+    AttributesOp,
+    CheckpointOp,
+    DeleteOp,
+    MergeOp,
+    Operation,
+    SealOp,
+    SegmentMapOp,
+    TruncateOp,
+    decode,
+)
+from quire.segmentstore.read_index import ReadIndex
+from quire.segmentstore.tables import (
+    TableDelta,
+    TableEntry,
+    TableIndex,
+    TableIteratorPage,
+    decode_entries,
+    encode_batch,
+)
+from quire.segmentstore.types import (
+    NULL_ATTRIBUTE_VALUE,
+    AppendResult,
+    AttributeUpdate,
+    MergeResult,
+    ReadResult,
+    SegmentInfo,
+    SegmentType,
+    UpdateType,
+    check_key,
+    check_value,
+)
+
+T = TypeVar("T")
+MAX_APPEND_BYTES = 4 << 20
+"""The largest append (a frame holds it whole, and a ledger entry is at most 5 MiB)."""
+MAX_NAME_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerConfig:
+    max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES
+    max_frames_in_flight: int = 4
+    read_index_budget_bytes: int = 256 << 20
+    checkpoint_every_bytes: int = 64 << 20
+    """Write a metadata checkpoint after this many bytes of operations."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def resolve_updates(current: Mapping[int, int], updates: Iterable[AttributeUpdate],
+                    extra: Iterable[tuple[int, int]] = ()) -> Attributes:
+    """The final values ``updates`` give against ``current``, in order
+    (BadAttributeUpdateError if a condition fails: then nothing applies)."""
+    changed: dict[int, int] = {}
+    for u in updates:
+        if not isinstance(u, AttributeUpdate):
+            raise BadAttributeUpdateError(f"not an AttributeUpdate: {u!r}")
+        old = changed.get(u.key, current.get(u.key))
+        kind = u.update_type
+        if kind is UpdateType.REPLACE:
+            value = u.value
+        elif kind is UpdateType.REPLACE_IF_EQUALS:
+            if (NULL_ATTRIBUTE_VALUE if old is None else old) != u.comparison_value:
+                raise BadAttributeUpdateError(
+                    f"attribute {u.key:#x} is {old}, not {u.comparison_value}")
+            value = u.value
+        elif kind is UpdateType.REPLACE_IF_GREATER:
+            if old is not None and u.value <= old:
+                raise BadAttributeUpdateError(
+                    f"attribute {u.key:#x} is {old}, not below {u.value}")
+            value = u.value
+        elif kind is UpdateType.ACCUMULATE:
+            value = (old or 0) + u.value
+            try:
+                check_value(value)
+            except BadAttributeUpdateError:
+                raise BadAttributeUpdateError(
+                    f"attribute {u.key:#x}: {old} + {u.value} overflows") from None
+        else:
+            raise BadAttributeUpdateError(f"unknown update type {kind!r}")
+        changed[u.key] = value
+    for key, value in extra:
+        changed[key] = value
+    return tuple(changed.items())
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class SegmentContainer:
+    """One container on its tier-1 log; get one with :meth:`open`."""
+
+    def __init__(self, container_id: int, log: DurableDataLog, config: ContainerConfig,
+                 clock_ms: Callable[[], int]) -> None:
+        self.container_id = container_id
+        self._log = log
+        self._config = config
+        self._clock_ms = clock_ms
+        self.committed = ContainerMetadata(container_id)
+        self.accepted = self.committed
+        self.read_index = ReadIndex(self._fetch, config.read_index_budget_bytes)
+        self._oplog = OperationLog(log, self._commit, max_frame_bytes=config.max_frame_bytes,
+                                   max_frames_in_flight=config.max_frames_in_flight,
+                                   on_failure=self._failed)
+        self._bytes_since_checkpoint = 0
+        self.tables_accepted: dict[int, TableIndex] = {}
+        self.tables_committed: dict[int, TableIndex] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self._log.epoch
+
+    @property
+    def operation_log(self) -> OperationLog:
+        return self._oplog
+
+    @classmethod
+    async def open(cls, container_id: int, log: DurableDataLog,
+                   config: ContainerConfig | None = None, *,
+                   clock_ms: Callable[[], int] = wall_clock_ms) -> SegmentContainer:
+        """Take ``log`` (fencing its previous owner), replay it, checkpoint."""
+        container = cls(container_id, log, config or ContainerConfig(), clock_ms)
+        try:
+            await log.initialize()
+            await container._replay()
+            container.accepted = container.committed.copy()
+            container.tables_accepted = {i: t.copy()
+                                         for i, t in container.tables_committed.items()}
+            await container._checkpoint()
+        except LogFencedError as e:
+            await log.close()
+            raise ContainerFencedError(f"container {container_id}: fenced while opening") from e
+        except BaseException:
+            await log.close()
+            raise
+        return container
+
+    async def _replay(self) -> None:
+        committed = self.committed
+        async for address, frame in self._log.read(None):
+            for raw in frames.unpack(frame):
+                op = decode(raw)
+                if isinstance(op, CheckpointOp):
+                    restored = ContainerMetadata.restore(op.checkpoint)
+                    if committed.sequence not in (0, restored.sequence):
+                        raise ValueError(f"container {self.container_id}: checkpoint after "
+                                         f"{restored.sequence} found after {committed.sequence}")
+                    self.committed = committed = restored
+                committed.apply(op)
+                self._index(op, address)
+
+    async def _checkpoint(self) -> None:
+        await self._add_checkpoint()
+
+    def _add_checkpoint(self) -> asyncio.Future[Any]:
+        accepted = self.accepted
+        op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
+        accepted.apply(op)
+        self._bytes_since_checkpoint = 0
+        return self._oplog.add(op)
+
+    # --- the committed side -------------------------------------------------
+
+    def _commit(self, op: Operation, address: Position) -> None:
+        if isinstance(op, CheckpointOp):
+            self.committed.sequence = op.sequence  # the committed state is what it holds
+        else:
+            self.committed.apply(op)
+            self._index(op, address)
+
+    def _index(self, op: Operation, address: Position) -> None:
+        if isinstance(op, AppendOp):
+            if self.committed.segments[op.segment_id].type is SegmentType.TABLE:
+                table = self.tables_committed.get(op.segment_id)
+                if table is None:
+                    table = self.tables_committed[op.segment_id] = TableIndex()
+                table.apply(op.data, op.offset)
+            self.read_index.append(op.segment_id, op.offset, op.data, address)
+        elif isinstance(op, TruncateOp):
+            self.read_index.truncate(op.segment_id, op.start_offset)
+        elif isinstance(op, DeleteOp):
+            self.tables_committed.pop(op.segment_id, None)
+            self.read_index.delete(op.segment_id)
+        elif isinstance(op, MergeOp):
+            self.read_index.merge(op.target_id, op.source_id, op.target_offset)
+        elif isinstance(op, SealOp | AttributesOp):
+            self.read_index.notify(op.segment_id)
+
+    def _failed(self, _error: BaseException) -> None:
+        self.read_index.notify_all()
+
+    async def _fetch(self, segment_id: int, offset: int, length: int,
+                     address: Position) -> bytes:
+        """The segment's bytes [offset, offset + length) from the frame at ``address``."""
+        parts = [op.data for op in await read_frame(self._log, address)
+                 if isinstance(op, AppendOp) and op.segment_id == segment_id
+                 and offset <= op.offset < offset + length]
+        data = b"".join(parts)
+        if len(data) != length:
+            raise ValueError(f"segment {segment_id}: frame {address} holds {len(data)} of the "
+                             f"{length} bytes at {offset}")
+        return data
+
+    # --- requests ------------------------------------------------------------
+
+    def _submit(self, make: Callable[[], asyncio.Future[T]]) -> asyncio.Future[T]:
+        """``make()``'s future, or a future failed with what it raised."""
+        try:
+            return make()
+        except QuireError as e:
+            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+            future.set_exception(e)
+            return future
+
+    def _segment(self, name: str) -> SegmentMetadata:
+        self._oplog.check()
+        s = self.accepted.get(name)
+        if s is None:
+            raise SegmentNotFoundError(f"no segment {name!r}")
+        return s
+
+    def _writable(self, name: str) -> SegmentMetadata:
+        s = self._segment(name)
+        if s.sealed:
+            raise SegmentSealedError(f"segment {name!r} is sealed")
+        return s
+
+    def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
+        self.accepted.apply(op)
+        future = self._oplog.add(op, result)
+        if isinstance(op, AppendOp):
+            self._bytes_since_checkpoint += len(op.data) + 64
+        else:
+            self._bytes_since_checkpoint += 64
+        if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
+            # its failure, if any, is the log's and reaches every later request
+            self._add_checkpoint().add_done_callback(_retrieve)
+        return future
+
+    def _next(self) -> tuple[int, int]:
+        return self.accepted.sequence + 1, self._clock_ms()
+
+    def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
+                       attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
+                       ) -> asyncio.Future[None]:
+        """Create a segment (SegmentExistsError if the name is taken)."""
+        def make() -> asyncio.Future[None]:
+            self._oplog.check()
+            encoded = name.encode() if isinstance(name, str) else b""
+            if not encoded or len(encoded) > MAX_NAME_BYTES:
+                raise SegmentStoreError(f"a segment name is 1 to {MAX_NAME_BYTES} bytes of "
+                                        f"UTF-8, got {name!r}")
+            if self.accepted.get(name) is not None:
+                raise SegmentExistsError(f"segment {name!r} exists")
+            kind = SegmentType(segment_type)
+            if attributes is None:
+                initial: Attributes = ()
+            elif isinstance(attributes, Mapping):
+                for k, v in attributes.items():
+                    check_key(k)
+                    check_value(v)
+                initial = tuple(attributes.items())
+            else:
+                initial = resolve_updates({}, attributes)
+            seq, now = self._next()
+            op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name, kind, initial)
+            return self._log_op(op)
+        return self._submit(make)
+
+    def append(self, name: str, data: bytes,
+               attribute_updates: Sequence[AttributeUpdate] = (),
+               expected_offset: int | None = None,
+               writer: tuple[int, int] | None = None) -> asyncio.Future[AppendResult]:
+        """Append ``data`` (see :class:`~quire.segmentstore.SegmentStore.append`)."""
+        def make() -> asyncio.Future[AppendResult]:
+            s = self._writable(name)
+            if s.type is SegmentType.TABLE:
+                raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
+            if len(data) > MAX_APPEND_BYTES:
+                raise SegmentStoreError(f"an append is at most {MAX_APPEND_BYTES} bytes, "
+                                        f"got {len(data)}")
+            extra: tuple[tuple[int, int], ...] = ()
+            event_number = previous = None
+            if writer is not None:
+                writer_id, event_number = writer
+                check_key(writer_id)
+                check_value(event_number)
+                previous = s.attributes.get(writer_id)
+                if previous is not None and event_number <= previous:
+                    return self._oplog.barrier(AppendResult(s.length, event_number, previous,
+                                                            duplicate=True))
+                extra = ((writer_id, event_number),)
+            if expected_offset is not None and expected_offset != s.length:
+                raise BadOffsetError(f"segment {name!r}: expected offset {expected_offset}, "
+                                     f"length is {s.length}", expected_offset, s.length)
+            resolved = resolve_updates(s.attributes, attribute_updates, extra) \
+                if attribute_updates else extra
+            seq, now = self._next()
+            op = AppendOp(seq, now, s.segment_id, s.length, bytes(data), resolved)
+            return self._log_op(op, AppendResult(s.length + len(data), event_number, previous))
+        return self._submit(make)
+
+    def seal(self, name: str) -> asyncio.Future[int]:
+        """Seal the segment; the future gives its final length."""
+        def make() -> asyncio.Future[int]:
+            s = self._writable(name)
+            seq, now = self._next()
+            return self._log_op(SealOp(seq, now, s.segment_id), s.length)
+        return self._submit(make)
+
+    def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
+        """Drop the segment's data below ``offset`` (a no-op below its start)."""
+        def make() -> asyncio.Future[None]:
+            s = self._segment(name)
+            if not 0 <= offset <= s.length:
+                raise BadOffsetError(f"segment {name!r}: truncate at {offset}, length "
+                                     f"{s.length}", offset, s.length)
+            if offset <= s.start_offset:
+                return self._oplog.barrier()
+            seq, now = self._next()
+            return self._log_op(TruncateOp(seq, now, s.segment_id, offset))
+        return self._submit(make)
+
+    def delete(self, name: str) -> asyncio.Future[None]:
+        def make() -> asyncio.Future[None]:
+            s = self._segment(name)
+            seq, now = self._next()
+            self.tables_accepted.pop(s.segment_id, None)
+            return self._log_op(DeleteOp(seq, now, s.segment_id))
+        return self._submit(make)
+
+    def update_attributes(self, name: str,
+                          updates: Sequence[AttributeUpdate]) -> asyncio.Future[None]:
+        def make() -> asyncio.Future[None]:
+            s = self._writable(name)
+            resolved = resolve_updates(s.attributes, updates)
+            if not resolved:
+                return self._oplog.barrier()
+            seq, now = self._next()
+            return self._log_op(AttributesOp(seq, now, s.segment_id, resolved))
+        return self._submit(make)
+
+    def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
+        """Append all of ``source`` to ``target`` and remove ``source``
+        (sealed first if it is not).  The source must not be truncated."""
+        def make() -> asyncio.Future[MergeResult]:
+            t = self._writable(target)
+            src = self._segment(source)
+            if src is t:
+                raise SegmentStoreError(f"cannot merge segment {target!r} into itself")
+            if SegmentType.TABLE in (t.type, src.type):
+                raise SegmentStoreError("table segments are not merged (yet)")
+            if src.start_offset != 0:
+                raise SegmentTruncatedError(f"segment {source!r} is truncated: only a whole "
+                                            f"segment can be merged", src.start_offset)
+            if not src.sealed:
+                seq, now = self._next()
+                self._log_op(SealOp(seq, now, src.segment_id)).add_done_callback(_retrieve)
+            seq, now = self._next()
+            op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
+            return self._log_op(op, MergeResult(t.length + src.length))
+        return self._submit(make)
+
+    def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
+        """Create a server-named segment of ``parent``'s (in this container);
+        the future gives its name."""
+        def make() -> asyncio.Future[str]:
+            self._segment(parent)
+            check_key(writer_id)
+            name = f"{parent}#transient.{writer_id:032x}.{self.accepted.next_segment_id}"
+            seq, now = self._next()
+            op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name,
+                              SegmentType.TRANSIENT, ())
+            return self._log_op(op, name)
+        return self._submit(make)
+
+    # --- tables ---------------------------------------------------------------------
+
+    def _table(self, s: SegmentMetadata) -> TableIndex:
+        if s.type is not SegmentType.TABLE:
+            raise SegmentStoreError(f"segment {s.name!r} is not a table segment")
+        table = self.tables_accepted.get(s.segment_id)
+        if table is None:
+            table = self.tables_accepted[s.segment_id] = TableIndex()
+        return table
+
+    def _table_batch(self, s: SegmentMetadata, table: TableIndex,
+                     batch: Sequence[tuple[bytes, bytes | None]]) -> tuple[AppendOp, list[int]]:
+        data, offsets = encode_batch(batch)
+        if len(data) > MAX_APPEND_BYTES:
+            raise SegmentStoreError(f"a table update is at most {MAX_APPEND_BYTES} bytes")
+        seq, now = self._next()
+        op = AppendOp(seq, now, s.segment_id, s.length, data)
+        table.apply(data, s.length)
+        return op, [s.length + o for o in offsets]
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> asyncio.Future[list[int]]:
+        """Set keys to values, each if its expected version holds (None: any;
+        ``tables.NOT_EXISTS``: must not exist; else exactly that version), all
+        or nothing; the future gives the new versions."""
+        def make() -> asyncio.Future[list[int]]:
+            s = self._writable(name)
+            table = self._table(s)
+            table.check_put(entries)
+            if not entries:
+                return self._oplog.barrier([])
+            op, versions = self._table_batch(s, table, [(k, v) for k, v, _ in entries])
+            return self._log_op(op, versions)
+        return self._submit(make)
+
+    def table_remove(self, name: str, keys: Sequence[tuple[bytes, int | None]]
+                     ) -> asyncio.Future[None]:
+        """Remove keys, each if its version holds (None: any, and a missing
+        key is no error), all or nothing."""
+        def make() -> asyncio.Future[None]:
+            s = self._writable(name)
+            table = self._table(s)
+            table.check_put([(k, b"", v) for k, v in keys])
+            present = [(k, None) for k, _ in keys if k in table.entries]
+            if not present:
+                return self._oplog.barrier()
+            op, _versions = self._table_batch(s, table, present)
+            return self._log_op(op)
+        return self._submit(make)
+
+    def _committed_table(self, name: str) -> tuple[SegmentMetadata, TableIndex]:
+        s = self._committed(name)
+        if s.type is not SegmentType.TABLE:
+            raise SegmentStoreError(f"segment {name!r} is not a table segment")
+        return s, self.tables_committed.get(s.segment_id) or TableIndex()
+
+    async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
+        """Each key's entry, or None if it does not exist."""
+        _s, table = self._committed_table(name)
+        out: list[TableEntry | None] = []
+        for key in keys:
+            found = table.entries.get(key)
+            out.append(None if found is None else TableEntry(key, found[1], found[0]))
+        return out
+
+    async def table_iterate(self, name: str, keys_only: bool = False,
+                            token: bytes | None = None,
+                            max_entries: int = 1000) -> TableIteratorPage:
+        """Up to ``max_entries`` entries in key order after ``token``."""
+        _s, table = self._committed_table(name)
+        keys = sorted(k for k in table.entries if token is None or k > token)[:max_entries]
+        entries = [TableEntry(k, None if keys_only else table.entries[k][1],
+                              table.entries[k][0]) for k in keys]
+        done = len(keys) < max_entries
+        return TableIteratorPage(entries, None if done or not keys else keys[-1])
+
+    async def table_read_delta(self, name: str, from_position: int,
+                               max_entries: int) -> TableDelta:
+        """Live entries with version >= ``from_position`` (a version or a
+        ``last_position`` given before), in version order."""
+        s, table = self._committed_table(name)
+        if from_position < s.start_offset:
+            return TableDelta([], s.start_offset, True)
+        if from_position > s.length:
+            raise BadOffsetError(f"table {name!r}: position {from_position} is past its end "
+                                 f"{s.length}", from_position, s.length)
+        entries: list[TableEntry] = []
+        position = from_position
+        length = s.length
+        chunk = 1 << 16
+        while position < length and len(entries) < max_entries:
+            data = await self.read_index.read(s.segment_id, position,
+                                              min(chunk, length - position))
+            progressed = False
+            for version, key, value, end in decode_entries(data, position):
+                progressed = True
+                position = end
+                live = table.entries.get(key)
+                if value is not None and live is not None and live[0] == version:
+                    entries.append(TableEntry(key, value, version))
+                    if len(entries) >= max_entries:
+                        break
+            if not progressed:
+                if chunk >= length - position:
+                    raise ValueError(f"table {name!r}: no entry at {position}")
+                chunk *= 2
+        return TableDelta(entries, position, False)
+
+    # --- reads (committed state) -------------------------------------------------
+
+    def _committed(self, name: str) -> SegmentMetadata:
+        self._oplog.check()
+        s = self.committed.get(name)
+        if s is None:
+            raise SegmentNotFoundError(f"no segment {name!r}")
+        return s
+
+    async def get_info(self, name: str) -> SegmentInfo:
+        return self._committed(name).info()
+
+    async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
+        """The stored values of ``keys`` (absent keys are left out)."""
+        attributes = self._committed(name).attributes
+        return {k: attributes[k] for k in keys if k in attributes}
+
+    async def read(self, name: str, offset: int, max_length: int,
+                   wait_ms: int = 0) -> ReadResult:
+        """Up to ``max_length`` bytes from ``offset``.  At the tail of an
+        unsealed segment, waits up to ``wait_ms`` for data, then answers
+        (possibly empty, ``at_tail``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            s = self._committed(name)
+            if offset < s.start_offset:
+                raise SegmentTruncatedError(
+                    f"segment {name!r} starts at {s.start_offset}, read at {offset}",
+                    s.start_offset)
+            if offset > s.length or max_length < 0:
+                raise BadOffsetError(f"segment {name!r}: read at {offset}, length {s.length}",
+                                     offset, s.length)
+            if offset < s.length and max_length > 0:
+                segment_id = s.segment_id
+                data = await self.read_index.read(segment_id, offset,
+                                                  min(max_length, s.length - offset))
+                s = self._committed(name)
+                if offset < s.start_offset:
+                    raise SegmentTruncatedError(
+                        f"segment {name!r} starts at {s.start_offset}, read at {offset}",
+                        s.start_offset)
+                end = offset + len(data)
+                return ReadResult(offset, data, end == s.length, end == s.length and s.sealed)
+            if max_length == 0:
+                at_tail = offset == s.length
+                return ReadResult(offset, b"", at_tail, at_tail and s.sealed)
+            remaining = deadline - loop.time()
+            if s.sealed or remaining <= 0:
+                return ReadResult(offset, b"", True, s.sealed)
+            changed = self.read_index.changed(s.segment_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed, remaining)
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for the queued operations, then give up the log (idempotent)."""
+        try:
+            await self._oplog.close()
+        except (ContainerFencedError, ContainerClosedError):
+            pass
+        except LogFencedError:
+            pass
+        finally:
+            await self._log.close()
+            self.read_index.notify_all()

@@ -1,0 +1,179 @@
+"""Container metadata: every segment of one container, by id and by name.
+
+:class:`ContainerMetadata` is the state that the container's operations
+change; :meth:`ContainerMetadata.apply` is the one state transition, used
+both live and on replay, so a replayed container ends exactly where the
+live one was.  A container keeps two of them: the *accepted* state (every
+operation queued, used to check and resolve new requests) and the
+*committed* state (only operations whose frame is durable, the one readers
+see).
+
+A checkpoint (:meth:`checkpoint`, :meth:`restore`) is the whole state as
+UTF-8 JSON::
+
+    {"container": int, "sequence": int, "next_segment_id": int,
+     "segments": [[id, name, type, length, start_offset, sealed, deleted,
+                   storage_length, last_modified_ms, [[key, value], ...]], ...]}
+
+Deleted segments stay (``deleted`` true, no longer found by name) until
+tier-2 (part 2) has deleted their data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from quire.segmentstore.operations import (
+    AppendOp,
+    AttributesOp,
+    CheckpointOp,
+    DeleteOp,
+    MergeOp,
+    Operation,
+    SealOp,
+    SegmentMapOp,
+    TruncateOp,
+)
+from quire.segmentstore.types import SegmentInfo, SegmentType
+
+
+@dataclass(slots=True)
+class SegmentMetadata:
+    segment_id: int
+    name: str
+    type: SegmentType
+    length: int = 0
+    start_offset: int = 0
+    sealed: bool = False
+    deleted: bool = False
+    storage_length: int = 0
+    last_modified_ms: int = 0
+    attributes: dict[int, int] = field(default_factory=dict)
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(name=self.name, length=self.length, start_offset=self.start_offset,
+                           storage_length=self.storage_length, sealed=self.sealed,
+                           deleted=self.deleted, type=self.type,
+                           attributes=dict(self.attributes),
+                           last_modified_ms=self.last_modified_ms)
+
+
+class ContainerMetadata:
+    """The segments of container ``container_id`` (see the module docstring)."""
+
+    def __init__(self, container_id: int) -> None:
+        self.container_id = container_id
+        self.segments: dict[int, SegmentMetadata] = {}
+        self.by_name: dict[str, int] = {}
+        self.next_segment_id = 1
+        self.sequence = 0
+        """The sequence number of the last operation applied."""
+
+    def get(self, name: str) -> SegmentMetadata | None:
+        """The live (not deleted) segment called ``name``."""
+        segment_id = self.by_name.get(name)
+        return None if segment_id is None else self.segments[segment_id]
+
+    def apply(self, op: Operation) -> None:
+        """Apply one logged operation (its sequence must be the next one).
+        ValueError if it does not fit this state: the log is corrupt."""
+        if op.sequence != self.sequence + 1:
+            raise ValueError(f"container {self.container_id}: operation {op.sequence} after "
+                             f"{self.sequence}")
+        if type(op) is AppendOp:  # the hot path: no helper calls
+            s = self.segments.get(op.segment_id)
+            if s is None or s.deleted:
+                raise ValueError(f"container {self.container_id}: no live segment "
+                                 f"{op.segment_id}")
+            if op.offset != s.length or s.sealed:
+                raise ValueError(f"segment {s.name!r}: append at {op.offset}, length {s.length}"
+                                 f"{' (sealed)' if s.sealed else ''}")
+            s.length += len(op.data)
+            if op.attributes:
+                s.attributes.update(op.attributes)
+            s.last_modified_ms = op.timestamp_ms
+        elif isinstance(op, SegmentMapOp):
+            if op.name in self.by_name or op.segment_id in self.segments:
+                raise ValueError(f"segment {op.name!r} ({op.segment_id}) mapped twice")
+            self.segments[op.segment_id] = SegmentMetadata(
+                op.segment_id, op.name, op.segment_type, attributes=dict(op.attributes),
+                last_modified_ms=op.timestamp_ms)
+            self.by_name[op.name] = op.segment_id
+            self.next_segment_id = max(self.next_segment_id, op.segment_id + 1)
+        elif isinstance(op, SealOp):
+            s = self._segment(op.segment_id)
+            s.sealed = True
+            s.last_modified_ms = op.timestamp_ms
+        elif isinstance(op, TruncateOp):
+            s = self._segment(op.segment_id)
+            if not s.start_offset <= op.start_offset <= s.length:
+                raise ValueError(f"segment {s.name!r}: truncate at {op.start_offset}")
+            s.start_offset = op.start_offset
+            s.last_modified_ms = op.timestamp_ms
+        elif isinstance(op, DeleteOp):
+            s = self._segment(op.segment_id)
+            s.deleted = True
+            s.last_modified_ms = op.timestamp_ms
+            del self.by_name[s.name]
+        elif isinstance(op, AttributesOp):
+            s = self._segment(op.segment_id)
+            s.attributes.update(op.attributes)
+            s.last_modified_ms = op.timestamp_ms
+        elif isinstance(op, MergeOp):
+            target = self._segment(op.target_id)
+            source = self._segment(op.source_id)
+            if (op.target_offset != target.length or target.sealed or not source.sealed
+                    or source.start_offset != 0 or op.length != source.length
+                    or source is target):
+                raise ValueError(f"merge of {source.name!r} into {target.name!r} does not fit")
+            target.length += op.length
+            target.last_modified_ms = op.timestamp_ms
+            source.deleted = True
+            source.last_modified_ms = op.timestamp_ms
+            del self.by_name[source.name]
+        else:
+            assert isinstance(op, CheckpointOp)  # the state is what it describes already
+        self.sequence = op.sequence
+
+    def _segment(self, segment_id: int) -> SegmentMetadata:
+        s = self.segments.get(segment_id)
+        if s is None or s.deleted:
+            raise ValueError(f"container {self.container_id}: no live segment {segment_id}")
+        return s
+
+    # --- checkpoints ------------------------------------------------------
+
+    def checkpoint(self) -> bytes:
+        """The whole state (see the module docstring)."""
+        return json.dumps({
+            "container": self.container_id, "sequence": self.sequence,
+            "next_segment_id": self.next_segment_id,
+            "segments": [[s.segment_id, s.name, int(s.type), s.length, s.start_offset,
+                          s.sealed, s.deleted, s.storage_length, s.last_modified_ms,
+                          [[k, v] for k, v in s.attributes.items()]]
+                         for s in self.segments.values()],
+        }, separators=(",", ":")).encode()
+
+    @classmethod
+    def restore(cls, data: bytes) -> ContainerMetadata:
+        """The state a :meth:`checkpoint` described (ValueError if malformed)."""
+        try:
+            doc = json.loads(data)
+            m = cls(int(doc["container"]))
+            m.sequence = int(doc["sequence"])
+            m.next_segment_id = int(doc["next_segment_id"])
+            for (sid, name, kind, length, start, sealed, deleted, storage, modified,
+                 attributes) in doc["segments"]:
+                s = SegmentMetadata(int(sid), str(name), SegmentType(kind), int(length),
+                                    int(start), bool(sealed), bool(deleted), int(storage),
+                                    int(modified), {int(k): int(v) for k, v in attributes})
+                m.segments[s.segment_id] = s
+                if not s.deleted:
+                    m.by_name[s.name] = s.segment_id
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed container checkpoint: {e}") from e
+        return m
+
+    def copy(self) -> ContainerMetadata:
+        return ContainerMetadata.restore(self.checkpoint())

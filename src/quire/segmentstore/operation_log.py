@@ -1,0 +1,218 @@
+"""A container's operation log: operations in, data frames out, acks back.
+
+:class:`OperationLog` takes operations in the order the container accepted
+them, packs the ones queued meanwhile into data frames
+(:mod:`~quire.segmentstore.frames`) and appends the frames to the
+container's :class:`~quire.log.DurableDataLog`.  When a frame is durable,
+each of its operations is handed to ``on_committed`` (which applies it to
+the committed state) and only then is its future completed: an operation is
+acknowledged only after its frame is durable in tier-1, and operations are
+committed in the order they were added.
+
+Batching is adaptive: a frame is cut when the loop comes back to the log
+(every operation added in one loop iteration shares a frame), and at most
+``max_frames_in_flight`` frames are outstanding, so under load operations
+queue up and frames grow (to ``max_frame_bytes``), and when idle an
+operation waits for nothing.
+
+A frame that fails fails the log: its outcome is unknown, so is the state
+of every operation after it, and the container cannot go on (it reopens and
+replays, as Pravega's does).  Every pending and later operation then fails
+with :class:`~quire.errors.ContainerFencedError` (the log was taken by a new
+owner) or :class:`~quire.errors.ContainerClosedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from quire.errors import ContainerClosedError, ContainerFencedError, QueueFullError
+from quire.log import DurableDataLog, LogFencedError, Position
+from quire.segmentstore import frames
+from quire.segmentstore.operations import Operation, decode, encode
+
+_Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
+"""An operation, its bytes, its future and the value the future gets."""
+
+
+class OperationLog:
+    """See the module docstring."""
+
+    def __init__(self, log: DurableDataLog, on_committed: Callable[[Operation, Position], None],
+                 *, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+                 max_frames_in_flight: int = 4,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self._log = log
+        self._on_committed = on_committed
+        self._on_failure = on_failure
+        self._max_frame_bytes = max_frame_bytes
+        self._max_in_flight = max_frames_in_flight
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._in_flight: collections.deque[tuple[asyncio.Future[Position], list[_Pending]]] = \
+            collections.deque()
+        self._flush_scheduled = False
+        self._last: asyncio.Future[Any] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self.frames_written = 0
+        self.operations_written = 0
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that ended the log, if one did."""
+        return self._failure
+
+    def check(self) -> None:
+        """Raise the log's failure, or ContainerClosedError once closed."""
+        if self._failure is not None:
+            raise _fresh(self._failure)
+        if self._closed:
+            raise ContainerClosedError("the container is closed")
+
+    def add(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
+        """Queue ``op``; the future gets ``result`` once ``op`` is committed."""
+        self.check()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, encode(op), future, result))
+        self._last = future
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
+    def barrier(self, result: object = None) -> asyncio.Future[Any]:
+        """A future that gets ``result`` once every operation added so far is
+        committed (or the failure, if one of them fails)."""
+        self.check()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        last = self._last
+        if last is None or (last.done() and not last.cancelled() and last.exception() is None):
+            future.set_result(result)
+            return future
+
+        def follow(done: asyncio.Future[Any]) -> None:
+            if future.done():
+                return
+            if done.cancelled() or done.exception() is None:
+                future.set_result(result)
+            else:
+                future.set_exception(done.exception())  # type: ignore[arg-type]
+
+        last.add_done_callback(follow)
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        while self._queue and len(self._in_flight) < self._max_in_flight \
+                and self._failure is None:
+            builder = frames.FrameBuilder(self._max_frame_bytes)
+            batch: list[_Pending] = []
+            while self._queue and builder.add(self._queue[0][1]):
+                batch.append(self._queue.popleft())
+            frame = builder.build()
+            try:
+                appended = self._log.append(frame)
+            except QueueFullError:
+                self._queue.extendleft(reversed(batch))  # retried when a frame completes
+                return
+            except BaseException as e:
+                self._queue.extendleft(reversed(batch))
+                self._fail(e)
+                return
+            self._in_flight.append((appended, batch))
+            appended.add_done_callback(self._frame_done)
+
+    def _frame_done(self, _: asyncio.Future[Position]) -> None:
+        while self._in_flight and self._in_flight[0][0].done():
+            appended, batch = self._in_flight.popleft()
+            if self._failure is not None:
+                self._reject(batch)
+                continue
+            error = appended.exception() if not appended.cancelled() else \
+                ContainerClosedError("a tier-1 append was cancelled")
+            if error is not None:
+                self._fail(error)  # rejects what is in flight behind it and queued
+                self._reject(batch)
+                continue
+            address = appended.result()
+            commit = self._on_committed
+            for op, _raw, future, result in batch:
+                commit(op, address)
+                if not future.done():
+                    future.set_result(result)
+            self.frames_written += 1
+            self.operations_written += len(batch)
+        if self._queue and not self._flush_scheduled and self._failure is None:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failure is not None:
+            return
+        if isinstance(error, LogFencedError):
+            failure: BaseException = ContainerFencedError(
+                f"another owner took the container's tier-1 log: {error}")
+        elif isinstance(error, ContainerClosedError | ContainerFencedError):
+            failure = error
+        else:
+            failure = ContainerClosedError(f"a tier-1 append failed (outcome unknown): {error!r}")
+        failure.__cause__ = error
+        self._failure = failure
+        for _appended, batch in self._in_flight:
+            self._reject(batch)
+        self._reject(list(self._queue))
+        self._queue.clear()
+        if self._on_failure is not None:
+            self._on_failure(failure)
+
+    def _reject(self, batch: list[_Pending]) -> None:
+        error = self._failure or ContainerClosedError("a tier-1 append failed")
+        for _op, _raw, future, _result in batch:
+            if not future.done():
+                future.set_exception(_fresh(error))
+
+    async def drain(self) -> None:
+        """Wait until every operation added so far is committed or failed."""
+        if self._failure is None and not self._closed and self._last is not None:
+            barrier = self.barrier()
+            await asyncio.wait([barrier])
+            if not barrier.cancelled():
+                barrier.exception()  # retrieved: the operations' owners see it
+
+    async def close(self) -> None:
+        """Wait for the pending operations, then give up the log (idempotent)."""
+        if self._closed:
+            return
+        await self.drain()
+        self._closed = True
+        await self._log.close()
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new instance of ``error`` to raise (one object raised in many places
+    would pile up tracebacks)."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
+    """The operations of the frame at ``address`` (ValueError if it is gone)."""
+    records = log.read(address)
+    try:
+        async for at, frame in records:
+            if at == address:
+                return [decode(raw) for raw in frames.unpack(frame)]
+            break
+    finally:
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    raise ValueError(f"no data frame at {address} in the tier-1 log")

@@ -1,0 +1,312 @@
+"""The segment store: the containers one process hosts, and the routing to them.
+
+:class:`SegmentStore` maps every segment name to a container
+(:func:`~quire.segmentstore.names.container_of`, modulo the cluster's
+``container_count``, which is kept in the metadata store under
+:data:`CONTAINER_COUNT_KEY` and fixed once set) and forwards each request to
+the :class:`~quire.segmentstore.container.SegmentContainer` hosting it.
+A request for a container this store does not host fails with
+:class:`~quire.errors.ContainerNotOwnedError` (the wire server's WrongHost).
+
+Which store hosts which container is decided above this class (part 3:
+leased ownership records); here :meth:`SegmentStore.start_container` and
+:meth:`SegmentStore.stop_container` take and give up one.  Taking one fences
+its previous owner through the tier-1 log's epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from quire.client import Client
+from quire.errors import (
+    ConfigError,
+    ContainerNotOwnedError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    SegmentStoreError,
+)
+from quire.log import DurableDataLog, NamedDataLog
+from quire.metadata import MetadataStore
+from quire.segmentstore.container import ContainerConfig, SegmentContainer
+from quire.segmentstore.names import container_log_name, container_of
+from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
+from quire.segmentstore.types import (
+    AppendResult,
+    AttributeUpdate,
+    MergeResult,
+    ReadResult,
+    SegmentInfo,
+    SegmentType,
+)
+
+T = TypeVar("T")
+CONTAINER_COUNT_KEY = "segmentstore/container_count"
+DEFAULT_CONTAINER_COUNT = 4
+LOG_PASSWORD = b"quire-segmentstore"
+_ROUTE_CACHE_SIZE = 100_000
+"""Names whose container is remembered (hashing a name costs a microsecond per append)."""
+
+OpenLog = Callable[[int], DurableDataLog]
+"""``open_log(container_id)``: a new, uninitialized instance on the container's log."""
+
+
+@dataclass(frozen=True)
+class SegmentStoreConfig:
+    container_count: int | None = None
+    """The cluster's container count: stored on first use (None: the stored
+    one, or :data:`DEFAULT_CONTAINER_COUNT` if none is stored)."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+
+
+async def cluster_container_count(metadata: MetadataStore, wanted: int | None) -> int:
+    """The container count kept in the metadata store, set to ``wanted`` (or
+    the default) if none is; ConfigError if ``wanted`` differs from it."""
+    if wanted is not None and wanted <= 0:
+        raise ConfigError(f"container_count must be positive, got {wanted}")
+    try:
+        stored = int((await metadata.read_record(CONTAINER_COUNT_KEY)).value)
+    except MetadataNotFoundError:
+        count = wanted or DEFAULT_CONTAINER_COUNT
+        try:
+            await metadata.create_record(CONTAINER_COUNT_KEY, str(count).encode())
+            return count
+        except MetadataExistsError:
+            stored = int((await metadata.read_record(CONTAINER_COUNT_KEY)).value)
+    if wanted is not None and wanted != stored:
+        raise ConfigError(f"container_count is {stored} in the metadata store and is fixed; "
+                          f"asked for {wanted}")
+    return stored
+
+
+class SegmentStore:
+    """Segment containers hosted in this process; get one with :meth:`open`.
+
+    Mutations (``create_segment``, ``append``, ``seal``, ``truncate``,
+    ``delete``, ``update_attributes``) are plain methods returning a future:
+    the request is ordered when called, so appends to one segment apply in
+    call order however their futures are awaited.  Errors come through the
+    future.
+    """
+
+    def __init__(self, container_count: int, open_log: OpenLog,
+                 config: SegmentStoreConfig) -> None:
+        self.container_count = container_count
+        self._open_log = open_log
+        self._config = config
+        self._containers: dict[int, SegmentContainer] = {}
+        self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
+        self._routes: dict[str, int] = {}
+
+    @classmethod
+    async def open(cls, client: Client | None, container_ids: Iterable[int] = (),
+                   tier2: str | None = None, *, config: SegmentStoreConfig | None = None,
+                   metadata_store: MetadataStore | None = None,
+                   open_log: OpenLog | None = None) -> SegmentStore:
+        """A store hosting ``container_ids`` (each opened: fenced, replayed).
+        The containers' tier-1 logs are named logs on ``client``'s cluster,
+        unless ``open_log`` gives others (tests: the in-memory twin, with
+        ``metadata_store`` and no client)."""
+        if tier2 is not None:
+            raise ConfigError("tier-2 storage comes with segment store part 2; pass tier2=None")
+        config = config or SegmentStoreConfig()
+        if metadata_store is None:
+            if client is None:
+                raise ConfigError("SegmentStore.open needs a client or a metadata store")
+            metadata_store = client.metadata_store
+        if open_log is None:
+            if client is None:
+                raise ConfigError("SegmentStore.open needs a client or open_log")
+            named_client = client
+
+            def open_named(container_id: int) -> DurableDataLog:
+                return NamedDataLog(named_client, container_log_name(container_id),
+                                    password=LOG_PASSWORD)
+            open_log = open_named
+        count = await cluster_container_count(metadata_store, config.container_count)
+        store = cls(count, open_log, config)
+        try:
+            await asyncio.gather(*(store.start_container(c) for c in container_ids))
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    # --- ownership -----------------------------------------------------------
+
+    def container_for(self, name: str) -> int:
+        found = self._routes.get(name)
+        if found is None:
+            if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            found = self._routes[name] = container_of(name, self.container_count)
+        return found
+
+    def owns(self, name: str) -> bool:
+        """Whether this store hosts (and has opened) ``name``'s container."""
+        return self.container_for(name) in self._containers
+
+    @property
+    def container_ids(self) -> list[int]:
+        return sorted(self._containers)
+
+    def container(self, container_id: int) -> SegmentContainer:
+        found = self._containers.get(container_id)
+        if found is None:
+            raise ContainerNotOwnedError(f"container {container_id} is not hosted here")
+        return found
+
+    async def start_container(self, container_id: int) -> None:
+        """Take container ``container_id``: fence its previous owner, replay its log.
+        The container is registered when it opens, even if this call is cancelled."""
+        if not 0 <= container_id < self.container_count:
+            raise ConfigError(f"container {container_id} is not in 0..{self.container_count - 1}")
+        if container_id in self._containers:
+            return
+        task = self._starting.get(container_id)
+        if task is None:
+            task = asyncio.ensure_future(self._open(container_id))
+            self._starting[container_id] = task
+        await asyncio.shield(task)
+
+    async def _open(self, container_id: int) -> SegmentContainer:
+        try:
+            container = await SegmentContainer.open(
+                container_id, self._open_log(container_id), self._config.container)
+            self._containers[container_id] = container
+            return container
+        finally:
+            self._starting.pop(container_id, None)
+
+    async def stop_container(self, container_id: int) -> None:
+        """Give up container ``container_id`` (after its queued operations);
+        one still starting is stopped once it has started."""
+        starting = self._starting.get(container_id)
+        if starting is not None:
+            await asyncio.wait([starting])
+            if not starting.cancelled():
+                starting.exception()  # its starter saw it
+        container = self._containers.pop(container_id, None)
+        if container is not None:
+            await container.close()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.stop_container(c)
+                               for c in {*self._containers, *self._starting}))
+
+    # --- segments --------------------------------------------------------------
+
+    def _route(self, name: str) -> SegmentContainer:
+        return self.container(self.container_for(name))
+
+    def _failed(self, error: BaseException) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        future.set_exception(error)
+        return future
+
+    def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
+                       attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
+                       ) -> asyncio.Future[None]:
+        try:
+            return self._route(name).create_segment(name, segment_type, attributes)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def append(self, name: str, data: bytes, attribute_updates: Sequence[AttributeUpdate] = (),
+               expected_offset: int | None = None,
+               writer: tuple[int, int] | None = None) -> asyncio.Future[AppendResult]:
+        """Append ``data``; the future gives an :class:`AppendResult` once it
+        is durable.  ``expected_offset``: fail with BadOffsetError unless the
+        segment's length is that.  ``writer=(writer_id, last_event_number)``:
+        a block whose number is not above the writer's stored one is a
+        duplicate, acknowledged without being written.  Attribute updates
+        apply with the data, all or nothing."""
+        try:
+            return self._route(name).append(name, data, attribute_updates, expected_offset,
+                                            writer)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def seal(self, name: str) -> asyncio.Future[int]:
+        try:
+            return self._route(name).seal(name)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
+        try:
+            return self._route(name).truncate(name, offset)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def delete(self, name: str) -> asyncio.Future[None]:
+        try:
+            return self._route(name).delete(name)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def update_attributes(self, name: str,
+                          updates: Sequence[AttributeUpdate]) -> asyncio.Future[None]:
+        try:
+            return self._route(name).update_attributes(name, updates)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
+        """Append all of ``source`` to ``target`` (sealing ``source`` first if
+        needed); ``source`` is gone afterwards.  Both must share a container
+        (a transaction or transient segment and its parent do)."""
+        try:
+            if self.container_for(source) != self.container_for(target):
+                raise SegmentStoreError(f"{source!r} and {target!r} are in different containers")
+            return self._route(target).merge(target, source)
+        except SegmentStoreError as e:
+            return self._failed(e)
+
+    def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
+        """A new server-named segment in ``parent``'s container (its name)."""
+        try:
+            return self._route(parent).create_transient_segment(parent, writer_id)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> asyncio.Future[list[int]]:
+        """Set ``(key, value, expected_version)`` entries, all or nothing; the
+        new versions (expected None: any; ``NOT_EXISTS``: must not exist)."""
+        try:
+            return self._route(name).table_put(name, entries)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    def table_remove(self, name: str, keys_with_versions: Sequence[tuple[bytes, int | None]]
+                     ) -> asyncio.Future[None]:
+        try:
+            return self._route(name).table_remove(name, keys_with_versions)
+        except ContainerNotOwnedError as e:
+            return self._failed(e)
+
+    async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
+        return await self._route(name).table_get(name, keys)
+
+    async def table_iterate(self, name: str, keys_only: bool = False,
+                            token: bytes | None = None,
+                            max_entries: int = 1000) -> TableIteratorPage:
+        return await self._route(name).table_iterate(name, keys_only, token, max_entries)
+
+    async def table_read_delta(self, name: str, from_position: int,
+                               max_entries: int) -> TableDelta:
+        return await self._route(name).table_read_delta(name, from_position, max_entries)
+
+    async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
+        return await self._route(name).get_attributes(name, keys)
+
+    async def get_info(self, name: str) -> SegmentInfo:
+        return await self._route(name).get_info(name)
+
+    async def read(self, name: str, offset: int, max_length: int,
+                   wait_ms: int = 0) -> ReadResult:
+        return await self._route(name).read(name, offset, max_length, wait_ms)

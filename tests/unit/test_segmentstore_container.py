@@ -1,0 +1,356 @@
+"""One segment container, and the SegmentStore's routing, on the in-memory
+tier-1 log twin (quire.testing.memory_data_log)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from quire.errors import ConfigError
+from quire.log import Position
+from quire.metadata import open_store
+from quire.segmentstore import (
+    AttributeUpdate,
+    BadAttributeUpdateError,
+    BadOffsetError,
+    ContainerConfig,
+    ContainerFencedError,
+    ContainerNotOwnedError,
+    SegmentContainer,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    SegmentSealedError,
+    SegmentStore,
+    SegmentStoreConfig,
+    SegmentStoreError,
+    SegmentTruncatedError,
+    SegmentType,
+    UpdateType,
+)
+from quire.segmentstore.metadata import ContainerMetadata
+from quire.segmentstore.names import base_segment_name, container_of
+from quire.segmentstore.operations import AppendOp, SegmentMapOp
+from quire.testing.memory_data_log import MemoryDataLogs
+
+S = "sc/st/0.#epoch.0"
+
+
+@pytest.fixture
+def logs() -> MemoryDataLogs:
+    return MemoryDataLogs()
+
+
+@pytest.fixture
+async def container(logs: MemoryDataLogs) -> AsyncIterator[SegmentContainer]:
+    c = await SegmentContainer.open(0, logs.open("c0"))
+    yield c
+    await c.close()
+
+
+async def reopen(logs: MemoryDataLogs, old: SegmentContainer | None = None,
+                 **config: int) -> SegmentContainer:
+    if old is not None:
+        await old.close()
+    return await SegmentContainer.open(0, logs.open("c0"), ContainerConfig(**config))
+
+
+async def test_create_append_read_info(container: SegmentContainer) -> None:
+    await container.create_segment(S, SegmentType.STREAM, {7: 70})
+    r1 = await container.append(S, b"hello ")
+    r2 = await container.append(S, b"world")
+    assert (r1.length, r2.length, r2.duplicate, r2.event_number) == (6, 11, False, None)
+    read = await container.read(S, 0, 100)
+    assert (read.offset, read.data, read.at_tail, read.end_of_segment) == \
+        (0, b"hello world", True, False)
+    assert (await container.read(S, 3, 4)).data == b"lo w"
+    info = await container.get_info(S)
+    assert (info.name, info.length, info.start_offset, info.sealed, info.type,
+            info.attributes) == (S, 11, 0, False, SegmentType.STREAM, {7: 70})
+    with pytest.raises(SegmentExistsError):
+        await container.create_segment(S)
+    with pytest.raises(SegmentNotFoundError):
+        await container.append("nope", b"x")
+    with pytest.raises(SegmentNotFoundError):
+        await container.read("nope", 0, 1)
+    with pytest.raises(BadOffsetError):
+        await container.read(S, 12, 1)
+
+
+async def test_appends_apply_in_call_order_and_share_frames(
+        container: SegmentContainer) -> None:
+    await container.create_segment(S)
+    frames_before = container.operation_log.frames_written
+    futures = [container.append(S, bytes([i]) * 3) for i in range(200)]
+    results = [await f for f in reversed(futures)][::-1]  # awaited last to first
+    assert [r.length for r in results] == [3 * (i + 1) for i in range(200)]
+    assert (await container.read(S, 0, 1000)).data == b"".join(bytes([i]) * 3
+                                                               for i in range(200))
+    assert container.operation_log.frames_written - frames_before < 10
+
+
+async def test_conditional_append_writes_nothing_on_a_bad_offset(
+        container: SegmentContainer) -> None:
+    await container.create_segment(S)
+    await container.append(S, b"abc", expected_offset=0)
+    with pytest.raises(BadOffsetError) as failed:
+        await container.append(S, b"zzz", expected_offset=0)
+    assert (failed.value.expected_offset, failed.value.actual_offset) == (0, 3)
+    # a pipelined pair: the second is checked against the first's outcome
+    first = container.append(S, b"d", expected_offset=3)
+    second = container.append(S, b"e", expected_offset=4)
+    assert (await first).length == 4 and (await second).length == 5
+    assert (await container.read(S, 0, 10)).data == b"abcde"
+
+
+async def test_writer_dedup_survives_a_reopen(logs: MemoryDataLogs) -> None:
+    c = await reopen(logs)
+    writer = 0x1234_5678_9ABC_DEF0_1122_3344_5566_7788
+    await c.create_segment(S)
+    r = await c.append(S, b"e1e2", writer=(writer, 2))
+    assert (r.event_number, r.previous_event_number, r.duplicate) == (2, None, False)
+    dup = await c.append(S, b"e1e2", writer=(writer, 2))
+    assert dup.duplicate and dup.previous_event_number == 2 and dup.length == 4
+    c = await reopen(logs, c)
+    assert await c.get_attributes(S, [writer, 99]) == {writer: 2}
+    assert (await c.append(S, b"e2", writer=(writer, 2))).duplicate
+    r = await c.append(S, b"e3", writer=(writer, 3))
+    assert (r.previous_event_number, r.length, r.duplicate) == (2, 6, False)
+    assert (await c.read(S, 0, 100)).data == b"e1e2e3"
+    await c.close()
+
+
+async def test_attribute_conditions_are_all_or_nothing(container: SegmentContainer) -> None:
+    await container.create_segment(S, attributes={1: 10})
+    ok = [AttributeUpdate(1, UpdateType.REPLACE_IF_EQUALS, 11, comparison_value=10),
+          AttributeUpdate(2, UpdateType.ACCUMULATE, 5),
+          AttributeUpdate(2, UpdateType.ACCUMULATE, 5),
+          AttributeUpdate(3, UpdateType.REPLACE_IF_GREATER, 1)]
+    await container.append(S, b"x", ok)
+    assert await container.get_attributes(S, [1, 2, 3]) == {1: 11, 2: 10, 3: 1}
+    for bad in ([AttributeUpdate(4, UpdateType.REPLACE, 4),
+                 AttributeUpdate(1, UpdateType.REPLACE_IF_EQUALS, 0, comparison_value=10)],
+                [AttributeUpdate(3, UpdateType.REPLACE_IF_GREATER, 1)],
+                [AttributeUpdate(2, UpdateType.ACCUMULATE, (1 << 63) - 5)]):
+        with pytest.raises(BadAttributeUpdateError):
+            await container.append(S, b"y", bad)
+        with pytest.raises(BadAttributeUpdateError):
+            await container.update_attributes(S, bad)
+    assert await container.get_attributes(S, [1, 2, 3, 4]) == {1: 11, 2: 10, 3: 1}
+    assert (await container.get_info(S)).length == 1
+    await container.update_attributes(S, [AttributeUpdate(4, UpdateType.REPLACE_IF_EQUALS, 1,
+                                                          comparison_value=-(1 << 63))])
+    assert await container.get_attributes(S, [4]) == {4: 1}
+    with pytest.raises(BadAttributeUpdateError):
+        AttributeUpdate(1 << 128, UpdateType.REPLACE, 0)
+
+
+async def test_seal_truncate_delete(container: SegmentContainer) -> None:
+    await container.create_segment(S)
+    await container.append(S, b"0123456789")
+    await container.truncate(S, 4)
+    await container.truncate(S, 2)  # below the start: nothing to do
+    with pytest.raises(SegmentTruncatedError) as truncated:
+        await container.read(S, 3, 5)
+    assert truncated.value.start_offset == 4
+    assert (await container.read(S, 4, 100)).data == b"456789"
+    with pytest.raises(BadOffsetError):
+        await container.truncate(S, 11)
+    assert await container.seal(S) == 10
+    with pytest.raises(SegmentSealedError):
+        await container.append(S, b"x")
+    with pytest.raises(SegmentSealedError):
+        await container.seal(S)
+    end = await container.read(S, 10, 5, wait_ms=10_000)  # sealed: no wait
+    assert (end.data, end.at_tail, end.end_of_segment) == (b"", True, True)
+    assert (await container.read(S, 8, 5)).end_of_segment
+    await container.delete(S)
+    with pytest.raises(SegmentNotFoundError):
+        await container.get_info(S)
+    await container.create_segment(S)  # the name is free again, with a new segment
+    assert (await container.get_info(S)).length == 0
+
+
+async def test_a_tail_read_waits_for_data_or_times_out(container: SegmentContainer) -> None:
+    await container.create_segment(S)
+    empty = await container.read(S, 0, 10, wait_ms=20)
+    assert (empty.data, empty.at_tail, empty.end_of_segment) == (b"", True, False)
+    waiting = asyncio.ensure_future(container.read(S, 0, 10, wait_ms=60_000))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await container.append(S, b"late")
+    assert (await waiting).data == b"late"
+    waiting = asyncio.ensure_future(container.read(S, 4, 10, wait_ms=60_000))
+    await asyncio.sleep(0)
+    await container.seal(S)
+    assert (await waiting).end_of_segment
+
+
+async def test_nothing_is_visible_before_its_frame_is_durable(logs: MemoryDataLogs) -> None:
+    c = await reopen(logs)
+    await c.create_segment(S)
+    pending = c.append(S, b"abc")
+    # accepted (the next conditional append is checked against it) but not committed
+    assert (await c.get_info(S)).length == 0
+    assert (await c.read(S, 0, 10)).data == b""
+    assert (await pending).length == 3
+    assert (await c.get_info(S)).length == 3
+    await c.close()
+
+
+async def test_a_second_owner_fences_the_first(logs: MemoryDataLogs) -> None:
+    first = await reopen(logs)
+    await first.create_segment(S)
+    await first.append(S, b"a")
+    second = await SegmentContainer.open(0, logs.open("c0"))
+    with pytest.raises(ContainerFencedError):
+        await first.append(S, b"b")
+    with pytest.raises(ContainerFencedError):
+        await first.append(S, b"c")
+    with pytest.raises(ContainerFencedError):
+        await first.get_info(S)
+    await first.close()
+    assert (await second.read(S, 0, 10)).data == b"a"
+    await second.append(S, b"d")
+    assert (await second.read(S, 0, 10)).data == b"ad"
+    await second.close()
+
+
+async def test_replay_restores_from_checkpoints_and_reads_evicted_data_from_tier1(
+        logs: MemoryDataLogs) -> None:
+    c = await reopen(logs, checkpoint_every_bytes=2000, read_index_budget_bytes=500)
+    await c.create_segment(S)
+    await c.create_segment("other", SegmentType.SYSTEM)
+    chunks = [bytes([65 + i % 26]) * (i % 50 + 1) for i in range(120)]
+    for chunk in chunks:
+        c.append(S, chunk)
+    await c.append("other", b"o")
+    await c.truncate("other", 1)
+    assert c.read_index.cached_bytes <= 500
+    assert (await c.read(S, 0, 1 << 20)).data == b"".join(chunks)
+    before = ContainerMetadata.restore(c.committed.checkpoint())
+    c = await reopen(logs, c, read_index_budget_bytes=500)
+    after = c.committed
+    assert {i: s.info() for i, s in after.segments.items()} == \
+        {i: s.info() for i, s in before.segments.items()}
+    assert (await c.read(S, 100, 1 << 20)).data == b"".join(chunks)[100:]
+    assert (await c.get_info("other")).start_offset == 1
+    await c.close()
+
+
+async def test_merge_and_transient_segments(logs: MemoryDataLogs) -> None:
+    c = await reopen(logs, read_index_budget_bytes=10)
+    await c.create_segment(S)
+    await c.append(S, b"head-")
+    t1 = await c.create_transient_segment(S, 0xABC)
+    t2 = await c.create_transient_segment(S, 0xABC)
+    assert t1 != t2 and base_segment_name(t1) == S
+    assert (await c.get_info(t1)).type is SegmentType.TRANSIENT
+    await c.append(t1, b"one-")
+    await c.append(t1, b"two-")
+    await c.append(t2, b"three")
+    assert (await c.merge(S, t1)).target_length == 13  # t1 sealed by the merge
+    await c.seal(t2)
+    assert (await c.merge(S, t2)).target_length == 18
+    with pytest.raises(SegmentNotFoundError):
+        await c.get_info(t1)
+    with pytest.raises(SegmentNotFoundError):
+        await c.merge(S, t1)
+    assert (await c.read(S, 0, 100)).data == b"head-one-two-three"  # evicted: from tier-1
+    c = await reopen(logs, c, read_index_budget_bytes=10)
+    assert (await c.read(S, 2, 100)).data == b"ad-one-two-three"
+    await c.truncate(S, 7)
+    assert (await c.read(S, 7, 100)).data == b"e-two-three"
+    other = await c.create_transient_segment(S, 1)
+    await c.append(other, b"xyz")
+    await c.truncate(other, 1)
+    with pytest.raises(SegmentTruncatedError):
+        await c.merge(S, other)
+    with pytest.raises(SegmentStoreError):
+        await c.merge(S, S)
+    await c.seal(S)
+    with pytest.raises(SegmentSealedError):
+        await c.merge(S, other)
+    assert (await c.get_info(other)).length == 3  # refused: nothing applied, not sealed
+    assert not (await c.get_info(other)).sealed
+    await c.close()
+
+
+async def test_a_failed_tier1_append_fails_the_container(logs: MemoryDataLogs) -> None:
+    c = await reopen(logs)
+    await c.create_segment(S)
+
+    def broken(data: bytes) -> asyncio.Future[Position]:
+        raise OSError("disk on fire")
+
+    c._log.append = broken  # type: ignore[method-assign]
+    with pytest.raises(Exception, match="outcome unknown"):
+        await c.append(S, b"x")
+    with pytest.raises(Exception, match="outcome unknown"):
+        await c.append(S, b"y")
+    await c.close()
+    c = await reopen(logs)
+    assert (await c.get_info(S)).length == 0
+    await c.close()
+
+
+async def test_metadata_apply_refuses_what_does_not_fit() -> None:
+    m = ContainerMetadata(3)
+    m.apply(SegmentMapOp(1, 0, 1, "s", SegmentType.STREAM))
+    with pytest.raises(ValueError):
+        m.apply(AppendOp(3, 0, 1, 0, b"x"))  # a gap in sequence numbers
+    with pytest.raises(ValueError):
+        m.apply(AppendOp(2, 0, 1, 5, b"x"))  # not at the segment's length
+    with pytest.raises(ValueError):
+        ContainerMetadata.restore(b"{}")
+
+
+def test_names_map_related_segments_to_one_container() -> None:
+    for related in (S + "$attributes", S + "#transaction.00ff", S + "#transient.1",
+                    S + "#transaction.00ff$attributes", S + "$index"):
+        assert base_segment_name(related) == S
+        assert container_of(related, 16) == container_of(S, 16)
+    spread = {container_of(f"sc/st/{i}.#epoch.0", 8) for i in range(64)}
+    assert spread == set(range(8))
+    assert container_of("_system/containers/metadata", 4) == \
+        container_of("_system/containers/metadata", 4)  # stable, no salted hash
+
+
+async def test_store_routes_by_name_and_keeps_container_count(logs: MemoryDataLogs) -> None:
+    metadata = await open_store("memory://segstore-routing")
+    try:
+        store = await SegmentStore.open(None, [0, 1], metadata_store=metadata,
+                                        open_log=lambda c: logs.open(f"c{c}"),
+                                        config=SegmentStoreConfig(container_count=2))
+        names = [f"sc/st/{i}.#epoch.0" for i in range(6)]
+        for name in names:
+            await store.create_segment(name)
+            await store.append(name, name.encode())
+        for name in names:
+            assert (await store.read(name, 0, 100)).data == name.encode()
+            assert store.owns(name)
+        assert {store.container_for(n) for n in names} == {0, 1}
+        await store.stop_container(1)
+        lost = next(n for n in names if store.container_for(n) == 1)
+        assert not store.owns(lost)
+        with pytest.raises(ContainerNotOwnedError):
+            await store.append(lost, b"x")
+        with pytest.raises(ContainerNotOwnedError):
+            await store.get_info(lost)
+        # a stop called while the container starts waits for the start, then stops it
+        starting = asyncio.ensure_future(store.start_container(1))
+        stopping = asyncio.ensure_future(store.stop_container(1))
+        await asyncio.gather(starting, stopping)
+        assert not store.owns(lost)
+        await store.start_container(1)
+        assert (await store.get_info(lost)).length == len(lost)
+        await store.close()
+        with pytest.raises(ConfigError, match="fixed"):
+            await SegmentStore.open(None, metadata_store=metadata, open_log=logs.open,
+                                    config=SegmentStoreConfig(container_count=3))
+        again = await SegmentStore.open(None, metadata_store=metadata, open_log=logs.open)
+        assert again.container_count == 2
+        await again.close()
+    finally:
+        await metadata.close()
