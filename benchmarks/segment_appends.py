@@ -74,7 +74,8 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(
             container_count=1, container=ContainerConfig(
                 max_frame_bytes=args.max_frame_bytes,
-                max_frames_in_flight=args.frames_in_flight)))
+                max_frames_in_flight=args.frames_in_flight,
+                frame_cut_ops=args.frame_cut_ops, frame_cut_bytes=args.frame_cut_bytes)))
         try:
             for size in args.sizes:
                 event = b"e" * size
@@ -133,7 +134,11 @@ def main() -> None:
     parser.add_argument("--segments", type=lambda t: [int(x) for x in t.split(",")],
                         default=[1, 10, 1000], help="segment counts, comma separated")
     parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
-    parser.add_argument("--frames-in-flight", type=int, default=4)
+    parser.add_argument("--frames-in-flight", type=int, default=8)
+    parser.add_argument("--frame-cut-ops", type=int, default=64,
+                        help="cut a frame once this many operations are queued")
+    parser.add_argument("--frame-cut-bytes", type=int, default=256 << 10,
+                        help="... or this many bytes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:

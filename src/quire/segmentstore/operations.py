@@ -45,6 +45,9 @@ _U64 = struct.Struct(">Q")
 _TWO_U64 = struct.Struct(">QQ")
 _ATTRIBUTE = struct.Struct(">QQq")  # key high, key low, value
 _PLAIN_APPEND = struct.Struct(">BQQQQII")  # an APPEND without attributes, up to its data
+PLAIN_APPEND_HEAD = _PLAIN_APPEND
+"""An APPEND without attributes up to its data: (APPEND, sequence, timestamp_ms,
+segment_id, offset, 0, data length); its data follows."""
 
 SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE = range(1, 9)
 _MERGE = struct.Struct(">QQQQ")
