@@ -388,7 +388,8 @@ class SegmentContainer:
             now = self._clock_ms()
             op = AppendOp(sequence, now, segment_id, offset, data, resolved)
             raw = None if resolved else \
-                PLAIN_APPEND_HEAD.pack(APPEND, sequence, now, segment_id, offset, 0, size) + data
+                PLAIN_APPEND_HEAD.pack(PLAIN_APPEND_HEAD.size - 4 + size, APPEND, sequence, now,
+                                       segment_id, offset, 0, size) + data
             # accepted.apply(op), its checks made above
             s.length = offset + size
             if resolved:

@@ -39,7 +39,8 @@ from quire.segmentstore import frames
 from quire.segmentstore.operations import Operation, decode, encode
 
 _Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
-"""An operation, its bytes, its future and the value the future gets."""
+"""An operation, its bytes as they sit in a frame (length first), its future
+and the value the future gets."""
 
 
 class OperationLog:
@@ -84,12 +85,13 @@ class OperationLog:
 
     def add(self, op: Operation, result: object = None,
             raw: bytes | None = None) -> asyncio.Future[Any]:
-        """Queue ``op`` (``raw``: its encoding, if the caller has it); the
-        future gets ``result`` once ``op`` is committed."""
+        """Queue ``op``; the future gets ``result`` once ``op`` is committed.
+        ``raw``: the operation's encoding with its length in front
+        (:func:`frames.framed`), if the caller has it."""
         if self._failure is not None or self._closed:
             self.check()
         if raw is None:
-            raw = encode(op)
+            raw = frames.framed(encode(op))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         queue = self._queue
@@ -137,14 +139,19 @@ class OperationLog:
             if full_only and len(queue) < self._cut_ops \
                     and self._queued_bytes < self._cut_bytes:
                 return
-            builder = frames.FrameBuilder(self._max_frame_bytes)
             batch: list[_Pending] = []
-            add = builder.add
-            while queue and add(queue[0][1]):
+            parts: list[bytes] = []
+            room = self._max_frame_bytes - frames.FRAME_OVERHEAD
+            frame_bytes = 0
+            while queue:
+                pending = queue[0]
+                size = len(pending[1])
+                if frame_bytes + size > room and batch:
+                    break  # an operation bigger than a frame gets one of its own
+                frame_bytes += size
+                parts.append(pending[1])
                 batch.append(queue.popleft())
-            frame = builder.build()
-            frame_bytes = len(frame) - frames.FRAME_OVERHEAD \
-                - frames.OPERATION_OVERHEAD * len(batch)
+            frame = frames.join(len(batch), parts)
             self._queued_bytes -= frame_bytes
             try:
                 appended = self._log.append(frame)

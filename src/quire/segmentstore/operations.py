@@ -45,8 +45,9 @@ _U64 = struct.Struct(">Q")
 _TWO_U64 = struct.Struct(">QQ")
 _ATTRIBUTE = struct.Struct(">QQq")  # key high, key low, value
 _PLAIN_APPEND = struct.Struct(">BQQQQII")  # an APPEND without attributes, up to its data
-PLAIN_APPEND_HEAD = _PLAIN_APPEND
-"""An APPEND without attributes up to its data: (APPEND, sequence, timestamp_ms,
+PLAIN_APPEND_HEAD = struct.Struct(">IBQQQQII")
+"""An APPEND without attributes up to its data, as it sits in a data frame
+(its length first): (length of the operation, APPEND, sequence, timestamp_ms,
 segment_id, offset, 0, data length); its data follows."""
 
 SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE = range(1, 9)
