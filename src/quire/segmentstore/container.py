@@ -226,14 +226,22 @@ class SegmentContainer:
     # --- the committed side -------------------------------------------------
 
     def _commit(self, op: Operation, address: Position) -> None:
-        if type(op) is AppendOp:  # the hot path
+        if type(op) is AppendOp:  # the hot path: committed.apply(op) inline
             committed = self.committed
-            committed.apply(op)
-            segment_id = op.segment_id
-            if committed.segments[segment_id].type is SegmentType.TABLE:
+            s = committed.segments.get(op.segment_id)
+            if s is None or s.deleted or s.sealed or op.offset != s.length \
+                    or op.sequence != committed.sequence + 1:
+                committed.apply(op)  # raises the ValueError that says what is wrong
+                raise AssertionError(f"operation {op.sequence} does not fit")
+            s.length += len(op.data)
+            if op.attributes:
+                s.attributes.update(op.attributes)
+            s.last_modified_ms = op.timestamp_ms
+            committed.sequence = op.sequence
+            if s.type is SegmentType.TABLE:
                 self._index(op, address)
             else:
-                self.read_index.append(segment_id, op.offset, op.data, address)
+                self.read_index.append(op.segment_id, op.offset, op.data, address)
         elif isinstance(op, CheckpointOp):
             self.committed.sequence = op.sequence  # the committed state is what it holds
         else:
