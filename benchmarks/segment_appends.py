@@ -11,7 +11,12 @@ everything written, as part 1 never truncates tier-1).
 
     .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
         [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
-        [--frames-in-flight N] [--json]
+        [--frames-in-flight N] [--frame-cut-ops N] [--frame-cut-bytes N]
+        [--reopen-gib G] [--json]
+
+``--reopen-gib 1`` fills tier-1 to 1 GiB (appends of 512 KiB to one more
+segment, with checkpoints every 2 GiB so that all of it is since the last
+one) before timing the reopen: the issue's reopen figure.
 """
 
 from __future__ import annotations
@@ -67,6 +72,23 @@ async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstand
             "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000}
 
 
+async def fill(store: SegmentStore, gib: float) -> dict[str, Any]:
+    """Append blocks of 512 KiB to one segment until the container's segments
+    hold ``gib`` GiB (for the reopen figure); the write rate."""
+    container = store.container(0)
+    name = "bench/reopen/0"
+    await store.create_segment(name)
+    target = int(gib * (1 << 30))
+    have = sum(s.length for s in container.committed.segments.values())
+    block = b"r" * (512 << 10)
+    count = max(0, -(-(target - have) // len(block)))
+    written = await drive(lambda i: store.append(name, block), count, 16) if count else \
+        {"per_s": 0.0, "seconds": 0.0, "p50_ms": 0.0, "p99_ms": 0.0}
+    return {"what": f"fill to {gib:g} GiB of tier-1, appends of 512 KiB", **written,
+            "events_per_s": written["per_s"], "x_raw_events": None,
+            "mb_per_s": written["per_s"] * len(block) / 1e6}
+
+
 async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     client = await Client.connect(uri)
     results: list[dict[str, Any]] = []
@@ -74,7 +96,10 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(
             container_count=1, container=ContainerConfig(
                 max_frame_bytes=args.max_frame_bytes,
-                max_frames_in_flight=args.frames_in_flight)))
+                max_frames_in_flight=args.frames_in_flight,
+                # the reopen replays everything since one checkpoint (the first)
+                checkpoint_every_bytes=max(64 << 20, int(args.reopen_gib * (1 << 31))),
+                frame_cut_ops=args.frame_cut_ops, frame_cut_bytes=args.frame_cut_bytes)))
         try:
             for size in args.sizes:
                 event = b"e" * size
@@ -108,6 +133,8 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                                         "x_raw_events": grouped["per_s"] * 100 / base,
                                         "mb_per_s": grouped["per_s"] * len(block) / 1e6})
             container = store.container(0)
+            if args.reopen_gib:
+                results.append(await fill(store, args.reopen_gib))
             logged = container.committed.checkpoint()
             tier1_mb = sum(s.length for s in container.committed.segments.values()) / 1e6
             await store.stop_container(0)
@@ -133,7 +160,14 @@ def main() -> None:
     parser.add_argument("--segments", type=lambda t: [int(x) for x in t.split(",")],
                         default=[1, 10, 1000], help="segment counts, comma separated")
     parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
-    parser.add_argument("--frames-in-flight", type=int, default=4)
+    parser.add_argument("--frames-in-flight", type=int, default=8)
+    parser.add_argument("--frame-cut-ops", type=int, default=64,
+                        help="cut a frame once this many operations are queued")
+    parser.add_argument("--frame-cut-bytes", type=int, default=256 << 10,
+                        help="... or this many bytes")
+    parser.add_argument("--reopen-gib", type=float, default=0.0,
+                        help="before the reopen, fill tier-1 to this many GiB since the "
+                             "container's last checkpoint (1 for the issue's figure)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:
@@ -157,8 +191,9 @@ def main() -> None:
         if "per_s" not in r:
             print(f"  {r['what']}: {r['seconds']:.2f} s")
             continue
+        x = "   -" if r["x_raw_events"] is None else f"{r['x_raw_events']:4.1f}"
         print(f"  {r['what']:<38} {r['per_s']:>8.0f} appends/s {r['events_per_s']:>8.0f} "
-              f"events/s ({r['x_raw_events']:4.1f}x raw) {r['mb_per_s']:>6.1f} MB/s  "
+              f"events/s ({x}x raw) {r['mb_per_s']:>6.1f} MB/s  "
               f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms")
 
 

@@ -48,6 +48,8 @@ from quire.segmentstore import frames
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.operation_log import OperationLog, read_frame
 from quire.segmentstore.operations import (
+    APPEND,
+    PLAIN_APPEND_HEAD,
     AppendOp,
     Attributes,
     AttributesOp,
@@ -91,7 +93,11 @@ MAX_NAME_BYTES = 1024
 @dataclass(frozen=True, slots=True)
 class ContainerConfig:
     max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES
-    max_frames_in_flight: int = 4
+    max_frames_in_flight: int = 8
+    frame_cut_ops: int = 64
+    """Cut a frame as soon as this many operations are queued (frames pipeline)."""
+    frame_cut_bytes: int = 256 << 10
+    """... or this many bytes."""
     read_index_budget_bytes: int = 256 << 20
     checkpoint_every_bytes: int = 64 << 20
     """Write a metadata checkpoint after this many bytes of operations."""
@@ -157,6 +163,8 @@ class SegmentContainer:
         self.read_index = ReadIndex(self._fetch, config.read_index_budget_bytes)
         self._oplog = OperationLog(log, self._commit, max_frame_bytes=config.max_frame_bytes,
                                    max_frames_in_flight=config.max_frames_in_flight,
+                                   cut_ops=config.frame_cut_ops,
+                                   cut_bytes=config.frame_cut_bytes,
                                    on_failure=self._failed)
         self._bytes_since_checkpoint = 0
         self.tables_accepted: dict[int, TableIndex] = {}
@@ -218,7 +226,23 @@ class SegmentContainer:
     # --- the committed side -------------------------------------------------
 
     def _commit(self, op: Operation, address: Position) -> None:
-        if isinstance(op, CheckpointOp):
+        if type(op) is AppendOp:  # the hot path: committed.apply(op) inline
+            committed = self.committed
+            s = committed.segments.get(op.segment_id)
+            if s is None or s.deleted or s.sealed or op.offset != s.length \
+                    or op.sequence != committed.sequence + 1:
+                committed.apply(op)  # raises the ValueError that says what is wrong
+                raise AssertionError(f"operation {op.sequence} does not fit")
+            s.length += len(op.data)
+            if op.attributes:
+                s.attributes.update(op.attributes)
+            s.last_modified_ms = op.timestamp_ms
+            committed.sequence = op.sequence
+            if s.type is SegmentType.TABLE:
+                self._index(op, address)
+            else:
+                self.read_index.append(op.segment_id, op.offset, op.data, address)
+        elif isinstance(op, CheckpointOp):
             self.committed.sequence = op.sequence  # the committed state is what it holds
         else:
             self.committed.apply(op)
@@ -327,14 +351,31 @@ class SegmentContainer:
                attribute_updates: Sequence[AttributeUpdate] = (),
                expected_offset: int | None = None,
                writer: tuple[int, int] | None = None) -> asyncio.Future[AppendResult]:
-        """Append ``data`` (see :class:`~quire.segmentstore.SegmentStore.append`)."""
-        def make() -> asyncio.Future[AppendResult]:
-            s = self._writable(name)
+        """Append ``data`` (see :class:`~quire.segmentstore.SegmentStore.append`).
+
+        The hot path: no closure, the accepted state updated in place (what
+        :meth:`ContainerMetadata.apply` would do, its checks having been made
+        here), the operation encoded once."""
+        try:
+            oplog = self._oplog
+            if oplog._failure is not None or oplog._closed:
+                oplog.check()
+            accepted = self.accepted
+            segment_id = accepted.by_name.get(name)
+            if segment_id is None:
+                raise SegmentNotFoundError(f"no segment {name!r}")
+            s = accepted.segments[segment_id]
+            if s.sealed:
+                raise SegmentSealedError(f"segment {name!r} is sealed")
             if s.type is SegmentType.TABLE:
                 raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
-            if len(data) > MAX_APPEND_BYTES:
+            if type(data) is not bytes:
+                data = bytes(data)
+            size = len(data)
+            if size > MAX_APPEND_BYTES:
                 raise SegmentStoreError(f"an append is at most {MAX_APPEND_BYTES} bytes, "
-                                        f"got {len(data)}")
+                                        f"got {size}")
+            offset = s.length
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None
             if writer is not None:
@@ -343,18 +384,36 @@ class SegmentContainer:
                 check_value(event_number)
                 previous = s.attributes.get(writer_id)
                 if previous is not None and event_number <= previous:
-                    return self._oplog.barrier(AppendResult(s.length, event_number, previous,
-                                                            duplicate=True))
+                    return oplog.barrier(AppendResult(offset, event_number, previous,
+                                                      duplicate=True))
                 extra = ((writer_id, event_number),)
-            if expected_offset is not None and expected_offset != s.length:
+            if expected_offset is not None and expected_offset != offset:
                 raise BadOffsetError(f"segment {name!r}: expected offset {expected_offset}, "
-                                     f"length is {s.length}", expected_offset, s.length)
+                                     f"length is {offset}", expected_offset, offset)
             resolved = resolve_updates(s.attributes, attribute_updates, extra) \
                 if attribute_updates else extra
-            seq, now = self._next()
-            op = AppendOp(seq, now, s.segment_id, s.length, bytes(data), resolved)
-            return self._log_op(op, AppendResult(s.length + len(data), event_number, previous))
-        return self._submit(make)
+            sequence = accepted.sequence + 1
+            now = self._clock_ms()
+            op = AppendOp(sequence, now, segment_id, offset, data, resolved)
+            raw = None if resolved else \
+                PLAIN_APPEND_HEAD.pack(PLAIN_APPEND_HEAD.size - 4 + size, APPEND, sequence, now,
+                                       segment_id, offset, 0, size) + data
+            # accepted.apply(op), its checks made above
+            s.length = offset + size
+            if resolved:
+                s.attributes.update(resolved)
+            s.last_modified_ms = now
+            accepted.sequence = sequence
+            future = oplog.add(op, AppendResult(offset + size, event_number, previous), raw)
+            self._bytes_since_checkpoint += size + 64
+            if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
+                # its failure, if any, is the log's and reaches every later request
+                self._add_checkpoint().add_done_callback(_retrieve)
+            return future
+        except QuireError as e:
+            failed: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+            failed.set_exception(e)
+            return failed
 
     def seal(self, name: str) -> asyncio.Future[int]:
         """Seal the segment; the future gives its final length."""

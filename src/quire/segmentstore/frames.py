@@ -68,6 +68,18 @@ class FrameBuilder:
         return frame
 
 
+def framed(operation: bytes) -> bytes:
+    """One serialized operation with its length in front, as it sits in a frame."""
+    return _LEN.pack(len(operation)) + operation
+
+
+def join(count: int, framed_operations: list[bytes]) -> bytes:
+    """A frame of ``count`` operations already :func:`framed` (no size check:
+    the caller keeps to its limit)."""
+    framed_operations.insert(0, _HEAD.pack(MAGIC, count))
+    return b"".join(framed_operations)
+
+
 def unpack(frame: bytes | memoryview) -> list[memoryview]:
     """The serialized operations of one frame, in order (ValueError if malformed)."""
     view = memoryview(frame)

@@ -10,10 +10,14 @@ acknowledged only after its frame is durable in tier-1, and operations are
 committed in the order they were added.
 
 Batching is adaptive: a frame is cut when the loop comes back to the log
-(every operation added in one loop iteration shares a frame), and at most
-``max_frames_in_flight`` frames are outstanding, so under load operations
-queue up and frames grow (to ``max_frame_bytes``), and when idle an
-operation waits for nothing.
+(every operation added in one loop iteration shares a frame), or as soon as
+``cut_ops`` operations or ``cut_bytes`` bytes have queued (so a burst of
+hundreds of appends goes out as several frames that pipeline: the first is
+on the wire while the rest are still being added, and their completions
+come back spread out instead of in one burst); at most
+``max_frames_in_flight`` frames are outstanding, so under heavier load
+operations queue up and frames grow (to ``max_frame_bytes``), and when
+idle an operation waits for nothing.
 
 A frame that fails fails the log: its outcome is unknown, so is the state
 of every operation after it, and the container cannot go on (it reopens and
@@ -35,7 +39,8 @@ from quire.segmentstore import frames
 from quire.segmentstore.operations import Operation, decode, encode
 
 _Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
-"""An operation, its bytes, its future and the value the future gets."""
+"""An operation, its bytes as they sit in a frame (length first), its future
+and the value the future gets."""
 
 
 class OperationLog:
@@ -43,9 +48,15 @@ class OperationLog:
 
     def __init__(self, log: DurableDataLog, on_committed: Callable[[Operation, Position], None],
                  *, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
-                 max_frames_in_flight: int = 4,
+                 max_frames_in_flight: int = 8, cut_ops: int = 64,
+                 cut_bytes: int = 256 << 10,
                  on_failure: Callable[[BaseException], None] | None = None) -> None:
+        if cut_ops < 1 or cut_bytes < 1:
+            raise ValueError("cut_ops and cut_bytes are at least 1")
         self._log = log
+        self._cut_ops = cut_ops
+        self._cut_bytes = cut_bytes
+        self._queued_bytes = 0
         self._on_committed = on_committed
         self._on_failure = on_failure
         self._max_frame_bytes = max_frame_bytes
@@ -72,15 +83,26 @@ class OperationLog:
         if self._closed:
             raise ContainerClosedError("the container is closed")
 
-    def add(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
-        """Queue ``op``; the future gets ``result`` once ``op`` is committed."""
-        self.check()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, encode(op), future, result))
+    def add(self, op: Operation, result: object = None,
+            raw: bytes | None = None) -> asyncio.Future[Any]:
+        """Queue ``op``; the future gets ``result`` once ``op`` is committed.
+        ``raw``: the operation's encoding with its length in front
+        (:func:`frames.framed`), if the caller has it."""
+        if self._failure is not None or self._closed:
+            self.check()
+        if raw is None:
+            raw = frames.framed(encode(op))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        queue = self._queue
+        queue.append((op, raw, future, result))
         self._last = future
-        if not self._flush_scheduled:
+        self._queued_bytes += len(raw)
+        if len(queue) >= self._cut_ops or self._queued_bytes >= self._cut_bytes:
+            self._flush(full_only=True)
+        if queue and not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         return future
 
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
@@ -105,22 +127,41 @@ class OperationLog:
         last.add_done_callback(follow)
         return future
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        while self._queue and len(self._in_flight) < self._max_in_flight \
+    def _flush(self, full_only: bool = False) -> None:
+        """Cut frames of what is queued while fewer than the most are in
+        flight; ``full_only``: only frames of ``cut_ops`` operations or
+        ``cut_bytes`` bytes (the rest waits for the loop's turn)."""
+        if not full_only:
+            self._flush_scheduled = False
+        queue = self._queue
+        while queue and len(self._in_flight) < self._max_in_flight \
                 and self._failure is None:
-            builder = frames.FrameBuilder(self._max_frame_bytes)
+            if full_only and len(queue) < self._cut_ops \
+                    and self._queued_bytes < self._cut_bytes:
+                return
             batch: list[_Pending] = []
-            while self._queue and builder.add(self._queue[0][1]):
-                batch.append(self._queue.popleft())
-            frame = builder.build()
+            parts: list[bytes] = []
+            room = self._max_frame_bytes - frames.FRAME_OVERHEAD
+            frame_bytes = 0
+            while queue:
+                pending = queue[0]
+                size = len(pending[1])
+                if frame_bytes + size > room and batch:
+                    break  # an operation bigger than a frame gets one of its own
+                frame_bytes += size
+                parts.append(pending[1])
+                batch.append(queue.popleft())
+            frame = frames.join(len(batch), parts)
+            self._queued_bytes -= frame_bytes
             try:
                 appended = self._log.append(frame)
             except QueueFullError:
-                self._queue.extendleft(reversed(batch))  # retried when a frame completes
+                queue.extendleft(reversed(batch))  # retried when a frame completes
+                self._queued_bytes += frame_bytes
                 return
             except BaseException as e:
-                self._queue.extendleft(reversed(batch))
+                queue.extendleft(reversed(batch))
+                self._queued_bytes += frame_bytes
                 self._fail(e)
                 return
             self._in_flight.append((appended, batch))
@@ -166,6 +207,7 @@ class OperationLog:
             self._reject(batch)
         self._reject(list(self._queue))
         self._queue.clear()
+        self._queued_bytes = 0
         if self._on_failure is not None:
             self._on_failure(failure)
 

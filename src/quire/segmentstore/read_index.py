@@ -76,7 +76,8 @@ class ReadIndex:
             chunks = segment.chunks
             last = chunks[-1] if chunks else None
             if last is not None and last.parts is not None and last.origin is None \
-                    and last.offset + last.length == offset and last.address == address:
+                    and last.offset + last.length == offset \
+                    and (last.address is address or last.address == address):
                 last.parts.append(data)  # the same frame: one chunk
                 last.length += len(data)
             else:
@@ -87,7 +88,8 @@ class ReadIndex:
             self.cached_bytes += len(data)
             if self.cached_bytes > self.budget_bytes:
                 self._evict()
-        self.notify(segment_id)
+        if segment.waiters:
+            self.notify(segment_id)
 
     def merge(self, target_id: int, source_id: int, target_offset: int) -> None:
         """Move the source's chunks to the end of the target (at ``target_offset``)."""

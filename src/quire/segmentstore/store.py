@@ -224,6 +224,11 @@ class SegmentStore:
         a block whose number is not above the writer's stored one is a
         duplicate, acknowledged without being written.  Attribute updates
         apply with the data, all or nothing."""
+        container_id = self._routes.get(name)  # the hot path: a name seen before
+        if container_id is not None:
+            container = self._containers.get(container_id)
+            if container is not None:
+                return container.append(name, data, attribute_updates, expected_offset, writer)
         try:
             return self._route(name).append(name, data, attribute_updates, expected_offset,
                                             writer)

@@ -72,7 +72,7 @@ def check_value(value: int) -> None:
         raise BadAttributeUpdateError(f"an attribute value is a signed 64-bit int, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen only for speed: one per append
 class AppendResult:
     """An acknowledged append.  ``length`` is the segment's length after it
     (for a duplicate: the length when the duplicate was recognised);

@@ -1,0 +1,35 @@
+"""``benchmarks/segment_appends.py`` in a tiny run (a few hundred appends,
+a few MB for the reopen): every shape reports figures that parse.  The
+issue's goals are measured by the full run (``--reopen-gib 1``), not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "segment_appends.py"), "--appends", "300",
+         "--sizes", "100,1024", "--segments", "1,10", "--reopen-gib", "0.005", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=100,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["what"]: r for r in json.loads(done.stdout)}
+    for size in (100, 1024):
+        assert rows[f"raw ledger.append, {size} B"]["x_raw_events"] == 1.0
+        for count in (1, 10):
+            for shape, events in ((f"1 event of {size} B", 1), (f"100 events of {size} B", 100)):
+                row = rows[f"{count} segment(s), {shape}"]
+                assert row["per_s"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0
+                assert row["events_per_s"] == row["per_s"] * events
+                assert row["mb_per_s"] > 0 and row["x_raw_events"] > 0
+    fill = rows["fill to 0.005 GiB of tier-1, appends of 512 KiB"]
+    assert fill["mb_per_s"] > 0
+    (reopen,) = [r for w, r in rows.items() if w.startswith("reopen the container")]
+    assert reopen["tier1_mb"] >= 0.005 * (1 << 30) / 1e6 and reopen["seconds"] > 0

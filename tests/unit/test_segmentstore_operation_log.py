@@ -1,0 +1,85 @@
+"""The operation log's frame cutting: a burst of operations goes out as
+several frames that are in flight together (pipelined), each acknowledged
+only when its frame is, in the order the operations were added."""
+
+from __future__ import annotations
+
+import asyncio
+
+from quire.log import Position
+from quire.segmentstore import frames
+from quire.segmentstore.operation_log import OperationLog
+from quire.segmentstore.operations import AppendOp, Operation, decode, encode
+
+
+class HeldLog:
+    """A tier-1 log whose appends complete only when the test says so."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.pending: list[asyncio.Future[Position]] = []
+        self.epoch = 1
+
+    def append(self, data: bytes) -> asyncio.Future[Position]:
+        self.frames.append(data)
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        return future
+
+    def release(self, index: int) -> None:
+        self.pending[index].set_result(Position(0, index))
+
+    async def close(self) -> None:
+        pass
+
+
+def op(sequence: int, size: int = 10) -> AppendOp:
+    return AppendOp(sequence, 0, 1, (sequence - 1) * size, b"x" * size)
+
+
+async def test_a_burst_is_cut_into_pipelined_frames_acknowledged_in_order() -> None:
+    log = HeldLog()
+    committed: list[tuple[int, Position]] = []
+
+    def commit(o: Operation, at: Position) -> None:
+        committed.append((o.sequence, at))
+
+    oplog = OperationLog(log, commit, max_frames_in_flight=3, cut_ops=8)  # type: ignore[arg-type]
+    futures = [oplog.add(op(i), i) for i in range(1, 41)]
+    # cut while being added: 3 frames of 8 in flight, the rest queued
+    assert [len(frames.unpack(f)) for f in log.frames] == [8, 8, 8]
+    await asyncio.sleep(0)  # the loop's turn does not cut past the limit
+    assert len(log.frames) == 3
+    log.release(1)  # a later frame first: nothing is acknowledged before frame 0
+    await asyncio.sleep(0)
+    assert committed == [] and not any(f.done() for f in futures)
+    log.release(0)
+    await asyncio.sleep(0)
+    assert [s for s, _ in committed] == list(range(1, 17))
+    assert all(f.done() for f in futures[:16]) and not any(f.done() for f in futures[16:])
+    await asyncio.sleep(0)
+    # the loop's turn cuts what queued meanwhile as one frame (frames grow under load)
+    assert [len(frames.unpack(f)) for f in log.frames] == [8, 8, 8, 16]
+    for i in range(2, 4):
+        log.release(i)
+    assert await asyncio.gather(*futures) == list(range(1, 41))
+    assert [s for s, _ in committed] == list(range(1, 41))
+    assert [decode(raw) for f in log.frames for raw in frames.unpack(f)] == \
+        [op(i) for i in range(1, 41)]
+    assert oplog.frames_written == 4 and oplog.operations_written == 40
+
+
+async def test_frames_are_also_cut_by_bytes_and_alone_an_operation_waits_for_the_loop() -> None:
+    log = HeldLog()
+    size = len(frames.framed(encode(op(1, 1000))))
+    oplog = OperationLog(log, lambda o, at: None, cut_ops=1000,  # type: ignore[arg-type]
+                         cut_bytes=3 * size)
+    lone = oplog.add(op(1, 1000))
+    assert log.frames == []  # below both limits: cut when the loop comes back
+    await asyncio.sleep(0)
+    assert len(log.frames) == 1
+    more = [oplog.add(op(i, 1000)) for i in range(2, 8)]
+    assert [len(frames.unpack(f)) for f in log.frames] == [1, 3, 3]
+    for i in range(3):
+        log.release(i)
+    await asyncio.gather(lone, *more)
