@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import traceback
 from typing import Any
 
 from quire.client import Client
@@ -40,6 +42,8 @@ from quire.segmentstore import (
     UpdateType,
 )
 from quire.segmentstore.store import LOG_PASSWORD
+
+OPEN_TIMEOUT_S = 45.0
 
 
 def send(message: dict[str, Any]) -> None:
@@ -139,8 +143,16 @@ def answer(n: int, future: asyncio.Future[Any]) -> None:
 
 async def main(uri: str, log_name: str, config: dict[str, int]) -> None:
     client = await Client.connect(uri)
-    container = await SegmentContainer.open(
-        0, NamedDataLog(client, log_name, password=LOG_PASSWORD), ContainerConfig(**config))
+    try:
+        container = await asyncio.wait_for(SegmentContainer.open(
+            0, NamedDataLog(client, log_name, password=LOG_PASSWORD), ContainerConfig(**config)),
+            OPEN_TIMEOUT_S)
+    except BaseException:  # the test sees the exit and this on stderr
+        traceback.print_exc()
+        for task in asyncio.all_tasks():
+            task.print_stack()
+        sys.stderr.flush()
+        os._exit(1)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
