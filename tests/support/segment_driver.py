@@ -3,7 +3,9 @@
 
 Opens :class:`~quire.segmentstore.SegmentContainer` 0 on the
 :class:`~quire.log.NamedDataLog` ``LOG_NAME`` (fencing any previous owner,
-replaying its log), prints ``{"ready": true}``, then reads requests from
+replaying its log) -- or, with ``LOG_NAME`` ``store:N``, a
+:class:`~quire.segmentstore.SegmentStore` of ``container_count`` N hosting
+every container (the requests go to it) -- prints ``{"ready": true}``, then reads requests from
 stdin, one JSON object a line, ``{"id": n, "op": ..., ...}``, and calls each
 *as soon as it is read* (so requests are ordered as sent, and many may be in
 flight); each answer is printed when it is known, in any order:
@@ -38,6 +40,8 @@ from quire.segmentstore import (
     ContainerConfig,
     MergeResult,
     SegmentContainer,
+    SegmentStore,
+    SegmentStoreConfig,
     SegmentType,
     UpdateType,
 )
@@ -93,7 +97,7 @@ async def state(container: SegmentContainer) -> dict[str, Any]:
     return out
 
 
-def call(container: SegmentContainer, r: dict[str, Any]) -> asyncio.Future[Any]:
+def call(container: SegmentContainer | SegmentStore, r: dict[str, Any]) -> asyncio.Future[Any]:
     """The request's future, called now."""
     op = r["op"]
     if op == "create":
@@ -126,6 +130,7 @@ def call(container: SegmentContainer, r: dict[str, Any]) -> asyncio.Future[Any]:
             return [got.data.hex(), got.at_tail]
         return asyncio.ensure_future(read())
     if op == "state":
+        assert isinstance(container, SegmentContainer)
         return asyncio.ensure_future(state(container))
     raise ValueError(f"unknown request {op!r}")
 
@@ -143,10 +148,18 @@ def answer(n: int, future: asyncio.Future[Any]) -> None:
 
 async def main(uri: str, log_name: str, config: dict[str, int]) -> None:
     client = await Client.connect(uri)
+    container: SegmentContainer | SegmentStore
     try:
-        container = await asyncio.wait_for(SegmentContainer.open(
-            0, NamedDataLog(client, log_name, password=LOG_PASSWORD), ContainerConfig(**config)),
-            OPEN_TIMEOUT_S)
+        if log_name.startswith("store:"):
+            count = int(log_name.removeprefix("store:"))
+            container = await asyncio.wait_for(SegmentStore.open(
+                client, range(count), config=SegmentStoreConfig(
+                    container_count=count, container=ContainerConfig(**config))),
+                OPEN_TIMEOUT_S)
+        else:
+            container = await asyncio.wait_for(SegmentContainer.open(
+                0, NamedDataLog(client, log_name, password=LOG_PASSWORD),
+                ContainerConfig(**config)), OPEN_TIMEOUT_S)
     except BaseException:  # the test sees the exit and this on stderr
         traceback.print_exc()
         for task in asyncio.all_tasks():
