@@ -25,6 +25,7 @@ delta), ``close``.  A test kills it with ``kill -9`` at any point.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -88,7 +89,7 @@ async def state(container: SegmentContainer) -> dict[str, Any]:
             table = container.tables_committed.get(s.segment_id)
             keys = sorted(table.entries) if table is not None else []
             got = await container.table_get(name, keys)
-            seg["table"] = [[e.key.hex(), e.version, e.value.hex()]
+            seg["table"] = [[e.key.hex(), e.version, (e.value or b"").hex()]
                             for e in got if e is not None]
             delta = await container.table_read_delta(name, 0, 1000)
             seg["delta"] = [[e.key.hex(), e.version] for e in delta.entries]
@@ -177,8 +178,7 @@ async def main(uri: str, log_name: str, config: dict[str, int]) -> None:
             await client.close()
             send({"id": request["id"], "ok": None})
             return
-        call(container, request).add_done_callback(
-            lambda f, n=request["id"]: answer(n, f))
+        call(container, request).add_done_callback(functools.partial(answer, request["id"]))
 
 
 if __name__ == "__main__":
