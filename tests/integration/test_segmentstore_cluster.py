@@ -8,6 +8,7 @@ order and dedup across a container restart."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -201,5 +202,155 @@ async def test_many_writers_keep_order_and_dedup_across_a_container_restart(
                 assert mine == [event(writer, n) for n in range(events)]
             assert len(blocks) == 10 * events
             assert await store.get_attributes(name, [i + 1]) == {i + 1: events - 1}
+    finally:
+        await store.close()
+
+
+class OwnerGone(Exception):
+    """The owner process died before answering."""
+
+
+class OwnerProcess:
+    """A segment store process (``tests/support/segment_driver.py store:N``)
+    hosting every container; :meth:`call` sends it a request."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.next_id = 0
+        self.reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def start(cls, uri: str, containers: int) -> OwnerProcess:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.segment_driver", uri, f"store:{containers}",
+            "{}", cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), 90)
+            assert json.loads(line) == {"ready": True}, line
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+        return cls(proc)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            while line := await self.proc.stdout.readline():
+                answer = json.loads(line)
+                future = self.pending.pop(answer["id"])
+                if "ok" in answer:
+                    future.set_result(answer["ok"])
+                else:
+                    future.set_exception(AssertionError(f"refused: {answer['err']}"))
+        finally:
+            for future in self.pending.values():
+                future.set_exception(OwnerGone())
+            self.pending.clear()
+
+    def call(self, request: dict[str, Any]) -> asyncio.Future[Any]:
+        assert self.proc.stdin is not None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.reader.done():
+            future.set_exception(OwnerGone())
+            return future
+        self.next_id += 1
+        self.pending[self.next_id] = future
+        self.proc.stdin.write(json.dumps({"id": self.next_id, **request}).encode() + b"\n")
+        return future
+
+    async def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+        await self.reader
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(OwnerGone):
+                await asyncio.wait_for(self.call({"op": "close"}), 30)
+        await self.kill9()
+
+
+async def test_many_writers_keep_order_and_dedup_across_kill9_of_the_owner(
+        cluster: Cluster, connect: Callable[..., Awaitable[Client]]) -> None:
+    """100 writers in this process, 10 segments in a segment store process,
+    100 B events, each block sent twice (a retry racing the original): the
+    owner process is killed with ``kill -9`` twice under the writes and a new
+    one takes the containers over; writers resend what was not answered
+    (Pravega's reconnect): every writer's events land once each, in order."""
+    owner = await OwnerProcess.start(cluster.metadata_uri, 2)
+    segments = [f"sc/many/{i}.#epoch.0" for i in range(10)]
+    for name in segments:
+        assert await owner.call({"op": "create", "name": name}) is None
+    available = asyncio.Event()
+    available.set()
+    progress = [0]
+    events = 20
+    kills_at = [100 * events // 3, 2 * 100 * events // 3]
+    reached = [asyncio.Event() for _ in kills_at]
+    resent = [0]
+    landed_before = [0]
+
+    def event(writer: int, n: int) -> bytes:
+        return (b"w%03de%03d;" % (writer, n)).ljust(100, b".")
+
+    async def write(writer: int) -> None:
+        name = segments[writer % 10]
+        for n in range(events):
+            again = False
+            while True:
+                await available.wait()
+                request = {"op": "append", "name": name, "data": event(writer, n).hex(),
+                           "writer": [writer + 1, n]}
+                outcomes = await asyncio.gather(owner.call(request), owner.call(request),
+                                                return_exceptions=True)
+                answers = [o for o in outcomes if not isinstance(o, BaseException)]
+                if len(answers) == 2:
+                    duplicates = [o[3] for o in answers]
+                    # resent after a kill: the first may have landed before it
+                    assert duplicates == [False, True] or (again and duplicates == [True, True])
+                    landed_before[0] += duplicates[0]
+                    break
+                assert all(isinstance(o, list | OwnerGone) for o in outcomes), outcomes
+                again = True
+                resent[0] += 1
+                await asyncio.sleep(0)
+            progress[0] += 1
+            for at, event_reached in zip(kills_at, reached, strict=True):
+                if progress[0] == at:
+                    event_reached.set()
+
+    async def kill_and_take_over() -> None:
+        nonlocal owner
+        for event_reached in reached:
+            await event_reached.wait()
+            available.clear()
+            await owner.kill9()
+            owner = await OwnerProcess.start(cluster.metadata_uri, 2)
+            available.set()
+
+    try:
+        await asyncio.gather(kill_and_take_over(), *(write(w) for w in range(100)))
+    finally:
+        await owner.close()
+    print(f"\nblocks resent after a kill: {resent[0]}, of which had landed before it: "
+          f"{landed_before[0]}")
+    assert resent[0] > 0  # the kills did cut writes in flight
+    store = await SegmentStore.open(await connect(cluster), range(2),
+                                    config=SegmentStoreConfig(container_count=2))
+    try:
+        for i, name in enumerate(segments):
+            info = await store.get_info(name)
+            data = (await store.read(name, 0, info.length)).data
+            blocks = [data[k:k + 100] for k in range(0, len(data), 100)]
+            for writer in range(i, 100, 10):
+                mine = [b for b in blocks if b.startswith(b"w%03de" % writer)]
+                assert mine == [event(writer, n) for n in range(events)]
+                assert await store.get_attributes(name, [writer + 1]) == \
+                    {writer + 1: events - 1}
+            assert len(blocks) == 10 * events
     finally:
         await store.close()
