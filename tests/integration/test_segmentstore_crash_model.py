@@ -44,13 +44,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from quire.segmentstore import NOT_EXISTS, NULL_ATTRIBUTE_VALUE, AttributeUpdate, UpdateType
 from quire.segmentstore.tables import encode_batch
 from tests.support.cluster import Cluster
+from tests.support.segment_model import KEYS, NAMES, TABLE, TABLE_KEYS, WRITERS, Seg, model_updates
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ["a", "b"]
-TABLE = "_system/table"
-TABLE_KEYS = [b"x", b"y", b"z"]
-WRITERS = [1 << 100, 2 << 100]
-KEYS = [1, 2, 3]
 CONFIG = {"checkpoint_every_bytes": 300, "read_index_budget_bytes": 200,
           "max_frame_bytes": 256, "max_frames_in_flight": 4}
 TIMEOUT_S = 60.0
@@ -67,14 +63,6 @@ def bookies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 # --- the model ---------------------------------------------------------------------
-
-
-@dataclass
-class Seg:
-    data: bytearray = field(default_factory=bytearray)
-    start: int = 0
-    sealed: bool = False
-    attrs: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,26 +86,6 @@ class Model:
                       "delta": [[k.hex(), v] for k, (v, _value) in by_version],
                       "delta_end": self.table_length}
         return dict(sorted(out.items()))
-
-
-def model_updates(attrs: dict[int, int], updates: list[AttributeUpdate]) -> dict[int, int] | None:
-    """The attributes after ``updates``, or None if one fails."""
-    out = dict(attrs)
-    for u in updates:
-        old = out.get(u.key)
-        if u.update_type is UpdateType.REPLACE:
-            out[u.key] = u.value
-        elif u.update_type is UpdateType.REPLACE_IF_EQUALS:
-            if (NULL_ATTRIBUTE_VALUE if old is None else old) != u.comparison_value:
-                return None
-            out[u.key] = u.value
-        elif u.update_type is UpdateType.REPLACE_IF_GREATER:
-            if old is not None and u.value <= old:
-                return None
-            out[u.key] = u.value
-        else:
-            out[u.key] = (old or 0) + u.value
-    return out
 
 
 def ok(value: Any = None) -> dict[str, Any]:

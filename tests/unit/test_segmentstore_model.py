@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
@@ -44,41 +43,9 @@ from quire.segmentstore import (
 )
 from quire.segmentstore.tables import encode_batch
 from quire.testing.memory_data_log import MemoryDataLogs
+from tests.support.segment_model import KEYS, NAMES, TABLE, TABLE_KEYS, WRITERS, Seg, model_updates
 
 T = TypeVar("T")
-NAMES = ["a", "b"]
-TABLE = "_system/table"
-TABLE_KEYS = [b"x", b"y", b"z"]
-WRITERS = [1 << 100, 2 << 100]
-KEYS = [1, 2, 3]
-
-
-@dataclass
-class Seg:
-    data: bytearray = field(default_factory=bytearray)
-    start: int = 0
-    sealed: bool = False
-    attrs: dict[int, int] = field(default_factory=dict)
-
-
-def model_updates(attrs: dict[int, int], updates: list[AttributeUpdate]) -> dict[int, int] | None:
-    """The attributes after ``updates``, or None if one fails."""
-    out = dict(attrs)
-    for u in updates:
-        old = out.get(u.key)
-        if u.update_type is UpdateType.REPLACE:
-            out[u.key] = u.value
-        elif u.update_type is UpdateType.REPLACE_IF_EQUALS:
-            if (NULL_ATTRIBUTE_VALUE if old is None else old) != u.comparison_value:
-                return None
-            out[u.key] = u.value
-        elif u.update_type is UpdateType.REPLACE_IF_GREATER:
-            if old is not None and u.value <= old:
-                return None
-            out[u.key] = u.value
-        else:
-            out[u.key] = (old or 0) + u.value
-    return out
 
 
 updates_st = st.lists(st.one_of(
