@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -183,7 +184,8 @@ async def _fuzz_connection(address: str, rng: random.Random, quota: list[int],
         sentinel = [0]
 
         async def read_answers(reader: asyncio.StreamReader = reader,
-                               answered: asyncio.Event = answered) -> None:
+                               answered: asyncio.Event = answered,
+                               sentinel: list[int] = sentinel) -> None:
             decoder = Decoder("responses")
             while data := await reader.read(1 << 16):
                 try:
@@ -229,10 +231,9 @@ async def _fuzz_connection(address: str, rng: random.Random, quota: list[int],
         except (ConnectionError, OSError):
             pass
         if not answers.done():
-            try:  # did the bookie close it?
+            with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+                # did the bookie close it?
                 await asyncio.wait_for(asyncio.shield(answers), 0.2 if quota[0] == 0 else 0.001)
-            except (TimeoutError, ConnectionError, OSError):
-                pass
         if answers.done():
             stats.closed_by_bookie += 1
         else:
@@ -302,7 +303,8 @@ async def _valid_traffic(address: str, index: int, rng: random.Random, stop: asy
             entry_id = len(written)
             payload = rng.randbytes(rng.randrange(1, 300))
             stored = digest.encode(entry_id, entry_id - 1, 0, payload)
-            answer = await client.call(lambda rid: AddRequest(rid, VALID_KEY, stored),
+            answer = await client.call(
+                lambda rid, stored=stored: AddRequest(rid, VALID_KEY, stored),
                                        timeout_s, stats)
             if answer.status != StatusCode.OK:
                 failures.append(f"add {ledger}/{entry_id}: {answer.status.name}")
