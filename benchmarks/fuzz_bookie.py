@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import struct
 import sys
@@ -66,7 +65,9 @@ FUZZ_KEY = master_key(b"fuzz")
 VALID_PASSWORD = b"valid-traffic"
 VALID_KEY = master_key(VALID_PASSWORD)
 MAX_FRAME = 5 * 1024 * 1024
-FRAMES_PER_WRITE = 16
+CHUNK_SIZES = (1, 4, 16)
+"""Frames per write (then a sentinel): short chunks get more fuzz frames served
+before a malformed one closes the connection."""
 FLAGS = (0, FLAG_DO_FENCING, FLAG_RECOVERY_ADD, FLAG_VOLATILE_DURABILITY)
 
 
@@ -205,7 +206,7 @@ async def _fuzz_connection(address: str, rng: random.Random, quota: list[int],
         lost = 0
         try:
             while quota[0] > 0 and not answers.done():
-                n = min(FRAMES_PER_WRITE, quota[0])
+                n = min(rng.choice(CHUNK_SIZES), quota[0])
                 quota[0] -= n
                 chunk = []
                 for _ in range(n):
@@ -382,7 +383,7 @@ def main() -> int:
                         help="seconds within which each valid request must be answered")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="quire-fuzz-", dir=os.getcwd()) as tmp:
+    with tempfile.TemporaryDirectory(prefix="quire-fuzz-") as tmp:
         root = Path(tmp)
         bookie = BookieProcess(root, sqlite_uri(root / "meta.db"), "fuzz-bookie",
                                gc_interval_ms=600_000, compaction_disk_usage_threshold=0.0)
