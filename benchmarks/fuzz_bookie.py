@@ -374,6 +374,17 @@ async def fuzz(address: str, frames: int, connections: int, seed: int,
     }
 
 
+def _rss_mb(bookie: BookieProcess) -> float | None:
+    """The bookie process's resident set (MB), from /proc (None elsewhere)."""
+    try:
+        assert bookie.proc is not None
+        with open(f"/proc/{bookie.proc.pid}/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, AssertionError):
+        return None
+    return round(kb / 1024, 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=1_000_000)
@@ -389,9 +400,11 @@ def main() -> int:
                                gc_interval_ms=600_000, compaction_disk_usage_threshold=0.0)
         bookie.start()
         try:
+            rss_before = _rss_mb(bookie)
             result = uvloop.run(fuzz(bookie.address, args.frames, args.connections, args.seed,
                                      args.timeout))
             result["bookie_alive"] = bookie.running
+            result["bookie_rss_mb"] = [rss_before, _rss_mb(bookie)]
             if not bookie.running:
                 result["bookie_log_tail"] = bookie.last_log_line()
         finally:
