@@ -24,6 +24,7 @@ def test_short_fuzz_run_keeps_the_bookie_and_valid_traffic_whole() -> None:
     result = json.loads(done.stdout)
     assert result["bookie_alive"], result
     assert result["valid_failures"] == [], result
+    assert result["io_error_frames"] == [], result  # no handler failed on a fuzz frame
     assert result["frames"] == 20000
     assert result["valid_entries"] > 0 and result["valid_max_latency_s"] < 10
     assert result["closed_by_bookie"] > 0  # malformed frames were sent, and seen as such
