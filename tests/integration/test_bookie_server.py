@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,3 +257,17 @@ async def test_full_write_cache_pauses_reads_instead_of_refusing_adds(
         client.close()
     finally:
         process.stop()
+
+
+async def test_fencing_read_of_a_negative_ledger_id_is_a_bad_request(
+        conn: RawBookieClient) -> None:
+    """Found by benchmarks/fuzz_bookie.py (seed 3): a fencing READ_ENTRY whose
+    ledger id had its sign bit flipped reached the journal's unsigned pack
+    (struct.error, answered IO_ERROR as an internal failure)."""
+    frame = bytes.fromhex("00000030010200013ad6e82382af41d9800000000007968e"
+                          "ffffffffffffffff61ce2a88a189f22cdf5b80e67f9f53fc9c61ba89")
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    conn.waiting[0x3AD6E82382AF41D9] = answer
+    conn.write_raw(frame)
+    assert (await asyncio.wait_for(answer, 10)).status == StatusCode.BAD_REQUEST
+    assert await add(conn, 1, 0) == StatusCode.OK  # the connection serves on

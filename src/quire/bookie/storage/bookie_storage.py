@@ -395,6 +395,8 @@ class BookieStorage:
         key = bytes(master_key)
         if len(key) > 255:
             raise BadRequestError("master key longer than 255 bytes")
+        if ledger_id < 0:  # (a fencing read of one: found by benchmarks/fuzz_bookie.py)
+            raise BadRequestError(f"bad ledger id {ledger_id}")
         info = _Ledger(LedgerState(key))
         self.journal.append(encode_set_master_key(ledger_id, key))
         self._ledgers[ledger_id] = info
