@@ -34,6 +34,7 @@ LONG_ENTRIES_PER_ROUND = 3
 
 COMPACTING = {
     "metrics_port": 0,
+    "flush_interval_ms": 20,  # small checkpoints: each log gets some of the long ledger
     "entry_log_max_bytes": LOG_MAX_BYTES,
     "gc_interval_ms": 250,
     "minor_compaction_threshold": 0.5,
