@@ -23,7 +23,7 @@ import uvloop
 
 from quire.bench import WriteBenchParams, bench_write
 from quire.client import Client
-from quire.sandbox import BookieProcess, sqlite_uri
+from quire.sandbox import BookieProcess, sqlite_uri, start_all, stop_all
 
 SHAPES = ((1, 1, 1), (3, 3, 2))
 
@@ -55,15 +55,11 @@ def main() -> None:
         root = Path(tmp)
         uri = sqlite_uri(root / "metadata.db")
         bookies = [BookieProcess(root, uri, f"bench-{i}", port=0) for i in range(3)]
-        for bookie in bookies:
-            bookie.start(expect_ready=False)
+        start_all(bookies)
         try:
-            for bookie in bookies:
-                bookie._wait_ready(60.0)
             results = uvloop.run(run(uri, args))
         finally:
-            for bookie in bookies:
-                bookie.stop()
+            stop_all(bookies)
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvloop
 
 from quire.client import Client
-from quire.sandbox import BookieProcess, sqlite_uri
+from quire.sandbox import BookieProcess, sqlite_uri, start_all, stop_all
 from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
 
 
@@ -174,15 +174,11 @@ def main() -> None:
         root = Path(tmp)
         uri = sqlite_uri(root / "metadata.db")
         bookies = [BookieProcess(root, uri, f"bench-{i}", port=0) for i in range(3)]
-        for bookie in bookies:
-            bookie.start(expect_ready=False)
+        start_all(bookies)
         try:
-            for bookie in bookies:
-                bookie._wait_ready(60.0)
             results = uvloop.run(run(uri, args))
         finally:
-            for bookie in bookies:
-                bookie.stop()
+            stop_all(bookies)
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -41,10 +41,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from quire.segmentstore import NOT_EXISTS, NULL_ATTRIBUTE_VALUE, AttributeUpdate, UpdateType
+from quire.segmentstore import NOT_EXISTS, AttributeUpdate, UpdateType
 from quire.segmentstore.tables import encode_batch
 from tests.support.cluster import Cluster
-from tests.support.segment_model import KEYS, NAMES, TABLE, TABLE_KEYS, WRITERS, Seg, model_updates
+from tests.support.segment_model import (
+    KEYS,
+    NAMES,
+    TABLE,
+    TABLE_KEYS,
+    WRITERS,
+    Seg,
+    model_updates,
+    updates_st,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = {"checkpoint_every_bytes": 300, "read_index_budget_bytes": 200,
@@ -229,17 +238,6 @@ def encode_updates(updates: list[AttributeUpdate]) -> list[list[Any]]:
 
 # --- requests, drawn abstract and made concrete against the model ------------------
 
-updates_st = st.lists(st.one_of(
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE),
-              st.integers(0, 3)),
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE_IF_EQUALS),
-              st.integers(0, 3),
-              st.one_of(st.integers(0, 3), st.just(NULL_ATTRIBUTE_VALUE))),
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE_IF_GREATER),
-              st.integers(0, 3)),
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.ACCUMULATE),
-              st.integers(-3, 3)),
-), max_size=3)
 name_st = st.sampled_from(NAMES)
 append_st = st.tuples(st.just("append"), name_st, st.binary(min_size=1, max_size=40), updates_st,
                       st.sampled_from(["none", "none", "right", "wrong"]),

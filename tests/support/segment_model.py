@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hypothesis import strategies as st
+
 from quire.segmentstore import NULL_ATTRIBUTE_VALUE, AttributeUpdate, UpdateType
 
 NAMES = ["a", "b"]
@@ -43,3 +45,17 @@ def model_updates(attrs: dict[int, int], updates: list[AttributeUpdate]) -> dict
         else:
             out[u.key] = (old or 0) + u.value
     return out
+
+
+# attribute updates of every kind, on the model's keys (hypothesis)
+updates_st = st.lists(st.one_of(
+    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE),
+              st.integers(0, 3)),
+    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE_IF_EQUALS),
+              st.integers(0, 3),
+              st.one_of(st.integers(0, 3), st.just(NULL_ATTRIBUTE_VALUE))),
+    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE_IF_GREATER),
+              st.integers(0, 3)),
+    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.ACCUMULATE),
+              st.integers(-3, 3)),
+), max_size=3)

@@ -32,33 +32,29 @@ from quire.errors import (
 )
 from quire.segmentstore import (
     NOT_EXISTS,
-    NULL_ATTRIBUTE_VALUE,
     AppendResult,
     AttributeUpdate,
     ContainerConfig,
     MergeResult,
     SegmentContainer,
     SegmentType,
-    UpdateType,
 )
 from quire.segmentstore.tables import encode_batch
 from quire.testing.memory_data_log import MemoryDataLogs
-from tests.support.segment_model import KEYS, NAMES, TABLE, TABLE_KEYS, WRITERS, Seg, model_updates
+from tests.support.segment_model import (
+    KEYS,
+    NAMES,
+    TABLE,
+    TABLE_KEYS,
+    WRITERS,
+    Seg,
+    model_updates,
+    updates_st,
+)
 
 T = TypeVar("T")
 
 
-updates_st = st.lists(st.one_of(
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE),
-              st.integers(0, 3)),
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE_IF_EQUALS),
-              st.integers(0, 3),
-              st.one_of(st.integers(0, 3), st.just(NULL_ATTRIBUTE_VALUE))),
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.REPLACE_IF_GREATER),
-              st.integers(0, 3)),
-    st.builds(AttributeUpdate, st.sampled_from(KEYS), st.just(UpdateType.ACCUMULATE),
-              st.integers(-3, 3)),
-), max_size=3)
 
 
 async def settle(awaitable: Awaitable[Any]) -> Any:
