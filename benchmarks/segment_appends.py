@@ -173,7 +173,7 @@ def main() -> None:
                         default=[1, 10, 1000], help="segment counts, comma separated")
     parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
     parser.add_argument("--frames-in-flight", type=int, default=8)
-    parser.add_argument("--frame-cut-ops", type=int, default=64,
+    parser.add_argument("--frame-cut-ops", type=int, default=128,
                         help="cut a frame once this many operations are queued")
     parser.add_argument("--frame-cut-bytes", type=int, default=256 << 10,
                         help="... or this many bytes")
