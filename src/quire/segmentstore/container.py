@@ -270,6 +270,15 @@ class SegmentContainer:
         elif isinstance(op, SealOp | AttributesOp):
             self.read_index.notify(op.segment_id)
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the container stopped serving (fenced by another owner, a
+        tier-1 append failed, closed), or None while it serves."""
+        oplog = self._oplog
+        if oplog.failure is not None:
+            return oplog.failure
+        return ContainerClosedError("the container is closed") if oplog.closed else None
+
     def _failed(self, _error: BaseException) -> None:
         self.read_index.notify_all()
 

@@ -76,6 +76,11 @@ class OperationLog:
         """The error that ended the log, if one did."""
         return self._failure
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def check(self) -> None:
         """Raise the log's failure, or ContainerClosedError once closed."""
         if self._failure is not None:
