@@ -85,8 +85,10 @@ from quire.segmentstore.types import (
 )
 
 T = TypeVar("T")
-MAX_APPEND_BYTES = 4 << 20
-"""The largest append (a frame holds it whole, and a ledger entry is at most 5 MiB)."""
+MAX_APPEND_BYTES = 16 << 20
+"""The largest append: room for the Pravega client's blocks of up to 8 MiB of
+events with their headers.  One larger than a frame is written as part
+frames (:func:`~quire.segmentstore.frames.split`)."""
 MAX_NAME_BYTES = 1024
 
 
@@ -205,8 +207,18 @@ class SegmentContainer:
 
     async def _replay(self) -> None:
         committed = self.committed
+        assembler: frames.PartAssembler[Position] = frames.PartAssembler()
         async for address, frame in self._log.read(None):
-            for raw in frames.unpack(frame):
+            if frames.is_part(frame):
+                whole = assembler.add(frame, address)
+                if whole is None:
+                    continue
+                raws: list[bytes | memoryview] = [whole[0]]
+                address = whole[1]  # an operation in parts is read back from its first
+            else:
+                assembler.abandon()  # parts cut short were never acknowledged
+                raws = list(frames.unpack(frame))
+            for raw in raws:
                 op = decode(raw)
                 if isinstance(op, CheckpointOp):
                     restored = ContainerMetadata.restore(op.checkpoint)
