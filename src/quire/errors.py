@@ -379,3 +379,8 @@ class ChunkTooLargeError(Tier2Error):
 
 class InvalidChunkNameError(Tier2Error):
     """A chunk name outside the contract of :class:`quire.tier2.ChunkStorage`."""
+
+
+class InvalidLayoutError(Tier2Error):
+    """A segment layout that does not decode, breaks its invariants, or does
+    not match its chunks (a chunk holding fewer bytes than recorded)."""

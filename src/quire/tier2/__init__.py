@@ -22,20 +22,36 @@ from .config import (
     parse_tier2_uri,
 )
 from .file import FileChunkStorage
+from .layout import (
+    ChunkNamer,
+    ChunkRef,
+    SegmentLayout,
+    decode_layout,
+    encode_layout,
+    parse_chunk_name,
+    read_segment,
+)
 from .memory import MemoryChunkStorage
 
 __all__ = [
     "DEFAULT_MAX_CHUNK_BYTES",
     "ChunkData",
     "ChunkInfo",
+    "ChunkNamer",
+    "ChunkRef",
     "ChunkStorage",
     "FileChunkStorage",
     "MemoryChunkStorage",
+    "SegmentLayout",
     "Tier2Config",
     "check_chunk_name",
     "concat_chunks",
+    "decode_layout",
+    "encode_layout",
     "open_chunk_storage",
+    "parse_chunk_name",
     "parse_tier2_uri",
+    "read_segment",
 ]
 
 
