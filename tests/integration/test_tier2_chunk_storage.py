@@ -207,6 +207,8 @@ async def test_an_unreachable_s3_server_is_a_typed_error() -> None:
             assert type(failed.value) is Tier2Error
     finally:
         await storage.close()
+    with pytest.raises(Tier2Error, match="Invalid endpoint"):
+        await open_chunk_storage("s3://bucket/p?endpoint_url=not-a-url")
 
 
 async def test_a_missing_bucket_is_a_typed_error(s3_endpoint: S3Endpoint) -> None:

@@ -14,8 +14,8 @@ durable before it returns, in this order:
 4. the directory is fsynced, so the new name survives a power cut.
 
 A chunk is therefore never seen under its name partly written, and one that
-``write_chunk`` returned survives power loss (``tests/unit/
-test_tier2_file_durability.py`` shows both fsyncs are needed).  A temporary
+``write_chunk`` returned survives power loss (the tests in
+``tests/unit/test_tier2_file_durability.py`` show both fsyncs are needed).  A temporary
 file left by a crash between steps 2 and 3 is garbage under a ``.`` name
 that listing skips.  Deletes are plain unlinks, not fsynced (see the
 contract: a deleted chunk may come back after a machine crash as an orphan).
