@@ -31,6 +31,7 @@ Every botocore, aiohttp and socket failure becomes a
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -55,15 +56,11 @@ _EXISTS_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConfl
 _RANGE_CODES = frozenset({"InvalidRange", "416"})
 
 
-_sessions: list[AioSession] = []
-"""The process's one botocore session, made on first use: a session caches
-the S3 service model, which costs about half a second to load."""
-
-
+@functools.cache
 def _session() -> AioSession:
-    if not _sessions:
-        _sessions.append(get_session())
-    return _sessions[0]
+    """The process's one botocore session, made on first use: a session
+    caches the S3 service model, which costs about half a second to load."""
+    return get_session()
 
 
 def _error_code(error: ClientError) -> str:
@@ -129,16 +126,16 @@ class S3ChunkStorage:
         if not conditional and await self.exists(name):
             await self._check_same_bytes(name, body)
             return
-        try:
-            async with self._request(name, "writing"):
-                extra = {"IfNoneMatch": "*"} if conditional else {}
+        async with self._request(name, "writing"):
+            extra = {"IfNoneMatch": "*"} if conditional else {}
+            try:
                 await self._client.put_object(Bucket=self._bucket, Key=self._key(name),
                                               Body=body, **extra)
-        except Tier2Error as e:
-            cause = e.__cause__
-            if not (isinstance(cause, ClientError) and _error_code(cause) in _EXISTS_CODES):
-                raise
-            await self._check_same_bytes(name, body)
+                return
+            except ClientError as e:
+                if _error_code(e) not in _EXISTS_CODES:
+                    raise
+        await self._check_same_bytes(name, body)
 
     async def _check_same_bytes(self, name: str, body: bytes) -> None:
         """The chunk exists: return if it holds ``body``, else refuse."""
@@ -157,18 +154,18 @@ class S3ChunkStorage:
             if offset > size:
                 self._refuse_range(name, offset, size)
             return b""
-        try:
-            async with self._request(name, "reading"):
+        async with self._request(name, "reading"):
+            try:
                 response = await self._client.get_object(
                     Bucket=self._bucket, Key=self._key(name),
                     Range=f"bytes={offset}-{offset + length - 1}")
+            except ClientError as e:
+                if _error_code(e) not in _RANGE_CODES:
+                    raise
+            else:
                 async with response["Body"] as stream:
                     data: bytes = await stream.read()
                 return data
-        except Tier2Error as e:
-            cause = e.__cause__
-            if not (isinstance(cause, ClientError) and _error_code(cause) in _RANGE_CODES):
-                raise
         size = await self.length(name)  # the range starts at or past the end
         if offset > size:
             self._refuse_range(name, offset, size)
