@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,8 +69,11 @@ class SimTransport(asyncio.Transport):
         self._paused = False
         self._held: list[bytes] = []
         """Bytes that arrived while reading was paused."""
-        self._next_arrival_s = 0.0
-        """When the last write from this end arrives (keeps the stream in order)."""
+        self.in_flight: deque[tuple[float, bytes]] = deque()
+        """(arrival time, bytes) written by this end and not yet delivered,
+        arrival times never decreasing: the stream's order (timers due at
+        the same time may run in any order, so each one delivers what is
+        due from the front of this queue)."""
 
     # --- asyncio.Transport -------------------------------------------------------
 
@@ -89,10 +93,10 @@ class SimTransport(asyncio.Transport):
         self._network.send(self, bytes(data))
 
     def close(self) -> None:
-        self._network.sever(self._conn, None)
+        self._network.sever(self._conn, None, by=self.local)
 
     def abort(self) -> None:
-        self._network.sever(self._conn, None)
+        self._network.sever(self._conn, None, by=self.local)
 
     def pause_reading(self) -> None:
         self._paused = True
@@ -243,18 +247,27 @@ class SimNetwork:
         if len(data) > 1 and self._rng.random() < self.config.split_probability:
             cut = self._rng.randrange(1, len(data))
             pieces = [data[:cut], data[cut:]]
+        queue = sender.in_flight
         for piece in pieces:
-            arrival = max(loop.time() + self._delay_s(), sender._next_arrival_s)
-            sender._next_arrival_s = arrival
-            loop.call_at(arrival, receiver.receive, piece)
+            arrival = loop.time() + self._delay_s()
+            if queue and queue[-1][0] > arrival:
+                arrival = queue[-1][0]
+            queue.append((arrival, piece))
+            loop.call_at(arrival, self._deliver_due, sender, receiver)
 
-    def sever(self, conn: SimConnection, exc: Exception | None) -> None:
-        """Close both ends (each protocol hears it on the next iteration)."""
+    def _deliver_due(self, sender: SimTransport, receiver: SimTransport) -> None:
+        queue, now = sender.in_flight, self._loop().time()
+        while queue and queue[0][0] <= now:
+            receiver.receive(queue.popleft()[1])
+
+    def sever(self, conn: SimConnection, exc: Exception | None, *, by: str = "") -> None:
+        """Close both ends (each protocol hears it on the next iteration);
+        ``by``: the node that closed it (else the network did)."""
         if not conn.open:
             return
         conn.open = False
         self._connections.remove(conn)
-        self._trace.event(f"close {conn}" + (f": {exc}" if exc else ""))
+        self._trace.event(f"close {conn} by {by}" if by else f"close {conn}: {exc}")
         loop = self._loop()
         for end in conn.ends:
             loop.call_soon(end.lost, exc)
