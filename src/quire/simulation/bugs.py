@@ -9,6 +9,9 @@ imports this package).
   lost connection, UNKNOWN) as NO_SUCH_ENTRY, so a recovery that cannot
   reach enough replicas decides an entry is gone and closes the ledger
   short of what was acknowledged.
+* ``skip-fencing``: recovery's "fencing" reads do not fence, so the old
+  writer keeps adding, and being acknowledged, past the end recovery
+  closes the ledger at.
 """
 
 from __future__ import annotations
@@ -16,10 +19,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from typing import Any
+
 from quire.client import reads
 from quire.errors import QuireError
+from quire.peer import BookieClient
+from quire.peer.connection import ReadHandler
+from quire.protocol import LAST_ENTRY_ID, ReadRequest, ReadResponse
 
-BUGS = ("unknown-as-no",)
+BUGS = ("unknown-as-no", "skip-fencing")
+
+
+def _read_without_fencing(self: BookieClient, ledger_id: int, master_key: bytes,
+                          timeout_s: float, handler: ReadHandler, token: Any) -> None:
+    self._request(ReadRequest(0, ledger_id, LAST_ENTRY_ID, 0, None), ReadResponse, timeout_s,
+                  handler, token)
 
 
 @contextlib.contextmanager
@@ -30,9 +44,13 @@ def seeded_bug(name: str) -> Iterator[None]:
         return
     if name not in BUGS:
         raise ValueError(f"unknown seeded bug {name!r} (known: {', '.join(BUGS)})")
-    saved = reads.EXPLICIT_NEGATIVES
-    reads.EXPLICIT_NEGATIVES = (QuireError,)  # type: ignore[assignment]
+    negatives, fence_read = reads.EXPLICIT_NEGATIVES, BookieClient.fence_read
+    if name == "unknown-as-no":
+        reads.EXPLICIT_NEGATIVES = (QuireError,)  # type: ignore[assignment]
+    else:
+        BookieClient.fence_read = _read_without_fencing  # type: ignore[method-assign]
     try:
         yield
     finally:
-        reads.EXPLICIT_NEGATIVES = saved
+        reads.EXPLICIT_NEGATIVES = negatives  # type: ignore[assignment]
+        BookieClient.fence_read = fence_read  # type: ignore[method-assign]

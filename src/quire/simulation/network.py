@@ -164,6 +164,17 @@ class SimNetwork:
         self._cut: frozenset[str] = frozenset()
         """Nodes partitioned away from the others (empty: none)."""
         self._next_id = 0
+        self._contexts: dict[str, contextvars.Context] = {}
+
+    def _context_of(self, node: str) -> contextvars.Context:
+        """A context whose ``current_node`` is ``node``: what arrives at a
+        node runs in it, so the tasks it starts (a reconnection, an
+        ensemble change) belong to that node too."""
+        context = self._contexts.get(node)
+        if context is None:
+            context = self._contexts[node] = contextvars.Context()
+            context.run(current_node.set, node)
+        return context
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
@@ -253,7 +264,8 @@ class SimNetwork:
             if queue and queue[-1][0] > arrival:
                 arrival = queue[-1][0]
             queue.append((arrival, piece))
-            loop.call_at(arrival, self._deliver_due, sender, receiver)
+            loop.call_at(arrival, self._deliver_due, sender, receiver,
+                         context=self._context_of(receiver.local))
 
     def _deliver_due(self, sender: SimTransport, receiver: SimTransport) -> None:
         queue, now = sender.in_flight, self._loop().time()
@@ -270,4 +282,4 @@ class SimNetwork:
         self._trace.event(f"close {conn} by {by}" if by else f"close {conn}: {exc}")
         loop = self._loop()
         for end in conn.ends:
-            loop.call_soon(end.lost, exc)
+            loop.call_soon(end.lost, exc, context=self._context_of(end.local))

@@ -144,7 +144,7 @@ async def _simulate(seed: int, rng: random.Random, trace: Trace, network: SimNet
         finally:
             current_node.reset(token)
     workload = Workload(rng, trace, store, bookies, clients=3, ledgers_per_client=2,
-                        max_entries=40, vd_probability=0.25)
+                        max_entries=60, vd_probability=0.25)
     await workload.connect()
     nemesis = _Nemesis(rng, trace, network, bookies, faults)
     nemesis_task = asyncio.get_running_loop().create_task(nemesis.run())

@@ -206,7 +206,7 @@ class Workload:
                     synced = await asyncio.wait_for(handle.sync(), OP_TIMEOUT_S)
                     history.synced[lid] = max(history.synced.get(lid, -1), synced)
                     self.trace.event(f"{name} L{lid} synced up to {synced}")
-                if rng.random() < 0.3:
+                if rng.random() < 0.5:
                     await asyncio.sleep(rng.uniform(0, 0.3))
 
     # --- recoverers and readers ---------------------------------------------------
@@ -217,9 +217,9 @@ class Workload:
 
     async def _recoverer(self, name: str) -> None:
         while self.writing:
-            await asyncio.sleep(self.rng.uniform(0.2, 1.5))
+            await asyncio.sleep(self.rng.uniform(0.1, 1.0))
             lid = self._pick_ledger()
-            if lid is None or not self.writing or self.rng.random() < 0.5:
+            if lid is None or not self.writing:
                 continue
             await self.recover(name, lid)
 
