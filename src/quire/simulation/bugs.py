@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-
 from typing import Any
 
 from quire.client import reads
@@ -44,13 +43,14 @@ def seeded_bug(name: str) -> Iterator[None]:
         return
     if name not in BUGS:
         raise ValueError(f"unknown seeded bug {name!r} (known: {', '.join(BUGS)})")
-    negatives, fence_read = reads.EXPLICIT_NEGATIVES, BookieClient.fence_read
+    names = vars(reads)  # (the module's globals: its reads look the name up there)
+    negatives, fence_read = names["EXPLICIT_NEGATIVES"], BookieClient.fence_read
     if name == "unknown-as-no":
-        reads.EXPLICIT_NEGATIVES = (QuireError,)  # type: ignore[assignment]
+        names["EXPLICIT_NEGATIVES"] = (QuireError,)
     else:
         BookieClient.fence_read = _read_without_fencing  # type: ignore[method-assign]
     try:
         yield
     finally:
-        reads.EXPLICIT_NEGATIVES = negatives  # type: ignore[assignment]
+        names["EXPLICIT_NEGATIVES"] = negatives
         BookieClient.fence_read = fence_read  # type: ignore[method-assign]

@@ -25,12 +25,13 @@ import asyncio
 import concurrent.futures
 import contextvars
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 if TYPE_CHECKING:
     from quire.simulation.network import SimNetwork
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 
@@ -82,12 +83,12 @@ class SimLoop(asyncio.BaseEventLoop):
     def _write_to_self(self) -> None:
         pass
 
-    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,
+    def call_soon_threadsafe(self, callback: Callable[[*Ts], object], *args: *Ts,
                              context: contextvars.Context | None = None) -> asyncio.Handle:
         return self.call_soon(callback, *args, context=context)
 
     def run_in_executor(self, executor: concurrent.futures.Executor | None,
-                        func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+                        func: Callable[[*Ts], T], *args: *Ts) -> asyncio.Future[T]:
         future: asyncio.Future[T] = self.create_future()
         try:
             future.set_result(func(*args))
@@ -95,7 +96,7 @@ class SimLoop(asyncio.BaseEventLoop):
             future.set_exception(e)
         return future
 
-    async def create_connection(  # type: ignore[override]
+    async def create_connection(
             self, protocol_factory: Callable[[], P], host: str | None = None,
             port: int | None = None, **_kwargs: Any) -> tuple[asyncio.Transport, P]:
         if self.network is None:

@@ -29,7 +29,7 @@ from quire.errors import QuireError
 from quire.metadata import MetadataStore
 from quire.peer import BookiePool
 from quire.simulation.cluster import SimBookie
-from quire.simulation.network import SimNetwork, current_node
+from quire.simulation.network import current_node
 from quire.simulation.trace import Trace
 from quire.types import LedgerType
 
