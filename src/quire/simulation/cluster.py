@@ -14,7 +14,10 @@ checkpoints at times the seed picks (:meth:`SimBookie.checkpoint`).
 A crash is a power loss: the listener goes, every connection resets, the
 engine is abandoned and the disk keeps only what was synced
 (:meth:`~quire.simulation.disk.SimDisk.power_loss`).  A restart opens a new
-engine and server over the same disk, or over a wiped one.
+engine and server over the same disk.  (A bookie that reboots with an empty
+disk needs the node's cookie check and BP-46 limbo, which run in
+``quire.node``, not here: without them an emptied bookie answers "no such
+entry" for entries it acknowledged, which no protocol survives.)
 """
 
 from __future__ import annotations
@@ -89,20 +92,16 @@ class SimBookie:
         self._trace.event(f"{self.bookie_id} up (boot {self.boots}, "
                           f"{len(storage.list_ledgers())} ledgers)")
 
-    def crash(self, *, wipe: bool = False) -> None:
-        """Power loss (see the module docstring); ``wipe``: the disk is lost too."""
+    def crash(self) -> None:
+        """Power loss (see the module docstring)."""
         server, self.server = self.server, None
         if server is None:
             return
         self._network.unlisten(self.address)
         server.storage.abandon()
         server.committer.close()
-        if wipe:
-            self.disk.wipe()
-            self._trace.event(f"{self.bookie_id} crashed, disk wiped")
-        else:
-            lost = self.disk.power_loss(self._rng)
-            self._trace.event(f"{self.bookie_id} crashed, lost {lost} unsynced journal records")
+        lost = self.disk.power_loss(self._rng)
+        self._trace.event(f"{self.bookie_id} crashed, lost {lost} unsynced journal records")
 
     async def checkpoint(self) -> None:
         if self.server is not None:

@@ -20,7 +20,6 @@ with :meth:`BookieStorage.open_over`:
 drops what was never synced, keeping a random prefix of the journal writes
 that were (the page cache may have written some back; a torn last record
 fails its checksum and ends replay, which is the same as losing it).
-:meth:`SimDisk.wipe` is a bookie that reboots with an empty disk.
 
 Not simulated: entry-log GC and compaction (``gc_entry_logs`` finds
 nothing to remove; the simulated bookie never runs ``compact_entry_logs``),
@@ -75,10 +74,6 @@ class SimDisk:
             del self.journal[len(self.journal) - lost:]
         self.journal_synced = self.journal_end
         return lost
-
-    def wipe(self) -> None:
-        """Every byte gone: the bookie comes back with an empty disk."""
-        self.__init__()  # type: ignore[misc]
 
 
 class SimJournal(Journal):

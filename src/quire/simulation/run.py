@@ -37,7 +37,6 @@ class Faults:
 
     resets: float
     crashes: float
-    wipes: float
     partitions: float
     checkpoints: float
     slow_probability: float
@@ -47,7 +46,7 @@ class Faults:
     def draw(cls, rng: random.Random) -> Faults:
         def maybe(weight: float, chance: float) -> float:
             return weight if rng.random() < chance else 0.0
-        return cls(resets=maybe(3.0, 0.6), crashes=maybe(2.0, 0.6), wipes=0.0,
+        return cls(resets=maybe(3.0, 0.6), crashes=maybe(2.0, 0.6),
                    partitions=maybe(1.0, 0.4), checkpoints=maybe(2.0, 0.7),
                    slow_probability=maybe(0.02, 0.4), max_delay_ms=rng.choice((1.0, 5.0, 30.0)))
 
@@ -109,7 +108,7 @@ class _Nemesis:
         if down and (len(down) >= MAX_DOWN or self._rng.random() < 0.5):
             await self._rng.choice(down).start()
         elif up:
-            self._rng.choice(up).crash(wipe=self._rng.random() < self._faults.wipes)
+            self._rng.choice(up).crash()
 
     async def _partition_or_heal(self) -> None:
         if self._rng.random() < 0.5:
@@ -133,7 +132,7 @@ class _Nemesis:
                 await bookie.start()
 
 
-async def _simulate(seed: int, rng: random.Random, trace: Trace, network: SimNetwork,
+async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
                     faults: Faults, result: RunResult) -> None:
     store = await open_memory("memory://", lease_ms=1 << 40, poll_interval_ms=200)
     bookies = [SimBookie(f"b{i}", network, store, rng, trace) for i in range(1, BOOKIES + 1)]
@@ -143,7 +142,7 @@ async def _simulate(seed: int, rng: random.Random, trace: Trace, network: SimNet
             await bookie.start()
         finally:
             current_node.reset(token)
-    workload = Workload(rng, trace, store, bookies, clients=3, ledgers_per_client=2,
+    workload = Workload(rng, trace, store, clients=3, ledgers_per_client=2,
                         max_entries=60, vd_probability=0.25)
     await workload.connect()
     nemesis = _Nemesis(rng, trace, network, bookies, faults)
@@ -186,7 +185,7 @@ def run_seed(seed: int, *, bug: str = "") -> RunResult:
     try:
         with _quiet_logs(), seeded_bug(bug):
             try:
-                loop.run_until_complete(_simulate(seed, rng, trace, network, faults, result))
+                loop.run_until_complete(_simulate(rng, trace, network, faults, result))
             except Exception as e:  # reported as the run's failure, with its trace
                 result.error = f"{type(e).__name__}: {e}"
                 trace.event(f"run ended by {result.error}")

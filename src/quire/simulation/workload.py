@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from quire.client import Client, ClientConfig, ReadHandle, WriteHandle
 from quire.client.context import ClientContext
@@ -28,7 +30,6 @@ from quire.client.placement import RandomPlacement
 from quire.errors import QuireError
 from quire.metadata import MetadataStore
 from quire.peer import BookiePool
-from quire.simulation.cluster import SimBookie
 from quire.simulation.network import current_node
 from quire.simulation.trace import Trace
 from quire.types import LedgerType
@@ -98,14 +99,13 @@ class LacWatch:
 class Workload:
     """Clients, writers, recoverers, readers of one run (module docstring)."""
 
-    def __init__(self, rng: random.Random, trace: Trace, store: MetadataStore,
-                 bookies: list[SimBookie], *, clients: int, ledgers_per_client: int,
-                 max_entries: int, vd_probability: float) -> None:
+    def __init__(self, rng: random.Random, trace: Trace, store: MetadataStore, *,
+                 clients: int, ledgers_per_client: int, max_entries: int,
+                 vd_probability: float) -> None:
         self.rng = rng
         self.trace = trace
         self.history = History()
         self._store = store
-        self._bookies = bookies
         self._client_count = clients
         self._ledgers_per_client = ledgers_per_client
         self._max_entries = max_entries
@@ -127,11 +127,11 @@ class Workload:
             finally:
                 current_node.reset(token)
 
-    def _spawn(self, name: str, coro: object) -> asyncio.Task[None]:
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task of client ``name`` (its connections come from that node)."""
         token = current_node.set(name)
         try:
-            return asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+            return asyncio.get_running_loop().create_task(coro)
         finally:
             current_node.reset(token)
 
