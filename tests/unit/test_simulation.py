@@ -20,6 +20,8 @@ from quire.simulation.disk import SimDisk, SimJournal, SimLedgerStorage
 from quire.simulation.loop import SimDeadlock, SimLoop
 from quire.simulation.network import NetworkConfig, SimNetwork, current_node
 from quire.simulation.trace import Trace
+from quire.simulation.workload import History, LacWatch, check, payload
+from quire.types import LedgerType
 
 
 def simulate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -221,3 +223,66 @@ def test_a_seeded_bug_is_caught_within_fifty_seeds(bug: str, invariant: str) -> 
     assert f"replay: python -m quire.simulation --seed {seed} --bug {bug}" in result.stdout
     replay = simulate("--seed", seed, "--bug", bug)
     assert replay.returncode == 1 and f"violated: {invariant}" in replay.stdout
+
+
+# --- the invariants, each shown failing on a history that breaks it -------------------
+
+def _history() -> History:
+    """Ledger 1 (PD): entries 0..2 acknowledged, closed and read back at 2."""
+    history = History()
+    history.ledgers[1] = (3, 3, 2, LedgerType.PD_JOURNAL)
+    history.acked[1] = {0, 1, 2}
+    history.closes.append(("c1 writer", 1, 2))
+    history.final[1] = 2
+    history.final_reads[1] = {e: payload(1, e) for e in range(3)}
+    return history
+
+
+def test_a_consistent_history_holds_every_invariant() -> None:
+    assert check(_history()) == []
+
+
+def _broken(change: str) -> History:
+    history = _history()
+    if change == "closed-short":  # (no client was told of a close)
+        history.closes = []
+        history.final[1] = 1
+        history.final_reads[1] = {e: payload(1, e) for e in range(2)}
+    elif change == "unreadable":
+        history.final_reads[1][1] = "EntryNotAvailableError('...')"
+    elif change == "divergent-close":
+        history.closes.append(("c2 recovery", 1, 3))
+    elif change == "dirty-read":
+        history.confirmed_reads.append(("c3", 1, 3, payload(1, 3)))
+    elif change == "lac-back":
+        watch = LacWatch("c2 reader of L1", history)
+        watch.saw(2)
+        watch.saw(1)
+    elif change == "unrecovered":
+        del history.final[1]
+        history.unrecovered[1] = "recovery kept failing"
+    return history
+
+
+@pytest.mark.parametrize(("change", "invariant"), [
+    ("closed-short", "acknowledged-entry-lost"),
+    ("unreadable", "entry-unreadable"),
+    ("divergent-close", "close-divergence"),
+    ("dirty-read", "dirty-read"),
+    ("lac-back", "lac-moved-back"),
+    ("unrecovered", "liveness"),
+])
+def test_each_invariant_catches_what_it_names(change: str, invariant: str) -> None:
+    assert [v.invariant for v in check(_broken(change))] == [invariant]
+
+
+def test_an_unsynced_vd_entry_may_be_lost_after_a_crash_but_not_without_one() -> None:
+    history = _history()
+    history.ledgers[1] = (3, 3, 2, LedgerType.VD_JOURNAL)
+    history.synced[1] = 1
+    history.final[1] = 1
+    history.final_reads[1] = {e: payload(1, e) for e in range(2)}
+    history.closes = []
+    assert [v.invariant for v in check(history)] == ["acknowledged-entry-lost"]
+    history.crashed = True
+    assert check(history) == []

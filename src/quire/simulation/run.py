@@ -48,7 +48,8 @@ class Faults:
             return weight if rng.random() < chance else 0.0
         return cls(resets=maybe(3.0, 0.6), crashes=maybe(2.0, 0.6),
                    partitions=maybe(1.0, 0.4), checkpoints=maybe(2.0, 0.7),
-                   slow_probability=maybe(0.02, 0.4), max_delay_ms=rng.choice((1.0, 5.0, 30.0)))
+                   slow_probability=maybe(rng.choice((0.01, 0.05)), 0.5),
+                   max_delay_ms=rng.choice((1.0, 5.0, 30.0)))
 
     def describe(self) -> str:
         return (f"resets={self.resets} crashes={self.crashes} partitions={self.partitions} "
@@ -78,8 +79,9 @@ class _Nemesis:
     """Injects the run's faults until told to stop."""
 
     def __init__(self, rng: random.Random, trace: Trace, network: SimNetwork,
-                 bookies: list[SimBookie], faults: Faults) -> None:
+                 bookies: list[SimBookie], clients: list[str], faults: Faults) -> None:
         self._rng = rng
+        self._clients = clients
         self._trace = trace
         self._network = network
         self._bookies = bookies
@@ -114,8 +116,8 @@ class _Nemesis:
         if self._rng.random() < 0.5:
             self._network.heal()
             return
-        nodes = [b.bookie_id for b in self._bookies]
-        self._network.partition(frozenset(self._rng.sample(nodes, self._rng.randint(1, 2))))
+        nodes = [b.bookie_id for b in self._bookies] + list(self._clients)
+        self._network.partition(frozenset(self._rng.sample(nodes, self._rng.randint(1, 3))))
 
     async def _checkpoint(self) -> None:
         up = [b for b in self._bookies if b.up]
@@ -145,7 +147,7 @@ async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
     workload = Workload(rng, trace, store, clients=3, ledgers_per_client=2,
                         max_entries=60, vd_probability=0.25)
     await workload.connect()
-    nemesis = _Nemesis(rng, trace, network, bookies, faults)
+    nemesis = _Nemesis(rng, trace, network, bookies, list(workload.clients), faults)
     nemesis_task = asyncio.get_running_loop().create_task(nemesis.run())
     await workload.run()
     await nemesis.quiesce()

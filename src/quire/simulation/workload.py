@@ -112,6 +112,8 @@ class Workload:
         self._vd_probability = vd_probability
         self.clients: dict[str, Client] = {}
         self.writing = True
+        self._active: set[int] = set()
+        """Ledgers whose writer is still appending."""
 
     async def connect(self) -> None:
         config = ClientConfig(add_entry_timeout_ms=4000, read_timeout_ms=3000,
@@ -171,11 +173,14 @@ class Workload:
         lac = LacWatch(f"{name} writer of L{lid}", history)
         count = rng.randint(1, self._max_entries)
         window = rng.randint(1, 8)
+        self._active.add(lid)
         try:
             await self._append_all(name, handle, count, window, lac)
         except (QuireError, TimeoutError) as err:
             trace.event(f"{name} L{lid} appends stopped: {err!r}")
             return
+        finally:
+            self._active.discard(lid)
         if rng.random() < 0.25:
             trace.event(f"{name} L{lid} writer walks away at {handle.last_add_completed}")
             return
@@ -211,14 +216,19 @@ class Workload:
 
     # --- recoverers and readers ---------------------------------------------------
 
-    def _pick_ledger(self) -> int | None:
+    def _pick_ledger(self, *, prefer_active: bool = False) -> int | None:
+        """A ledger to read or recover; to recover, mostly one still being
+        written (the races recovery exists for)."""
+        active = sorted(self._active)
+        if prefer_active and active and self.rng.random() < 0.7:
+            return self.rng.choice(active)
         ids = sorted(self.history.ledgers)
         return self.rng.choice(ids) if ids else None
 
     async def _recoverer(self, name: str) -> None:
         while self.writing:
             await asyncio.sleep(self.rng.uniform(0.1, 1.0))
-            lid = self._pick_ledger()
+            lid = self._pick_ledger(prefer_active=True)
             if lid is None or not self.writing:
                 continue
             await self.recover(name, lid)
