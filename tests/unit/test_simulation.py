@@ -198,6 +198,8 @@ def test_the_same_seed_gives_the_same_run_byte_for_byte() -> None:
     assert _digest(first.stdout) == _digest(second.stdout)
     assert first.stdout == second.stdout
     assert first.stdout.count("\n") > 50  # a real run, with its trace
+    many = simulate("--seeds", "3", "--first", "10", "--workers", "2", "--digests")
+    assert f"seed 11: trace sha256 {_digest(first.stdout)}" in many.stdout  # any worker
     assert _digest(simulate("--seed", "12").stdout) != _digest(first.stdout)
 
 

@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--until-failure", action="store_true",
                         help="stop at the first failing seed")
+    parser.add_argument("--digests", action="store_true",
+                        help="print each seed's trace sha256 (to compare runs)")
     parser.add_argument("--trace-lines", type=int, default=80,
                         help="trace lines shown for a failure (0: all)")
     return parser
@@ -103,6 +105,8 @@ def main(argv: list[str]) -> int:
     with context.Pool(max(1, args.workers), maxtasksperchild=1) as pool:
         for outcome in pool.imap(_run, [(seed, args.bug, False) for seed in seeds]):
             ran += 1
+            if args.digests:
+                print(f"seed {outcome.seed}: trace sha256 {outcome.digest}")
             acked += outcome.acked
             virtual_s += outcome.virtual_s
             if not outcome.ok:
