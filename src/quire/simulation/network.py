@@ -9,7 +9,10 @@ their messages are reordered against each other.  Faults:
 
 * **delay**: each write may be held ``slow_delay_s`` (long enough for a
   request to time out), with probability ``slow_probability``;
-* **reset** (:meth:`SimNetwork.reset`): both ends see ``connection_lost``;
+* **pause** (:meth:`SimNetwork.pause`): a node's traffic stops for a while
+  (a hung process as its peers see it, BP-46's "C1 hangs"; its own timers
+  still run): nothing it sends or is sent arrives before the pause ends;
+* **reset** (:meth:`SimNetwork.reset_random`): both ends see ``connection_lost``;
   bytes in flight are lost;
 * **partition** (:meth:`SimNetwork.partition`): a set of nodes is cut off
   from the rest: their connections across the cut are reset and new ones
@@ -164,6 +167,8 @@ class SimNetwork:
         self._cut: frozenset[str] = frozenset()
         """Nodes partitioned away from the others (empty: none)."""
         self._next_id = 0
+        self._paused_until: dict[str, float] = {}
+        """Node -> loop time its pause ends."""
         self._contexts: dict[str, contextvars.Context] = {}
 
     def _context_of(self, node: str) -> contextvars.Context:
@@ -205,6 +210,16 @@ class SimNetwork:
         for conn in list(self._connections):
             if self._blocked(conn.client_node, conn.server_node):
                 self.sever(conn, ConnectionResetError("partitioned"))
+
+    def pause(self, node: str, seconds: float) -> None:
+        """Hold everything to and from ``node`` for ``seconds`` (see the
+        module docstring); connections stay open."""
+        until = self._loop().time() + seconds
+        self._paused_until[node] = max(until, self._paused_until.get(node, 0.0))
+        self._trace.event(f"{node} paused for {seconds:.3f} s")
+
+    def _resumes_at(self, *nodes: str) -> float:
+        return max(self._paused_until.get(node, 0.0) for node in nodes)
 
     def heal(self) -> None:
         if self._cut:
@@ -259,8 +274,9 @@ class SimNetwork:
             cut = self._rng.randrange(1, len(data))
             pieces = [data[:cut], data[cut:]]
         queue = sender.in_flight
+        paused_until = self._resumes_at(sender.local, sender.remote)
         for piece in pieces:
-            arrival = loop.time() + self._delay_s()
+            arrival = max(loop.time(), paused_until) + self._delay_s()
             if queue and queue[-1][0] > arrival:
                 arrival = queue[-1][0]
             queue.append((arrival, piece))

@@ -38,6 +38,7 @@ class Faults:
     resets: float
     crashes: float
     partitions: float
+    pauses: float
     checkpoints: float
     slow_probability: float
     max_delay_ms: float
@@ -47,12 +48,14 @@ class Faults:
         def maybe(weight: float, chance: float) -> float:
             return weight if rng.random() < chance else 0.0
         return cls(resets=maybe(3.0, 0.6), crashes=maybe(2.0, 0.6),
-                   partitions=maybe(1.0, 0.4), checkpoints=maybe(2.0, 0.7),
+                   partitions=maybe(1.0, 0.4), pauses=maybe(1.0, 0.4),
+                   checkpoints=maybe(2.0, 0.7),
                    slow_probability=maybe(rng.choice((0.01, 0.05)), 0.5),
                    max_delay_ms=rng.choice((1.0, 5.0, 30.0)))
 
     def describe(self) -> str:
         return (f"resets={self.resets} crashes={self.crashes} partitions={self.partitions} "
+                f"pauses={self.pauses} "
                 f"checkpoints={self.checkpoints} slow={self.slow_probability} "
                 f"max_delay_ms={self.max_delay_ms}")
 
@@ -91,7 +94,8 @@ class _Nemesis:
     async def run(self) -> None:
         f = self._faults
         actions = [(f.resets, self._reset), (f.crashes, self._crash_or_restart),
-                   (f.partitions, self._partition_or_heal), (f.checkpoints, self._checkpoint)]
+                   (f.partitions, self._partition_or_heal), (f.pauses, self._pause),
+                   (f.checkpoints, self._checkpoint)]
         actions = [(w, act) for w, act in actions if w > 0]
         while self.running and actions:
             await asyncio.sleep(self._rng.uniform(0.05, 0.6))
@@ -118,6 +122,10 @@ class _Nemesis:
             return
         nodes = [b.bookie_id for b in self._bookies] + list(self._clients)
         self._network.partition(frozenset(self._rng.sample(nodes, self._rng.randint(1, 3))))
+
+    async def _pause(self) -> None:
+        nodes = [b.bookie_id for b in self._bookies] + list(self._clients)
+        self._network.pause(self._rng.choice(nodes), self._rng.uniform(0.5, 8.0))
 
     async def _checkpoint(self) -> None:
         up = [b for b in self._bookies if b.up]

@@ -201,11 +201,14 @@ class Workload:
         for entry_id in range(count):
             pending.append(handle.append(payload(lid, entry_id)))
             if len(pending) >= window or entry_id == count - 1:
-                for future in pending:
-                    acked = await asyncio.wait_for(future, OP_TIMEOUT_S)
-                    history.acked[lid].add(acked)
-                    lac.saw(handle.last_add_confirmed)
-                self.trace.event(f"{name} L{lid} acked up to {handle.last_add_completed}")
+                try:
+                    for future in pending:
+                        acked = await asyncio.wait_for(future, OP_TIMEOUT_S)
+                        history.acked[lid].add(acked)
+                        lac.saw(handle.last_add_confirmed)
+                finally:  # (also when an append failed: what was acknowledged before it)
+                    self.trace.event(f"{name} L{lid} acked up to "
+                                     f"{max(history.acked[lid], default=-1)}")
                 pending = []
                 if vd and rng.random() < 0.5:
                     synced = await asyncio.wait_for(handle.sync(), OP_TIMEOUT_S)
