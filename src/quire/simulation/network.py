@@ -105,12 +105,21 @@ class SimTransport(asyncio.Transport):
         self._paused = True
 
     def resume_reading(self) -> None:
+        """Reading resumes; what arrived meanwhile is handed over on the
+        next iteration (as a real transport would: never from inside the
+        protocol call that resumed it)."""
         if not self._paused:
             return
         self._paused = False
-        held, self._held = self._held, []
-        for data in held:
-            self.receive(data)
+        if self._held:
+            self._network.soon(self.local, self._hand_over_held)
+
+    def _hand_over_held(self) -> None:
+        while self._held and not self._paused:
+            data = self._held.pop(0)
+            if not self._conn.open or self.protocol is None:
+                return
+            self.protocol.data_received(data)
 
     def is_reading(self) -> bool:
         return not self._paused
@@ -126,7 +135,7 @@ class SimTransport(asyncio.Transport):
     def receive(self, data: bytes) -> None:
         if not self._conn.open or self.protocol is None:
             return
-        if self._paused:
+        if self._paused or self._held:  # (held bytes go first)
             self._held.append(data)
             return
         self.protocol.data_received(data)
@@ -210,6 +219,10 @@ class SimNetwork:
         for conn in list(self._connections):
             if self._blocked(conn.client_node, conn.server_node):
                 self.sever(conn, ConnectionResetError("partitioned"))
+
+    def soon(self, node: str, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the next iteration, as ``node``."""
+        self._loop().call_soon(callback, context=self._context_of(node))
 
     def pause(self, node: str, seconds: float) -> None:
         """Hold everything to and from ``node`` for ``seconds`` (see the
