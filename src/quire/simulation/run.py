@@ -170,16 +170,36 @@ async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
     await store.close()
 
 
+class _ToTrace(logging.Handler):
+    """Puts the client's log lines (recovery steps, ensemble changes, writer
+    failures: deterministic text) into the trace, as ``[client] ...``."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__(logging.INFO)
+        self._trace = trace
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._trace.event(f"[client] {record.getMessage()}")
+
+
 @contextlib.contextmanager
-def _quiet_logs() -> Iterator[None]:
-    """The product's log lines are not part of the trace (and are many)."""
-    logger = logging.getLogger("quire")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
+def _product_logs(trace: Trace) -> Iterator[None]:
+    """The client's INFO lines go to the trace; every other product log
+    line is dropped (bookies warn about each malformed or reset connection)."""
+    root, client = logging.getLogger("quire"), logging.getLogger("quire.client")
+    saved = root.level, client.level, client.propagate
+    handler = _ToTrace(trace)
+    root.setLevel(logging.CRITICAL + 1)
+    client.setLevel(logging.INFO)
+    client.propagate = False
+    client.addHandler(handler)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        client.removeHandler(handler)
+        root.setLevel(saved[0])
+        client.setLevel(saved[1])
+        client.propagate = saved[2]
 
 
 def run_seed(seed: int, *, bug: str = "") -> RunResult:
@@ -193,7 +213,7 @@ def run_seed(seed: int, *, bug: str = "") -> RunResult:
     trace.event(f"seed {seed}: {faults.describe()}" + (f" bug={bug}" if bug else ""))
     loop = SimLoop(network)
     try:
-        with _quiet_logs(), seeded_bug(bug):
+        with _product_logs(trace), seeded_bug(bug):
             try:
                 loop.run_until_complete(_simulate(rng, trace, network, faults, result))
             except Exception as e:  # reported as the run's failure, with its trace
