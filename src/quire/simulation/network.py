@@ -231,6 +231,11 @@ class SimNetwork:
         self._paused_until[node] = max(until, self._paused_until.get(node, 0.0))
         self._trace.event(f"{node} paused for {seconds:.3f} s")
 
+    def end_pauses(self) -> None:
+        """No node is paused from now on (bytes already held still arrive
+        when their pause would have ended)."""
+        self._paused_until.clear()
+
     def _resumes_at(self, *nodes: str) -> float:
         return max(self._paused_until.get(node, 0.0) for node in nodes)
 

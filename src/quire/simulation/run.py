@@ -136,6 +136,7 @@ class _Nemesis:
         """Faults over: heal, every bookie up, the network fast again."""
         self.running = False
         self._network.heal()
+        self._network.end_pauses()
         self._network.config = NetworkConfig()
         for bookie in self._bookies:
             if not bookie.up:

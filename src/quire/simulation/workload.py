@@ -302,24 +302,32 @@ class Workload:
                     self.history.unrecovered[lid] = "recovery kept failing"
                     continue
                 self.history.final[lid] = last
-                await self._read_all(name, lid, last)
+                await self._read_all(name, lid, last, attempts)
         finally:
             current_node.reset(token)
 
-    async def _read_all(self, name: str, lid: int, last: int) -> None:
+    async def _read_all(self, name: str, lid: int, last: int, attempts: int) -> None:
+        """Read every entry of the closed ledger; a failed read is tried
+        again (``attempts`` in all: an unknown answer, such as a timeout on
+        a reply that was still held up when the faults stopped, is not a no)
+        and only then recorded as its error."""
         reads: dict[int, bytes | str] = {}
         self.history.final_reads[lid] = reads
         if last < 0:
             return
         handle = await self.clients[name].open_ledger(lid, password=PASSWORD, recovery=False)
         for entry_id in range(last + 1):
-            try:
-                (entry,) = await asyncio.wait_for(handle.read(entry_id, entry_id),
-                                                  OP_TIMEOUT_S)
-            except (QuireError, TimeoutError) as err:
-                reads[entry_id] = repr(err)
-            else:
-                reads[entry_id] = entry.data
+            for attempt in range(attempts):
+                try:
+                    (entry,) = await asyncio.wait_for(handle.read(entry_id, entry_id),
+                                                      OP_TIMEOUT_S)
+                except (QuireError, TimeoutError) as err:
+                    reads[entry_id] = repr(err)
+                    if attempt + 1 < attempts:
+                        await asyncio.sleep(2.0)
+                else:
+                    reads[entry_id] = entry.data
+                    break
 
     async def close(self) -> None:
         for client in self.clients.values():
