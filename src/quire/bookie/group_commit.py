@@ -104,8 +104,9 @@ class GroupCommitter:
         self.fsync_count = 0
         self.loop_sync_count = 0
         """Of ``fsync_count``, the syncs the loop ran itself."""
-        self._thread = threading.Thread(target=self._run, name="quire-fsync", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        """Started by the first sync that needs it: a committer whose syncs
+        all run on the loop (the simulation's) never starts one."""
 
     def observe(self, *, on_sync: SyncObserver | None = None,
                 on_durable: DurableHook | None = None) -> None:
@@ -181,7 +182,7 @@ class GroupCommitter:
         if seq > self._wanted_seq:
             self._wanted_seq = seq
             if not self.syncs_on_loop:
-                self._wake.set()
+                self._wake_thread()
             elif not self._loop_sync_scheduled:
                 self._loop_sync_scheduled = True
                 self._loop.call_soon(self._sync_on_loop)
@@ -208,7 +209,7 @@ class GroupCommitter:
         if self._closed or self._wanted_seq <= self._durable_seq:
             return
         if self._thread_busy:  # (it moved to the thread meanwhile) never both at once
-            self._wake.set()
+            self._wake_thread()
             return
         started = time.perf_counter()
         try:
@@ -220,6 +221,12 @@ class GroupCommitter:
         self._on_synced(synced, time.perf_counter() - started)
 
     # --- the fsync thread -----------------------------------------------------
+
+    def _wake_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="quire-fsync", daemon=True)
+            self._thread.start()
+        self._wake.set()
 
     def _run(self) -> None:
         synced = -1
@@ -266,4 +273,5 @@ class GroupCommitter:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()

@@ -247,10 +247,6 @@ class BookieStorage:
                 entry_tracker = SyncTracker(entry_log_dir, KIND_ENTRY_LOG)
                 trackers.append(entry_tracker)
             store = LedgerStorage(config, entry_tracker)
-            states = store.index.load_ledger_states()
-            mark = store.index.journal_mark()
-            last_shutdown = LastShutdown.from_mark(store.index.running_mark(),
-                                                   index_created=store.index.created)
             journal = Journal.open(journal_dir, file_size_bytes=config.journal_file_size_bytes,
                                    max_group_bytes=config.journal_max_group_bytes,
                                    preallocate=config.journal_preallocate,
@@ -262,23 +258,7 @@ class BookieStorage:
                                    skip_fsync_for_testing=config.test_skip_journal_fsync)
             if config.test_skip_journal_fsync:
                 log.warning("test_skip_journal_fsync is set: the journal never fsyncs")
-            self = cls(config, journal, store, lock_fds, states, mark, last_shutdown)
-            started = time.perf_counter()
-            for record in journal.replay(mark):
-                self._apply(record)
-            journal.start()
-            if mark is not None:
-                journal.remove_files_before(mark)
-            # Sticky "off" after an unclean journal-less run: see the module docstring.
-            journal_on = self.config.journal_write_data
-            store.index.set_running_mark(
-                journal_on and not last_shutdown.may_have_lost_acknowledged_entries)
-            if last_shutdown.unclean:
-                log.warning("storage open: the last shutdown was %s", last_shutdown.describe())
-            log.info("storage open: %d ledgers, replayed %d journal records (%d skipped) "
-                     "from %s in %.3fs", len(self._ledgers), self._replayed,
-                     self._replay_skipped, mark, time.perf_counter() - started)
-            return self
+            return cls.open_over(config, journal, store, lock_fds)
         except BaseException:
             if journal is not None:
                 journal.abandon()
@@ -289,6 +269,37 @@ class BookieStorage:
             for fd in lock_fds:
                 os.close(fd)
             raise
+
+    @classmethod
+    def open_over(cls, config: StorageConfig, journal: Journal, store: LedgerStorage,
+                  lock_fds: list[int]) -> BookieStorage:
+        """The engine over an opened (not started) journal and ledger
+        storage: read the states, replay mark and running mark from the
+        index, replay the journal from the mark, start it, drop the files
+        before the mark and commit this run's running mark.  :meth:`open`
+        passes the files it opened; the simulation (``quire.simulation``)
+        passes its in-memory twins.  ``lock_fds`` are closed with the engine."""
+        states = store.index.load_ledger_states()
+        mark = store.index.journal_mark()
+        last_shutdown = LastShutdown.from_mark(store.index.running_mark(),
+                                               index_created=store.index.created)
+        self = cls(config, journal, store, lock_fds, states, mark, last_shutdown)
+        started = time.perf_counter()
+        for record in journal.replay(mark):
+            self._apply(record)
+        journal.start()
+        if mark is not None:
+            journal.remove_files_before(mark)
+        # Sticky "off" after an unclean journal-less run: see the module docstring.
+        journal_on = self.config.journal_write_data
+        store.index.set_running_mark(
+            journal_on and not last_shutdown.may_have_lost_acknowledged_entries)
+        if last_shutdown.unclean:
+            log.warning("storage open: the last shutdown was %s", last_shutdown.describe())
+        log.info("storage open: %d ledgers, replayed %d journal records (%d skipped) "
+                 "from %s in %.3fs", len(self._ledgers), self._replayed,
+                 self._replay_skipped, mark, time.perf_counter() - started)
+        return self
 
     def unclean_shutdown_handled(self) -> None:
         """The boot sequence's word that the previous unclean run is taken
