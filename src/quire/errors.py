@@ -66,6 +66,12 @@ class ProtocolError(QuireError):
     produced them must be closed; nothing else is affected."""
 
 
+class WireCommandError(ProtocolError):
+    """Bytes that are not a valid Pravega WireCommand (``quire.pravega_wire``):
+    an unknown type code, a length out of range, a payload that does not
+    parse or has bytes left over.  The connection that sent them is closed."""
+
+
 # --- answers a bookie can give (each with its wire status) ----------------
 
 
