@@ -25,6 +25,8 @@ RANKS: dict[str, int] = {
     "quire.config": 1,
     "quire.protocol": 2,
     "quire.metadata": 2,
+    # generated gRPC code of the Pravega controller's interface, nothing else
+    "quire.controller_api": 2,
     "quire.peer": 3,
     "quire.bookie": 4,
     "quire.client": 4,
@@ -35,6 +37,7 @@ RANKS: dict[str, int] = {
     "quire.bench": 6,
     "quire.segmentstore": 7,
     "quire.sandbox": 8,
+    "quire.controller": 8,
     "quire.spark": 9,
     "quire.cli": 9,
     "pyspark_quire": 10,
