@@ -347,3 +347,44 @@ class ContainerNotOwnedError(SegmentStoreError):
 class ContainerClosedError(SegmentStoreError):
     """The container was stopped or failed; an operation pending then has an
     unknown outcome (a reopen shows whether it is in the log)."""
+
+
+# --- controller (quire.controller) ------------------------------------------
+# Each family answers one gRPC status (quire.controller.service), never UNKNOWN.
+
+
+class ControllerError(QuireError):
+    """A controller request was refused."""
+
+
+class ControllerInvalidArgumentError(ControllerError):
+    """A malformed request: a bad name, key range, lease, stream cut or an
+    auto-scaling policy (gRPC INVALID_ARGUMENT)."""
+
+
+class ControllerNotFoundError(ControllerError):
+    """The scope, stream, segment, epoch or transaction named does not exist
+    (gRPC NOT_FOUND)."""
+
+
+class ScopeNotFoundError(ControllerNotFoundError):
+    """No such scope."""
+
+
+class StreamNotFoundError(ControllerNotFoundError):
+    """No such stream (or it is still being created)."""
+
+
+class TransactionNotFoundError(ControllerNotFoundError):
+    """No such transaction on the stream."""
+
+
+class ControllerPreconditionError(ControllerError):
+    """The request does not fit the state it finds: a sealed stream, a
+    transaction already aborted or committed (gRPC FAILED_PRECONDITION)."""
+
+
+class ControllerConcurrentUpdateError(ControllerError):
+    """A controller record changed under this controller between its read and
+    its conditional update (another controller wrote it); retrying reads it
+    afresh (gRPC ABORTED)."""

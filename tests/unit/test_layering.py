@@ -26,6 +26,8 @@ RANKS: dict[str, int] = {
     "quire.protocol": 2,
     "quire.metadata": 2,
     "quire.pravega_wire": 2,
+    # generated gRPC code of the Pravega controller's interface, nothing else
+    "quire.controller_api": 2,
     "quire.peer": 3,
     "quire.bookie": 4,
     "quire.client": 4,
@@ -37,6 +39,7 @@ RANKS: dict[str, int] = {
     "quire.segmentstore": 7,
     "quire.sandbox": 8,
     "quire.segmentserver": 8,
+    "quire.controller": 8,
     "quire.spark": 9,
     "quire.cli": 9,
     "pyspark_quire": 10,
