@@ -386,6 +386,17 @@ async def test_table_updates_versions_and_delta_reads(served: Served) -> None:
     assert await c.request(ReadTable(7, T, "", (key(b"config"), key(b"none")))) == \
         TableRead(7, T, ((key(b"config", v_config2), TableValue(b"c2")),
                          (key(b"none", KEY_NOT_EXISTS), TableValue(b""))))
+    # a key twice in one batch (the client's synchronizer does it): both
+    # conditions against the table before the batch, the last entry wins
+    twice = await c.request(put(61, (b"map-version", KEY_NOT_EXISTS, b"m1"),
+                                (b"map-version", KEY_NOT_EXISTS, b"m2")))
+    assert isinstance(twice, TableEntriesUpdated)
+    v_map = twice.updated_versions[1]
+    assert twice.updated_versions[0] < v_map
+    assert await c.request(ReadTable(62, T, "", (key(b"map-version"),))) == \
+        TableRead(62, T, ((key(b"map-version", v_map), TableValue(b"m2")),))
+    assert await c.request(RemoveTableKeys(63, T, "", (key(b"map-version", v_map),), -1)) == \
+        TableKeysRemoved(63, T)
     # delta reads: live entries at or after a position, in version order
     delta = await c.request(ReadTableEntriesDelta(8, T, "", 0, 100))
     assert isinstance(delta, TableEntriesDeltaRead)
