@@ -324,8 +324,10 @@ async def _valid_traffic(address: str, index: int, rng: random.Random, stop: asy
             written.append(stored)
             stats.valid_entries += 1
             await check(rng.randrange(len(written)))
-        for entry_id in range(len(written)):  # everything reads back at the end
-            await check(entry_id)
+        # everything reads back at the end, 256 reads in flight
+        for first in range(0, len(written), 256):
+            await asyncio.gather(*(check(e) for e in range(first, min(first + 256,
+                                                                     len(written)))))
         if client.lost:
             failures.append(f"valid connection {index} was closed")
     except (TimeoutError, ConnectionError) as e:

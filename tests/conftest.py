@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.s3_server import CREDENTIALS, MotoS3Server, S3Endpoint, S3ServerUnavailable
 from tests.support.zookeeper import ZooKeeperServer, ZooKeeperUnavailable
 
 
@@ -20,3 +21,22 @@ def zookeeper_server() -> Iterator[ZooKeeperServer]:
         pytest.fail(str(e), pytrace=False)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    """A real S3-compatible server process (moto) for the whole session, with
+    the bucket ``quire-tier2`` and test credentials in the environment
+    (tests give each storage its own key prefix)."""
+    server = MotoS3Server()
+    try:
+        server.start()
+    except S3ServerUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        with pytest.MonkeyPatch.context() as environment:
+            for name, value in CREDENTIALS.items():
+                environment.setenv(name, value)
+            yield server.create_bucket("quire-tier2")
+    finally:
+        server.stop()

@@ -388,3 +388,44 @@ class ControllerConcurrentUpdateError(ControllerError):
     """A controller record changed under this controller between its read and
     its conditional update (another controller wrote it); retrying reads it
     afresh (gRPC ABORTED)."""
+# --- tier-2 chunk storage (quire.tier2) --------------------------------------
+
+
+class Tier2Error(QuireError):
+    """A tier-2 (long-term storage) operation failed: an I/O error, an
+    unreachable or refusing server.  The chunk's state is unknown unless a
+    more precise subclass says otherwise."""
+
+
+class ChunkNotFoundError(Tier2Error):
+    """No chunk of that name: never written, deleted, or vanished (a later
+    truncate or delete removed it; a layout reader turns this into
+    truncation, never into wrong bytes)."""
+
+
+class ChunkExistsError(Tier2Error):
+    """A chunk of that name exists already: chunks are created exclusively,
+    so nothing was written."""
+
+
+class ChunkRangeError(Tier2Error):
+    """A read that starts past the end of its chunk (``offset``,
+    ``chunk_length``)."""
+
+    def __init__(self, message: str, offset: int, chunk_length: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.chunk_length = chunk_length
+
+
+class ChunkTooLargeError(Tier2Error):
+    """A chunk over ``max_chunk_bytes`` was refused; nothing was written."""
+
+
+class InvalidChunkNameError(Tier2Error):
+    """A chunk name outside the contract of :class:`quire.tier2.ChunkStorage`."""
+
+
+class InvalidLayoutError(Tier2Error):
+    """A segment layout that does not decode, breaks its invariants, or does
+    not match its chunks (a chunk holding fewer bytes than recorded)."""

@@ -75,41 +75,36 @@ def sqlite_uri(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
-class BookieProcess:
-    """One bookie child process; ``settings`` are BookieConfig's flat keys
-    (see :func:`quire.config.settings_of`)."""
+class ServiceProcess:
+    """One Quire service child process (``quire <service> start --config
+    <toml>``) that prints a JSON ready line ``{"event": "ready", "address":
+    ..., "metrics": ...}`` on stdout once it serves; ``settings`` are its
+    config's flat keys (see :func:`quire.config.settings_of`)."""
 
-    def __init__(self, root: Path, metadata_uri: str, bookie_id: str, **settings: Any) -> None:
+    service = "service"
+    """The CLI group that starts it (``quire <service> start``)."""
+
+    def __init__(self, root: Path, name: str, settings: dict[str, Any]) -> None:
         self.root = root
-        self.bookie_id = bookie_id
-        self.data_dir = root / bookie_id
-        self.settings: dict[str, Any] = {
-            "metadata_uri": metadata_uri,
-            "bookie_id": bookie_id,
-            "port": 0,
-            "journal_dirs": [str(self.data_dir / "journal")],
-            "ledger_dirs": [str(self.data_dir / "ledgers")],
-            **settings,
-        }
+        self.name = name
+        self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
         self.metrics_address: str | None = None
-        self.log_path = root / f"{bookie_id}.log"
+        self.ready_event: dict[str, Any] = {}
+        """The whole ready line, for what a service reports besides its address."""
+        self.log_path = root / f"{name}.log"
         self.ends_with_parent = False
-        """SIGTERM the bookie when the process that started it dies (see
+        """SIGTERM the process when the process that started it dies (see
         :func:`parent_death_hook`); the sandbox sets it."""
-
-    @property
-    def dirs(self) -> list[Path]:
-        return [Path(d) for d in (*self.settings["journal_dirs"], *self.settings["ledger_dirs"])]
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def write_config(self) -> Path:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        path = self.root / f"{self.bookie_id}.toml"
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{self.name}.toml"
         path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in self.settings.items()))
         return path
 
@@ -118,7 +113,7 @@ class BookieProcess:
         config = self.write_config()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "quire.cli.main", "bookie", "start", "--config",
+                [sys.executable, "-m", "quire.cli.main", self.service, "start", "--config",
                  str(config)],
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -127,7 +122,7 @@ class BookieProcess:
             self._wait_ready(timeout_s)
 
     def check_ready(self, wait_s: float = 0.0) -> bool:
-        """True once the bookie printed its ready line (waiting up to
+        """True once the process printed its ready line (waiting up to
         ``wait_s`` for it), False while it is still starting; QuireError if
         it exited before it was ready."""
         assert self.proc is not None and self.proc.stdout is not None
@@ -141,6 +136,7 @@ class BookieProcess:
             except ValueError:
                 event = None
             if isinstance(event, dict) and event.get("event") == "ready":
+                self.ready_event = event
                 self.address = str(event["address"])
                 self.metrics_address = event.get("metrics")
                 return True
@@ -149,7 +145,7 @@ class BookieProcess:
         if self.proc.poll() is not None or ready:  # exited, or closed its stdout
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
-            raise QuireError(f"bookie {self.bookie_id} exited before it was ready (status "
+            raise QuireError(f"{self.service} {self.name} exited before it was ready (status "
                              f"{self.proc.returncode}): {self.last_log_line()} "
                              f"(log: {self.log_path})")
         return False
@@ -159,7 +155,7 @@ class BookieProcess:
         while time.monotonic() < deadline:
             if self.check_ready(0.2):
                 return
-        raise QuireError(f"bookie {self.bookie_id} did not become ready in {timeout_s:g} s: "
+        raise QuireError(f"{self.service} {self.name} did not become ready in {timeout_s:g} s: "
                          f"{self.last_log_line()} (log: {self.log_path})")
 
     def last_log_line(self) -> str:
@@ -174,7 +170,7 @@ class BookieProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Clean shutdown (SIGTERM): flush, checkpoint, unregister."""
+        """Clean shutdown (SIGTERM)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -194,6 +190,32 @@ class BookieProcess:
     def host_port(self) -> tuple[str, int]:
         host, port = self.address.rsplit(":", 1)
         return host, int(port)
+
+
+class BookieProcess(ServiceProcess):
+    """One bookie child process; ``settings`` are BookieConfig's flat keys."""
+
+    service = "bookie"
+
+    def __init__(self, root: Path, metadata_uri: str, bookie_id: str, **settings: Any) -> None:
+        self.bookie_id = bookie_id
+        self.data_dir = root / bookie_id
+        super().__init__(root, bookie_id, {
+            "metadata_uri": metadata_uri,
+            "bookie_id": bookie_id,
+            "port": 0,
+            "journal_dirs": [str(self.data_dir / "journal")],
+            "ledger_dirs": [str(self.data_dir / "ledgers")],
+            **settings,
+        })
+
+    @property
+    def dirs(self) -> list[Path]:
+        return [Path(d) for d in (*self.settings["journal_dirs"], *self.settings["ledger_dirs"])]
+
+    def write_config(self) -> Path:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return super().write_config()
 
 
 _LOWEST_PORT = 10_000

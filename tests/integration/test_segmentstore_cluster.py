@@ -26,6 +26,7 @@ from quire.client import Client
 from quire.log import NamedDataLog
 from quire.segmentstore import (
     AppendResult,
+    ContainerConfig,
     ContainerFencedError,
     ContainerNotOwnedError,
     SegmentContainer,
@@ -141,6 +142,33 @@ async def test_a_second_owner_fences_the_first_mid_write(
         assert (await second.append(name, b"next")).length == info.length + 4
     finally:
         await first.close()
+        await second.close()
+
+
+async def test_an_8_mib_append_spans_ledger_entries_and_comes_back_whole(
+        cluster: Cluster, connect: Callable[..., Awaitable[Client]]) -> None:
+    """A ledger entry is at most 5 MiB; an append of a Pravega client's
+    largest block is written as part frames of about 1 MiB and read back
+    whole, from the read index, after eviction, and after a reopen."""
+    name = "sc/big/0.#epoch.0"
+    log_name = container_log_name(3)
+    config = ContainerConfig(read_index_budget_bytes=1 << 20)
+    big = os.urandom(8 << 20)
+    first = await SegmentContainer.open(
+        3, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD), config)
+    try:
+        await first.create_segment(name)
+        results = await asyncio.gather(first.append(name, b"<"), first.append(name, big),
+                                       first.append(name, b">"))
+        assert [r.length for r in results] == [1, 1 + len(big), 2 + len(big)]
+        assert (await first.read(name, 0, 1 << 24)).data == b"<" + big + b">"
+    finally:
+        await first.close()
+    second = await SegmentContainer.open(
+        3, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD), config)
+    try:
+        assert (await second.read(name, 1, 1 << 24)).data == big + b">"
+    finally:
         await second.close()
 
 

@@ -36,6 +36,7 @@ RANKS: dict[str, int] = {
     "quire.node": 6,
     "quire.log": 6,
     "quire.bench": 6,
+    "quire.tier2": 6,
     "quire.segmentstore": 7,
     "quire.sandbox": 8,
     "quire.segmentserver": 8,

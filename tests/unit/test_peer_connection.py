@@ -25,6 +25,7 @@ from quire.errors import (
 )
 from quire.peer.connection import (
     FLUSH_AFTER_FRAMES,
+    FLUSH_FRAME_BYTES,
     BookieClient,
     _BookieProtocol,
     next_request_id,
@@ -109,6 +110,26 @@ async def test_a_burst_is_written_in_pieces_before_the_iteration_ends() -> None:
     add(burst)
     await asyncio.sleep(0)
     assert frames_in(transport.writes[-1]) == 1 and len(transport.writes) == 4
+
+
+async def test_a_large_frame_leaves_at_once_with_the_small_ones_before_it() -> None:
+    client, _protocol, transport = attached_client()
+
+    def add(entry_id: int, payload: bytes) -> None:
+        request_id = next_request_id()
+        client.add_frame(request_id, encode_add_request(
+            request_id, KEY, DIGEST.encode(entry_id, -1, entry_id + 1, payload)), 1e12,
+            lambda _token, _result: None, None)
+
+    add(0, b"s")
+    add(1, b"s")
+    assert transport.writes == []  # small frames wait for the end of the iteration
+    add(2, b"L" * FLUSH_FRAME_BYTES)
+    # the large one is on the wire before the loop runs again, behind the small ones
+    assert [frames_in(w) for w in transport.writes] == [3]
+    add(3, b"s")
+    await asyncio.sleep(0)
+    assert [frames_in(w) for w in transport.writes] == [3, 1]
 
 
 async def test_answers_before_a_malformed_frame_are_delivered_then_the_connection_closes(

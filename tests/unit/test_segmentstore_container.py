@@ -28,10 +28,11 @@ from quire.segmentstore import (
     SegmentTruncatedError,
     SegmentType,
     UpdateType,
+    frames,
 )
 from quire.segmentstore.metadata import ContainerMetadata
 from quire.segmentstore.names import base_segment_name, container_of
-from quire.segmentstore.operations import AppendOp, SegmentMapOp
+from quire.segmentstore.operations import AppendOp, SegmentMapOp, encode
 from quire.testing.memory_data_log import MemoryDataLogs
 
 S = "sc/st/0.#epoch.0"
@@ -236,6 +237,44 @@ async def test_replay_restores_from_checkpoints_and_reads_evicted_data_from_tier
         {i: s.info() for i, s in before.segments.items()}
     assert (await c.read(S, 100, 1 << 20)).data == b"".join(chunks)[100:]
     assert (await c.get_info("other")).start_offset == 1
+    await c.close()
+
+
+async def test_an_append_larger_than_a_frame_is_whole_after_reopen_and_eviction(
+        logs: MemoryDataLogs) -> None:
+    big = bytes(range(256)) * (9 * 4096)  # 9 MiB: a Pravega client's block, and then some
+    c = await reopen(logs, max_frame_bytes=1 << 20, read_index_budget_bytes=1 << 20)
+    await c.create_segment(S)
+    await c.append(S, b"<")
+    assert (await c.append(S, big)).length == 1 + len(big)
+    await c.append(S, b">")
+    assert (await c.read(S, 0, 1 << 25)).data == b"<" + big + b">"  # evicted: from tier-1 parts
+    c = await reopen(logs, c, max_frame_bytes=1 << 20, read_index_budget_bytes=1 << 20)
+    assert (await c.get_info(S)).length == len(big) + 2
+    assert (await c.read(S, 1, 1 << 25)).data == big + b">"
+    await c.close()
+
+
+async def test_an_operation_whose_parts_stop_short_was_never_acknowledged(
+        logs: MemoryDataLogs) -> None:
+    c = await reopen(logs)
+    await c.create_segment(S)
+    await c.append(S, b"kept")
+    info = await c.get_info(S)
+    sequence = c.committed.sequence
+    await c.close()
+    # a crash after the first part of a large append was written, before the rest
+    raw = encode(AppendOp(sequence + 1, 0, c.committed.by_name[S], info.length, b"L" * 5000))
+    log = logs.open("c0")
+    await log.initialize()
+    await log.append(frames.split(raw, 2048)[0])
+    await log.close()
+    c = await reopen(logs)
+    assert (await c.get_info(S)).length == 4
+    assert (await c.read(S, 0, 100)).data == b"kept"
+    await c.append(S, b"+more")  # and the container goes on after it
+    c = await reopen(logs, c)
+    assert (await c.read(S, 0, 100)).data == b"kept+more"
     await c.close()
 
 

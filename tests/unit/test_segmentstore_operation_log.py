@@ -83,3 +83,37 @@ async def test_frames_are_also_cut_by_bytes_and_alone_an_operation_waits_for_the
     for i in range(3):
         log.release(i)
     await asyncio.gather(lone, *more)
+
+
+async def test_an_operation_larger_than_a_frame_goes_as_part_frames_acked_after_the_last(
+        ) -> None:
+    log = HeldLog()
+    committed: list[tuple[int, Position]] = []
+    oplog = OperationLog(log, lambda o, at: committed.append((o.sequence, at)),  # type: ignore[arg-type]
+                         max_frame_bytes=1000, max_frames_in_flight=2, cut_ops=1)
+    small = oplog.add(op(1), "small")
+    big = oplog.add(AppendOp(2, 0, 1, 10, b"B" * 2500), "big")
+    after = oplog.add(op(3, size=10), "after")
+    # the small one's frame, then the big one's parts back to back (past the
+    # in-flight limit: nothing may come between them); the next one waits
+    assert ["part" if frames.is_part(f) else "data" for f in log.frames] == \
+        ["data", "part", "part", "part"]
+    assert all(len(f) <= 1000 for f in log.frames)
+    assembler: frames.PartAssembler[int] = frames.PartAssembler()
+    whole = [assembler.add(f, i) for i, f in enumerate(log.frames[1:4], start=1)]
+    assert whole[:2] == [None, None] and whole[2] is not None
+    assert whole[2][1] == 1 and decode(whole[2][0]) == AppendOp(2, 0, 1, 10, b"B" * 2500)
+    for i in range(3):
+        log.release(i)
+    await asyncio.sleep(0)
+    assert small.done() and not big.done()  # its last part is not durable yet
+    log.release(3)
+    await asyncio.sleep(0)
+    assert big.result() == "big"
+    # committed with the address of its first part, where it is read back from
+    assert committed == [(1, Position(0, 0)), (2, Position(0, 1))]
+    await asyncio.sleep(0)
+    assert len(log.frames) == 5 and not frames.is_part(log.frames[4])
+    log.release(4)
+    assert await after == "after"
+    assert [s for s, _ in committed] == [1, 2, 3]

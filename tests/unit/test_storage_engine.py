@@ -282,6 +282,46 @@ def test_delete_ledger_stops_reads_at_once_and_durably(storage: BookieStorage) -
             s2.close()
 
 
+def test_many_ledgers_deleted_at_once_leave_the_others_whole(storage: BookieStorage) -> None:
+    """GC's batch: ledgers checkpointed (and read-cached), in the write cache,
+    and mid-checkpoint, dropped in one call; the rest untouched."""
+    for lid in range(1, 41):
+        for eid in range(3):
+            storage.add_entry(lid, eid, entry(lid, eid), KEY)
+    storage.checkpoint()
+    for lid in range(1, 41):
+        storage.read_entry(lid, 1)  # read-cached
+        storage.add_entry(lid, 3, entry(lid, 3), KEY)  # and one in the write cache
+    real_flush = storage.ledger_storage.flush
+
+    def flush_with_delete(*args: object, **kwargs: object) -> None:
+        # mid-checkpoint: odd ledgers go, plus one unknown and one twice
+        storage.delete_ledgers([*range(1, 41, 2), 999, 1])
+        real_flush(*args, **kwargs)  # type: ignore[arg-type]
+
+    storage.ledger_storage.flush = flush_with_delete  # type: ignore[method-assign]
+    storage.checkpoint()
+    storage.ledger_storage.flush = real_flush  # type: ignore[method-assign]
+    storage.add_entry(2, 4, entry(2, 4), KEY)
+    seq = storage.delete_ledgers([4, 6])  # from the write cache and the index
+    gone = {*range(1, 41, 2), 4, 6}
+    assert storage.list_ledgers() == sorted(set(range(1, 41)) - gone)
+    for lid in range(1, 41):
+        for eid in (1, 3):
+            if lid in gone:
+                with pytest.raises(NoSuchLedgerError):
+                    storage.read_entry(lid, eid)
+            else:
+                assert storage.read_entry(lid, eid) == entry(lid, eid)
+    assert storage.journal.sync() >= seq
+    s2 = reopen(storage, clean=False)  # the deletions replayed from the journal
+    try:
+        assert s2.list_ledgers() == sorted(set(range(1, 41)) - gone)
+        assert s2.read_entry(2, 4) == entry(2, 4)
+    finally:
+        s2.close()
+
+
 def test_delete_during_checkpoint_flush(storage: BookieStorage) -> None:
     """A deletion racing the checkpoint that writes the ledger's entries."""
     for eid in range(5):

@@ -187,12 +187,15 @@ class BackgroundServices:
                 try:
                     await self._store.read_ledger(ledger_id)
                 except MetadataNotFoundError:
-                    log.info("ledger %d deleted from metadata; dropping it", ledger_id)
-                    self._storage.delete_ledger(ledger_id)
-                    self._on_ledger_dropped(ledger_id)
                     dropped.append(ledger_id)
                 except MetadataError as e:
                     log.warning("gc: cannot tell whether ledger %d exists: %s", ledger_id, e)
+            if dropped:
+                log.info("dropping %d ledgers deleted from metadata: %s%s", len(dropped),
+                         dropped[:20], " ..." if len(dropped) > 20 else "")
+                self._storage.delete_ledgers(dropped)  # one pass over the caches
+                for ledger_id in dropped:
+                    self._on_ledger_dropped(ledger_id)
             removed = await asyncio.to_thread(self._storage.gc_entry_logs)
             if self._metrics is not None:
                 self._metrics.entry_logs_removed.inc(len(removed))

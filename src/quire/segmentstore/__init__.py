@@ -41,6 +41,7 @@ from quire.errors import (
     TableKeyNotFoundError,
 )
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
+from quire.segmentstore.ownership import ContainerOwnership, OwnershipSettings, owner_address
 from quire.segmentstore.store import SegmentStore, SegmentStoreConfig
 from quire.segmentstore.tables import NOT_EXISTS, TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
@@ -65,7 +66,9 @@ __all__ = [
     "ContainerConfig",
     "ContainerFencedError",
     "ContainerNotOwnedError",
+    "ContainerOwnership",
     "MergeResult",
+    "OwnershipSettings",
     "ReadResult",
     "SegmentContainer",
     "SegmentExistsError",
@@ -83,4 +86,5 @@ __all__ = [
     "TableKeyBadVersionError",
     "TableKeyNotFoundError",
     "UpdateType",
+    "owner_address",
 ]

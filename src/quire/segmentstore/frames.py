@@ -3,20 +3,34 @@
 A container appends one *frame* per log record, so a hundred small appends
 cost one ledger entry, not a hundred.  Byte layout (big-endian)::
 
-    frame := magic "QSF1" | count:u32 | (length:u32 | operation) * count
+    frame      := magic "QSF1" | count:u32 | (length:u32 | operation) * count
+    part frame := magic "QSP1" | operation_length:u32 | part_offset:u32 | bytes
 
-An operation is never split across frames: a frame holds whole operations,
-and is written (and so lost or kept) whole.  :class:`FrameBuilder` fills a
-frame up to ``max_bytes`` (an operation larger than that gets a frame of its
-own); :func:`unpack` gives a frame's operations back.
+A data frame holds whole operations and is written (and so lost or kept)
+whole.  :class:`FrameBuilder` fills one up to ``max_bytes``;
+:func:`unpack` gives its operations back.  An operation too large for one
+frame (an append of several MiB: a ledger entry is at most 5 MiB, and
+frames are kept near 1 MiB) is written as *part frames* (:func:`split`):
+consecutive records holding its bytes in order, nothing else between them,
+each carrying the whole operation's length and the part's offset in it.
+The operation counts only once its last part is durable (it is
+acknowledged then); replay reassembles the parts (:class:`PartAssembler`)
+and drops an operation whose parts stop short, which was never
+acknowledged.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 MAGIC = b"QSF1"
+PART_MAGIC = b"QSP1"
 _HEAD = struct.Struct(">4sI")
+_PART_HEAD = struct.Struct(">4sII")
+PART_OVERHEAD = _PART_HEAD.size
 _LEN = struct.Struct(">I")
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
 FRAME_OVERHEAD = _HEAD.size
@@ -102,3 +116,70 @@ def unpack(frame: bytes | memoryview) -> list[memoryview]:
     if pos != len(view):
         raise ValueError(f"{len(view) - pos} trailing bytes after the frame's operations")
     return out
+
+
+def is_part(frame: bytes | memoryview) -> bool:
+    """Whether ``frame`` is a part frame (see the module docstring)."""
+    return bytes(frame[:4]) == PART_MAGIC
+
+
+def split(operation: bytes | memoryview, max_frame_bytes: int) -> list[bytes]:
+    """The part frames of one serialized operation (without its length
+    prefix), each at most ``max_frame_bytes``."""
+    room = max_frame_bytes - PART_OVERHEAD
+    if room <= 0:
+        raise ValueError(f"max_frame_bytes {max_frame_bytes} leaves no room for a part")
+    view = memoryview(operation)
+    total = len(view)
+    return [_PART_HEAD.pack(PART_MAGIC, total, at) + view[at:at + room]
+            for at in range(0, max(total, 1), room)]
+
+
+class PartAssembler(Generic[T]):
+    """Reassembles operations written as part frames, in log order.
+
+    :meth:`add` takes each part frame with a tag (its log address, say);
+    once the last part arrives it returns the operation's bytes with the
+    tag of its *first* part.  A part that does not continue the operation
+    in hand (a new first part, a gap) drops what was gathered: that
+    operation's remaining parts were never written, so it was never
+    acknowledged.  :meth:`abandon` does the same when an ordinary frame
+    comes between parts."""
+
+    def __init__(self) -> None:
+        self._parts: list[memoryview] = []
+        self._have = 0
+        self._total = -1
+        self._tag: T | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether an operation is part way gathered."""
+        return self._total >= 0
+
+    def abandon(self) -> None:
+        self._parts, self._have, self._total, self._tag = [], 0, -1, None
+
+    def add(self, frame: bytes | memoryview, tag: T) -> tuple[bytes, T] | None:
+        view = memoryview(frame)
+        if len(view) < PART_OVERHEAD:
+            raise ValueError("part frame shorter than its header")
+        magic, total, at = _PART_HEAD.unpack_from(view, 0)
+        if magic != PART_MAGIC:
+            raise ValueError(f"not a part frame (magic {bytes(magic)!r})")
+        body = view[PART_OVERHEAD:]
+        if at == 0:
+            self.abandon()
+            self._total, self._tag = total, tag
+        elif total != self._total or at != self._have:
+            self.abandon()  # not the continuation of the operation in hand
+            return None
+        if self._have + len(body) > total:
+            raise ValueError(f"part frame overruns its operation ({total} bytes)")
+        self._parts.append(body)
+        self._have += len(body)
+        if self._have < total:
+            return None
+        operation, first = b"".join(self._parts), self._tag
+        self.abandon()
+        return operation, first  # type: ignore[return-value]

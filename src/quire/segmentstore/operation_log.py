@@ -41,6 +41,10 @@ from quire.segmentstore.operations import Operation, decode, encode
 _Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
 """An operation, its bytes as they sit in a frame (length first), its future
 and the value the future gets."""
+_InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Position] | None"]
+"""A frame's append, the operations it completes, and for the last part
+frame of an operation written in parts, the append of its first part (the
+operation's address)."""
 
 
 class OperationLog:
@@ -62,8 +66,7 @@ class OperationLog:
         self._max_frame_bytes = max_frame_bytes
         self._max_in_flight = max_frames_in_flight
         self._queue: collections.deque[_Pending] = collections.deque()
-        self._in_flight: collections.deque[tuple[asyncio.Future[Position], list[_Pending]]] = \
-            collections.deque()
+        self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._flush_scheduled = False
         self._last: asyncio.Future[Any] | None = None
         self._failure: BaseException | None = None
@@ -75,6 +78,11 @@ class OperationLog:
     def failure(self) -> BaseException | None:
         """The error that ended the log, if one did."""
         return self._failure
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     def check(self) -> None:
         """Raise the log's failure, or ContainerClosedError once closed."""
@@ -134,20 +142,23 @@ class OperationLog:
         if not full_only:
             self._flush_scheduled = False
         queue = self._queue
+        room = self._max_frame_bytes - frames.FRAME_OVERHEAD
         while queue and len(self._in_flight) < self._max_in_flight \
                 and self._failure is None:
             if full_only and len(queue) < self._cut_ops \
                     and self._queued_bytes < self._cut_bytes:
                 return
+            if len(queue[0][1]) > room:  # too large for a frame: part frames of its own
+                self._append_parts(queue.popleft())
+                continue
             batch: list[_Pending] = []
             parts: list[bytes] = []
-            room = self._max_frame_bytes - frames.FRAME_OVERHEAD
             frame_bytes = 0
             while queue:
                 pending = queue[0]
                 size = len(pending[1])
-                if frame_bytes + size > room and batch:
-                    break  # an operation bigger than a frame gets one of its own
+                if frame_bytes + size > room:
+                    break
                 frame_bytes += size
                 parts.append(pending[1])
                 batch.append(queue.popleft())
@@ -164,12 +175,41 @@ class OperationLog:
                 self._queued_bytes += frame_bytes
                 self._fail(e)
                 return
-            self._in_flight.append((appended, batch))
+            self._in_flight.append((appended, batch, None))
+            appended.add_done_callback(self._frame_done)
+
+    def _append_parts(self, pending: _Pending) -> None:
+        """Append one operation as part frames, back to back (nothing can come
+        between them: the log takes appends in call order)."""
+        raw = pending[1]
+        self._queued_bytes -= len(raw)
+        parts = frames.split(memoryview(raw)[frames.OPERATION_OVERHEAD:], self._max_frame_bytes)
+        first: asyncio.Future[Position] | None = None
+        for i, part in enumerate(parts):
+            try:
+                appended = self._log.append(part)
+            except QueueFullError:
+                if first is None:
+                    self._queue.appendleft(pending)  # retried when a frame completes
+                    self._queued_bytes += len(raw)
+                    return
+                self._fail(ContainerClosedError("tier-1 refused the rest of a large operation"))
+                self._reject([pending])
+                return
+            except BaseException as e:
+                self._fail(e)
+                self._reject([pending])
+                return
+            last = i == len(parts) - 1
+            self._in_flight.append((appended, [pending] if last else [],
+                                    first if last else None))
+            if first is None:
+                first = appended
             appended.add_done_callback(self._frame_done)
 
     def _frame_done(self, _: asyncio.Future[Position]) -> None:
         while self._in_flight and self._in_flight[0][0].done():
-            appended, batch = self._in_flight.popleft()
+            appended, batch, first = self._in_flight.popleft()
             if self._failure is not None:
                 self._reject(batch)
                 continue
@@ -179,7 +219,7 @@ class OperationLog:
                 self._fail(error)  # rejects what is in flight behind it and queued
                 self._reject(batch)
                 continue
-            address = appended.result()
+            address = (first or appended).result()
             commit = self._on_committed
             for op, _raw, future, result in batch:
                 commit(op, address)
@@ -203,7 +243,7 @@ class OperationLog:
             failure = ContainerClosedError(f"a tier-1 append failed (outcome unknown): {error!r}")
         failure.__cause__ = error
         self._failure = failure
-        for _appended, batch in self._in_flight:
+        for _appended, batch, _first in self._in_flight:
             self._reject(batch)
         self._reject(list(self._queue))
         self._queue.clear()
@@ -246,13 +286,24 @@ def _fresh(error: BaseException) -> BaseException:
 
 
 async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
-    """The operations of the frame at ``address`` (ValueError if it is gone)."""
+    """The operations of the frame at ``address``: a data frame's, or the one
+    operation whose first part frame is there (ValueError if it is gone)."""
     records = log.read(address)
+    assembler: frames.PartAssembler[Position] = frames.PartAssembler()
     try:
         async for at, frame in records:
-            if at == address:
-                return [decode(raw) for raw in frames.unpack(frame)]
-            break
+            if not assembler.pending:
+                if at != address:
+                    break
+                if not frames.is_part(frame):
+                    return [decode(raw) for raw in frames.unpack(frame)]
+            elif not frames.is_part(frame):
+                break
+            whole = assembler.add(frame, at)
+            if whole is not None:
+                return [decode(whole[0])]
+            if not assembler.pending:
+                break
     finally:
         aclose = getattr(records, "aclose", None)
         if aclose is not None:

@@ -373,7 +373,7 @@ class BookieStorage:
                 info.state = state
         elif rtype == REC_DELETE_LEDGER:
             if info is not None:
-                self._delete_locked(ledger_id, info)
+                self._delete_locked({ledger_id: info})
             return
         elif info is None:
             self._replay_skipped += 1
@@ -661,26 +661,47 @@ class BookieStorage:
     def delete_ledger(self, ledger_id: int) -> int:
         """Stop serving the ledger now; journal its deletion (return the seq);
         the next checkpoint removes its index rows and state."""
+        return self.delete_ledgers([ledger_id])
+
+    def delete_ledgers(self, ledger_ids: Iterable[int]) -> int:
+        """:meth:`delete_ledger` for many at once: one pass over the write
+        cache for all of them (GC may drop thousands of ledgers in one run,
+        and a pass per ledger held the lock, and the loop, for as long)."""
+        deleted: list[int] = []
         with self._lock:
             self._check_open()
-            info = self._ledgers.get(ledger_id)
-            if info is None:
-                return self.journal.append_seq
-            seq = self.journal.append(encode_delete_ledger(ledger_id))
-            self._delete_locked(ledger_id, info)
-        self._store.read_cache.discard_ledger(ledger_id)
+            seq = self.journal.append_seq
+            doomed: dict[int, _Ledger] = {}
+            for ledger_id in ledger_ids:
+                info = self._ledgers.get(ledger_id)
+                if info is not None and ledger_id not in doomed:
+                    seq = self.journal.append(encode_delete_ledger(ledger_id))
+                    doomed[ledger_id] = info
+            self._delete_locked(doomed)
+            deleted = list(doomed)
+        for ledger_id in deleted:
+            self._store.read_cache.discard_ledger(ledger_id)
         return seq
 
-    def _delete_locked(self, ledger_id: int, info: _Ledger) -> None:
-        del self._ledgers[ledger_id]
-        self._dirty.discard(ledger_id)
-        self._pending_deletes.add(ledger_id)
-        if info.cache_epoch == self._epoch:
-            for key in [k for k in self._cache if k[0] == ledger_id]:
+    def _delete_locked(self, doomed: dict[int, _Ledger]) -> None:
+        """Forget ``doomed`` ledgers (id -> info): one pass over each cache
+        that holds any of them."""
+        in_cache: set[int] = set()
+        in_flush: set[int] = set()
+        for ledger_id, info in doomed.items():
+            del self._ledgers[ledger_id]
+            self._dirty.discard(ledger_id)
+            self._pending_deletes.add(ledger_id)
+            if info.cache_epoch == self._epoch:
+                in_cache.add(ledger_id)
+            elif info.cache_epoch == self._epoch - 1 and self._flushing:
+                in_flush.add(ledger_id)
+        if in_cache:
+            for key in [k for k in self._cache if k[0] in in_cache]:
                 self._cache_bytes -= len(self._cache.pop(key))
-        elif info.cache_epoch == self._epoch - 1 and self._flushing:
+        if in_flush:
             # Never mutate the dict the checkpoint thread is writing out.
-            self._flushing = {k: v for k, v in self._flushing.items() if k[0] != ledger_id}
+            self._flushing = {k: v for k, v in self._flushing.items() if k[0] not in in_flush}
 
     # --- reads ----------------------------------------------------------------
 

@@ -85,11 +85,17 @@ class _ItemsInKeyOrder(Sequence[tuple[EntryKey, bytes]]):
 
 
 class ReadCache:
-    """LRU of entries read back from entry logs, bounded by entry bytes."""
+    """LRU of entries read back from entry logs, bounded by entry bytes.
+
+    Also keeps the cached entry ids of each ledger, so that dropping a
+    deleted ledger costs its own entries, not a scan of the whole cache (GC
+    deleting thousands of ledgers scanned a full cache once per ledger, on
+    the event loop: every connection stalled for as long)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
         self._entries: OrderedDict[EntryKey, bytes] = OrderedDict()
+        self._by_ledger: dict[int, set[int]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -146,11 +152,20 @@ class ReadCache:
                 if old is not None:
                     total -= len(old)
                 cache[key] = data
+                self._by_ledger.setdefault(ledger_id, set()).add(entry_id)
                 total += size
             while total > self._max_bytes:
-                _key, evicted = cache.popitem(last=False)
+                key, evicted = cache.popitem(last=False)
                 total -= len(evicted)
+                self._forget_key(key)
             self._bytes = total
+
+    def _forget_key(self, key: EntryKey) -> None:
+        ids = self._by_ledger.get(key[0])
+        if ids is not None:
+            ids.discard(key[1])
+            if not ids:
+                del self._by_ledger[key[0]]
 
     def invalidate(self, keys: Mapping[EntryKey, object]) -> None:
         """Drop cached entries that ``keys`` rewrote (an entry added again
@@ -159,13 +174,15 @@ class ReadCache:
             entries = self._entries
             if not entries:
                 return
-            for key in entries.keys() & keys.keys():
+            small, large = (keys, entries) if len(keys) < len(entries) else (entries, keys)
+            for key in [k for k in small if k in large]:  # a scan of the smaller only
                 self._bytes -= len(entries.pop(key))
+                self._forget_key(key)
 
     def discard_ledger(self, ledger_id: int) -> None:
         with self._lock:
-            for key in [k for k in self._entries if k[0] == ledger_id]:
-                self._bytes -= len(self._entries.pop(key))
+            for entry_id in self._by_ledger.pop(ledger_id, ()):
+                self._bytes -= len(self._entries.pop((ledger_id, entry_id)))
 
     @property
     def size_bytes(self) -> int:

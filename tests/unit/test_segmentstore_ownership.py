@@ -1,0 +1,150 @@
+"""Container ownership: a sticky, balanced assignment of containers to live
+segment stores, and hosts converging on it (quire.segmentstore.ownership),
+on the in-memory metadata store and tier-1 twin."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quire.metadata import MetadataStore, open_store
+from quire.segmentstore import (
+    ContainerFencedError,
+    ContainerNotOwnedError,
+    SegmentStore,
+    SegmentStoreConfig,
+)
+from quire.segmentstore.ownership import (
+    ContainerOwnership,
+    OwnershipSettings,
+    balanced_assignment,
+    owner_address,
+    read_assignment,
+)
+from quire.testing.memory_data_log import MemoryDataLogs
+
+COUNT = 4
+FAST = OwnershipSettings(rebalance_interval_ms=50)
+
+
+@given(count=st.integers(1, 40),
+       hosts=st.sets(st.sampled_from("abcdefgh"), max_size=6),
+       current=st.dictionaries(st.integers(0, 39), st.sampled_from("abcdefghij")))
+def test_the_assignment_is_total_balanced_and_sticky(count: int, hosts: set[str],
+                                                     current: dict[int, str]) -> None:
+    live = sorted(hosts)
+    result = balanced_assignment(count, live, current)
+    if not live:
+        assert result == {}
+        return
+    assert sorted(result) == list(range(count))
+    assert set(result.values()) <= hosts
+    loads = [list(result.values()).count(h) for h in live]
+    assert max(loads) - min(loads) <= 1
+    fair = math.ceil(count / len(live))
+    # a container whose host lives keeps it unless that host was above its share
+    for host in live:
+        kept = [c for c in range(count) if current.get(c) == host]
+        moved = [c for c in kept if result[c] != host]
+        assert not moved or len(kept) > fair
+    # and a balanced assignment of live hosts is left as it is
+    assert balanced_assignment(count, live, result) == result
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``predicate`` until it holds (a condition with a deadline)."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+class Host:
+    """One segment store 'process': its own metadata session, store and ownership."""
+
+    def __init__(self, uri: str, logs: MemoryDataLogs, name: str) -> None:
+        self.uri, self.logs, self.name = uri, logs, name
+
+    async def start(self) -> Host:
+        self.metadata: MetadataStore = await open_store(self.uri, lease_ms=400)
+        self.store = await SegmentStore.open(
+            None, (), config=SegmentStoreConfig(container_count=COUNT),
+            metadata_store=self.metadata, open_log=lambda c: self.logs.open(f"c{c}"))
+        self.ownership = ContainerOwnership(self.metadata, self.store, self.name,
+                                            f"127.0.0.1:{1000 + ord(self.name[-1])}", FAST)
+        await self.ownership.start()
+        return self
+
+    async def close(self) -> None:
+        await self.ownership.close()
+        await self.metadata.close()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[str, MemoryDataLogs, list[Host]]]:
+    uri = f"memory://ownership-{uuid.uuid4().hex}"
+    hosts: list[Host] = []
+    yield uri, MemoryDataLogs(), hosts
+    for host in hosts:
+        await host.close()
+
+
+async def test_two_hosts_split_the_containers_and_one_takes_over_from_a_dead_one(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a").start()
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    names = [f"sc/st/{i}" for i in range(40)]
+    for name in names:
+        await a.store.create_segment(name)
+        await a.store.append(name, name.encode())
+
+    b = await Host(uri, logs, "host-b").start()
+    hosts.append(b)
+    # the second host gets half, the first gives them up: no container on both
+    await until(lambda: len(b.store.container_ids) == COUNT // 2
+                and len(a.store.container_ids) == COUNT // 2)
+    assert set(a.store.container_ids).isdisjoint(b.store.container_ids)
+    for c in b.store.container_ids:
+        address = await owner_address(b.metadata, c)
+        assert address == b.ownership.address
+    for name in names:  # every segment where its container went, with its data
+        owner = a.store if a.store.owns(name) else b.store
+        assert (await owner.read(name, 0, 100)).data == name.encode()
+
+    # host a loses its session (a partition from the store): it must stop serving,
+    # and host b takes every container over, fencing a's tier-1 logs
+    a_containers = set(a.store.container_ids)
+    hosts.remove(a)
+    await a.metadata.close()
+    await until(lambda: set(b.store.container_ids) == set(range(COUNT)))
+    assignment, _ = await read_assignment(b.metadata)
+    assert set(assignment.values()) == {"host-b"}
+    zombie_names = [n for n in names if a.store.container_for(n) in a_containers]
+    for name in zombie_names:  # whatever a still has, nothing it takes is acknowledged
+        with pytest.raises((ContainerFencedError, ContainerNotOwnedError)):
+            await a.store.append(name, b"lost")
+    for name in names:
+        assert (await b.store.read(name, 0, 100)).data == name.encode()
+    await until(lambda: not a.store.container_ids)  # a stopped them on losing its lease
+    await a.ownership.close()
+
+
+async def test_a_host_that_closes_hands_its_containers_over(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a").start()
+    b = await Host(uri, logs, "host-b").start()
+    hosts.append(b)
+    await until(lambda: len(a.store.container_ids) + len(b.store.container_ids) == COUNT
+                and bool(a.store.container_ids) and bool(b.store.container_ids))
+    await a.close()
+    await until(lambda: set(b.store.container_ids) == set(range(COUNT)))
+    await b.ownership.wait_converged()
+    assert all(b.store.container(c).failure is None for c in range(COUNT))
