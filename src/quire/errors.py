@@ -388,6 +388,8 @@ class ControllerConcurrentUpdateError(ControllerError):
     """A controller record changed under this controller between its read and
     its conditional update (another controller wrote it); retrying reads it
     afresh (gRPC ABORTED)."""
+
+
 # --- tier-2 chunk storage (quire.tier2) --------------------------------------
 
 
