@@ -218,6 +218,18 @@ class BookieProcess(ServiceProcess):
         return super().write_config()
 
 
+class SegmentStoreProcess(ServiceProcess):
+    """One segment store child process (``quire segmentstore start``);
+    ``settings`` are SegmentStoreHostConfig's keys."""
+
+    service = "segmentstore"
+
+    def __init__(self, root: Path, metadata_uri: str, host_id: str, **settings: Any) -> None:
+        self.host_id = host_id
+        super().__init__(root, host_id, {"metadata_uri": metadata_uri, "host_id": host_id,
+                                         "port": 0, **settings})
+
+
 _LOWEST_PORT = 10_000
 _handed_out: set[int] = set()
 

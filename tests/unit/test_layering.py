@@ -41,9 +41,11 @@ RANKS: dict[str, int] = {
     "quire.sandbox": 8,
     "quire.segmentserver": 8,
     "quire.controller": 8,
-    "quire.spark": 9,
-    "quire.cli": 9,
-    "pyspark_quire": 10,
+    # process assembly of the stream tier: segment store and controller hosts
+    "quire.hosts": 9,
+    "quire.spark": 10,
+    "quire.cli": 10,
+    "pyspark_quire": 11,
 }
 TEST_ONLY = "quire.testing"
 
