@@ -7,75 +7,17 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 
-from quire.controller import Controller, ControllerConfig
+from quire.controller import ControllerConfig
 from quire.controller.model import segment_id, segment_name, txn_segment_name
 from quire.controller_api import Controller_pb2 as pb
-from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
-from quire.metadata import MetadataStore, open_store
-from quire.segmentstore import (
-    SegmentNotFoundError,
-    SegmentStore,
-    SegmentStoreConfig,
-    SegmentType,
-)
+from quire.segmentstore import SegmentNotFoundError, SegmentType
 from quire.segmentstore.names import container_of
-from quire.testing.memory_data_log import MemoryDataLogs
-
-CONTAINERS = 2
-URI = ("segments.example", 12345)
-
-
-@dataclass
-class Cluster:
-    logs: MemoryDataLogs
-    metadata: MetadataStore
-    config: ControllerConfig
-    store: SegmentStore | None = None
-    controller: Controller | None = None
-    channel: grpc.aio.Channel | None = None
-
-    async def start(self) -> None:
-        self.store = await SegmentStore.open(
-            None, range(CONTAINERS), metadata_store=self.metadata,
-            open_log=lambda c: self.logs.open(f"c{c}"),
-            config=SegmentStoreConfig(container_count=CONTAINERS))
-        self.controller = Controller(self.store, self.config, lambda: URI)
-        port = await self.controller.start("127.0.0.1", 0)
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-
-    async def stop(self) -> None:
-        if self.channel is not None:
-            await self.channel.close()
-        if self.controller is not None:
-            await self.controller.close()
-        if self.store is not None:
-            await self.store.close()
-
-    async def restart(self) -> None:
-        await self.stop()
-        await self.start()
-
-    @property
-    def stub(self) -> Any:
-        return ControllerServiceStub(self.channel)
-
-    @property
-    def segments(self) -> SegmentStore:
-        assert self.store is not None
-        return self.store
-
-
-async def make_cluster(**config: int) -> Cluster:
-    metadata = await open_store(f"memory://controller-{time.monotonic_ns()}")
-    cluster = Cluster(MemoryDataLogs(), metadata, ControllerConfig(**config))
-    await cluster.start()
-    return cluster
+from tests.support.controller import CONTAINERS, URI, Cluster, make_cluster
 
 
 @pytest.fixture
@@ -517,3 +459,50 @@ async def test_a_restarted_controller_keeps_its_state(cluster: Cluster) -> None:
         b"in a transaction"
     assert (await stub.createStream(stream_config(2))).status == \
         pb.CreateStreamStatus.STREAM_EXISTS
+
+
+async def test_an_interrupted_scale_is_finished_by_the_restarted_controller(
+        cluster: Cluster) -> None:
+    await make_stream(cluster, 2)
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["seal"] = 1  # the successor is created, then the seal fails
+    assert await status_of(cluster.stub.scale(pb.ScaleRequest(
+        streamInfo=info(), sealedSegments=[1],
+        newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]))) == \
+        grpc.StatusCode.UNAVAILABLE
+    assert (await cluster.stub.checkScale(pb.ScaleStatusRequest(streamInfo=info(), epoch=0))
+            ).status == pb.ScaleStatusResponse.IN_PROGRESS
+    assert not (await cluster.segments.get_info(segment_name("sc", "st", 1))).sealed
+
+    await cluster.restart()
+    assert (await cluster.stub.checkScale(pb.ScaleStatusRequest(streamInfo=info(), epoch=0))
+            ).status == pb.ScaleStatusResponse.SUCCESS
+    assert (await cluster.segments.get_info(segment_name("sc", "st", 1))).sealed
+    assert [sid for sid, _, _ in ranges(await cluster.stub.getCurrentSegments(info()))] == \
+        [0, segment_id(1, 2)]
+
+
+async def test_an_interrupted_commit_is_finished_by_the_sweeper() -> None:
+    cluster = await make_cluster(txn_sweep_interval_ms=20)
+    try:
+        await make_stream(cluster, 2)
+        txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
+            streamInfo=info(), lease=60_000))).txnId
+        full_id = (txn.highBits << 64) | txn.lowBits
+        for sid in (0, 1):
+            await cluster.segments.append(txn_segment_name("sc", "st", sid, full_id),
+                                          f"t{sid}".encode())
+        assert cluster.faulty is not None
+        cluster.faulty.fail_at["merge"] = 2  # the first segment merges, the second fails
+        assert await status_of(cluster.stub.commitTransaction(txn_request(txn))) == \
+            grpc.StatusCode.UNAVAILABLE
+
+        async def committed() -> bool:
+            return await txn_state(cluster, txn) == pb.TxnState.COMMITTED
+        await wait_for(committed)
+        for sid in (0, 1):
+            assert (await cluster.segments.read(segment_name("sc", "st", sid), 0, 10)).data \
+                == f"t{sid}".encode()
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()

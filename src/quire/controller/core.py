@@ -111,10 +111,17 @@ class ControllerCore:
         """Streams that may hold transaction records: the sweeper's work list."""
 
     async def start(self) -> None:
-        """Create the scopes table if needed; find the streams with
-        transactions (a restart picks their leases up again)."""
+        """Create the scopes table if needed; finish the scales a crash
+        interrupted (until then writers would find sealed segments without
+        successors); find the streams with transactions, for the sweeper to
+        pick their leases and interrupted commits and aborts up again."""
         await self.state.start()
         async for scope, stream in self.state.all_streams():
+            async with self._stream_lock(scope, stream):
+                found = await self.state.stream(scope, stream)
+                if found is not None and found[0].scale is not None:
+                    log.info("stream %s/%s: finishing an interrupted scale", scope, stream)
+                    await self._finish_scale(scope, stream, *found)
             if await self.state.txns(scope, stream):
                 self._txn_streams.add((scope, stream))
 
