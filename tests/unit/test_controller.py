@@ -506,3 +506,25 @@ async def test_an_interrupted_commit_is_finished_by_the_sweeper() -> None:
     finally:
         await cluster.stop()
         await cluster.metadata.close()
+
+
+async def test_an_interrupted_stream_creation_is_invisible_until_finished(
+        cluster: Cluster) -> None:
+    stub = cluster.stub
+    await stub.createScope(pb.ScopeInfo(scope="sc"))
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["create_segment"] = 3  # its table, one segment, then a failure
+    assert await status_of(stub.createStream(stream_config(3, stream="a-half"))) == \
+        grpc.StatusCode.UNAVAILABLE
+    await make_stream(cluster, 1, stream="b")
+    assert not (await stub.checkStreamExists(info(stream="a-half"))).exists
+    assert await status_of(stub.getCurrentSegments(info(stream="a-half"))) == \
+        grpc.StatusCode.NOT_FOUND
+    cluster.controller.core.config = ControllerConfig(list_page_size=1)  # type: ignore[union-attr]
+    first = await stub.listStreamsInScope(pb.StreamsInScopeRequest(
+        scope=pb.ScopeInfo(scope="sc")))
+    assert [s.stream for s in first.streams] == ["b"]  # not an empty page: the listing goes on
+
+    assert (await stub.createStream(stream_config(3, stream="a-half"))).status == \
+        pb.CreateStreamStatus.SUCCESS
+    assert len(ranges(await stub.getCurrentSegments(info(stream="a-half")))) == 3

@@ -160,8 +160,11 @@ class ControllerCore:
     async def list_streams(self, scope: str, token: str) -> tuple[list[str], str]:
         if not await self.scope_exists(scope):
             raise ScopeNotFoundError(f"no scope {scope!r}")
-        streams, token = await self.state.streams(scope, token, self.config.list_page_size)
-        return [name for name, r in streams if r.state is not StreamState.CREATING], token
+        while True:  # an empty answer ends the client's listing: skip pages of CREATING only
+            streams, token = await self.state.streams(scope, token, self.config.list_page_size)
+            names = [name for name, r in streams if r.state is not StreamState.CREATING]
+            if names or not streams:
+                return names, token
 
     # --- streams ---------------------------------------------------------------
 
