@@ -50,6 +50,8 @@ class Cluster:
     config: ControllerConfig
     store: SegmentStore | None = None
     faulty: Faulty | None = None
+    now_ms: int | None = None
+    """The controller's clock when set (the wall clock otherwise)."""
     controller: Controller | None = None
     channel: grpc.aio.Channel | None = None
 
@@ -59,9 +61,12 @@ class Cluster:
             open_log=lambda c: self.logs.open(f"c{c}"),
             config=SegmentStoreConfig(container_count=CONTAINERS))
         self.faulty = Faulty(self.store)
-        self.controller = Controller(self.faulty, self.config, lambda: URI)
+        self.controller = Controller(self.faulty, self.config, lambda: URI, self._clock)
         port = await self.controller.start("127.0.0.1", 0)
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+    def _clock(self) -> int:
+        return int(time.time() * 1000) if self.now_ms is None else self.now_ms
 
     async def stop(self) -> None:
         if self.channel is not None:

@@ -528,3 +528,81 @@ async def test_an_interrupted_stream_creation_is_invisible_until_finished(
     assert (await stub.createStream(stream_config(3, stream="a-half"))).status == \
         pb.CreateStreamStatus.SUCCESS
     assert len(ranges(await stub.getCurrentSegments(info(stream="a-half")))) == 3
+
+
+# --- retention ----------------------------------------------------------------------
+
+
+def retained(segments: int, kind: int, param: int) -> pb.StreamConfig:
+    config = stream_config(segments)
+    config.retentionPolicy.CopyFrom(pb.RetentionPolicy(retentionType=kind, retentionParam=param,
+                                                       retentionMax=(1 << 63) - 1))
+    return config
+
+
+async def test_retention_by_size_truncates_at_recorded_cuts() -> None:
+    cluster = await make_cluster(retention_interval_ms=3_600_000)  # passes run by hand
+    try:
+        stub, segments = cluster.stub, cluster.segments
+        assert cluster.controller is not None
+        core = cluster.controller.core
+        await stub.createScope(pb.ScopeInfo(scope="sc"))
+        await stub.createStream(retained(2, pb.RetentionPolicy.SIZE, 100))
+        s0, s1 = segment_name("sc", "st", 0), segment_name("sc", "st", 1)
+
+        async def starts() -> dict[int, int]:
+            head = await stub.getSegments(pb.GetSegmentsRequest(streamInfo=info()))
+            return {s.segmentId.segmentId: s.offset for s in head.segments}
+
+        await segments.append(s0, b"a" * 60)
+        await segments.append(s1, b"b" * 40)
+        await core.enforce_retention()  # records {0: 60, 1: 40} at 100 bytes
+        assert await starts() == {0: 0, 1: 0}
+        await segments.append(s0, b"a" * 100)
+        await core.enforce_retention()  # 200 bytes: the first cut leaves 100
+        assert await starts() == {0: 60, 1: 40}
+        assert ((await segments.get_info(s0)).start_offset,
+                (await segments.get_info(s1)).start_offset) == (60, 40)
+
+        await stub.scale(pb.ScaleRequest(
+            streamInfo=info(), sealedSegments=[1],
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]))
+        s2 = segment_id(1, 2)
+        await segments.append(segment_name("sc", "st", s2), b"c" * 50)
+        await core.enforce_retention()  # 250 bytes: no cut leaves 100 after it but the head
+        assert await starts() == {0: 60, 1: 40}
+        await segments.append(segment_name("sc", "st", s2), b"c" * 100)
+        await core.enforce_retention()  # 350 bytes: truncated at {0: 160, s2: 50}
+        assert await starts() == {0: 160, s2: 50}
+        with pytest.raises(SegmentNotFoundError):  # sealed, wholly before the cut
+            await segments.get_info(s1)
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
+
+
+async def test_retention_by_time_truncates_what_is_older() -> None:
+    cluster = await make_cluster(retention_interval_ms=3_600_000)
+    try:
+        assert cluster.controller is not None
+        core, segments = cluster.controller.core, cluster.segments
+        cluster.now_ms = 1_000_000
+        await cluster.stub.createScope(pb.ScopeInfo(scope="sc"))
+        await cluster.stub.createStream(retained(1, pb.RetentionPolicy.TIME, 1000))
+        s0 = segment_name("sc", "st", 0)
+        await segments.append(s0, b"x" * 10)
+        await core.enforce_retention()  # {0: 10} recorded at t
+        cluster.now_ms += 500
+        await segments.append(s0, b"y" * 10)
+        await core.enforce_retention()  # {0: 20} at t + 500; nothing is 1 s old
+        assert (await segments.get_info(s0)).start_offset == 0
+        cluster.now_ms += 700
+        await core.enforce_retention()
+        assert (await segments.get_info(s0)).start_offset == 10
+        cluster.now_ms += 10_000
+        await core.enforce_retention()
+        assert (await segments.get_info(s0)).start_offset == 20
+        assert (await segments.read(s0, 20, 10)).at_tail
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()

@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 from quire.controller.model import (
     Epoch,
     PendingScale,
+    RecordedCut,
+    RetentionType,
     SegmentRange,
     StreamConfig,
     StreamRecord,
@@ -79,9 +81,15 @@ class ControllerConfig:
     checkTransactionState and pings."""
     list_page_size: int = 1_000
     """Names per listScopes / listStreamsInScope answer."""
+    retention_interval_ms: int = 60_000
+    """How often a stream cut is recorded for each stream with a retention
+    policy, and the stream truncated as the policy says."""
+    max_retention_cuts: int = 1_000
+    """Recorded cuts kept per stream (the oldest are dropped)."""
 
     def __post_init__(self) -> None:
-        for name in ("txn_max_lease_ms", "txn_sweep_interval_ms", "list_page_size"):
+        for name in ("txn_max_lease_ms", "txn_sweep_interval_ms", "list_page_size",
+                     "retention_interval_ms", "max_retention_cuts"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller: {name} must be positive")
 
@@ -255,23 +263,29 @@ class ControllerCore:
             record, version = await self._stream(scope, stream)
             record, version = await self._settle(scope, stream, record, version,
                                                  abort_open=False)
-            before = record.check_cut(cut)
-            for sid, offset in sorted(cut.items()):  # every offset checked before any change
-                try:
-                    length = (await self.store.get_info(segment_name(scope, stream, sid))).length
-                except SegmentNotFoundError as e:
-                    raise ControllerInvalidArgumentError(
-                        f"segment {sid} of the cut was deleted") from e
-                if offset > length:
-                    raise ControllerInvalidArgumentError(
-                        f"segment {sid}: offset {offset} is past its length {length}")
-            for sid, offset in sorted(cut.items()):
-                await self.store.truncate(segment_name(scope, stream, sid), offset)
-            for sid in before:
-                await delete_if_present(self.store, segment_name(scope, stream, sid))
-            record.head = dict(cut)
-            record.truncated_ms = self._clock_ms()
+            await self._truncate(scope, stream, record, cut)
             await self.state.put_stream(scope, stream, record, version)
+
+    async def _truncate(self, scope: str, stream: str, record: StreamRecord,
+                        cut: dict[int, int]) -> None:
+        """Truncate at ``cut`` and make it ``record``'s head (written by the caller)."""
+        before = record.check_cut(cut)
+        for sid, offset in sorted(cut.items()):  # every offset checked before any change
+            try:
+                length = (await self.store.get_info(segment_name(scope, stream, sid))).length
+            except SegmentNotFoundError as e:
+                raise ControllerInvalidArgumentError(
+                    f"segment {sid} of the cut was deleted") from e
+            if offset > length:
+                raise ControllerInvalidArgumentError(
+                    f"segment {sid}: offset {offset} is past its length {length}")
+        for sid, offset in sorted(cut.items()):
+            await self.store.truncate(segment_name(scope, stream, sid), offset)
+        for sid in before:
+            await delete_if_present(self.store, segment_name(scope, stream, sid))
+        record.head = dict(cut)
+        record.truncated_ms = self._clock_ms()
+        record.retention_cuts = [r for r in record.retention_cuts if record.after_head(r.cut)]
 
     # --- segments --------------------------------------------------------------
 
@@ -346,9 +360,12 @@ class ControllerCore:
         for s in scale.created:
             await create_if_missing(self.store, segment_name(scope, stream, s.id),
                                     SegmentType.STREAM)
+        sealed_bytes = 0
         for sid in scale.sealed:
-            await self._seal(segment_name(scope, stream, sid))
-        record.apply_scale(scale)
+            name = segment_name(scope, stream, sid)
+            await self._seal(name)
+            sealed_bytes += (await self.store.get_info(name)).length
+        record.apply_scale(scale, sealed_bytes)
         return await self.state.put_stream(scope, stream, record, version)
 
     async def _settle(self, scope: str, stream: str, record: StreamRecord, version: int,
@@ -502,3 +519,36 @@ class ControllerCore:
                                      txn.txn_id, scope, stream)
                         await self._finish_txn(scope, stream, txn, version)
 
+
+    # --- retention ---------------------------------------------------------------
+
+    async def enforce_retention(self) -> None:
+        """One retention pass: for each stream with a retention policy, record
+        a cut at its active segments' lengths, then truncate it at the latest
+        recorded cut that keeps what the policy asks (Pravega's way: the
+        stream is truncated only at cuts it recorded)."""
+        async for scope, stream in self.state.all_streams():
+            async with self._stream_lock(scope, stream):
+                found = await self.state.stream(scope, stream)
+                if found is None:
+                    continue
+                record, version = found
+                if record.state is StreamState.CREATING or \
+                        record.config.retention is RetentionType.NONE:
+                    continue
+                record, version = await self._settle(scope, stream, record, version,
+                                                     abort_open=False)
+                now = self._clock_ms()
+                cut = {s.id: (await self.store.get_info(segment_name(scope, stream, s.id))).length
+                       for s in record.current.segments}
+                size = record.sealed_bytes + sum(cut.values())
+                last = record.retention_cuts[-1] if record.retention_cuts else None
+                if (last is None or last.cut != cut) and record.after_head(cut):
+                    record.retention_cuts.append(RecordedCut(now, size, cut))
+                    del record.retention_cuts[:-self.config.max_retention_cuts]
+                chosen = record.retention_cut(now, size)
+                if chosen is not None:
+                    log.info("stream %s/%s: retention truncates at %s", scope, stream,
+                             chosen.cut)
+                    await self._truncate(scope, stream, record, dict(chosen.cut))
+                await self.state.put_stream(scope, stream, record, version)
