@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -606,3 +607,35 @@ async def test_retention_by_time_truncates_what_is_older() -> None:
     finally:
         await cluster.stop()
         await cluster.metadata.close()
+
+
+# --- metrics ------------------------------------------------------------------------
+
+
+async def test_metrics_count_requests_by_status_and_transactions() -> None:
+    cluster = await make_cluster(metrics_port=0)
+    try:
+        assert cluster.controller is not None and cluster.controller.metrics_port
+        await make_stream(cluster, 1)
+        await cluster.stub.createScope(pb.ScopeInfo(scope="sc"))
+        assert await status_of(cluster.stub.getCurrentSegments(info(stream="nope"))) == \
+            grpc.StatusCode.NOT_FOUND
+        txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
+            streamInfo=info(), lease=10_000))).txnId
+        await cluster.stub.abortTransaction(txn_request(txn))
+        url = f"http://127.0.0.1:{cluster.controller.metrics_port}/metrics"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text: str = answer.read().decode()
+                return text
+        text = await asyncio.to_thread(scrape)
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
+    assert 'quire_controller_rpc_count{method="createScope",status="OK"} 2.0' in text
+    assert 'quire_controller_rpc_count{method="getCurrentSegments",status="NOT_FOUND"} 1.0' \
+        in text
+    assert "quire_controller_transactions_created_total 1.0" in text
+    assert 'quire_controller_transactions_ended_total{reason="request",state="ABORTED"} 1.0' \
+        in text

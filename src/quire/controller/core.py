@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from quire.controller.metrics import ControllerMetrics
 from quire.controller.model import (
     Epoch,
     PendingScale,
@@ -86,6 +87,8 @@ class ControllerConfig:
     policy, and the stream truncated as the policy says."""
     max_retention_cuts: int = 1_000
     """Recorded cuts kept per stream (the oldest are dropped)."""
+    metrics_port: int = -1
+    """HTTP port of ``/metrics``; 0 picks a free one, -1 disables it."""
 
     def __post_init__(self) -> None:
         for name in ("txn_max_lease_ms", "txn_sweep_interval_ms", "list_page_size",
@@ -108,9 +111,11 @@ class ScaleStarted:
 
 class ControllerCore:
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+                 clock_ms: Callable[[], int] = wall_clock_ms,
+                 metrics: ControllerMetrics | None = None) -> None:
         self.store = store
         self.config = config
+        self.metrics = metrics or ControllerMetrics()
         self.state = ControllerState(store)
         self._clock_ms = clock_ms
         self._scope_locks: dict[str, asyncio.Lock] = {}
@@ -366,6 +371,7 @@ class ControllerCore:
             await self._seal(name)
             sealed_bytes += (await self.store.get_info(name)).length
         record.apply_scale(scale, sealed_bytes)
+        self.metrics.scales.inc()
         return await self.state.put_stream(scope, stream, record, version)
 
     async def _settle(self, scope: str, stream: str, record: StreamRecord, version: int,
@@ -376,7 +382,9 @@ class ControllerCore:
         for txn, txn_version in await self.state.txns(scope, stream):
             if txn.state in (TxnState.COMMITTING, TxnState.ABORTING) or \
                     (abort_open and txn.state is TxnState.OPEN):
-                await self._finish_txn(scope, stream, txn, txn_version)
+                await self._finish_txn(scope, stream, txn, txn_version,
+                                       "stream sealed" if txn.state is TxnState.OPEN
+                                       else "request")
         return record, version
 
     # --- transactions ------------------------------------------------------------
@@ -407,6 +415,7 @@ class ControllerCore:
                 if await self.state.txn(scope, stream, txn_id) is None:
                     break
             await self.state.put_txn(scope, stream, txn, NOT_EXISTS)
+            self.metrics.transactions_created.inc()
             self._txn_streams.add((scope, stream))
             for sid in txn.segments:
                 await create_if_missing(self.store, txn_segment_name(scope, stream, sid, txn_id),
@@ -432,7 +441,7 @@ class ControllerCore:
             now = self._clock_ms()
             if txn.lease_expiry_ms < now:
                 txn = replace(txn, state=TxnState.ABORTING)
-                return await self._finish_txn(scope, stream, txn, version)
+                return await self._finish_txn(scope, stream, txn, version, "lease expired")
             await self.state.put_txn(scope, stream, replace(txn, lease_expiry_ms=now + lease_ms),
                                      version)
             return TxnState.OPEN
@@ -468,7 +477,7 @@ class ControllerCore:
         return None if found is None else found[0].state
 
     async def _finish_txn(self, scope: str, stream: str, txn: TxnRecord,
-                          version: int) -> TxnState:
+                          version: int, reason: str = "request") -> TxnState:
         """Carry a COMMITTING transaction to COMMITTED, an ABORTING (or OPEN)
         one to ABORTED, writing the intent first; the final state."""
         if txn.state.completed:
@@ -488,6 +497,7 @@ class ControllerCore:
             final = TxnState.ABORTED
         await self.state.put_txn(scope, stream, replace(txn, state=final,
                                                         completed_ms=self._clock_ms()), version)
+        self.metrics.transactions_ended.labels(final.value, reason).inc()
         return final
 
     async def _delete_txn_segments(self, scope: str, stream: str, txn: TxnRecord) -> None:
@@ -514,10 +524,12 @@ class ControllerCore:
                         if now - txn.completed_ms >= self.config.completed_txn_retention_ms:
                             await self.state.remove_txn(scope, stream, txn.txn_id, version)
                     elif txn.state is not TxnState.OPEN or txn.lease_expiry_ms < now:
+                        reason = "request"
                         if txn.state is TxnState.OPEN:
                             log.info("transaction %032x on %s/%s: lease expired, aborting",
                                      txn.txn_id, scope, stream)
-                        await self._finish_txn(scope, stream, txn, version)
+                            reason = "lease expired"
+                        await self._finish_txn(scope, stream, txn, version, reason)
 
 
     # --- retention ---------------------------------------------------------------
@@ -551,4 +563,5 @@ class ControllerCore:
                     log.info("stream %s/%s: retention truncates at %s", scope, stream,
                              chosen.cut)
                     await self._truncate(scope, stream, record, dict(chosen.cut))
+                    self.metrics.retention_truncations.inc()
                 await self.state.put_stream(scope, stream, record, version)

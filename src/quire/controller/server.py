@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from wsgiref.simple_server import WSGIServer
 
 import grpc
+from prometheus_client import start_http_server
 
 from quire.controller.core import ControllerConfig, ControllerCore, wall_clock_ms
 from quire.controller.service import ControllerService, NodeAddress
@@ -40,6 +42,9 @@ class Controller:
         """The transaction sweeper and the retention pass, while serving."""
         self.port: int | None = None
         """The bound port once started."""
+        self._metrics_server: WSGIServer | None = None
+        self.metrics_port: int | None = None
+        """The port of ``/metrics`` once started, if it is served."""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve on ``host:port`` (0: any free port); the port bound."""
@@ -51,10 +56,14 @@ class Controller:
         bound: int = server.add_insecure_port(f"{host}:{port}")
         if bound == 0:
             raise ConfigError(f"controller: cannot listen on {host}:{port}")
+        config = self.core.config
+        if config.metrics_port >= 0:
+            self._metrics_server, _thread = start_http_server(
+                config.metrics_port, host, self.core.metrics.registry)
+            self.metrics_port = self._metrics_server.server_port
         await server.start()
         self._server = server
         self.port = bound
-        config = self.core.config
         self._tasks = [
             asyncio.create_task(self._every(config.txn_sweep_interval_ms, self.core.sweep,
                                             "transaction sweep"), name="controller-sweeper"),
@@ -82,3 +91,7 @@ class Controller:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
