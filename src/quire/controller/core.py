@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ControllerConfig:
+    """The controller's settings (times in ms)."""
+
     txn_max_lease_ms: int = 120_000
     """The longest lease a transaction may ask for (Pravega's default; the
     client asks for 90 s and pings)."""
@@ -110,6 +112,10 @@ class ScaleStarted:
 
 
 class ControllerCore:
+    """The controller's operations (see the module docstring); ``start()``
+    before the first one.  ``clock_ms`` is the wall clock of leases, epochs
+    and retention; ``metrics`` what it counts."""
+
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
                  clock_ms: Callable[[], int] = wall_clock_ms,
                  metrics: ControllerMetrics | None = None) -> None:
