@@ -639,3 +639,20 @@ async def test_metrics_count_requests_by_status_and_transactions() -> None:
     assert "quire_controller_transactions_created_total 1.0" in text
     assert 'quire_controller_transactions_ended_total{reason="request",state="ABORTED"} 1.0' \
         in text
+
+
+async def test_concurrent_transactions_each_commit_once(cluster: Cluster) -> None:
+    await make_stream(cluster, 1)
+    parent = segment_name("sc", "st", 0)
+
+    async def one(i: int) -> None:
+        txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
+            streamInfo=info(), lease=10_000))).txnId
+        name = txn_segment_name("sc", "st", 0, (txn.highBits << 64) | txn.lowBits)
+        await cluster.segments.append(name, f"<{i}>".encode())
+        end = cluster.stub.commitTransaction if i % 3 else cluster.stub.abortTransaction
+        assert (await end(txn_request(txn))).status == pb.TxnStatus.SUCCESS
+    await asyncio.gather(*(one(i) for i in range(30)))
+    data = (await cluster.segments.read(parent, 0, 10_000)).data.decode()
+    pieces = sorted(int(p) for p in data.strip("<>").split("><"))
+    assert pieces == [i for i in range(30) if i % 3]
