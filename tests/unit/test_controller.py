@@ -285,7 +285,7 @@ async def test_transactions_commit_merges_abort_discards(cluster: Cluster) -> No
     assert (await stub.pingTransaction(pb.PingTxnRequest(streamInfo=info(), txnId=txn,
                                                          lease=10**9))).status == \
         pb.PingTxnStatus.LEASE_TOO_LARGE
-    opened = await stub.createTransaction(pb.CreateTxnRequest(streamInfo=info(), lease=1000))
+    opened = await stub.createTransaction(pb.CreateTxnRequest(streamInfo=info(), lease=30_000))
     assert (await stub.scale(pb.ScaleRequest(  # no scale under open transactions
         streamInfo=info(), sealedSegments=[0],
         newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.0, end=0.5)]))).status == \
@@ -330,12 +330,14 @@ async def test_transactions_commit_merges_abort_discards(cluster: Cluster) -> No
 async def test_an_expired_lease_aborts_the_transaction() -> None:
     cluster = await make_cluster(txn_sweep_interval_ms=20)
     try:
+        cluster.now_ms = 1_000_000
         await make_stream(cluster, 1)
         txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
             streamInfo=info(), lease=150))).txnId
         name = txn_segment_name("sc", "st", 0, (txn.highBits << 64) | txn.lowBits)
         await cluster.segments.append(name, b"lost")
         assert await txn_state(cluster, txn) == pb.TxnState.OPEN
+        cluster.now_ms += 151
 
         async def aborted() -> bool:
             return await txn_state(cluster, txn) == pb.TxnState.ABORTED
