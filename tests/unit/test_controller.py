@@ -6,76 +6,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 
-from quire.controller import Controller, ControllerConfig
+from quire.controller import ControllerConfig
 from quire.controller.model import segment_id, segment_name, txn_segment_name
 from quire.controller_api import Controller_pb2 as pb
-from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
-from quire.metadata import MetadataStore, open_store
-from quire.segmentstore import (
-    SegmentNotFoundError,
-    SegmentStore,
-    SegmentStoreConfig,
-    SegmentType,
-)
+from quire.segmentstore import SegmentNotFoundError, SegmentType
 from quire.segmentstore.names import container_of
-from quire.testing.memory_data_log import MemoryDataLogs
-
-CONTAINERS = 2
-URI = ("segments.example", 12345)
-
-
-@dataclass
-class Cluster:
-    logs: MemoryDataLogs
-    metadata: MetadataStore
-    config: ControllerConfig
-    store: SegmentStore | None = None
-    controller: Controller | None = None
-    channel: grpc.aio.Channel | None = None
-
-    async def start(self) -> None:
-        self.store = await SegmentStore.open(
-            None, range(CONTAINERS), metadata_store=self.metadata,
-            open_log=lambda c: self.logs.open(f"c{c}"),
-            config=SegmentStoreConfig(container_count=CONTAINERS))
-        self.controller = Controller(self.store, self.config, lambda: URI)
-        port = await self.controller.start("127.0.0.1", 0)
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-
-    async def stop(self) -> None:
-        if self.channel is not None:
-            await self.channel.close()
-        if self.controller is not None:
-            await self.controller.close()
-        if self.store is not None:
-            await self.store.close()
-
-    async def restart(self) -> None:
-        await self.stop()
-        await self.start()
-
-    @property
-    def stub(self) -> Any:
-        return ControllerServiceStub(self.channel)
-
-    @property
-    def segments(self) -> SegmentStore:
-        assert self.store is not None
-        return self.store
-
-
-async def make_cluster(**config: int) -> Cluster:
-    metadata = await open_store(f"memory://controller-{time.monotonic_ns()}")
-    cluster = Cluster(MemoryDataLogs(), metadata, ControllerConfig(**config))
-    await cluster.start()
-    return cluster
+from tests.support.controller import CONTAINERS, URI, Cluster, make_cluster
 
 
 @pytest.fixture
@@ -342,7 +285,7 @@ async def test_transactions_commit_merges_abort_discards(cluster: Cluster) -> No
     assert (await stub.pingTransaction(pb.PingTxnRequest(streamInfo=info(), txnId=txn,
                                                          lease=10**9))).status == \
         pb.PingTxnStatus.LEASE_TOO_LARGE
-    opened = await stub.createTransaction(pb.CreateTxnRequest(streamInfo=info(), lease=1000))
+    opened = await stub.createTransaction(pb.CreateTxnRequest(streamInfo=info(), lease=30_000))
     assert (await stub.scale(pb.ScaleRequest(  # no scale under open transactions
         streamInfo=info(), sealedSegments=[0],
         newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.0, end=0.5)]))).status == \
@@ -387,12 +330,14 @@ async def test_transactions_commit_merges_abort_discards(cluster: Cluster) -> No
 async def test_an_expired_lease_aborts_the_transaction() -> None:
     cluster = await make_cluster(txn_sweep_interval_ms=20)
     try:
+        cluster.now_ms = 1_000_000
         await make_stream(cluster, 1)
         txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
             streamInfo=info(), lease=150))).txnId
         name = txn_segment_name("sc", "st", 0, (txn.highBits << 64) | txn.lowBits)
         await cluster.segments.append(name, b"lost")
         assert await txn_state(cluster, txn) == pb.TxnState.OPEN
+        cluster.now_ms += 151
 
         async def aborted() -> bool:
             return await txn_state(cluster, txn) == pb.TxnState.ABORTED
@@ -517,3 +462,199 @@ async def test_a_restarted_controller_keeps_its_state(cluster: Cluster) -> None:
         b"in a transaction"
     assert (await stub.createStream(stream_config(2))).status == \
         pb.CreateStreamStatus.STREAM_EXISTS
+
+
+async def test_an_interrupted_scale_is_finished_by_the_restarted_controller(
+        cluster: Cluster) -> None:
+    await make_stream(cluster, 2)
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["seal"] = 1  # the successor is created, then the seal fails
+    assert await status_of(cluster.stub.scale(pb.ScaleRequest(
+        streamInfo=info(), sealedSegments=[1],
+        newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]))) == \
+        grpc.StatusCode.UNAVAILABLE
+    assert (await cluster.stub.checkScale(pb.ScaleStatusRequest(streamInfo=info(), epoch=0))
+            ).status == pb.ScaleStatusResponse.IN_PROGRESS
+    assert not (await cluster.segments.get_info(segment_name("sc", "st", 1))).sealed
+
+    await cluster.restart()
+    assert (await cluster.stub.checkScale(pb.ScaleStatusRequest(streamInfo=info(), epoch=0))
+            ).status == pb.ScaleStatusResponse.SUCCESS
+    assert (await cluster.segments.get_info(segment_name("sc", "st", 1))).sealed
+    assert [sid for sid, _, _ in ranges(await cluster.stub.getCurrentSegments(info()))] == \
+        [0, segment_id(1, 2)]
+
+
+async def test_an_interrupted_commit_is_finished_by_the_sweeper() -> None:
+    cluster = await make_cluster(txn_sweep_interval_ms=20)
+    try:
+        await make_stream(cluster, 2)
+        txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
+            streamInfo=info(), lease=60_000))).txnId
+        full_id = (txn.highBits << 64) | txn.lowBits
+        for sid in (0, 1):
+            await cluster.segments.append(txn_segment_name("sc", "st", sid, full_id),
+                                          f"t{sid}".encode())
+        assert cluster.faulty is not None
+        cluster.faulty.fail_at["merge"] = 2  # the first segment merges, the second fails
+        assert await status_of(cluster.stub.commitTransaction(txn_request(txn))) == \
+            grpc.StatusCode.UNAVAILABLE
+
+        async def committed() -> bool:
+            return await txn_state(cluster, txn) == pb.TxnState.COMMITTED
+        await wait_for(committed)
+        for sid in (0, 1):
+            assert (await cluster.segments.read(segment_name("sc", "st", sid), 0, 10)).data \
+                == f"t{sid}".encode()
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
+
+
+async def test_an_interrupted_stream_creation_is_invisible_until_finished(
+        cluster: Cluster) -> None:
+    stub = cluster.stub
+    await stub.createScope(pb.ScopeInfo(scope="sc"))
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["create_segment"] = 3  # its table, one segment, then a failure
+    assert await status_of(stub.createStream(stream_config(3, stream="a-half"))) == \
+        grpc.StatusCode.UNAVAILABLE
+    await make_stream(cluster, 1, stream="b")
+    assert not (await stub.checkStreamExists(info(stream="a-half"))).exists
+    assert await status_of(stub.getCurrentSegments(info(stream="a-half"))) == \
+        grpc.StatusCode.NOT_FOUND
+    cluster.controller.core.config = ControllerConfig(list_page_size=1)  # type: ignore[union-attr]
+    first = await stub.listStreamsInScope(pb.StreamsInScopeRequest(
+        scope=pb.ScopeInfo(scope="sc")))
+    assert [s.stream for s in first.streams] == ["b"]  # not an empty page: the listing goes on
+
+    assert (await stub.createStream(stream_config(3, stream="a-half"))).status == \
+        pb.CreateStreamStatus.SUCCESS
+    assert len(ranges(await stub.getCurrentSegments(info(stream="a-half")))) == 3
+
+
+# --- retention ----------------------------------------------------------------------
+
+
+def retained(segments: int, kind: int, param: int) -> pb.StreamConfig:
+    config = stream_config(segments)
+    config.retentionPolicy.CopyFrom(pb.RetentionPolicy(retentionType=kind, retentionParam=param,
+                                                       retentionMax=(1 << 63) - 1))
+    return config
+
+
+async def test_retention_by_size_truncates_at_recorded_cuts() -> None:
+    cluster = await make_cluster(retention_interval_ms=3_600_000)  # passes run by hand
+    try:
+        stub, segments = cluster.stub, cluster.segments
+        assert cluster.controller is not None
+        core = cluster.controller.core
+        await stub.createScope(pb.ScopeInfo(scope="sc"))
+        await stub.createStream(retained(2, pb.RetentionPolicy.SIZE, 100))
+        s0, s1 = segment_name("sc", "st", 0), segment_name("sc", "st", 1)
+
+        async def starts() -> dict[int, int]:
+            head = await stub.getSegments(pb.GetSegmentsRequest(streamInfo=info()))
+            return {s.segmentId.segmentId: s.offset for s in head.segments}
+
+        await segments.append(s0, b"a" * 60)
+        await segments.append(s1, b"b" * 40)
+        await core.enforce_retention()  # records {0: 60, 1: 40} at 100 bytes
+        assert await starts() == {0: 0, 1: 0}
+        await segments.append(s0, b"a" * 100)
+        await core.enforce_retention()  # 200 bytes: the first cut leaves 100
+        assert await starts() == {0: 60, 1: 40}
+        assert ((await segments.get_info(s0)).start_offset,
+                (await segments.get_info(s1)).start_offset) == (60, 40)
+
+        await stub.scale(pb.ScaleRequest(
+            streamInfo=info(), sealedSegments=[1],
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]))
+        s2 = segment_id(1, 2)
+        await segments.append(segment_name("sc", "st", s2), b"c" * 50)
+        await core.enforce_retention()  # 250 bytes: no cut leaves 100 after it but the head
+        assert await starts() == {0: 60, 1: 40}
+        await segments.append(segment_name("sc", "st", s2), b"c" * 100)
+        await core.enforce_retention()  # 350 bytes: truncated at {0: 160, s2: 50}
+        assert await starts() == {0: 160, s2: 50}
+        with pytest.raises(SegmentNotFoundError):  # sealed, wholly before the cut
+            await segments.get_info(s1)
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
+
+
+async def test_retention_by_time_truncates_what_is_older() -> None:
+    cluster = await make_cluster(retention_interval_ms=3_600_000)
+    try:
+        assert cluster.controller is not None
+        core, segments = cluster.controller.core, cluster.segments
+        cluster.now_ms = 1_000_000
+        await cluster.stub.createScope(pb.ScopeInfo(scope="sc"))
+        await cluster.stub.createStream(retained(1, pb.RetentionPolicy.TIME, 1000))
+        s0 = segment_name("sc", "st", 0)
+        await segments.append(s0, b"x" * 10)
+        await core.enforce_retention()  # {0: 10} recorded at t
+        cluster.now_ms += 500
+        await segments.append(s0, b"y" * 10)
+        await core.enforce_retention()  # {0: 20} at t + 500; nothing is 1 s old
+        assert (await segments.get_info(s0)).start_offset == 0
+        cluster.now_ms += 700
+        await core.enforce_retention()
+        assert (await segments.get_info(s0)).start_offset == 10
+        cluster.now_ms += 10_000
+        await core.enforce_retention()
+        assert (await segments.get_info(s0)).start_offset == 20
+        assert (await segments.read(s0, 20, 10)).at_tail
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
+
+
+# --- metrics ------------------------------------------------------------------------
+
+
+async def test_metrics_count_requests_by_status_and_transactions() -> None:
+    cluster = await make_cluster(metrics_port=0)
+    try:
+        assert cluster.controller is not None and cluster.controller.metrics_port
+        await make_stream(cluster, 1)
+        await cluster.stub.createScope(pb.ScopeInfo(scope="sc"))
+        assert await status_of(cluster.stub.getCurrentSegments(info(stream="nope"))) == \
+            grpc.StatusCode.NOT_FOUND
+        txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
+            streamInfo=info(), lease=10_000))).txnId
+        await cluster.stub.abortTransaction(txn_request(txn))
+        url = f"http://127.0.0.1:{cluster.controller.metrics_port}/metrics"
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text: str = answer.read().decode()
+                return text
+        text = await asyncio.to_thread(scrape)
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
+    assert 'quire_controller_rpc_count{method="createScope",status="OK"} 2.0' in text
+    assert 'quire_controller_rpc_count{method="getCurrentSegments",status="NOT_FOUND"} 1.0' \
+        in text
+    assert "quire_controller_transactions_created_total 1.0" in text
+    assert 'quire_controller_transactions_ended_total{reason="request",state="ABORTED"} 1.0' \
+        in text
+
+
+async def test_concurrent_transactions_each_commit_once(cluster: Cluster) -> None:
+    await make_stream(cluster, 1)
+    parent = segment_name("sc", "st", 0)
+
+    async def one(i: int) -> None:
+        txn = (await cluster.stub.createTransaction(pb.CreateTxnRequest(
+            streamInfo=info(), lease=10_000))).txnId
+        name = txn_segment_name("sc", "st", 0, (txn.highBits << 64) | txn.lowBits)
+        await cluster.segments.append(name, f"<{i}>".encode())
+        end = cluster.stub.commitTransaction if i % 3 else cluster.stub.abortTransaction
+        assert (await end(txn_request(txn))).status == pb.TxnStatus.SUCCESS
+    await asyncio.gather(*(one(i) for i in range(30)))
+    data = (await cluster.segments.read(parent, 0, 10_000)).data.decode()
+    pieces = sorted(int(p) for p in data.strip("<>").split("><"))
+    assert pieces == [i for i in range(30) if i % 3]

@@ -11,6 +11,7 @@ truncation and transactions, served as Pravega's gRPC ``ControllerService``.
 
 Modules, each importing only those listed before it:
 
+* :mod:`~quire.controller.metrics` -- Prometheus metrics;
 * :mod:`~quire.controller.model` -- records and their rules (segment ids
   and names, key ranges, epochs, scaling, stream cuts, transaction ids);
 * :mod:`~quire.controller.state` -- the records in ``_system`` table
@@ -21,6 +22,7 @@ Modules, each importing only those listed before it:
 """
 
 from quire.controller.core import ControllerConfig, ControllerCore
+from quire.controller.metrics import ControllerMetrics
 from quire.controller.server import Controller
 from quire.controller.service import SERVICE_NAME, ControllerService, NodeAddress
 from quire.controller.state import ControllerSegmentStore
@@ -30,6 +32,7 @@ __all__ = [
     "Controller",
     "ControllerConfig",
     "ControllerCore",
+    "ControllerMetrics",
     "ControllerSegmentStore",
     "ControllerService",
     "NodeAddress",

@@ -31,9 +31,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from quire.controller.metrics import ControllerMetrics
 from quire.controller.model import (
     Epoch,
     PendingScale,
+    RecordedCut,
+    RetentionType,
     SegmentRange,
     StreamConfig,
     StreamRecord,
@@ -69,6 +72,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ControllerConfig:
+    """The controller's settings (times in ms)."""
+
     txn_max_lease_ms: int = 120_000
     """The longest lease a transaction may ask for (Pravega's default; the
     client asks for 90 s and pings)."""
@@ -79,9 +84,17 @@ class ControllerConfig:
     checkTransactionState and pings."""
     list_page_size: int = 1_000
     """Names per listScopes / listStreamsInScope answer."""
+    retention_interval_ms: int = 60_000
+    """How often a stream cut is recorded for each stream with a retention
+    policy, and the stream truncated as the policy says."""
+    max_retention_cuts: int = 1_000
+    """Recorded cuts kept per stream (the oldest are dropped)."""
+    metrics_port: int = -1
+    """HTTP port of ``/metrics``; 0 picks a free one, -1 disables it."""
 
     def __post_init__(self) -> None:
-        for name in ("txn_max_lease_ms", "txn_sweep_interval_ms", "list_page_size"):
+        for name in ("txn_max_lease_ms", "txn_sweep_interval_ms", "list_page_size",
+                     "retention_interval_ms", "max_retention_cuts"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller: {name} must be positive")
 
@@ -99,10 +112,16 @@ class ScaleStarted:
 
 
 class ControllerCore:
+    """The controller's operations (see the module docstring); ``start()``
+    before the first one.  ``clock_ms`` is the wall clock of leases, epochs
+    and retention; ``metrics`` what it counts."""
+
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+                 clock_ms: Callable[[], int] = wall_clock_ms,
+                 metrics: ControllerMetrics | None = None) -> None:
         self.store = store
         self.config = config
+        self.metrics = metrics or ControllerMetrics()
         self.state = ControllerState(store)
         self._clock_ms = clock_ms
         self._scope_locks: dict[str, asyncio.Lock] = {}
@@ -111,10 +130,17 @@ class ControllerCore:
         """Streams that may hold transaction records: the sweeper's work list."""
 
     async def start(self) -> None:
-        """Create the scopes table if needed; find the streams with
-        transactions (a restart picks their leases up again)."""
+        """Create the scopes table if needed; finish the scales a crash
+        interrupted (until then writers would find sealed segments without
+        successors); find the streams with transactions, for the sweeper to
+        pick their leases and interrupted commits and aborts up again."""
         await self.state.start()
         async for scope, stream in self.state.all_streams():
+            async with self._stream_lock(scope, stream):
+                found = await self.state.stream(scope, stream)
+                if found is not None and found[0].scale is not None:
+                    log.info("stream %s/%s: finishing an interrupted scale", scope, stream)
+                    await self._finish_scale(scope, stream, *found)
             if await self.state.txns(scope, stream):
                 self._txn_streams.add((scope, stream))
 
@@ -153,8 +179,11 @@ class ControllerCore:
     async def list_streams(self, scope: str, token: str) -> tuple[list[str], str]:
         if not await self.scope_exists(scope):
             raise ScopeNotFoundError(f"no scope {scope!r}")
-        streams, token = await self.state.streams(scope, token, self.config.list_page_size)
-        return [name for name, r in streams if r.state is not StreamState.CREATING], token
+        while True:  # an empty answer ends the client's listing: skip pages of CREATING only
+            streams, token = await self.state.streams(scope, token, self.config.list_page_size)
+            names = [name for name, r in streams if r.state is not StreamState.CREATING]
+            if names or not streams:
+                return names, token
 
     # --- streams ---------------------------------------------------------------
 
@@ -245,23 +274,29 @@ class ControllerCore:
             record, version = await self._stream(scope, stream)
             record, version = await self._settle(scope, stream, record, version,
                                                  abort_open=False)
-            before = record.check_cut(cut)
-            for sid, offset in sorted(cut.items()):  # every offset checked before any change
-                try:
-                    length = (await self.store.get_info(segment_name(scope, stream, sid))).length
-                except SegmentNotFoundError as e:
-                    raise ControllerInvalidArgumentError(
-                        f"segment {sid} of the cut was deleted") from e
-                if offset > length:
-                    raise ControllerInvalidArgumentError(
-                        f"segment {sid}: offset {offset} is past its length {length}")
-            for sid, offset in sorted(cut.items()):
-                await self.store.truncate(segment_name(scope, stream, sid), offset)
-            for sid in before:
-                await delete_if_present(self.store, segment_name(scope, stream, sid))
-            record.head = dict(cut)
-            record.truncated_ms = self._clock_ms()
+            await self._truncate(scope, stream, record, cut)
             await self.state.put_stream(scope, stream, record, version)
+
+    async def _truncate(self, scope: str, stream: str, record: StreamRecord,
+                        cut: dict[int, int]) -> None:
+        """Truncate at ``cut`` and make it ``record``'s head (written by the caller)."""
+        before = record.check_cut(cut)
+        for sid, offset in sorted(cut.items()):  # every offset checked before any change
+            try:
+                length = (await self.store.get_info(segment_name(scope, stream, sid))).length
+            except SegmentNotFoundError as e:
+                raise ControllerInvalidArgumentError(
+                    f"segment {sid} of the cut was deleted") from e
+            if offset > length:
+                raise ControllerInvalidArgumentError(
+                    f"segment {sid}: offset {offset} is past its length {length}")
+        for sid, offset in sorted(cut.items()):
+            await self.store.truncate(segment_name(scope, stream, sid), offset)
+        for sid in before:
+            await delete_if_present(self.store, segment_name(scope, stream, sid))
+        record.head = dict(cut)
+        record.truncated_ms = self._clock_ms()
+        record.retention_cuts = [r for r in record.retention_cuts if record.after_head(r.cut)]
 
     # --- segments --------------------------------------------------------------
 
@@ -336,9 +371,13 @@ class ControllerCore:
         for s in scale.created:
             await create_if_missing(self.store, segment_name(scope, stream, s.id),
                                     SegmentType.STREAM)
+        sealed_bytes = 0
         for sid in scale.sealed:
-            await self._seal(segment_name(scope, stream, sid))
-        record.apply_scale(scale)
+            name = segment_name(scope, stream, sid)
+            await self._seal(name)
+            sealed_bytes += (await self.store.get_info(name)).length
+        record.apply_scale(scale, sealed_bytes)
+        self.metrics.scales.inc()
         return await self.state.put_stream(scope, stream, record, version)
 
     async def _settle(self, scope: str, stream: str, record: StreamRecord, version: int,
@@ -349,7 +388,9 @@ class ControllerCore:
         for txn, txn_version in await self.state.txns(scope, stream):
             if txn.state in (TxnState.COMMITTING, TxnState.ABORTING) or \
                     (abort_open and txn.state is TxnState.OPEN):
-                await self._finish_txn(scope, stream, txn, txn_version)
+                await self._finish_txn(scope, stream, txn, txn_version,
+                                       "stream sealed" if txn.state is TxnState.OPEN
+                                       else "request")
         return record, version
 
     # --- transactions ------------------------------------------------------------
@@ -380,6 +421,7 @@ class ControllerCore:
                 if await self.state.txn(scope, stream, txn_id) is None:
                     break
             await self.state.put_txn(scope, stream, txn, NOT_EXISTS)
+            self.metrics.transactions_created.inc()
             self._txn_streams.add((scope, stream))
             for sid in txn.segments:
                 await create_if_missing(self.store, txn_segment_name(scope, stream, sid, txn_id),
@@ -405,7 +447,7 @@ class ControllerCore:
             now = self._clock_ms()
             if txn.lease_expiry_ms < now:
                 txn = replace(txn, state=TxnState.ABORTING)
-                return await self._finish_txn(scope, stream, txn, version)
+                return await self._finish_txn(scope, stream, txn, version, "lease expired")
             await self.state.put_txn(scope, stream, replace(txn, lease_expiry_ms=now + lease_ms),
                                      version)
             return TxnState.OPEN
@@ -441,7 +483,7 @@ class ControllerCore:
         return None if found is None else found[0].state
 
     async def _finish_txn(self, scope: str, stream: str, txn: TxnRecord,
-                          version: int) -> TxnState:
+                          version: int, reason: str = "request") -> TxnState:
         """Carry a COMMITTING transaction to COMMITTED, an ABORTING (or OPEN)
         one to ABORTED, writing the intent first; the final state."""
         if txn.state.completed:
@@ -461,6 +503,7 @@ class ControllerCore:
             final = TxnState.ABORTED
         await self.state.put_txn(scope, stream, replace(txn, state=final,
                                                         completed_ms=self._clock_ms()), version)
+        self.metrics.transactions_ended.labels(final.value, reason).inc()
         return final
 
     async def _delete_txn_segments(self, scope: str, stream: str, txn: TxnRecord) -> None:
@@ -487,8 +530,44 @@ class ControllerCore:
                         if now - txn.completed_ms >= self.config.completed_txn_retention_ms:
                             await self.state.remove_txn(scope, stream, txn.txn_id, version)
                     elif txn.state is not TxnState.OPEN or txn.lease_expiry_ms < now:
+                        reason = "request"
                         if txn.state is TxnState.OPEN:
                             log.info("transaction %032x on %s/%s: lease expired, aborting",
                                      txn.txn_id, scope, stream)
-                        await self._finish_txn(scope, stream, txn, version)
+                            reason = "lease expired"
+                        await self._finish_txn(scope, stream, txn, version, reason)
 
+
+    # --- retention ---------------------------------------------------------------
+
+    async def enforce_retention(self) -> None:
+        """One retention pass: for each stream with a retention policy, record
+        a cut at its active segments' lengths, then truncate it at the latest
+        recorded cut that keeps what the policy asks (Pravega's way: the
+        stream is truncated only at cuts it recorded)."""
+        async for scope, stream in self.state.all_streams():
+            async with self._stream_lock(scope, stream):
+                found = await self.state.stream(scope, stream)
+                if found is None:
+                    continue
+                record, version = found
+                if record.state is StreamState.CREATING or \
+                        record.config.retention is RetentionType.NONE:
+                    continue
+                record, version = await self._settle(scope, stream, record, version,
+                                                     abort_open=False)
+                now = self._clock_ms()
+                cut = {s.id: (await self.store.get_info(segment_name(scope, stream, s.id))).length
+                       for s in record.current.segments}
+                size = record.sealed_bytes + sum(cut.values())
+                last = record.retention_cuts[-1] if record.retention_cuts else None
+                if (last is None or last.cut != cut) and record.after_head(cut):
+                    record.retention_cuts.append(RecordedCut(now, size, cut))
+                    del record.retention_cuts[:-self.config.max_retention_cuts]
+                chosen = record.retention_cut(now, size)
+                if chosen is not None:
+                    log.info("stream %s/%s: retention truncates at %s", scope, stream,
+                             chosen.cut)
+                    await self._truncate(scope, stream, record, dict(chosen.cut))
+                    self.metrics.retention_truncations.inc()
+                await self.state.put_stream(scope, stream, record, version)

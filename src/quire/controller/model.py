@@ -153,6 +153,17 @@ class PendingScale:
     created_ms: int
 
 
+@dataclass(frozen=True)
+class RecordedCut:
+    """A stream cut recorded for retention: the active segments at their
+    lengths at ``time_ms``, when the stream held ``size`` bytes in all
+    (truncated ones included)."""
+
+    time_ms: int
+    size: int
+    cut: dict[int, int]
+
+
 @dataclass
 class StreamRecord:
     """Everything the controller keeps about one stream."""
@@ -166,6 +177,11 @@ class StreamRecord:
     """The last truncation's stream cut (segment id -> offset); empty: the
     first epoch's segments from offset 0."""
     truncated_ms: int = 0
+    sealed_bytes: int = 0
+    """Bytes in the segments sealed by scales: the stream's size is this plus
+    the active segments' lengths."""
+    retention_cuts: list[RecordedCut] = field(default_factory=list)
+    """Cuts recorded for retention, oldest first, none before the head."""
 
     @classmethod
     def new(cls, config: StreamConfig, now_ms: int) -> StreamRecord:
@@ -238,8 +254,10 @@ class StreamRecord:
                         for i, (start, end) in enumerate(new))
         return PendingScale(tuple(sealed), created, epoch, now_ms)
 
-    def apply_scale(self, scale: PendingScale) -> None:
-        """Make ``scale``'s epoch the current one."""
+    def apply_scale(self, scale: PendingScale, sealed_bytes: int = 0) -> None:
+        """Make ``scale``'s epoch the current one; ``sealed_bytes``: the
+        lengths of the segments it sealed."""
+        self.sealed_bytes += sealed_bytes
         kept = [s for s in self.current.segments if s.id not in scale.sealed]
         segments = tuple(sorted([*kept, *scale.created], key=lambda s: s.min_key))
         self.epochs.append(Epoch(scale.epoch, scale.created_ms, segments))
@@ -288,6 +306,32 @@ class StreamRecord:
         return sorted(sid for sid, s in known.items() if sid not in cut and any(
             c.overlaps(s) and segment_epoch(c.id) > segment_epoch(sid) for c in segments))
 
+    def after_head(self, cut: dict[int, int]) -> bool:
+        """Whether ``cut`` is a valid cut past the stream's head."""
+        try:
+            self.check_cut(cut)
+        except ControllerInvalidArgumentError:
+            return False
+        return cut != self.head_cut()
+
+    def retention_cut(self, now_ms: int, size: int) -> RecordedCut | None:
+        """The recorded cut to truncate at under the retention policy, the
+        stream holding ``size`` bytes now: the latest that keeps at least
+        ``retention_param`` bytes (SIZE) or milliseconds (TIME) after it;
+        None if there is none (or no policy)."""
+        c = self.config
+        found = None
+        for recorded in self.retention_cuts:
+            if c.retention is RetentionType.SIZE:
+                fits = size - recorded.size >= c.retention_param
+            elif c.retention is RetentionType.TIME:
+                fits = now_ms - recorded.time_ms >= c.retention_param
+            else:
+                fits = False
+            if fits:
+                found = recorded
+        return found
+
     # --- JSON -----------------------------------------------------------------
 
     def to_json(self) -> bytes:
@@ -302,6 +346,9 @@ class StreamRecord:
             "next_number": self.next_number,
             "head": [[sid, offset] for sid, offset in sorted(self.head.items())],
             "truncated_ms": self.truncated_ms,
+            "sealed_bytes": self.sealed_bytes,
+            "retention_cuts": [[r.time_ms, r.size, sorted(r.cut.items())]
+                               for r in self.retention_cuts],
         }
         if self.scale is not None:
             doc["scale"] = {"sealed": list(self.scale.sealed), "epoch": self.scale.epoch,
@@ -324,7 +371,9 @@ class StreamRecord:
         return cls(config, StreamState(doc["state"]),
                    [Epoch(e, t, tuple(_range_of(r) for r in rs)) for e, t, rs in doc["epochs"]],
                    doc["next_number"], scale, {sid: off for sid, off in doc["head"]},
-                   doc["truncated_ms"])
+                   doc["truncated_ms"], doc["sealed_bytes"],
+                   [RecordedCut(t, size, {sid: off for sid, off in cut})
+                    for t, size, cut in doc["retention_cuts"]])
 
 
 class TxnState(enum.Enum):

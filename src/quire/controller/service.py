@@ -12,12 +12,14 @@ Methods not served are not registered, so gRPC answers UNIMPLEMENTED.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from quire.controller.core import ControllerCore
+from quire.controller.metrics import ControllerMetrics
 from quire.controller.model import (
     Epoch,
     RetentionType,
@@ -352,22 +354,28 @@ class ControllerService:
         for name in self.SERVED:
             method = methods[name]
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _definite(name, getattr(self, name)),
+                _definite(name, getattr(self, name), self.core.metrics),
                 request_deserializer=getattr(pb, method.input_type.name).FromString,
                 response_serializer=getattr(pb, method.output_type.name).SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
-def _definite(name: str, call: Callable[[Any], Awaitable[Any]]
+def _definite(name: str, call: Callable[[Any], Awaitable[Any]], metrics: ControllerMetrics
               ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """``call`` as a handler whose every failure is a definite status."""
+    """``call`` as a handler whose every failure is a definite status, timed."""
+    ok = metrics.rpc.labels(name, "OK")
+
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
         try:
-            return await call(request)
+            answer = await call(request)
+            ok.observe((time.perf_counter() - started) * 1000)
+            return answer
         except Exception as e:  # every failure answered: the client retries UNKNOWN
             code = grpc_status(e)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("controller: %s failed", name)
             message = f"{type(e).__name__}: {e}"
+        metrics.rpc.labels(name, code.name).observe((time.perf_counter() - started) * 1000)
         await context.abort(code, message)
     return handle
