@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from quire.controller import Controller, ControllerConfig
+from quire.controller import Controller, ControllerConfig, fixed_locator
 from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
 from quire.errors import ContainerClosedError
 from quire.metadata import MetadataStore, open_store
@@ -61,7 +61,7 @@ class Cluster:
             open_log=lambda c: self.logs.open(f"c{c}"),
             config=SegmentStoreConfig(container_count=CONTAINERS))
         self.faulty = Faulty(self.store)
-        self.controller = Controller(self.faulty, self.config, lambda: URI, self._clock)
+        self.controller = Controller(self.faulty, self.config, fixed_locator(URI), self._clock)
         port = await self.controller.start("127.0.0.1", 0)
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
 

@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 
-from quire.controller import Controller, ControllerConfig
+from quire.controller import Controller, ControllerConfig, fixed_locator
 from quire.metadata import open_store
 from quire.segmentserver import SegmentServer, SegmentServerConfig
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
@@ -28,7 +28,8 @@ async def serve(tail_read_wait_ms: int) -> None:
                                     config=SegmentStoreConfig(container_count=2))
     server = SegmentServer(store, SegmentServerConfig(tail_read_wait_ms=tail_read_wait_ms))
     await server.start("127.0.0.1", 0)
-    controller = Controller(store, ControllerConfig(), lambda: ("127.0.0.1", server.port))
+    controller = Controller(store, ControllerConfig(),
+                            fixed_locator(("127.0.0.1", server.port)))
     port = await controller.start("127.0.0.1", 0)
     print(json.dumps({"controller": port, "segments": server.port}), flush=True)
     try:

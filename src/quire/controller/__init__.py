@@ -24,7 +24,13 @@ Modules, each importing only those listed before it:
 from quire.controller.core import ControllerConfig, ControllerCore
 from quire.controller.metrics import ControllerMetrics
 from quire.controller.server import Controller
-from quire.controller.service import SERVICE_NAME, ControllerService, NodeAddress
+from quire.controller.service import (
+    SERVICE_NAME,
+    ControllerService,
+    NodeAddress,
+    SegmentLocator,
+    fixed_locator,
+)
 from quire.controller.state import ControllerSegmentStore
 
 __all__ = [
@@ -36,4 +42,6 @@ __all__ = [
     "ControllerSegmentStore",
     "ControllerService",
     "NodeAddress",
+    "SegmentLocator",
+    "fixed_locator",
 ]

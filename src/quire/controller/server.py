@@ -14,7 +14,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from quire.controller.core import ControllerConfig, ControllerCore, wall_clock_ms
-from quire.controller.service import ControllerService, NodeAddress
+from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
 
@@ -33,10 +33,10 @@ class Controller:
     """
 
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
-                 segment_store_uri: Callable[[], NodeAddress],
+                 locate: SegmentLocator,
                  clock_ms: Callable[[], int] = wall_clock_ms) -> None:
         self.core = ControllerCore(store, config, clock_ms)
-        self.service = ControllerService(self.core, segment_store_uri)
+        self.service = ControllerService(self.core, locate)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         """The transaction sweeper and the retention pass, while serving."""

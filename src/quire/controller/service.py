@@ -28,6 +28,7 @@ from quire.controller.model import (
     StreamRecord,
     TxnState,
     check_name,
+    segment_name,
     txn_id_of,
     txn_id_parts,
 )
@@ -50,6 +51,18 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "io.pravega.controller.stream.api.grpc.v1.ControllerService"
 NodeAddress = tuple[str, int]
 """``(host, port)`` of a segment store."""
+SegmentLocator = Callable[[str], Awaitable[NodeAddress]]
+"""``await locate(segment_name)``: the segment store that owns the segment
+now (ContainerNotOwnedError while none does: getURI answers UNAVAILABLE,
+which the client retries)."""
+
+def fixed_locator(address: NodeAddress) -> SegmentLocator:
+    """A locator that answers one segment store for every segment (a
+    controller in front of a single segment store, as in tests)."""
+    async def locate(_segment: str) -> NodeAddress:
+        return address
+    return locate
+
 
 _STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ControllerInvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -130,10 +143,9 @@ class ControllerService:
     """The served methods, each ``async (request) -> response`` named as in
     the interface; :meth:`handler` registers them with a grpc.aio server."""
 
-    def __init__(self, core: ControllerCore, segment_store_uri: Callable[[], NodeAddress]
-                 ) -> None:
+    def __init__(self, core: ControllerCore, locate: SegmentLocator) -> None:
         self.core = core
-        self._segment_store_uri = segment_store_uri
+        self._locate = locate
 
     # --- scopes ----------------------------------------------------------------
 
@@ -260,8 +272,10 @@ class ControllerService:
             for s, preds in successors])
 
     async def getURI(self, request: pb.SegmentId) -> pb.NodeUri:
-        # any segment, the client's own table segments (<group>_kvtable) too
-        host, port = self._segment_store_uri()
+        # any segment, the client's own table segments (<group>_kvtable) too:
+        # the owner of the container the segment's name hashes to
+        scope, stream = _names(request.streamInfo)
+        host, port = await self._locate(segment_name(scope, stream, request.segmentId))
         return pb.NodeUri(endpoint=host, port=port)
 
     async def getDelegationToken(self, request: pb.StreamInfo) -> pb.DelegationToken:
