@@ -40,6 +40,7 @@ RANKS: dict[str, int] = {
     "quire.sandbox": 8,
     "quire.segmentserver": 8,
     "quire.controller": 8,
+    "quire.streams": 8,
     "quire.spark": 9,
     "quire.cli": 9,
     "pyspark_quire": 10,

@@ -12,6 +12,7 @@ from quire.cli.cookie import cookie
 from quire.cli.ledger import ledger
 from quire.cli.log import log
 from quire.cli.sandbox import sandbox
+from quire.cli.streams import scope, stream
 
 
 @click.group(cls=QuireGroup)
@@ -33,6 +34,8 @@ cli.add_command(ledger)
 cli.add_command(log)
 cli.add_command(bench)
 cli.add_command(autorecovery)
+cli.add_command(scope)
+cli.add_command(stream)
 bookie.add_command(decommission)
 ledger.add_command(underreplicated)
 
