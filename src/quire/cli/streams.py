@@ -202,7 +202,7 @@ def stream_info(name: str, controller_uri: str | None, as_json: bool) -> None:
         return {
             "stream": name, "scaling_segments": config.segments,
             "retention": config.retention, "retention_param": config.retention_param,
-            "tags": list(config.tags), "sealed": not current,
+            "tags": list(config.tags), "sealed": all(i.sealed for i in infos),
             "segments": [{"id": s.id, "name": s.name, "min_key": s.min_key,
                           "max_key": s.max_key, "length": i.length,
                           "start_offset": i.start_offset}

@@ -267,8 +267,8 @@ class ControllerClient:
     # --- segments ------------------------------------------------------------------
 
     async def current_segments(self, scope: str, stream: str) -> list[Segment]:
-        """The open segments with their key ranges, in key order (empty
-        once the stream is sealed)."""
+        """The current epoch's segments with their key ranges, in key order
+        (of a sealed stream: its last ones, sealed)."""
         answer = await self._call("getCurrentSegments", self._info(scope, stream))
         return self._segments(answer.segmentRanges)
 

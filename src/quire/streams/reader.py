@@ -65,7 +65,6 @@ class StreamReader:
         self.cut = cut
         self._done: set[int] = set()
         self._started: set[int] = set()
-        self._active = 0
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=10_000)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -86,11 +85,14 @@ class StreamReader:
             self._start(sid, offset, follow)
         if not cut:
             return
+        ended = 0
         try:
             while True:
                 item = await self._queue.get()
                 if item is _END:
-                    if self._active == 0:
+                    # a segment's successors are started before its end is queued
+                    ended += 1
+                    if ended == len(self._started):
                         return
                     continue
                 if isinstance(item, BaseException):
@@ -104,7 +106,6 @@ class StreamReader:
         if sid in self._started:
             return
         self._started.add(sid)
-        self._active += 1
         task = asyncio.get_running_loop().create_task(self._read_segment(sid, offset, follow))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -125,7 +126,6 @@ class StreamReader:
             self.store.done_reading(name)
             await self._queue.put(e)
         # not on cancellation: close() cancels, and nobody reads the queue then
-        self._active -= 1
         await self._queue.put(_END)
 
     async def _emit(self, sid: int, parser: EventParser, data: bytes) -> None:
