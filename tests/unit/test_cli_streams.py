@@ -36,9 +36,9 @@ def quire(controller: str, *args: str, stdin: str | None = None) -> Any:
     return json.loads(result.stdout)
 
 
-def refused(controller: str, *args: str) -> str:
+def refused(controller: str, *args: str, code: int = 1) -> str:
     result = CliRunner().invoke(cli, [*args, "--controller", controller])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == code, result.output
     assert result.stderr.startswith("error: ")
     return result.stderr
 
@@ -55,6 +55,14 @@ def test_scopes_and_streams_lifecycle(controller: str) -> None:
     assert info["scaling_segments"] == 3 and info["retention"] == "size"
     assert len(info["segments"]) == 3 and not info["sealed"]
     assert [s["length"] for s in info["segments"]] == [0, 0, 0]
+    scaled = quire(controller, "stream", "scale", "sc/st", str(info["segments"][0]["id"]),
+                   "--into", "2")
+    first = info["segments"][0]
+    assert [(c["min_key"], c["max_key"]) for c in scaled["created"]] == [
+        (first["min_key"], first["max_key"] / 2), (first["max_key"] / 2, first["max_key"])]
+    assert len(quire(controller, "stream", "info", "sc/st")["segments"]) == 4
+    assert "not an open segment" in refused(controller, "stream", "scale", "sc/st",
+                                            str(first["id"]), code=2)
     assert "not sealed" in refused(controller, "stream", "delete", "sc/st")
     assert "has streams" in refused(controller, "scope", "delete", "sc")
     assert quire(controller, "stream", "seal", "sc/st") == {"stream": "sc/st", "sealed": True}

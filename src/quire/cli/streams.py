@@ -1,5 +1,5 @@
 """``quire scope create|list|delete`` and
-``quire stream create|list|info|seal|delete|write|cat|tail``.
+``quire stream create|list|info|scale|seal|delete|write|cat|tail``.
 
 Over :mod:`quire.streams`, against a controller (``--controller
 tcp://host:port``, default ``$QUIRE_CONTROLLER``, then
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # imported where used: every `quire` command imports this mod
 
 T = TypeVar("T")
 CONTROLLER_ENV = "QUIRE_CONTROLLER"
+SCALE_WAIT_S = 30.0
 
 controller_option = click.option(
     "--controller", "controller_uri", default=None, metavar="tcp://HOST:PORT",
@@ -261,6 +263,49 @@ def stream_delete(name: str, controller_uri: str | None, as_json: bool) -> None:
         emit_json({"stream": name, "deleted": True})
     else:
         click.echo(f"stream {name} deleted")
+
+
+@stream.command("scale")
+@stream_argument
+@click.argument("segment_id", type=int)
+@click.option("--into", "parts", default=2, show_default=True, type=click.IntRange(1, 1000),
+              help="Number of successors, over equal parts of the segment's key range.")
+@controller_option
+@json_option
+def stream_scale(name: str, segment_id: int, parts: int, controller_uri: str | None,
+                 as_json: bool) -> None:
+    """Seal open segment SEGMENT_ID of SCOPE/STREAM and split its key range
+    into --into successors (waits until the scale is done)."""
+    scope_name, stream_name = split_stream(name)
+
+    async def go(controller: ControllerClient, _segments: RemoteSegmentStore
+                 ) -> dict[str, Any]:
+        current = {s.id: s for s in await controller.current_segments(scope_name, stream_name)}
+        if segment_id not in current:
+            raise click.BadParameter(f"{segment_id} is not an open segment of {name} "
+                                     f"(open: {sorted(current)})")
+        low, high = current[segment_id].min_key, current[segment_id].max_key
+        bounds = [low + (high - low) * i / parts for i in range(parts)] + [high]
+        epoch = await controller.scale(scope_name, stream_name, [segment_id],
+                                       list(itertools.pairwise(bounds)))
+        deadline = asyncio.get_running_loop().time() + SCALE_WAIT_S
+        while not await controller.scale_done(scope_name, stream_name, epoch):
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the scale of {name} from epoch {epoch} is not done "
+                                   f"after {SCALE_WAIT_S} s")
+            await asyncio.sleep(0.1)  # polling the controller for the scale's end
+        successors = await controller.successors(scope_name, stream_name, segment_id)
+        return {"stream": name, "sealed": [segment_id],
+                "created": [{"id": s.id, "min_key": s.min_key, "max_key": s.max_key}
+                            for s, _ in successors]}
+
+    row = with_controller(controller_uri, go)
+    if as_json:
+        emit_json(row)
+    else:
+        click.echo(f"segment {segment_id} of {name} sealed; successors "
+                   + ", ".join(f"{c['id']} [{c['min_key']:.4f}, {c['max_key']:.4f})"
+                               for c in row["created"]))
 
 
 @stream.command("write")

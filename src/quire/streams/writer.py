@@ -135,6 +135,8 @@ class StreamWriter:
         self._loop = asyncio.get_running_loop()
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.reconnects = 0
+        """Segment connections set up again after a break or WrongHost."""
 
     async def start(self) -> None:
         self._routes = await self.controller.current_segments(self.scope, self.stream)
@@ -269,6 +271,7 @@ class StreamWriter:
         connection.abort()
         writer.connection = None
         writer.ready = False
+        self.reconnects += 1
         self._connect(writer)
 
     def _connect(self, writer: _SegmentWriter) -> None:
