@@ -431,3 +431,22 @@ class InvalidChunkNameError(Tier2Error):
 class InvalidLayoutError(Tier2Error):
     """A segment layout that does not decode, breaks its invariants, or does
     not match its chunks (a chunk holding fewer bytes than recorded)."""
+
+
+# --- stream client (quire.streams) ------------------------------------------
+
+
+class SegmentStoreConnectionError(ContainerClosedError):
+    """The connection to a segment's segment store broke, or could not be
+    made before a deadline.  A request that was on it has an unknown
+    outcome, as under a closed container (so it is never a "no")."""
+
+
+class ControllerUnavailableError(ControllerError):
+    """The controller could not be reached, or answered UNAVAILABLE,
+    DEADLINE_EXCEEDED or another status that is not a definite answer:
+    the request's outcome is unknown."""
+
+
+class StreamSealedError(ControllerError):
+    """A write to a stream whose segments are all sealed (no successors)."""

@@ -230,6 +230,22 @@ class SegmentStoreProcess(ServiceProcess):
                                          "port": 0, **settings})
 
 
+class ControllerProcess(ServiceProcess):
+    """The controller child process (``quire controller start``); ``settings``
+    are ControllerHostConfig's keys."""
+
+    service = "controller"
+
+    def __init__(self, root: Path, metadata_uri: str, **settings: Any) -> None:
+        super().__init__(root, "controller", {"metadata_uri": metadata_uri, "port": 0,
+                                              **settings})
+
+    @property
+    def uri(self) -> str:
+        """``tcp://host:port``, what a Pravega client is given."""
+        return f"tcp://{self.address}"
+
+
 _LOWEST_PORT = 10_000
 _handed_out: set[int] = set()
 

@@ -41,6 +41,7 @@ RANKS: dict[str, int] = {
     "quire.sandbox": 8,
     "quire.segmentserver": 8,
     "quire.controller": 8,
+    "quire.streams": 8,
     # process assembly of the stream tier: segment store and controller hosts
     "quire.hosts": 9,
     "quire.spark": 10,
