@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -396,65 +396,66 @@ class RestartPolicy:
     ``first_delay_ms``; one that exits sooner keeps backing off."""
 
 
-class BookieSupervisor:
-    """Keeps a sandbox's bookies running: call :meth:`poll` often (it never
-    blocks).  A bookie that exited is restarted after a delay that starts
-    at ``first_delay_ms`` and doubles up to ``max_delay_ms`` while restarts
+class ServiceSupervisor:
+    """Keeps a sandbox's processes (bookies, segment stores, the controller)
+    running: call :meth:`poll` often (it never blocks).  A process that
+    exited is restarted, on its address, after a delay that starts at
+    ``first_delay_ms`` and doubles up to ``max_delay_ms`` while restarts
     fail (exit before ready, not ready in time, or the process could not
-    even be started); each event is told to ``say``.  The other bookies are
-    not touched, so one crash-looping bookie never stops the rest."""
+    even be started); each event is told to ``say``.  The others are not
+    touched, so one crash-looping process never stops the rest."""
 
-    def __init__(self, bookies: list[BookieProcess], say: Callable[[str], None],
+    def __init__(self, processes: Sequence[ServiceProcess], say: Callable[[str], None],
                  policy: RestartPolicy = RestartPolicy(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._say = say
         self._policy = policy
         self._clock = clock
         first_delay_s = policy.first_delay_ms / 1000
-        self._states = {b.bookie_id: _Watch(b, ready_at=clock(), delay_s=first_delay_s)
-                        for b in bookies}
+        self._states = {(p.service, p.name): _Watch(p, ready_at=clock(), delay_s=first_delay_s)
+                        for p in processes}
 
     def poll(self) -> None:
         for watch in self._states.values():
             self._step(watch, self._clock())
 
     def _step(self, watch: _Watch, now: float) -> None:
-        bookie = watch.bookie
+        process = watch.process
         if watch.restart_at is not None:
             if now >= watch.restart_at:
                 watch.restart_at = None
                 try:
-                    bookie.start(expect_ready=False)
+                    process.start(expect_ready=False)
                 except OSError as e:
                     self._failed(watch, now, f"could not start it: {e}")
                     return
                 watch.starting_since = now
         elif watch.starting_since is not None:
             try:
-                ready = bookie.check_ready()
+                ready = process.check_ready()
             except QuireError as e:
                 self._failed(watch, now, str(e))
                 return
             if ready:
                 watch.starting_since = None
                 watch.ready_at = now
-                self._say(f"bookie {bookie.bookie_id} is back on {bookie.address}")
+                self._say(f"{process.service} {process.name} is back on {process.address}")
             elif now - watch.starting_since > self._policy.ready_timeout_ms / 1000:
-                bookie.kill9()
+                process.kill9()
                 self._failed(watch, now, "not ready in time; killed it")
-        elif not bookie.running:
-            status = bookie.proc.returncode if bookie.proc is not None else None
+        elif not process.running:
+            status = process.proc.returncode if process.proc is not None else None
             if now - watch.ready_at >= self._policy.stable_after_ms / 1000:
                 watch.delay_s = self._policy.first_delay_ms / 1000
             watch.restart_at = now + watch.delay_s
-            self._say(f"bookie {bookie.bookie_id} exited (status {status}); restarting "
+            self._say(f"{process.service} {process.name} exited (status {status}); restarting "
                       f"in {watch.delay_s:g} s")
             self._back_off(watch)
 
     def _failed(self, watch: _Watch, now: float, why: str) -> None:
         watch.starting_since = None
         watch.restart_at = now + watch.delay_s
-        self._say(f"restart of bookie {watch.bookie.bookie_id} failed: {why}; "
+        self._say(f"restart of {watch.process.service} {watch.process.name} failed: {why}; "
                   f"retrying in {watch.delay_s:g} s")
         self._back_off(watch)
 
@@ -464,10 +465,10 @@ class BookieSupervisor:
 
 @dataclass
 class _Watch:
-    """One supervised bookie: restart pending (``restart_at``), starting
+    """One supervised process: restart pending (``restart_at``), starting
     (``starting_since``), or serving (neither); times on the supervisor's clock."""
 
-    bookie: BookieProcess
+    process: ServiceProcess
     ready_at: float
     delay_s: float
     restart_at: float | None = None

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json, run_async
-from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, BookieSupervisor, Sandbox
+from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, Sandbox, ServiceSupervisor
 
 
 @click.command()
@@ -69,7 +69,7 @@ STOPPING = "stopping the sandbox ..."
 
 def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[], None]
               ) -> None:
-    """Keep the bookies running (:class:`BookieSupervisor`) until SIGINT or
+    """Keep the bookies running (:class:`ServiceSupervisor`) until SIGINT or
     SIGTERM, then stop them.  ``announce`` runs once the signals are caught,
     and they stay caught until every bookie stopped, so signals sent as soon
     as the sandbox says it is ready, or in a burst, stop it cleanly once."""
@@ -87,7 +87,7 @@ def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[
                          for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         announce()
-        supervisor = BookieSupervisor(cluster.bookies, say)
+        supervisor = ServiceSupervisor(cluster.bookies, say)
         while not stop_signals:
             select.select([wake_read], [], [], 0.5)
             with contextlib.suppress(BlockingIOError):
