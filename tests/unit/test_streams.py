@@ -14,8 +14,10 @@ import pytest
 
 from quire.errors import (
     BadOffsetError,
+    ConfigError,
     ContainerNotOwnedError,
     ControllerPreconditionError,
+    ControllerUnavailableError,
     ScopeNotFoundError,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -399,3 +401,14 @@ async def test_tail_reader_sees_only_new_events_and_follows(system: StreamSystem
     await c.seal_stream("sc", "st")  # the reader ends once both segments end
     await asyncio.wait_for(following, 10)
     assert sorted(seen) == sorted(b"new-%d" % n for n in range(10))
+
+
+async def test_an_unreachable_controller_is_unavailable_not_no() -> None:
+    with pytest.raises(ConfigError):
+        ControllerClient("http://127.0.0.1:1")
+    c = ControllerClient("tcp://127.0.0.1:1", timeout_ms=2_000)
+    try:
+        with pytest.raises(ControllerUnavailableError):
+            await c.scope_exists("sc")
+    finally:
+        await c.close()
