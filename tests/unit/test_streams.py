@@ -40,6 +40,7 @@ from quire.streams import (
     StreamReader,
     StreamWriter,
     TxnState,
+    WriterConfig,
     frame_event,
     metadata_resolver,
     tail_cut,
@@ -412,3 +413,30 @@ async def test_an_unreachable_controller_is_unavailable_not_no() -> None:
             await c.scope_exists("sc")
     finally:
         await c.close()
+
+
+async def test_a_block_the_server_keeps_refusing_fails_instead_of_looping(
+        system: StreamSystem) -> None:
+    c = system.controller_client()
+    segments = system.segments(c, FAST_RETRY)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 1)
+    writer = StreamWriter(c, segments, "sc", "st",
+                          config=WriterConfig(max_breaks_without_progress=3))
+    await writer.start()
+    with pytest.raises(ValueError):
+        writer.write_event(b"x" * writer.config.max_block_bytes)
+    original = system.store.append
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("a defect: the server closes the connection")
+    system.store.append = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SegmentStoreConnectionError, match="broke 4 times in a row"):
+            await writer.write_event(b"poison", "k")
+        assert writer.reconnects == 3
+    finally:
+        system.store.append = original  # type: ignore[method-assign]
+    await writer.write_event(b"fine", "k")  # a new event sets the segment up afresh
+    await writer.close()
+    assert [e.data for e in await read_all(c, segments, "sc", "st")] == [b"fine"]

@@ -66,12 +66,19 @@ class WriterConfig:
     max_block_events: int = 500
     """Events in one AppendBlockEnd at most (the Pravega client's figure)."""
     max_block_bytes: int = 1024 * 1024
-    """Bytes of framed events in one AppendBlockEnd at most (one larger
-    event is sent alone)."""
+    """Bytes of framed events in one AppendBlockEnd at most; also the
+    largest event taken (its 8-byte header included)."""
+    max_breaks_without_progress: int = 10
+    """Connection breaks in a row, with no block acknowledged in between,
+    after which a segment's events fail (SegmentStoreConnectionError, their
+    outcome unknown) instead of being resent again: a block the server
+    keeps refusing by closing the connection must not be resent forever."""
 
     def __post_init__(self) -> None:
         if self.max_block_events < 1:
             raise ConfigError("max_block_events must be positive")
+        if self.max_breaks_without_progress < 1:
+            raise ConfigError("max_breaks_without_progress must be positive")
         if not 8 < self.max_block_bytes <= MAX_WIRECOMMAND_SIZE - 64:
             raise ConfigError("max_block_bytes must fit in one wire command")
 
@@ -105,6 +112,8 @@ class _SegmentWriter:
     unacked: deque[_Block] = field(default_factory=deque)
     sealed: bool = False
     connecting: asyncio.Task[None] | None = None
+    breaks: int = 0
+    """Connection breaks since the last acknowledgement."""
 
 
 class StreamWriter:
@@ -155,6 +164,9 @@ class StreamWriter:
         segment (exactly once), or fails with its error."""
         if self._closed:
             raise QuireError("the stream writer is closed")
+        if len(data) + 8 > self.config.max_block_bytes:
+            raise ValueError(f"an event is at most {self.config.max_block_bytes - 8} bytes, "
+                             f"got {len(data)}")
         point = key_hash(routing_key) if routing_key is not None else random.random()
         event = _Event(point, frame_event(data), self._loop.create_future())
         self._outstanding.add(event.future)
@@ -249,6 +261,7 @@ class StreamWriter:
             return
         reply = future.result()
         if isinstance(reply, DataAppended):
+            writer.breaks = 0
             while writer.unacked and writer.unacked[0].last_event_number <= \
                     reply.event_number:
                 for event in writer.unacked.popleft().events:
@@ -271,6 +284,13 @@ class StreamWriter:
         connection.abort()
         writer.connection = None
         writer.ready = False
+        writer.breaks += 1
+        if writer.breaks > self.config.max_breaks_without_progress:
+            self._fail(writer, SegmentStoreConnectionError(
+                f"writer {self.writer_id:x}: the connection to {connection.address} for "
+                f"{writer.segment.name} broke {writer.breaks} times in a row with no block "
+                "acknowledged; giving up (the outcome of the unacknowledged events is unknown)"))
+            return
         self.reconnects += 1
         self._connect(writer)
 
@@ -320,6 +340,7 @@ class StreamWriter:
         stored = None if reply.last_event_number == NO_EVENT_NUMBER else reply.last_event_number
         while writer.unacked and stored is not None and \
                 writer.unacked[0].last_event_number <= stored:
+            writer.breaks = 0
             for event in writer.unacked.popleft().events:  # the segment has them
                 if not event.future.done():
                     event.future.set_result(None)
