@@ -424,6 +424,8 @@ class RemoteSegmentStore:
         async def attempt(address: str) -> ReadResult:
             connection = self._readers.get(name)
             if connection is None or connection.broken or connection.address != address:
+                if connection is not None:
+                    connection.abort()  # broken, or to a store that no longer owns it
                 try:
                     connection = self._readers[name] = await self.open_connection(address)
                 except SegmentStoreConnectionError as e:
