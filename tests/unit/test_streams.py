@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -29,6 +29,16 @@ from quire.errors import (
     TableKeyNotFoundError,
 )
 from quire.metadata import open_store
+from quire.pravega_wire import (
+    OLDEST_COMPATIBLE_VERSION,
+    REQUEST_TYPES,
+    WIRE_VERSION,
+    CreateTableSegment,
+    Decoder,
+    Hello,
+    SegmentCreated,
+    WireCommand,
+)
 from quire.segmentserver import SegmentServer
 from quire.segmentstore import NOT_EXISTS, SegmentStore, SegmentStoreConfig, SegmentType
 from quire.segmentstore.names import container_of
@@ -37,6 +47,7 @@ from quire.streams import (
     ControllerClient,
     RemoteSegmentStore,
     SegmentClientConfig,
+    SegmentConnection,
     StreamReader,
     StreamWriter,
     TxnState,
@@ -440,3 +451,52 @@ async def test_a_block_the_server_keeps_refusing_fails_instead_of_looping(
     await writer.write_event(b"fine", "k")  # a new event sets the segment up afresh
     await writer.close()
     assert [e.data for e in await read_all(c, segments, "sc", "st")] == [b"fine"]
+
+
+# --- one connection ---------------------------------------------------------------------
+
+
+async def fake_store(answer: Callable[[list[WireCommand]], bytes]) -> asyncio.Server:
+    """A server that says Hello, reads the client's Hello and two requests,
+    then writes ``answer(requests)``."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode())
+        decoder = Decoder(REQUEST_TYPES)
+        requests: list[WireCommand] = []
+        while len(requests) < 3:
+            decoder.feed(await reader.read(4096))
+            requests += list(decoder)
+        writer.write(answer(requests[1:]))
+        await writer.drain()
+        await reader.read()  # until the client goes
+        writer.close()
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_a_connection_matches_replies_by_request_id() -> None:
+    def reversed_replies(requests: list[WireCommand]) -> bytes:
+        return b"".join(SegmentCreated(r.request_id, r.segment).encode()  # type: ignore[attr-defined]
+                        for r in reversed(requests))
+    server = await fake_store(reversed_replies)
+    port = server.sockets[0].getsockname()[1]
+    connection = await SegmentConnection.open(f"127.0.0.1:{port}", 2_000)
+    first, second = connection.send([(CreateTableSegment(11, "a", ""), 11),
+                                     (CreateTableSegment(12, "b", ""), 12)])
+    assert await first == SegmentCreated(11, "a") and await second == SegmentCreated(12, "b")
+    await connection.close()
+    server.close()
+
+
+async def test_a_malformed_reply_fails_what_is_pending_and_the_next_request() -> None:
+    server = await fake_store(lambda _requests: b"\x00\x00\x00\x07\xff\xff\xff\xff")
+    port = server.sockets[0].getsockname()[1]
+    connection = await SegmentConnection.open(f"127.0.0.1:{port}", 2_000)
+    pending = connection.send([(CreateTableSegment(1, "a", ""), 1),
+                               (CreateTableSegment(2, "b", ""), 2)])
+    for future in pending:
+        with pytest.raises(SegmentStoreConnectionError, match="malformed"):
+            await future
+    assert connection.broken
+    with pytest.raises(SegmentStoreConnectionError):  # nothing sent on a broken connection
+        connection.request(CreateTableSegment(3, "c", ""), 3)
+    server.close()
