@@ -110,7 +110,9 @@ class _SegmentWriter:
     """The next event's number (None before the first setup)."""
     queued: list[_Event] = field(default_factory=list)
     unacked: deque[_Block] = field(default_factory=deque)
-    sealed: bool = False
+    retired: bool = False
+    """Given up (its segment sealed, or its events failed): no more setups;
+    a later event for the segment gets a new writer."""
     connecting: asyncio.Task[None] | None = None
     breaks: int = 0
     """Connection breaks since the last acknowledgement."""
@@ -253,7 +255,7 @@ class StreamWriter:
 
     def _answered(self, writer: _SegmentWriter, connection: SegmentConnection, block: _Block,
                   future: asyncio.Future[WireCommand]) -> None:
-        if writer.connection is not connection or writer.sealed:
+        if writer.connection is not connection or writer.retired:
             return  # an answer on a connection given up: the blocks went elsewhere
         error = future.exception()
         if error is not None:
@@ -295,7 +297,7 @@ class StreamWriter:
         self._connect(writer)
 
     def _connect(self, writer: _SegmentWriter) -> None:
-        if writer.connecting is not None or writer.sealed or self._closed:
+        if writer.connecting is not None or writer.retired or self._closed:
             return
         writer.connecting = self._spawn(self._set_up(writer))
 
@@ -360,12 +362,16 @@ class StreamWriter:
         that ran out: then the outcome of those sent is unknown)."""
         if isinstance(error, SegmentNotFoundError):
             error = SegmentNotFoundError(f"{error} (was the stream deleted?)")
+        writer.retired = True
+        writer.ready = False
         for event in self._take_events(writer):
             if not event.future.done():
                 event.future.set_exception(error)
         if writer.connection is not None:
             writer.connection.abort()
-        self._writers.pop(writer.segment.id, None)
+            writer.connection = None
+        if self._writers.get(writer.segment.id) is writer:
+            del self._writers[writer.segment.id]
 
     @staticmethod
     def _take_events(writer: _SegmentWriter) -> list[_Event]:
@@ -379,12 +385,13 @@ class StreamWriter:
     def _sealed(self, writer: _SegmentWriter) -> None:
         """``writer``'s segment is sealed: what it did not store goes to the
         successors, before anything written since."""
-        writer.sealed = True
+        writer.retired = True
         writer.ready = False
         if writer.connection is not None:
             writer.connection.abort()
             writer.connection = None
-        self._writers.pop(writer.segment.id, None)
+        if self._writers.get(writer.segment.id) is writer:
+            del self._writers[writer.segment.id]
         self._held = self._take_events(writer) + (self._held or [])
         self._following += 1
         self._spawn(self._follow(writer.segment))
