@@ -500,3 +500,35 @@ async def test_a_malformed_reply_fails_what_is_pending_and_the_next_request() ->
     with pytest.raises(SegmentStoreConnectionError):  # nothing sent on a broken connection
         connection.request(CreateTableSegment(3, "c", ""), 3)
     server.close()
+
+
+async def test_two_cuts_split_a_stream_across_a_scale(system: StreamSystem) -> None:
+    c = system.controller_client()
+    segments = system.segments(c)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 2)
+    writer = StreamWriter(c, segments, "sc", "st")
+    await writer.start()
+
+    async def write(batch: str) -> None:
+        await asyncio.gather(*(writer.write_event(f"{batch}{n}".encode(), str(n))
+                               for n in range(10)))
+    await write("a")
+    first = await tail_cut(c, segments, "sc", "st")
+    await write("b")
+    current = await c.current_segments("sc", "st")
+    epoch = await c.scale("sc", "st", [current[0].id],
+                          [(current[0].min_key, 0.25), (0.25, current[0].max_key)])
+    assert await c.scale_done("sc", "st", epoch)
+    await write("c")
+    second = await tail_cut(c, segments, "sc", "st")
+    assert len(second) == 3
+    await write("d")
+    await writer.close()
+
+    async def between(start: dict[int, int] | None, end: dict[int, int] | None) -> list[str]:
+        reader = StreamReader(c, segments, "sc", "st", cut=start, end_cut=end)
+        return sorted(e.data.decode() for e in [e async for e in reader.events()])
+    assert await between(None, first) == sorted(f"a{n}" for n in range(10))
+    assert await between(first, second) == sorted(f"{b}{n}" for b in "bc" for n in range(10))
+    assert await between(second, None) == sorted(f"d{n}" for n in range(10))
