@@ -49,6 +49,7 @@ from quire.streams import (
     SegmentClientConfig,
     SegmentConnection,
     StreamReader,
+    StreamTransaction,
     StreamWriter,
     TxnState,
     WriterConfig,
@@ -532,3 +533,29 @@ async def test_two_cuts_split_a_stream_across_a_scale(system: StreamSystem) -> N
     assert await between(None, first) == sorted(f"a{n}" for n in range(10))
     assert await between(first, second) == sorted(f"{b}{n}" for b in "bc" for n in range(10))
     assert await between(second, None) == sorted(f"d{n}" for n in range(10))
+
+
+async def test_stream_transactions_commit_together_abort_discards(system: StreamSystem) -> None:
+    c = system.controller_client()
+    segments = system.segments(c)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 3)
+    keys = [f"k{i}" for i in range(6)]
+    committed = await StreamTransaction.begin(c, segments, "sc", "st")
+    aborted = await StreamTransaction.begin(c, segments, "sc", "st")
+    assert committed.id != aborted.id
+    await asyncio.gather(*(committed.write_event(f"{k}:{n}".encode(), k)
+                           for n in range(10) for k in keys))
+    await asyncio.gather(*(aborted.write_event(f"x{k}:{n}".encode(), k)
+                           for n in range(10) for k in keys))
+    assert await read_all(c, segments, "sc", "st") == []  # nothing visible while open
+    assert await committed.state() is TxnState.OPEN and await committed.ping(20_000)
+    await committed.commit()
+    await aborted.abort()
+    per_key: dict[str, list[int]] = collections.defaultdict(list)
+    for e in await read_all(c, segments, "sc", "st"):
+        key, n = e.data.decode().split(":")
+        per_key[key].append(int(n))
+    assert dict(per_key) == {k: list(range(10)) for k in keys}
+    assert await committed.state() in (TxnState.COMMITTING, TxnState.COMMITTED)
+    assert not await aborted.ping(20_000)

@@ -99,10 +99,14 @@ class _Block:
 
 
 @dataclass
-class _SegmentWriter:
-    """One segment's share: its connection, what is queued and in flight."""
+class SegmentWriterState:
+    """A writer's state for one segment: its connection, what is queued
+    and what is in flight."""
 
     segment: Segment
+    name: str
+    """The segment written: the stream segment's name, or a transaction's
+    segment of it."""
     connection: SegmentConnection | None = None
     ready: bool = False
     """Set up on ``connection``: blocks may be sent."""
@@ -136,7 +140,7 @@ class StreamWriter:
         self.writer_id = uuid.uuid4().int if writer_id is None else writer_id
         self.config = config or WriterConfig()
         self._routes: list[Segment] = []
-        self._writers: dict[int, _SegmentWriter] = {}
+        self._writers: dict[int, SegmentWriterState] = {}
         self._held: list[_Event] | None = None
         """Events written while a sealed segment's successors are looked up."""
         self._following = 0
@@ -153,6 +157,10 @@ class StreamWriter:
         self._routes = await self.controller.current_segments(self.scope, self.stream)
         if not self._routes:
             raise StreamSealedError(f"stream {self.scope}/{self.stream} is sealed")
+
+    def name_of(self, segment: Segment) -> str:
+        """The name of the segment written for ``segment``."""
+        return segment.name
 
     @property
     def segments(self) -> list[Segment]:
@@ -187,7 +195,7 @@ class StreamWriter:
         segment = segment_for(self._routes, event.point)
         writer = self._writers.get(segment.id)
         if writer is None:
-            writer = self._writers[segment.id] = _SegmentWriter(segment)
+            writer = self._writers[segment.id] = SegmentWriterState(segment, self.name_of(segment))
         writer.queued.append(event)
         if not writer.ready:
             self._connect(writer)
@@ -207,7 +215,7 @@ class StreamWriter:
             if writer.ready and writer.queued:
                 self._send_queued(writer)
 
-    def _send_queued(self, writer: _SegmentWriter) -> None:
+    def _send_queued(self, writer: SegmentWriterState) -> None:
         assert writer.connection is not None and writer.next_event_number is not None
         blocks: list[_Block] = []
         block: list[_Event] = []
@@ -225,13 +233,13 @@ class StreamWriter:
         self._send_blocks(writer, blocks)
 
     @staticmethod
-    def _number(writer: _SegmentWriter, events: list[_Event]) -> _Block:
+    def _number(writer: SegmentWriterState, events: list[_Event]) -> _Block:
         assert writer.next_event_number is not None
         last = writer.next_event_number + len(events) - 1
         writer.next_event_number = last + 1
         return _Block(last, events)
 
-    def _send_blocks(self, writer: _SegmentWriter, blocks: list[_Block]) -> None:
+    def _send_blocks(self, writer: SegmentWriterState, blocks: list[_Block]) -> None:
         connection = writer.connection
         assert connection is not None
         commands: list[tuple[WireCommand, int]] = []
@@ -253,7 +261,7 @@ class StreamWriter:
 
     # --- answers --------------------------------------------------------------------
 
-    def _answered(self, writer: _SegmentWriter, connection: SegmentConnection, block: _Block,
+    def _answered(self, writer: SegmentWriterState, connection: SegmentConnection, block: _Block,
                   future: asyncio.Future[WireCommand]) -> None:
         if writer.connection is not connection or writer.retired:
             return  # an answer on a connection given up: the blocks went elsewhere
@@ -271,15 +279,15 @@ class StreamWriter:
                         event.future.set_result(None)
             return
         if isinstance(reply, WrongHost):
-            self.store.refute(writer.segment.name, connection.address)
+            self.store.refute(writer.name, connection.address)
             self._lost(writer, connection)
             return
         if isinstance(reply, SegmentIsSealed):
             self._sealed(writer)
             return
-        self._fail(writer, error_of(reply, writer.segment.name))
+        self._fail(writer, error_of(reply, writer.name))
 
-    def _lost(self, writer: _SegmentWriter, connection: SegmentConnection) -> None:
+    def _lost(self, writer: SegmentWriterState, connection: SegmentConnection) -> None:
         """The connection broke: set up again and resend what is unacknowledged."""
         if writer.connection is not connection:
             return
@@ -290,13 +298,13 @@ class StreamWriter:
         if writer.breaks > self.config.max_breaks_without_progress:
             self._fail(writer, SegmentStoreConnectionError(
                 f"writer {self.writer_id:x}: the connection to {connection.address} for "
-                f"{writer.segment.name} broke {writer.breaks} times in a row with no block "
+                f"{writer.name} broke {writer.breaks} times in a row with no block "
                 "acknowledged; giving up (the outcome of the unacknowledged events is unknown)"))
             return
         self.reconnects += 1
         self._connect(writer)
 
-    def _connect(self, writer: _SegmentWriter) -> None:
+    def _connect(self, writer: SegmentWriterState) -> None:
         if writer.connecting is not None or writer.retired or self._closed:
             return
         writer.connecting = self._spawn(self._set_up(writer))
@@ -307,8 +315,8 @@ class StreamWriter:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _set_up(self, writer: _SegmentWriter) -> None:
-        name = writer.segment.name
+    async def _set_up(self, writer: SegmentWriterState) -> None:
+        name = writer.name
 
         async def attempt(address: str) -> tuple[SegmentConnection, WireCommand]:
             connection = await self.store.open_connection(address)
@@ -357,7 +365,7 @@ class StreamWriter:
         if writer.queued and writer.connection is connection:
             self._send_queued(writer)
 
-    def _fail(self, writer: _SegmentWriter, error: BaseException) -> None:
+    def _fail(self, writer: SegmentWriterState, error: BaseException) -> None:
         """Fail every event of ``writer`` (a definite refusal, or retries
         that ran out: then the outcome of those sent is unknown)."""
         if isinstance(error, SegmentNotFoundError):
@@ -374,7 +382,7 @@ class StreamWriter:
             del self._writers[writer.segment.id]
 
     @staticmethod
-    def _take_events(writer: _SegmentWriter) -> list[_Event]:
+    def _take_events(writer: SegmentWriterState) -> list[_Event]:
         events = [e for block in writer.unacked for e in block.events] + writer.queued
         writer.unacked.clear()
         writer.queued = []
@@ -382,7 +390,7 @@ class StreamWriter:
 
     # --- scaling --------------------------------------------------------------------
 
-    def _sealed(self, writer: _SegmentWriter) -> None:
+    def _sealed(self, writer: SegmentWriterState) -> None:
         """``writer``'s segment is sealed: what it did not store goes to the
         successors, before anything written since."""
         writer.retired = True
