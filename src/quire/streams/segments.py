@@ -21,9 +21,11 @@ TableKeyNotFoundError), so code written against the in-process
 Connections: one shared connection per segment store carries every
 request but reads (the server answers a connection's requests in order,
 and a read at the tail of a segment waits there for data); each segment
-being read gets a connection of its own.  Mutations are sent when called
-while the owner is known and its connection is up, so calls made in one
-go reach the store in call order.
+being read gets a connection of its own.  A broken connection is replaced
+by a new one on the next request.  Mutations start when called, as tasks
+in call order, and while the owner is known and its connection is up each
+is on the wire before its task first waits, so calls made in one go reach
+the store in call order.
 """
 
 from __future__ import annotations
