@@ -7,6 +7,7 @@ tables go through the stream client too."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -110,3 +111,19 @@ class SystemThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
+
+
+async def serve_until_stdin_closes() -> None:
+    """``python -m tests.support.streams``: a stream system on the in-memory
+    twin, its controller URI printed as one line, until stdin closes (for
+    clients that must not share the servers' process, like the Pravega
+    client, whose blocking calls hold the GIL)."""
+    system = await start_system()
+    print(system.controller_uri, flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+    await system.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_until_stdin_closes())

@@ -73,6 +73,7 @@ def test_scopes_and_streams_lifecycle(controller: str) -> None:
     assert "no scope" in refused(controller, "stream", "list", "sc")
     bad = CliRunner().invoke(cli, ["stream", "info", "nostream", "--controller", controller])
     assert bad.exit_code == 2
+    assert "UNAVAILABLE" in refused("tcp://127.0.0.1:1", "scope", "list")
 
 
 def test_write_cat_and_tail(controller: str) -> None:

@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from quire.errors import (
     BadOffsetError,
+    ConfigError,
     ContainerNotOwnedError,
     ControllerPreconditionError,
+    ControllerUnavailableError,
     ScopeNotFoundError,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -27,6 +29,16 @@ from quire.errors import (
     TableKeyNotFoundError,
 )
 from quire.metadata import open_store
+from quire.pravega_wire import (
+    OLDEST_COMPATIBLE_VERSION,
+    REQUEST_TYPES,
+    WIRE_VERSION,
+    CreateTableSegment,
+    Decoder,
+    Hello,
+    SegmentCreated,
+    WireCommand,
+)
 from quire.segmentserver import SegmentServer
 from quire.segmentstore import NOT_EXISTS, SegmentStore, SegmentStoreConfig, SegmentType
 from quire.segmentstore.names import container_of
@@ -35,9 +47,12 @@ from quire.streams import (
     ControllerClient,
     RemoteSegmentStore,
     SegmentClientConfig,
+    SegmentConnection,
     StreamReader,
+    StreamTransaction,
     StreamWriter,
     TxnState,
+    WriterConfig,
     frame_event,
     metadata_resolver,
     tail_cut,
@@ -399,3 +414,148 @@ async def test_tail_reader_sees_only_new_events_and_follows(system: StreamSystem
     await c.seal_stream("sc", "st")  # the reader ends once both segments end
     await asyncio.wait_for(following, 10)
     assert sorted(seen) == sorted(b"new-%d" % n for n in range(10))
+
+
+async def test_an_unreachable_controller_is_unavailable_not_no() -> None:
+    with pytest.raises(ConfigError):
+        ControllerClient("http://127.0.0.1:1")
+    c = ControllerClient("tcp://127.0.0.1:1", timeout_ms=2_000)
+    try:
+        with pytest.raises(ControllerUnavailableError):
+            await c.scope_exists("sc")
+    finally:
+        await c.close()
+
+
+async def test_a_block_the_server_keeps_refusing_fails_instead_of_looping(
+        system: StreamSystem) -> None:
+    c = system.controller_client()
+    segments = system.segments(c, FAST_RETRY)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 1)
+    writer = StreamWriter(c, segments, "sc", "st",
+                          config=WriterConfig(max_breaks_without_progress=3))
+    await writer.start()
+    with pytest.raises(ValueError):
+        writer.write_event(b"x" * writer.config.max_block_bytes)
+    original = system.store.append
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("a defect: the server closes the connection")
+    system.store.append = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SegmentStoreConnectionError, match="broke 4 times in a row"):
+            await writer.write_event(b"poison", "k")
+        assert writer.reconnects == 3
+    finally:
+        system.store.append = original  # type: ignore[method-assign]
+    await writer.write_event(b"fine", "k")  # a new event sets the segment up afresh
+    await writer.close()
+    assert [e.data for e in await read_all(c, segments, "sc", "st")] == [b"fine"]
+
+
+# --- one connection ---------------------------------------------------------------------
+
+
+async def fake_store(answer: Callable[[list[WireCommand]], bytes]) -> asyncio.Server:
+    """A server that says Hello, reads the client's Hello and two requests,
+    then writes ``answer(requests)``."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode())
+        decoder = Decoder(REQUEST_TYPES)
+        requests: list[WireCommand] = []
+        while len(requests) < 3:
+            decoder.feed(await reader.read(4096))
+            requests += list(decoder)
+        writer.write(answer(requests[1:]))
+        await writer.drain()
+        await reader.read()  # until the client goes
+        writer.close()
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_a_connection_matches_replies_by_request_id() -> None:
+    def reversed_replies(requests: list[WireCommand]) -> bytes:
+        return b"".join(SegmentCreated(r.request_id, r.segment).encode()  # type: ignore[attr-defined]
+                        for r in reversed(requests))
+    server = await fake_store(reversed_replies)
+    port = server.sockets[0].getsockname()[1]
+    connection = await SegmentConnection.open(f"127.0.0.1:{port}", 2_000)
+    first, second = connection.send([(CreateTableSegment(11, "a", ""), 11),
+                                     (CreateTableSegment(12, "b", ""), 12)])
+    assert await first == SegmentCreated(11, "a") and await second == SegmentCreated(12, "b")
+    await connection.close()
+    server.close()
+
+
+async def test_a_malformed_reply_fails_what_is_pending_and_the_next_request() -> None:
+    server = await fake_store(lambda _requests: b"\x00\x00\x00\x07\xff\xff\xff\xff")
+    port = server.sockets[0].getsockname()[1]
+    connection = await SegmentConnection.open(f"127.0.0.1:{port}", 2_000)
+    pending = connection.send([(CreateTableSegment(1, "a", ""), 1),
+                               (CreateTableSegment(2, "b", ""), 2)])
+    for future in pending:
+        with pytest.raises(SegmentStoreConnectionError, match="malformed"):
+            await future
+    assert connection.broken
+    with pytest.raises(SegmentStoreConnectionError):  # nothing sent on a broken connection
+        connection.request(CreateTableSegment(3, "c", ""), 3)
+    server.close()
+
+
+async def test_two_cuts_split_a_stream_across_a_scale(system: StreamSystem) -> None:
+    c = system.controller_client()
+    segments = system.segments(c)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 2)
+    writer = StreamWriter(c, segments, "sc", "st")
+    await writer.start()
+
+    async def write(batch: str) -> None:
+        await asyncio.gather(*(writer.write_event(f"{batch}{n}".encode(), str(n))
+                               for n in range(10)))
+    await write("a")
+    first = await tail_cut(c, segments, "sc", "st")
+    await write("b")
+    current = await c.current_segments("sc", "st")
+    epoch = await c.scale("sc", "st", [current[0].id],
+                          [(current[0].min_key, 0.25), (0.25, current[0].max_key)])
+    assert await c.scale_done("sc", "st", epoch)
+    await write("c")
+    second = await tail_cut(c, segments, "sc", "st")
+    assert len(second) == 3
+    await write("d")
+    await writer.close()
+
+    async def between(start: dict[int, int] | None, end: dict[int, int] | None) -> list[str]:
+        reader = StreamReader(c, segments, "sc", "st", cut=start, end_cut=end)
+        return sorted(e.data.decode() for e in [e async for e in reader.events()])
+    assert await between(None, first) == sorted(f"a{n}" for n in range(10))
+    assert await between(first, second) == sorted(f"{b}{n}" for b in "bc" for n in range(10))
+    assert await between(second, None) == sorted(f"d{n}" for n in range(10))
+
+
+async def test_stream_transactions_commit_together_abort_discards(system: StreamSystem) -> None:
+    c = system.controller_client()
+    segments = system.segments(c)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 3)
+    keys = [f"k{i}" for i in range(6)]
+    committed = await StreamTransaction.begin(c, segments, "sc", "st")
+    aborted = await StreamTransaction.begin(c, segments, "sc", "st")
+    assert committed.id != aborted.id
+    await asyncio.gather(*(committed.write_event(f"{k}:{n}".encode(), k)
+                           for n in range(10) for k in keys))
+    await asyncio.gather(*(aborted.write_event(f"x{k}:{n}".encode(), k)
+                           for n in range(10) for k in keys))
+    assert await read_all(c, segments, "sc", "st") == []  # nothing visible while open
+    assert await committed.state() is TxnState.OPEN and await committed.ping(20_000)
+    await committed.commit()
+    await aborted.abort()
+    per_key: dict[str, list[int]] = collections.defaultdict(list)
+    for e in await read_all(c, segments, "sc", "st"):
+        key, n = e.data.decode().split(":")
+        per_key[key].append(int(n))
+    assert dict(per_key) == {k: list(range(10)) for k in keys}
+    assert await committed.state() in (TxnState.COMMITTING, TxnState.COMMITTED)
+    assert not await aborted.ping(20_000)

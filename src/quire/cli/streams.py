@@ -141,7 +141,7 @@ def scope_delete(name: str, controller_uri: str | None, as_json: bool) -> None:
 
 @click.group()
 def stream() -> None:
-    """Create, inspect, write, read, seal and delete streams."""
+    """Create, inspect, scale, write, read, seal and delete streams."""
 
 
 @stream.command("create")
@@ -222,10 +222,10 @@ def stream_info(name: str, controller_uri: str | None, as_json: bool) -> None:
     click.echo(f"stream {name}: {row['scaling_segments']} segments (fixed), retention "
                f"{row['retention']} {row['retention_param'] or ''}".rstrip()
                + (", sealed" if row["sealed"] else ""))
-    table = Table("segment", "keys", "length", "start offset")
+    table = Table("id", "segment", "keys", "length", "start offset")
     for s in row["segments"]:
-        table.add_row(s["name"], f"[{s['min_key']:.4f}, {s['max_key']:.4f})", str(s["length"]),
-                      str(s["start_offset"]))
+        table.add_row(str(s["id"]), s["name"], f"[{s['min_key']:.4f}, {s['max_key']:.4f})",
+                      str(s["length"]), str(s["start_offset"]))
     Console().print(table)
 
 

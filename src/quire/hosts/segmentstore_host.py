@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
+from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
 from quire.segmentserver import SegmentServer, SegmentServerConfig
 from quire.segmentstore import (
@@ -52,6 +53,10 @@ class SegmentStoreHostConfig:
     """The cluster's container count, fixed at first use (0: the stored one,
     or the default if none is stored)."""
     rebalance_interval_ms: int = 1000
+    tier1_ensemble_size: int = 3
+    tier1_write_quorum_size: int = 3
+    tier1_ack_quorum_size: int = 2
+    """The containers' tier-1 ledgers: E3 W3 A2 unless the cluster is smaller."""
     lease_ms: int = 0
     """The metadata session's lease for the embedded drivers (0: the
     driver's default); ZooKeeper uses its session timeout."""
@@ -65,6 +70,10 @@ class SegmentStoreHostConfig:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
+        if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
+                <= self.tier1_ensemble_size:
+            raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
+                              "<= tier1_ensemble_size")
 
 
 class _StoreCollector(Collector):
@@ -131,7 +140,10 @@ class SegmentStoreHost:
             self.client = await Client.over(self.metadata, ClientConfig())
             self.segments = await SegmentStore.open(
                 self.client, (), config=SegmentStoreConfig(
-                    container_count=cfg.container_count or None))
+                    container_count=cfg.container_count or None,
+                    tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
+                                        write_quorum_size=cfg.tier1_write_quorum_size,
+                                        ack_quorum_size=cfg.tier1_ack_quorum_size)))
             self.server = SegmentServer(self.segments, SegmentServerConfig(
                 tail_read_wait_ms=cfg.tail_read_wait_ms))
             await self.server.start(cfg.host, cfg.port)

@@ -27,7 +27,8 @@ Modules, each importing only those listed before it:
 * :mod:`~quire.streams.resolvers` -- owners from the controller or the
   metadata store;
 * :mod:`~quire.streams.writer` -- :class:`StreamWriter`;
-  :mod:`~quire.streams.reader` -- :class:`StreamReader`.
+  :mod:`~quire.streams.reader` -- :class:`StreamReader`;
+* :mod:`~quire.streams.transactions` -- :class:`StreamTransaction`.
 
 This package never imports the controller or the segment server (same
 layer): it speaks to them over the wire only.
@@ -45,6 +46,7 @@ from quire.streams.model import Segment, frame_event, key_hash, segment_name
 from quire.streams.reader import Event, StreamReader, tail_cut
 from quire.streams.resolvers import controller_resolver, metadata_resolver
 from quire.streams.segments import RemoteSegmentStore, Resolver, SegmentClientConfig
+from quire.streams.transactions import StreamTransaction
 from quire.streams.writer import StreamWriter, WriterConfig
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "SegmentConnection",
     "StreamConfiguration",
     "StreamReader",
+    "StreamTransaction",
     "StreamWriter",
     "Transaction",
     "TxnState",

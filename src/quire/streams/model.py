@@ -18,6 +18,7 @@ to a random segment.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -73,6 +74,7 @@ class Segment:
         return self.id & 0xFFFF_FFFF
 
 
+@functools.lru_cache(maxsize=65536)  # writers repeat their keys: hash each once
 def key_hash(routing_key: str) -> float:
     """The routing key's point in [0, 1), the same in every process."""
     digest = hashlib.blake2b(routing_key.encode(), digest_size=8).digest()

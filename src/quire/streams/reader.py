@@ -52,17 +52,26 @@ _END = object()
 
 
 class StreamReader:
-    """Reads ``scope/stream`` from its head, its tail or a given cut."""
+    """Reads ``scope/stream`` from its head, its tail or a given cut.
+
+    ``end_cut`` (segment id -> offset, e.g. a :func:`tail_cut` taken
+    earlier) bounds the read: each of its segments is read up to its offset
+    and no further, and no successor of them is read; segments before it are
+    read to their ends and followed as usual.  So two cuts taken one after
+    the other split a stream into the events before, between and after them
+    (what a batch of a streaming job reads)."""
 
     def __init__(self, controller: ControllerClient, segments: RemoteSegmentStore,
                  scope: str, stream: str, from_tail: bool = False,
-                 cut: dict[int, int] | None = None) -> None:
+                 cut: dict[int, int] | None = None,
+                 end_cut: dict[int, int] | None = None) -> None:
         self.controller = controller
         self.store = segments
         self.scope = scope
         self.stream = stream
         self.from_tail = from_tail
         self.cut = cut
+        self.end_cut = end_cut
         self._done: set[int] = set()
         self._started: set[int] = set()
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=10_000)
@@ -112,9 +121,15 @@ class StreamReader:
 
     async def _read_segment(self, sid: int, offset: int, follow: bool) -> None:
         name = segment_name(self.scope, self.stream, sid)
+        end = None if self.end_cut is None else self.end_cut.get(sid)
         try:
-            ended = await (self._follow(sid, name, offset) if follow
-                           else self._read_to_length(sid, name, offset))
+            if end is not None:
+                await self._read_to_length(sid, name, offset, end)
+                ended = False  # the end cut is in this segment: what follows is after it
+            elif follow:
+                ended = await self._follow(sid, name, offset)
+            else:
+                ended = await self._read_to_length(sid, name, offset)
             self.store.done_reading(name)
             if ended:
                 self._done.add(sid)
@@ -132,19 +147,22 @@ class StreamReader:
         for offset, payload in parser.feed(data):
             await self._queue.put(Event(sid, offset, payload))
 
-    async def _read_to_length(self, sid: int, name: str, offset: int) -> bool:
-        """Read up to the segment's length now; True if it is sealed (and so read to its end)."""
+    async def _read_to_length(self, sid: int, name: str, offset: int,
+                              end: int | None = None) -> bool:
+        """Read up to the segment's length now (or to ``end``, if below it);
+        True if it is sealed and was read to its end."""
         info = await self.store.get_info(name)
         offset = max(offset, info.start_offset)
+        stop = info.length if end is None else min(end, info.length)
         parser = EventParser(offset)
-        while offset < info.length:
-            r = await self.store.read(name, offset, min(info.length - offset,
+        while offset < stop:
+            r = await self.store.read(name, offset, min(stop - offset,
                                                         self.store.config.read_length_bytes))
             await self._emit(sid, parser, r.data)
             offset += len(r.data)
             if not r.data:
                 break
-        return info.sealed
+        return info.sealed and offset >= info.length
 
     async def _follow(self, sid: int, name: str, offset: int) -> bool:
         parser = EventParser(offset)

@@ -21,9 +21,11 @@ TableKeyNotFoundError), so code written against the in-process
 Connections: one shared connection per segment store carries every
 request but reads (the server answers a connection's requests in order,
 and a read at the tail of a segment waits there for data); each segment
-being read gets a connection of its own.  Mutations are sent when called
-while the owner is known and its connection is up, so calls made in one
-go reach the store in call order.
+being read gets a connection of its own.  A broken connection is replaced
+by a new one on the next request.  Mutations start when called, as tasks
+in call order, and while the owner is known and its connection is up each
+is on the wire before its task first waits, so calls made in one go reach
+the store in call order.
 """
 
 from __future__ import annotations
@@ -424,6 +426,8 @@ class RemoteSegmentStore:
         async def attempt(address: str) -> ReadResult:
             connection = self._readers.get(name)
             if connection is None or connection.broken or connection.address != address:
+                if connection is not None:
+                    connection.abort()  # broken, or to a store that no longer owns it
                 try:
                     connection = self._readers[name] = await self.open_connection(address)
                 except SegmentStoreConnectionError as e:

@@ -66,12 +66,19 @@ class WriterConfig:
     max_block_events: int = 500
     """Events in one AppendBlockEnd at most (the Pravega client's figure)."""
     max_block_bytes: int = 1024 * 1024
-    """Bytes of framed events in one AppendBlockEnd at most (one larger
-    event is sent alone)."""
+    """Bytes of framed events in one AppendBlockEnd at most; also the
+    largest event taken (its 8-byte header included)."""
+    max_breaks_without_progress: int = 10
+    """Connection breaks in a row, with no block acknowledged in between,
+    after which a segment's events fail (SegmentStoreConnectionError, their
+    outcome unknown) instead of being resent again: a block the server
+    keeps refusing by closing the connection must not be resent forever."""
 
     def __post_init__(self) -> None:
         if self.max_block_events < 1:
             raise ConfigError("max_block_events must be positive")
+        if self.max_breaks_without_progress < 1:
+            raise ConfigError("max_breaks_without_progress must be positive")
         if not 8 < self.max_block_bytes <= MAX_WIRECOMMAND_SIZE - 64:
             raise ConfigError("max_block_bytes must fit in one wire command")
 
@@ -92,10 +99,14 @@ class _Block:
 
 
 @dataclass
-class _SegmentWriter:
-    """One segment's share: its connection, what is queued and in flight."""
+class SegmentWriterState:
+    """A writer's state for one segment: its connection, what is queued
+    and what is in flight."""
 
     segment: Segment
+    name: str
+    """The segment written: the stream segment's name, or a transaction's
+    segment of it."""
     connection: SegmentConnection | None = None
     ready: bool = False
     """Set up on ``connection``: blocks may be sent."""
@@ -103,8 +114,12 @@ class _SegmentWriter:
     """The next event's number (None before the first setup)."""
     queued: list[_Event] = field(default_factory=list)
     unacked: deque[_Block] = field(default_factory=deque)
-    sealed: bool = False
+    retired: bool = False
+    """Given up (its segment sealed, or its events failed): no more setups;
+    a later event for the segment gets a new writer."""
     connecting: asyncio.Task[None] | None = None
+    breaks: int = 0
+    """Connection breaks since the last acknowledgement."""
 
 
 class StreamWriter:
@@ -125,7 +140,7 @@ class StreamWriter:
         self.writer_id = uuid.uuid4().int if writer_id is None else writer_id
         self.config = config or WriterConfig()
         self._routes: list[Segment] = []
-        self._writers: dict[int, _SegmentWriter] = {}
+        self._writers: dict[int, SegmentWriterState] = {}
         self._held: list[_Event] | None = None
         """Events written while a sealed segment's successors are looked up."""
         self._following = 0
@@ -143,6 +158,10 @@ class StreamWriter:
         if not self._routes:
             raise StreamSealedError(f"stream {self.scope}/{self.stream} is sealed")
 
+    def name_of(self, segment: Segment) -> str:
+        """The name of the segment written for ``segment``."""
+        return segment.name
+
     @property
     def segments(self) -> list[Segment]:
         """The segments written to now, in key order."""
@@ -155,6 +174,9 @@ class StreamWriter:
         segment (exactly once), or fails with its error."""
         if self._closed:
             raise QuireError("the stream writer is closed")
+        if len(data) + 8 > self.config.max_block_bytes:
+            raise ValueError(f"an event is at most {self.config.max_block_bytes - 8} bytes, "
+                             f"got {len(data)}")
         point = key_hash(routing_key) if routing_key is not None else random.random()
         event = _Event(point, frame_event(data), self._loop.create_future())
         self._outstanding.add(event.future)
@@ -173,7 +195,7 @@ class StreamWriter:
         segment = segment_for(self._routes, event.point)
         writer = self._writers.get(segment.id)
         if writer is None:
-            writer = self._writers[segment.id] = _SegmentWriter(segment)
+            writer = self._writers[segment.id] = SegmentWriterState(segment, self.name_of(segment))
         writer.queued.append(event)
         if not writer.ready:
             self._connect(writer)
@@ -193,7 +215,7 @@ class StreamWriter:
             if writer.ready and writer.queued:
                 self._send_queued(writer)
 
-    def _send_queued(self, writer: _SegmentWriter) -> None:
+    def _send_queued(self, writer: SegmentWriterState) -> None:
         assert writer.connection is not None and writer.next_event_number is not None
         blocks: list[_Block] = []
         block: list[_Event] = []
@@ -211,13 +233,13 @@ class StreamWriter:
         self._send_blocks(writer, blocks)
 
     @staticmethod
-    def _number(writer: _SegmentWriter, events: list[_Event]) -> _Block:
+    def _number(writer: SegmentWriterState, events: list[_Event]) -> _Block:
         assert writer.next_event_number is not None
         last = writer.next_event_number + len(events) - 1
         writer.next_event_number = last + 1
         return _Block(last, events)
 
-    def _send_blocks(self, writer: _SegmentWriter, blocks: list[_Block]) -> None:
+    def _send_blocks(self, writer: SegmentWriterState, blocks: list[_Block]) -> None:
         connection = writer.connection
         assert connection is not None
         commands: list[tuple[WireCommand, int]] = []
@@ -239,9 +261,9 @@ class StreamWriter:
 
     # --- answers --------------------------------------------------------------------
 
-    def _answered(self, writer: _SegmentWriter, connection: SegmentConnection, block: _Block,
+    def _answered(self, writer: SegmentWriterState, connection: SegmentConnection, block: _Block,
                   future: asyncio.Future[WireCommand]) -> None:
-        if writer.connection is not connection or writer.sealed:
+        if writer.connection is not connection or writer.retired:
             return  # an answer on a connection given up: the blocks went elsewhere
         error = future.exception()
         if error is not None:
@@ -249,6 +271,7 @@ class StreamWriter:
             return
         reply = future.result()
         if isinstance(reply, DataAppended):
+            writer.breaks = 0
             while writer.unacked and writer.unacked[0].last_event_number <= \
                     reply.event_number:
                 for event in writer.unacked.popleft().events:
@@ -256,26 +279,33 @@ class StreamWriter:
                         event.future.set_result(None)
             return
         if isinstance(reply, WrongHost):
-            self.store.refute(writer.segment.name, connection.address)
+            self.store.refute(writer.name, connection.address)
             self._lost(writer, connection)
             return
         if isinstance(reply, SegmentIsSealed):
             self._sealed(writer)
             return
-        self._fail(writer, error_of(reply, writer.segment.name))
+        self._fail(writer, error_of(reply, writer.name))
 
-    def _lost(self, writer: _SegmentWriter, connection: SegmentConnection) -> None:
+    def _lost(self, writer: SegmentWriterState, connection: SegmentConnection) -> None:
         """The connection broke: set up again and resend what is unacknowledged."""
         if writer.connection is not connection:
             return
         connection.abort()
         writer.connection = None
         writer.ready = False
+        writer.breaks += 1
+        if writer.breaks > self.config.max_breaks_without_progress:
+            self._fail(writer, SegmentStoreConnectionError(
+                f"writer {self.writer_id:x}: the connection to {connection.address} for "
+                f"{writer.name} broke {writer.breaks} times in a row with no block "
+                "acknowledged; giving up (the outcome of the unacknowledged events is unknown)"))
+            return
         self.reconnects += 1
         self._connect(writer)
 
-    def _connect(self, writer: _SegmentWriter) -> None:
-        if writer.connecting is not None or writer.sealed or self._closed:
+    def _connect(self, writer: SegmentWriterState) -> None:
+        if writer.connecting is not None or writer.retired or self._closed:
             return
         writer.connecting = self._spawn(self._set_up(writer))
 
@@ -285,8 +315,8 @@ class StreamWriter:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _set_up(self, writer: _SegmentWriter) -> None:
-        name = writer.segment.name
+    async def _set_up(self, writer: SegmentWriterState) -> None:
+        name = writer.name
 
         async def attempt(address: str) -> tuple[SegmentConnection, WireCommand]:
             connection = await self.store.open_connection(address)
@@ -320,6 +350,7 @@ class StreamWriter:
         stored = None if reply.last_event_number == NO_EVENT_NUMBER else reply.last_event_number
         while writer.unacked and stored is not None and \
                 writer.unacked[0].last_event_number <= stored:
+            writer.breaks = 0
             for event in writer.unacked.popleft().events:  # the segment has them
                 if not event.future.done():
                     event.future.set_result(None)
@@ -334,20 +365,24 @@ class StreamWriter:
         if writer.queued and writer.connection is connection:
             self._send_queued(writer)
 
-    def _fail(self, writer: _SegmentWriter, error: BaseException) -> None:
+    def _fail(self, writer: SegmentWriterState, error: BaseException) -> None:
         """Fail every event of ``writer`` (a definite refusal, or retries
         that ran out: then the outcome of those sent is unknown)."""
         if isinstance(error, SegmentNotFoundError):
             error = SegmentNotFoundError(f"{error} (was the stream deleted?)")
+        writer.retired = True
+        writer.ready = False
         for event in self._take_events(writer):
             if not event.future.done():
                 event.future.set_exception(error)
         if writer.connection is not None:
             writer.connection.abort()
-        self._writers.pop(writer.segment.id, None)
+            writer.connection = None
+        if self._writers.get(writer.segment.id) is writer:
+            del self._writers[writer.segment.id]
 
     @staticmethod
-    def _take_events(writer: _SegmentWriter) -> list[_Event]:
+    def _take_events(writer: SegmentWriterState) -> list[_Event]:
         events = [e for block in writer.unacked for e in block.events] + writer.queued
         writer.unacked.clear()
         writer.queued = []
@@ -355,15 +390,16 @@ class StreamWriter:
 
     # --- scaling --------------------------------------------------------------------
 
-    def _sealed(self, writer: _SegmentWriter) -> None:
+    def _sealed(self, writer: SegmentWriterState) -> None:
         """``writer``'s segment is sealed: what it did not store goes to the
         successors, before anything written since."""
-        writer.sealed = True
+        writer.retired = True
         writer.ready = False
         if writer.connection is not None:
             writer.connection.abort()
             writer.connection = None
-        self._writers.pop(writer.segment.id, None)
+        if self._writers.get(writer.segment.id) is writer:
+            del self._writers[writer.segment.id]
         self._held = self._take_events(writer) + (self._held or [])
         self._following += 1
         self._spawn(self._follow(writer.segment))
