@@ -66,6 +66,12 @@ class ProtocolError(QuireError):
     produced them must be closed; nothing else is affected."""
 
 
+class WireCommandError(ProtocolError):
+    """Bytes that are not a valid Pravega WireCommand (``quire.pravega_wire``):
+    an unknown type code, a length out of range, a payload that does not
+    parse or has bytes left over.  The connection that sent them is closed."""
+
+
 # --- answers a bookie can give (each with its wire status) ----------------
 
 
@@ -343,6 +349,47 @@ class ContainerClosedError(SegmentStoreError):
     unknown outcome (a reopen shows whether it is in the log)."""
 
 
+# --- controller (quire.controller) ------------------------------------------
+# Each family answers one gRPC status (quire.controller.service), never UNKNOWN.
+
+
+class ControllerError(QuireError):
+    """A controller request was refused."""
+
+
+class ControllerInvalidArgumentError(ControllerError):
+    """A malformed request: a bad name, key range, lease, stream cut or an
+    auto-scaling policy (gRPC INVALID_ARGUMENT)."""
+
+
+class ControllerNotFoundError(ControllerError):
+    """The scope, stream, segment, epoch or transaction named does not exist
+    (gRPC NOT_FOUND)."""
+
+
+class ScopeNotFoundError(ControllerNotFoundError):
+    """No such scope."""
+
+
+class StreamNotFoundError(ControllerNotFoundError):
+    """No such stream (or it is still being created)."""
+
+
+class TransactionNotFoundError(ControllerNotFoundError):
+    """No such transaction on the stream."""
+
+
+class ControllerPreconditionError(ControllerError):
+    """The request does not fit the state it finds: a sealed stream, a
+    transaction already aborted or committed (gRPC FAILED_PRECONDITION)."""
+
+
+class ControllerConcurrentUpdateError(ControllerError):
+    """A controller record changed under this controller between its read and
+    its conditional update (another controller wrote it); retrying reads it
+    afresh (gRPC ABORTED)."""
+
+
 # --- tier-2 chunk storage (quire.tier2) --------------------------------------
 
 
@@ -384,3 +431,22 @@ class InvalidChunkNameError(Tier2Error):
 class InvalidLayoutError(Tier2Error):
     """A segment layout that does not decode, breaks its invariants, or does
     not match its chunks (a chunk holding fewer bytes than recorded)."""
+
+
+# --- stream client (quire.streams) ------------------------------------------
+
+
+class SegmentStoreConnectionError(ContainerClosedError):
+    """The connection to a segment's segment store broke, or could not be
+    made before a deadline.  A request that was on it has an unknown
+    outcome, as under a closed container (so it is never a "no")."""
+
+
+class ControllerUnavailableError(ControllerError):
+    """The controller could not be reached, or answered UNAVAILABLE,
+    DEADLINE_EXCEEDED or another status that is not a definite answer:
+    the request's outcome is unknown."""
+
+
+class StreamSealedError(ControllerError):
+    """A write to a stream whose segments are all sealed (no successors)."""

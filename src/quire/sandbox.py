@@ -21,10 +21,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from quire.bookie.storage.files import lock_holder
 from quire.errors import QuireError
@@ -218,6 +218,34 @@ class BookieProcess(ServiceProcess):
         return super().write_config()
 
 
+class SegmentStoreProcess(ServiceProcess):
+    """One segment store child process (``quire segmentstore start``);
+    ``settings`` are SegmentStoreHostConfig's keys."""
+
+    service = "segmentstore"
+
+    def __init__(self, root: Path, metadata_uri: str, host_id: str, **settings: Any) -> None:
+        self.host_id = host_id
+        super().__init__(root, host_id, {"metadata_uri": metadata_uri, "host_id": host_id,
+                                         "port": 0, **settings})
+
+
+class ControllerProcess(ServiceProcess):
+    """The controller child process (``quire controller start``); ``settings``
+    are ControllerHostConfig's keys."""
+
+    service = "controller"
+
+    def __init__(self, root: Path, metadata_uri: str, **settings: Any) -> None:
+        super().__init__(root, "controller", {"metadata_uri": metadata_uri, "port": 0,
+                                              **settings})
+
+    @property
+    def uri(self) -> str:
+        """``tcp://host:port``, what a Pravega client is given."""
+        return f"tcp://{self.address}"
+
+
 _LOWEST_PORT = 10_000
 _handed_out: set[int] = set()
 
@@ -256,39 +284,68 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_all(bookies: list[BookieProcess], timeout_s: float = 60.0,
-              on_ready: Callable[[BookieProcess], None] | None = None) -> None:
-    """Start the bookies in parallel, then wait until each serves; on any
+P = TypeVar("P", bound=ServiceProcess)
+
+
+def tier1_quorums(bookies: int) -> dict[str, int]:
+    """Segment store settings for tier-1 ledgers on ``bookies`` bookies:
+    E3 W3 A2, or as many as there are (a sandbox of 1 or 2 bookies)."""
+    ensemble = min(3, max(1, bookies))
+    return {"tier1_ensemble_size": ensemble, "tier1_write_quorum_size": ensemble,
+            "tier1_ack_quorum_size": min(2, ensemble)}
+
+CONTROLLER_PORT = 9090
+"""Pravega's default controller port, which the sandbox takes when it is free."""
+
+
+def preferred_port(port: int) -> int:
+    """``port`` if it is free on loopback now, else :func:`free_port`."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return free_port()
+    return port
+
+
+def start_all(processes: Sequence[P], timeout_s: float = 60.0,
+              on_ready: Callable[[P], None] | None = None) -> None:
+    """Start the processes in parallel, then wait until each serves; on any
     failure stop them all and re-raise."""
-    for bookie in bookies:
-        bookie.start(expect_ready=False)
+    for process in processes:
+        process.start(expect_ready=False)
     try:
-        for bookie in bookies:
-            bookie._wait_ready(timeout_s)
+        for process in processes:
+            process._wait_ready(timeout_s)
             if on_ready is not None:
-                on_ready(bookie)
+                on_ready(process)
     except BaseException:
-        stop_all(bookies)
+        stop_all(processes)
         raise
 
 
-def stop_all(bookies: list[BookieProcess]) -> None:
-    """Clean shutdown of every bookie, SIGTERM to all first so they stop in parallel."""
-    for bookie in bookies:
-        if bookie.running and bookie.proc is not None:
-            bookie.proc.send_signal(signal.SIGTERM)
-    for bookie in bookies:
-        bookie.stop()
+def stop_all(processes: Sequence[ServiceProcess]) -> None:
+    """Clean shutdown of every process, SIGTERM to all first so they stop in parallel."""
+    for process in processes:
+        if process.running and process.proc is not None:
+            process.proc.send_signal(signal.SIGTERM)
+    for process in processes:
+        process.stop()
 
 
 class Sandbox:
-    """N bookies on one metadata store, state in ``directory``.
+    """The whole system on one machine, as ``pravega standalone`` runs it:
+    N bookies, M segment stores and the controller on one metadata store,
+    state in ``directory``.
 
-    Bookie ids (``bookie-1`` ...) and ports are chosen on first start and kept
-    in ``directory/sandbox.json``, so a restart serves the same ledgers.
+    Names and ports (``bookie-1`` ..., ``segmentstore-1`` ..., the
+    controller on 9090 when that is free) are chosen on first start and
+    kept in ``directory/sandbox.json``, so a restart serves the same
+    ledgers and segments at the same addresses.
     """
 
     def __init__(self, directory: Path, bookies: int = 3, metadata_uri: str | None = None,
+                 segment_stores: int = 1, controller: bool = True,
                  **bookie_settings: Any) -> None:
         self.directory = directory
         self.count = bookies
@@ -305,6 +362,26 @@ class Sandbox:
                                     **bookie_settings)
             process.ends_with_parent = True
             self.bookies.append(process)
+        self.segment_stores: list[SegmentStoreProcess] = []
+        for i in range(1, segment_stores + 1):
+            name = f"segmentstore-{i}"
+            store = SegmentStoreProcess(directory, self.metadata_uri, name,
+                                        port=ports.get(name) or free_port(), metrics_port=0,
+                                        **tier1_quorums(bookies))
+            store.ends_with_parent = True
+            self.segment_stores.append(store)
+        self.controller: ControllerProcess | None = None
+        if controller:
+            port = ports.get("controller") or preferred_port(CONTROLLER_PORT)
+            self.controller = ControllerProcess(directory, self.metadata_uri, port=port,
+                                                metrics_port=0)
+            self.controller.ends_with_parent = True
+
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        """Every process, in start order."""
+        controller: list[ServiceProcess] = [self.controller] if self.controller else []
+        return [*self.bookies, *self.segment_stores, *controller]
 
     def _load_state(self) -> dict[str, Any]:
         path = self.directory / "sandbox.json"
@@ -316,18 +393,28 @@ class Sandbox:
     def _save_state(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         state = {"metadata": self.metadata_uri,
-                 "ports": {b.bookie_id: b.settings["port"] for b in self.bookies}}
+                 "ports": {p.name: p.settings["port"] for p in self.processes}}
         (self.directory / "sandbox.json").write_text(json.dumps(state, indent=2))
 
-    def start(self, on_ready: Callable[[BookieProcess], None] | None = None,
+    def start(self, on_ready: Callable[[ServiceProcess], None] | None = None,
               timeout_s: float = 60.0) -> None:
-        """Start every bookie; QuireError naming the holders if another
-        process holds one of their directories, or if a bookie fails to start.
-        Start it from a thread that lives as long as the sandbox (see
-        :func:`parent_death_hook`)."""
+        """Start the bookies, then the segment stores, then the controller;
+        QuireError naming the holders if another process holds one of the
+        bookies' directories, or if a process fails to start (then every
+        process started is stopped).  Start it from a thread that lives as
+        long as the sandbox (see :func:`parent_death_hook`)."""
         self.check_not_held()
         self._save_state()
         start_all(self.bookies, timeout_s, on_ready)
+        try:
+            start_all(self.segment_stores, timeout_s, on_ready)
+            if self.controller is not None:
+                self.controller.start(timeout_s)
+                if on_ready is not None:
+                    on_ready(self.controller)
+        except BaseException:
+            self.stop()
+            raise
 
     def check_not_held(self) -> None:
         """QuireError if a process holds a storage lock in the directory (a
@@ -343,14 +430,27 @@ class Sandbox:
                              + "; ".join(held))
 
     def stop(self) -> None:
+        """Stop the controller, then the segment stores (their containers
+        drained), then the bookies."""
+        if self.controller is not None:
+            self.controller.stop()
+        stop_all(self.segment_stores)
         stop_all(self.bookies)
 
     def describe(self) -> dict[str, Any]:
+        def pid(p: ServiceProcess) -> int | None:
+            return p.proc.pid if p.proc is not None else None
+
         return {"metadata": self.metadata_uri, "dir": str(self.directory.resolve()),
                 "bookies": [{"bookie_id": b.bookie_id, "address": b.address,
-                             "metrics": b.metrics_address,
-                             "pid": b.proc.pid if b.proc is not None else None}
-                            for b in self.bookies]}
+                             "metrics": b.metrics_address, "pid": pid(b)}
+                            for b in self.bookies],
+                "segment_stores": [{"host_id": s.host_id, "address": s.address,
+                                    "metrics": s.metrics_address, "pid": pid(s)}
+                                   for s in self.segment_stores],
+                "controller": None if self.controller is None else {
+                    "uri": self.controller.uri, "metrics": self.controller.metrics_address,
+                    "pid": pid(self.controller)}}
 
 
 @dataclass(frozen=True)
@@ -368,65 +468,66 @@ class RestartPolicy:
     ``first_delay_ms``; one that exits sooner keeps backing off."""
 
 
-class BookieSupervisor:
-    """Keeps a sandbox's bookies running: call :meth:`poll` often (it never
-    blocks).  A bookie that exited is restarted after a delay that starts
-    at ``first_delay_ms`` and doubles up to ``max_delay_ms`` while restarts
+class ServiceSupervisor:
+    """Keeps a sandbox's processes (bookies, segment stores, the controller)
+    running: call :meth:`poll` often (it never blocks).  A process that
+    exited is restarted, on its address, after a delay that starts at
+    ``first_delay_ms`` and doubles up to ``max_delay_ms`` while restarts
     fail (exit before ready, not ready in time, or the process could not
-    even be started); each event is told to ``say``.  The other bookies are
-    not touched, so one crash-looping bookie never stops the rest."""
+    even be started); each event is told to ``say``.  The others are not
+    touched, so one crash-looping process never stops the rest."""
 
-    def __init__(self, bookies: list[BookieProcess], say: Callable[[str], None],
+    def __init__(self, processes: Sequence[ServiceProcess], say: Callable[[str], None],
                  policy: RestartPolicy = RestartPolicy(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._say = say
         self._policy = policy
         self._clock = clock
         first_delay_s = policy.first_delay_ms / 1000
-        self._states = {b.bookie_id: _Watch(b, ready_at=clock(), delay_s=first_delay_s)
-                        for b in bookies}
+        self._states = {(p.service, p.name): _Watch(p, ready_at=clock(), delay_s=first_delay_s)
+                        for p in processes}
 
     def poll(self) -> None:
         for watch in self._states.values():
             self._step(watch, self._clock())
 
     def _step(self, watch: _Watch, now: float) -> None:
-        bookie = watch.bookie
+        process = watch.process
         if watch.restart_at is not None:
             if now >= watch.restart_at:
                 watch.restart_at = None
                 try:
-                    bookie.start(expect_ready=False)
+                    process.start(expect_ready=False)
                 except OSError as e:
                     self._failed(watch, now, f"could not start it: {e}")
                     return
                 watch.starting_since = now
         elif watch.starting_since is not None:
             try:
-                ready = bookie.check_ready()
+                ready = process.check_ready()
             except QuireError as e:
                 self._failed(watch, now, str(e))
                 return
             if ready:
                 watch.starting_since = None
                 watch.ready_at = now
-                self._say(f"bookie {bookie.bookie_id} is back on {bookie.address}")
+                self._say(f"{process.service} {process.name} is back on {process.address}")
             elif now - watch.starting_since > self._policy.ready_timeout_ms / 1000:
-                bookie.kill9()
+                process.kill9()
                 self._failed(watch, now, "not ready in time; killed it")
-        elif not bookie.running:
-            status = bookie.proc.returncode if bookie.proc is not None else None
+        elif not process.running:
+            status = process.proc.returncode if process.proc is not None else None
             if now - watch.ready_at >= self._policy.stable_after_ms / 1000:
                 watch.delay_s = self._policy.first_delay_ms / 1000
             watch.restart_at = now + watch.delay_s
-            self._say(f"bookie {bookie.bookie_id} exited (status {status}); restarting "
+            self._say(f"{process.service} {process.name} exited (status {status}); restarting "
                       f"in {watch.delay_s:g} s")
             self._back_off(watch)
 
     def _failed(self, watch: _Watch, now: float, why: str) -> None:
         watch.starting_since = None
         watch.restart_at = now + watch.delay_s
-        self._say(f"restart of bookie {watch.bookie.bookie_id} failed: {why}; "
+        self._say(f"restart of {watch.process.service} {watch.process.name} failed: {why}; "
                   f"retrying in {watch.delay_s:g} s")
         self._back_off(watch)
 
@@ -436,10 +537,10 @@ class BookieSupervisor:
 
 @dataclass
 class _Watch:
-    """One supervised bookie: restart pending (``restart_at``), starting
+    """One supervised process: restart pending (``restart_at``), starting
     (``starting_since``), or serving (neither); times on the supervisor's clock."""
 
-    bookie: BookieProcess
+    process: ServiceProcess
     ready_at: float
     delay_s: float
     restart_at: float | None = None

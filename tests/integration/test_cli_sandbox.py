@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -14,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pravega_client
 import pytest
 
 from quire.bookie.config import BookieConfig
 from quire.config import load_config
+from tests.integration.test_pravega_client import read_slices
 
 QUIRE = [sys.executable, "-m", "quire.cli.main"]
 
@@ -81,6 +84,15 @@ class SandboxProcess:
         return seen
 
 
+def read_stream(manager: pravega_client.StreamManager, scope: str, stream: str, group: str,
+                count: int) -> list[str]:
+    """``count`` events of the stream, read from its head by a new reader group."""
+    reader = manager.create_reader_group(group, scope, stream).create_reader("reader")
+    got = asyncio.run(read_slices(reader, count, time.monotonic() + 60))
+    reader.reader_offline()
+    return got
+
+
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
     process = SandboxProcess(tmp_path / "sandbox")
@@ -127,10 +139,27 @@ def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxPr
     bench = quire(metadata, "bench", "write", "--count", "300", "--entry-bytes", "100")
     assert bench["result"]["entries"] == 300
 
+    # the stream tier: the real Pravega client against the sandbox's controller
+    controller_uri = info["controller"]["uri"]
+    manager = pravega_client.StreamManager(controller_uri)
+    assert manager.create_scope("sandbox")
+    assert manager.create_stream("sandbox", "events", 2)
+    writer = manager.create_writer("sandbox", "events")
+    for n in range(20):
+        writer.write_event(f"event-{n}", routing_key=f"k{n % 3}")
+    writer.flush()
+    del writer
+    assert sorted(read_stream(manager, "sandbox", "events", "first", 20)) == \
+        sorted(f"event-{n}" for n in range(20))
+
     assert sandbox.interrupt() == 0
     addresses = {b["bookie_id"]: b["address"] for b in info["bookies"]}
     again = sandbox.start()
     assert {b["bookie_id"]: b["address"] for b in again["bookies"]} == addresses
+    assert again["controller"]["uri"] == controller_uri
+    # the stream came back with the segment store (its tier-1 replayed)
+    assert sorted(read_stream(pravega_client.StreamManager(controller_uri), "sandbox",
+                              "events", "second", 20)) == sorted(f"event-{n}" for n in range(20))
     entries = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw")
     assert [base64.b64decode(e["payload"]) for e in entries] == [b"alpha", b"beta", b"gamma"]
     recovered = quire(metadata, "ledger", "recover", str(vd["ledger_id"]))
@@ -184,14 +213,16 @@ def pids_alive(pids: list[int]) -> list[int]:
 def test_a_killed_sandbox_takes_its_bookies_and_a_failing_restart_is_retried(
         sandbox: SandboxProcess) -> None:
     first = sandbox.start()
-    pids = [b["pid"] for b in first["bookies"]]
+    bookie_pids = [b["pid"] for b in first["bookies"]]
+    pids = [*bookie_pids, *(s["pid"] for s in first["segment_stores"]),
+            first["controller"]["pid"]]
 
     held = subprocess.run([*QUIRE, "sandbox", "--dir", str(sandbox.directory), "--json"],
                           capture_output=True, timeout=60)
     assert held.returncode == 1 and b"Traceback" not in held.stderr
     message = json.loads(held.stdout)["error"]
     assert held.stderr.decode().splitlines() == [f"error: {message}"]
-    assert all(f"pid {pid} (" in message for pid in pids), message
+    assert all(f"pid {pid} (" in message for pid in bookie_pids), message
     assert "bookie start --config" in message
 
     assert sandbox.proc is not None
@@ -199,7 +230,7 @@ def test_a_killed_sandbox_takes_its_bookies_and_a_failing_restart_is_retried(
     sandbox.proc.wait(10)
     deadline = time.monotonic() + 30
     while pids_alive(pids):
-        assert time.monotonic() < deadline, f"bookies {pids_alive(pids)} outlived the sandbox"
+        assert time.monotonic() < deadline, f"processes {pids_alive(pids)} outlived the sandbox"
         time.sleep(0.1)
 
     second = sandbox.start()

@@ -25,6 +25,9 @@ RANKS: dict[str, int] = {
     "quire.config": 1,
     "quire.protocol": 2,
     "quire.metadata": 2,
+    "quire.pravega_wire": 2,
+    # generated gRPC code of the Pravega controller's interface, nothing else
+    "quire.controller_api": 2,
     "quire.peer": 3,
     "quire.bookie": 4,
     "quire.client": 4,
@@ -36,9 +39,14 @@ RANKS: dict[str, int] = {
     "quire.tier2": 6,
     "quire.segmentstore": 7,
     "quire.sandbox": 8,
-    "quire.spark": 9,
-    "quire.cli": 9,
-    "pyspark_quire": 10,
+    "quire.segmentserver": 8,
+    "quire.controller": 8,
+    "quire.streams": 8,
+    # process assembly of the stream tier: segment store and controller hosts
+    "quire.hosts": 9,
+    "quire.spark": 10,
+    "quire.cli": 10,
+    "pyspark_quire": 11,
 }
 TEST_ONLY = ("quire.testing", "quire.simulation")
 """Parts only tests use: they may import any part, and no other part imports them."""

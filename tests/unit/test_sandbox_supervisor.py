@@ -1,4 +1,4 @@
-"""BookieSupervisor (quire.sandbox) on stand-in bookies and a manual clock:
+"""ServiceSupervisor (quire.sandbox) on stand-in bookies and a manual clock:
 which bookie is restarted when, and that failed restarts back off, bounded."""
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import pytest
 
 from quire.bookie.storage.files import lock_directory, lock_holder
 from quire.errors import QuireError, StorageError
-from quire.sandbox import BookieProcess, BookieSupervisor, RestartPolicy
+from quire.sandbox import BookieProcess, RestartPolicy, ServiceSupervisor
 
 
 class StandInBookie:
     """What the supervisor uses of a BookieProcess; ``outcomes`` say how each
     start ends: "ready", "dies" (exits before ready) or "oserror"."""
 
+    service = "bookie"
+
     def __init__(self, bookie_id: str, outcomes: list[str]) -> None:
-        self.bookie_id = bookie_id
+        self.bookie_id = self.name = bookie_id
         self.outcomes = outcomes
         self.running = True
         self.starts = 0
@@ -54,7 +56,7 @@ class Clock:
         return self.now
 
 
-def run_for(supervisor: BookieSupervisor, clock: Clock, seconds: float) -> None:
+def run_for(supervisor: ServiceSupervisor, clock: Clock, seconds: float) -> None:
     end = clock.now + seconds
     while clock.now < end:
         supervisor.poll()
@@ -62,9 +64,9 @@ def run_for(supervisor: BookieSupervisor, clock: Clock, seconds: float) -> None:
 
 
 def make(bookies: list[StandInBookie], clock: Clock
-         ) -> tuple[BookieSupervisor, list[str]]:
+         ) -> tuple[ServiceSupervisor, list[str]]:
     said: list[str] = []
-    supervisor = BookieSupervisor(cast(list[BookieProcess], bookies), said.append,
+    supervisor = ServiceSupervisor(cast(list[BookieProcess], bookies), said.append,
                                   RestartPolicy(first_delay_ms=500, max_delay_ms=4000,
                                                 stable_after_ms=30_000), clock=clock)
     return supervisor, said

@@ -47,12 +47,13 @@ async def test_conditional_puts_and_removes_are_all_or_nothing() -> None:
         await c.table_put(T, [(b"a", b"x", v2)])
     with pytest.raises(TableKeyNotFoundError):
         await c.table_put(T, [(b"z", b"x", 5)])
-    with pytest.raises(SegmentStoreError):
-        await c.table_put(T, [(b"a", b"x", None), (b"a", b"y", None)])
+    # a key twice: each condition against the table before the batch
+    with pytest.raises(TableKeyBadVersionError):
+        await c.table_put(T, [(b"a", b"x", v1), (b"a", b"y", NOT_EXISTS)])
     assert await c.table_get(T, [b"a", b"b", b"c"]) == [
         TableEntry(b"a", b"1", v1), TableEntry(b"b", b"2", v2), None]
-    (v3,) = await c.table_put(T, [(b"a", b"11", v1)])
-    assert v3 > v2
+    dead, v3 = await c.table_put(T, [(b"a", b"10", v1), (b"a", b"11", v1)])
+    assert v2 < dead < v3  # the last entry of a key wins
     with pytest.raises(TableKeyBadVersionError):
         await c.table_remove(T, [(b"b", v2), (b"a", v1)])
     await c.table_remove(T, [(b"b", v2), (b"nope", None)])

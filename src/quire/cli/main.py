@@ -8,10 +8,13 @@ from quire.cli.autorecovery import autorecovery, decommission, underreplicated
 from quire.cli.bench import bench
 from quire.cli.bookie import bookie
 from quire.cli.common import DEBUG_ENV, QuireGroup
+from quire.cli.controller import controller
 from quire.cli.cookie import cookie
 from quire.cli.ledger import ledger
 from quire.cli.log import log
 from quire.cli.sandbox import sandbox
+from quire.cli.segmentstore import segmentstore
+from quire.cli.streams import scope, stream
 
 
 @click.group(cls=QuireGroup)
@@ -33,6 +36,10 @@ cli.add_command(ledger)
 cli.add_command(log)
 cli.add_command(bench)
 cli.add_command(autorecovery)
+cli.add_command(segmentstore)
+cli.add_command(controller)
+cli.add_command(scope)
+cli.add_command(stream)
 bookie.add_command(decommission)
 ledger.add_command(underreplicated)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json, run_async
-from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, BookieSupervisor, Sandbox
+from quire.sandbox import NO_JOURNAL_SETTINGS, Sandbox, ServiceProcess, ServiceSupervisor
 
 
 @click.command()
@@ -25,31 +25,41 @@ from quire.sandbox import NO_JOURNAL_SETTINGS, BookieProcess, BookieSupervisor, 
 @click.option("--no-journal", is_flag=True,
               help="BP-46: bookies skip the journal for adds (journal_write_data = false) "
                    "and detect and repair what a crash loses (data_integrity_checking = true).")
+@click.option("--segment-stores", default=1, show_default=True,
+              help="Number of segment store processes (0: bookies only, no controller).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
-            as_json: bool) -> None:
-    """Run a local Quire cluster until Ctrl-C (or SIGTERM).
+            segment_stores: int, as_json: bool) -> None:
+    """Run the whole system locally until Ctrl-C (or SIGTERM), as
+    ``pravega standalone`` does: bookies, segment stores and the controller.
 
-    A bookie that exits is restarted, with a backoff from 0.5 s doubling up
-    to 30 s while restarts fail; the others keep serving.  The bookies end
-    when the sandbox does, even by kill -9 (Linux).
+    A Pravega client connects to the controller URI it prints.  A process
+    that exits is restarted on its address, with a backoff from 0.5 s
+    doubling up to 30 s while restarts fail; the others keep serving.  Every
+    process ends when the sandbox does, even by kill -9 (Linux).
     """
     journal_settings = NO_JOURNAL_SETTINGS if no_journal else {}
-    cluster = Sandbox(directory, bookies, metadata_uri, metrics_port=0,
+    cluster = Sandbox(directory, bookies, metadata_uri, segment_stores=segment_stores,
+                      controller=segment_stores > 0, metrics_port=0,
                       autorecovery_enabled=True, **journal_settings)
     run_async(lambda: check_store(cluster.metadata_uri))
 
-    def ready(bookie: BookieProcess) -> None:
+    def ready(process: ServiceProcess) -> None:
         if not as_json:
-            click.echo(f"bookie {bookie.bookie_id} ready on {bookie.address} "
-                       f"(metrics http://{bookie.metrics_address}/metrics)", err=True)
+            click.echo(f"{process.service} {process.name} ready on {process.address} "
+                       f"(metrics http://{process.metrics_address}/metrics)", err=True)
 
     def announce() -> None:
         if as_json:
             emit_json(cluster.describe())
         else:
             click.echo(f"metadata: {cluster.metadata_uri}")
+            if cluster.controller is not None:
+                click.echo(f"controller: {cluster.controller.uri}")
             click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
+            if cluster.controller is not None:
+                click.echo(f"try: quire stream --controller {cluster.controller.uri} ... "
+                           "(or any Pravega client)", err=True)
             click.echo("Ctrl-C stops the sandbox", err=True)
 
     def say(line: str) -> None:
@@ -58,7 +68,8 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
         click.echo(line, err=True)
 
     if not as_json:
-        click.echo(f"starting {bookies} bookies in {directory} ...", err=True)
+        click.echo(f"starting {bookies} bookies and {segment_stores} segment store(s) "
+                   f"in {directory} ...", err=True)
     # a failed start (or Ctrl-C, a KeyboardInterrupt here) stops every bookie it started
     cluster.start(on_ready=ready)
     supervise(cluster, say, announce)
@@ -69,7 +80,7 @@ STOPPING = "stopping the sandbox ..."
 
 def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[], None]
               ) -> None:
-    """Keep the bookies running (:class:`BookieSupervisor`) until SIGINT or
+    """Keep the processes running (:class:`ServiceSupervisor`) until SIGINT or
     SIGTERM, then stop them.  ``announce`` runs once the signals are caught,
     and they stay caught until every bookie stopped, so signals sent as soon
     as the sandbox says it is ready, or in a burst, stop it cleanly once."""
@@ -87,7 +98,7 @@ def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[
                          for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         announce()
-        supervisor = BookieSupervisor(cluster.bookies, say)
+        supervisor = ServiceSupervisor(cluster.processes, say)
         while not stop_signals:
             select.select([wake_read], [], [], 0.5)
             with contextlib.suppress(BlockingIOError):

@@ -538,7 +538,9 @@ class SegmentContainer:
                   ) -> asyncio.Future[list[int]]:
         """Set keys to values, each if its expected version holds (None: any;
         ``tables.NOT_EXISTS``: must not exist; else exactly that version), all
-        or nothing; the future gives the new versions."""
+        or nothing; the future gives the new versions, one per entry.  A key
+        given more than once has each condition checked against the table
+        before the batch; its last entry wins."""
         def make() -> asyncio.Future[list[int]]:
             s = self._writable(name)
             table = self._table(s)

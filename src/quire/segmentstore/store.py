@@ -29,7 +29,7 @@ from quire.errors import (
     MetadataNotFoundError,
     SegmentStoreError,
 )
-from quire.log import DurableDataLog, NamedDataLog
+from quire.log import DurableDataLog, NamedDataLog, WriterOptions
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
 from quire.segmentstore.names import container_log_name, container_of
@@ -60,6 +60,9 @@ class SegmentStoreConfig:
     """The cluster's container count: stored on first use (None: the stored
     one, or :data:`DEFAULT_CONTAINER_COUNT` if none is stored)."""
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    tier1: WriterOptions = field(default_factory=WriterOptions)
+    """How the containers' tier-1 logs write their ledgers (ensemble, write
+    and ack quorums: E3 W3 A2 by default)."""
 
 
 async def cluster_container_count(metadata: MetadataStore, wanted: int | None) -> int:
@@ -120,11 +123,11 @@ class SegmentStore:
         if open_log is None:
             if client is None:
                 raise ConfigError("SegmentStore.open needs a client or open_log")
-            named_client = client
+            named_client, options = client, config.tier1
 
             def open_named(container_id: int) -> DurableDataLog:
                 return NamedDataLog(named_client, container_log_name(container_id),
-                                    password=LOG_PASSWORD)
+                                    password=LOG_PASSWORD, options=options)
             open_log = open_named
         count = await cluster_container_count(metadata_store, config.container_count)
         store = cls(count, open_log, config)

@@ -110,13 +110,12 @@ class TableIndex:
         return TableIndex(dict(self.entries))
 
     def check_put(self, entries: Sequence[tuple[bytes, bytes, int | None]]) -> None:
-        """Raise unless every entry's condition holds (nothing changes)."""
-        seen: set[bytes] = set()
+        """Raise unless every entry's condition holds (nothing changes).  A key
+        may come more than once (the Pravega client's synchronizer sends a
+        map's version key once per change): each of its conditions is checked
+        against the table before the batch, and its last entry wins."""
         for key, value, expected in entries:
             check_entry(key, value)
-            if key in seen:
-                raise SegmentStoreError(f"key {key!r} twice in one table update")
-            seen.add(key)
             self.check_version(key, expected)
 
     def check_version(self, key: bytes, expected: int | None) -> None:

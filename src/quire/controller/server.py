@@ -1,0 +1,97 @@
+"""The controller process's service: :class:`Controller` serves
+``ControllerService`` on grpc.aio, sweeps transaction leases and enforces
+retention policies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from wsgiref.simple_server import WSGIServer
+
+import grpc
+from prometheus_client import start_http_server
+
+from quire.controller.core import ControllerConfig, ControllerCore, wall_clock_ms
+from quire.controller.service import ControllerService, SegmentLocator
+from quire.controller.state import ControllerSegmentStore
+from quire.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    """A Pravega-compatible controller over a segment store.
+
+    ``store`` holds the segments and the controller's own tables (the seam
+    :class:`~quire.controller.state.ControllerSegmentStore`);
+    ``segment_store_uri()`` gives the ``(host, port)`` getURI answers for
+    every segment; ``clock_ms`` the wall clock of leases and retention.
+    :meth:`start` binds, finishes interrupted scales and starts serving, the
+    transaction sweeper and the retention pass; :meth:`close` stops.
+    """
+
+    def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
+                 locate: SegmentLocator,
+                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.core = ControllerCore(store, config, clock_ms)
+        self.service = ControllerService(self.core, locate)
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        """The transaction sweeper and the retention pass, while serving."""
+        self.port: int | None = None
+        """The bound port once started."""
+        self._metrics_server: WSGIServer | None = None
+        self.metrics_port: int | None = None
+        """The port of ``/metrics`` once started, if it is served."""
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Serve on ``host:port`` (0: any free port); the port bound."""
+        if self._server is not None:
+            raise ConfigError("the controller is started already")
+        await self.core.start()
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((self.service.handler(),))
+        bound: int = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise ConfigError(f"controller: cannot listen on {host}:{port}")
+        config = self.core.config
+        if config.metrics_port >= 0:
+            self._metrics_server, _thread = start_http_server(
+                config.metrics_port, host, self.core.metrics.registry)
+            self.metrics_port = self._metrics_server.server_port
+        await server.start()
+        self._server = server
+        self.port = bound
+        self._tasks = [
+            asyncio.create_task(self._every(config.txn_sweep_interval_ms, self.core.sweep,
+                                            "transaction sweep"), name="controller-sweeper"),
+            asyncio.create_task(self._every(config.retention_interval_ms,
+                                            self.core.enforce_retention, "retention"),
+                                name="controller-retention")]
+        log.info("controller serving on %s:%d", host, bound)
+        return bound
+
+    async def _every(self, interval_ms: int, work: Callable[[], Awaitable[None]],
+                     what: str) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)  # a period, not a wait for something
+            try:
+                await work()
+            except Exception:  # the next pass retries; the task must live on
+                log.exception("controller: %s failed", what)
+
+    async def close(self, grace_s: float = 1.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None

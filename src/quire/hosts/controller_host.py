@@ -1,0 +1,131 @@
+"""The controller process: ``quire controller start`` runs :func:`run_controller`.
+
+The controller keeps its state in ``_system`` table segments, which live
+in segment containers like any segment; it reaches them, wherever their
+containers are hosted, through :class:`~quire.streams.RemoteSegmentStore`
+over Pravega's wire protocol, and finds a segment's owner in the ownership
+records of the metadata store (the same records that ``getURI`` answers
+from), so it follows containers as they move between segment stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import signal
+from dataclasses import dataclass
+
+from quire.controller import Controller, ControllerConfig, NodeAddress
+from quire.errors import ConfigError
+from quire.metadata import MetadataStore, open_store
+from quire.segmentstore import owner_address
+from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
+from quire.streams.connection import split_address
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControllerHostConfig:
+    metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
+    host: str = "127.0.0.1"
+    port: int = 9090
+    """The gRPC port (Pravega's default; 0: any free one)."""
+    metrics_port: int = -1
+    """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
+    retention_interval_ms: int = 60_000
+    """How often streams with a retention policy are truncated."""
+    segment_request_timeout_ms: int = 30_000
+    """How long one segment-store request may take (then its outcome is unknown)."""
+
+    def __post_init__(self) -> None:
+        if self.segment_request_timeout_ms <= 0:
+            raise ConfigError("segment_request_timeout_ms must be positive")
+
+
+class ControllerHost:
+    """See the module docstring."""
+
+    def __init__(self, config: ControllerHostConfig) -> None:
+        self.config = config
+        self.metadata: MetadataStore | None = None
+        self.segments: RemoteSegmentStore | None = None
+        self.controller: Controller | None = None
+        self.address = ""
+        self.metrics_address: str | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        try:
+            self.metadata = await open_store(cfg.metadata_uri)
+            resolve = metadata_resolver(self.metadata, owner_address)
+
+            async def locate(segment: str) -> NodeAddress:
+                return split_address(await resolve(segment))
+
+            self.segments = RemoteSegmentStore(resolve, SegmentClientConfig(
+                request_timeout_ms=cfg.segment_request_timeout_ms,
+                retry_deadline_ms=cfg.segment_request_timeout_ms))
+            self.controller = Controller(self.segments, self._controller_config(), locate)
+            port = await self.controller.start(cfg.host, cfg.port)
+            self.address = f"{cfg.host}:{port}"
+            if self.controller.metrics_port is not None:
+                self.metrics_address = f"{cfg.host}:{self.controller.metrics_port}"
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _controller_config(self) -> ControllerConfig:
+        cfg = self.config
+        return ControllerConfig(metrics_port=cfg.metrics_port,
+                                retention_interval_ms=cfg.retention_interval_ms)
+
+    async def stop(self) -> None:
+        """Stop serving, then drop the segment-store connections and the
+        metadata session (idempotent)."""
+        if self.controller is not None:
+            await self.controller.close()
+            self.controller = None
+        if self.segments is not None:
+            await self.segments.close()
+            self.segments = None
+        if self.metadata is not None:
+            await self.metadata.close()
+            self.metadata = None
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(config: ControllerHostConfig) -> None:
+    """Run the controller until SIGTERM or SIGINT; prints one JSON line
+    ``{"event": "ready", "address": ..., "uri": "tcp://..."}`` once it serves."""
+    host = ControllerHost(config)
+    await host.start()
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def request_stop() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(host.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop)
+    print(json.dumps({"event": "ready", "address": host.address,
+                      "uri": f"tcp://{host.address}", "metrics": host.metrics_address}),
+          flush=True)
+    await host.wait_stopped()
+
+
+def run_controller(config: ControllerHostConfig) -> None:
+    """Blocking entry point of ``quire controller start``."""
+    import uvloop
+
+    gc.freeze()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(config))

@@ -1,0 +1,220 @@
+"""One segment store process: ``quire segmentstore start`` runs :func:`run_segment_store`.
+
+Start order: the metadata store session (its lease is this host's life),
+a ledger client over it, the SegmentStore (no container yet), the wire
+server (so the address is known), then :class:`ContainerOwnership`, which
+registers the host and opens the containers the assignment gives it.
+Until a container is open the server answers WrongHost for its segments,
+so a client retries rather than being told a segment does not exist.
+Stop order is the reverse: containers are closed (their queued operations
+drained) before the server and the session go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import signal
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from quire.client import Client, ClientConfig
+from quire.errors import ConfigError
+from quire.log import WriterOptions
+from quire.metadata import MetadataStore, open_store
+from quire.segmentserver import SegmentServer, SegmentServerConfig
+from quire.segmentstore import (
+    ContainerOwnership,
+    OwnershipSettings,
+    SegmentStore,
+    SegmentStoreConfig,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SegmentStoreHostConfig:
+    metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
+    host_id: str = ""
+    """This host's name in the ownership records ("" : ``segmentstore-<host>-<port>``)."""
+    host: str = "127.0.0.1"
+    port: int = 12345
+    """The wire server's port (Pravega's default; 0: any free one)."""
+    metrics_port: int = -1
+    """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
+    container_count: int = 0
+    """The cluster's container count, fixed at first use (0: the stored one,
+    or the default if none is stored)."""
+    rebalance_interval_ms: int = 1000
+    tier1_ensemble_size: int = 3
+    tier1_write_quorum_size: int = 3
+    tier1_ack_quorum_size: int = 2
+    """The containers' tier-1 ledgers: E3 W3 A2 unless the cluster is smaller."""
+    lease_ms: int = 0
+    """The metadata session's lease for the embedded drivers (0: the
+    driver's default); ZooKeeper uses its session timeout."""
+    tail_read_wait_ms: int = 5_000
+    gc_gen0_threshold_allocations: int = 50_000
+    """Python's gen-0 collection threshold (the default 700 collects every
+    few hundred appends on a busy host)."""
+
+    def __post_init__(self) -> None:
+        if self.container_count < 0:
+            raise ConfigError("container_count must be 0 (the stored one) or positive")
+        if self.rebalance_interval_ms <= 0:
+            raise ConfigError("rebalance_interval_ms must be positive")
+        if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
+                <= self.tier1_ensemble_size:
+            raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
+                              "<= tier1_ensemble_size")
+
+
+class _StoreCollector(Collector):
+    """Gauges read from the store at scrape time (nothing on the append path)."""
+
+    def __init__(self, host: SegmentStoreHost) -> None:
+        self._host = host
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        store = self._host.segments
+        hosted = GaugeMetricFamily("quire_segmentstore_containers_hosted",
+                                   "Segment containers open in this process")
+        assigned = GaugeMetricFamily("quire_segmentstore_containers_assigned",
+                                     "Segment containers the assignment gives this process")
+        frames = GaugeMetricFamily("quire_segmentstore_tier1_frames",
+                                   "Data frames written to tier-1 since the container opened",
+                                   labels=["container"])
+        operations = GaugeMetricFamily("quire_segmentstore_tier1_operations",
+                                       "Operations written to tier-1 since the container opened",
+                                       labels=["container"])
+        segments = GaugeMetricFamily("quire_segmentstore_segments",
+                                     "Live segments in the container", labels=["container"])
+        stored = GaugeMetricFamily("quire_segmentstore_segment_bytes",
+                                   "Bytes of the container's live segments", labels=["container"])
+        if store is not None:
+            ids = store.container_ids
+            hosted.add_metric([], len(ids))
+            for c in ids:
+                container = store.container(c)
+                label = [str(c)]
+                frames.add_metric(label, container.operation_log.frames_written)
+                operations.add_metric(label, container.operation_log.operations_written)
+                live = [s for s in container.committed.segments.values() if not s.deleted]
+                segments.add_metric(label, len(live))
+                stored.add_metric(label, sum(s.length - s.start_offset for s in live))
+        ownership = self._host.ownership
+        assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
+        yield from (hosted, assigned, frames, operations, segments, stored)
+
+
+class SegmentStoreHost:
+    """See the module docstring."""
+
+    def __init__(self, config: SegmentStoreHostConfig) -> None:
+        self.config = config
+        self.metadata: MetadataStore | None = None
+        self.client: Client | None = None
+        self.segments: SegmentStore | None = None
+        self.server: SegmentServer | None = None
+        self.ownership: ContainerOwnership | None = None
+        self.address = ""
+        self.host_id = config.host_id
+        self.metrics_address: str | None = None
+        self.registry = CollectorRegistry()
+        self._http: WSGIServer | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        try:
+            options = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
+                not cfg.metadata_uri.startswith("zk://") else {}
+            self.metadata = await open_store(cfg.metadata_uri, **options)
+            self.client = await Client.over(self.metadata, ClientConfig())
+            self.segments = await SegmentStore.open(
+                self.client, (), config=SegmentStoreConfig(
+                    container_count=cfg.container_count or None,
+                    tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
+                                        write_quorum_size=cfg.tier1_write_quorum_size,
+                                        ack_quorum_size=cfg.tier1_ack_quorum_size)))
+            self.server = SegmentServer(self.segments, SegmentServerConfig(
+                tail_read_wait_ms=cfg.tail_read_wait_ms))
+            await self.server.start(cfg.host, cfg.port)
+            self.address = f"{cfg.host}:{self.server.port}"
+            self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
+            self.ownership = ContainerOwnership(
+                self.metadata, self.segments, self.host_id, self.address,
+                OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms))
+            await self.ownership.start()
+            if cfg.metrics_port >= 0:
+                self.registry.register(_StoreCollector(self))
+                self._http, _thread = start_http_server(cfg.metrics_port, cfg.host,
+                                                        self.registry)
+                self.metrics_address = f"{cfg.host}:{self._http.server_port}"
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Close containers (draining their queued operations), then the
+        server, the client and the metadata session (idempotent)."""
+        if self.ownership is not None:
+            await self.ownership.close()  # stops the containers, deregisters
+            self.ownership = None
+        elif self.segments is not None:
+            await self.segments.close()
+        if self.server is not None:
+            await self.server.close()
+            self.server = None
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+        if self.metadata is not None:
+            await self.metadata.close()
+            self.metadata = None
+        if self._http is not None:
+            self._http.shutdown()
+            self._http = None
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(config: SegmentStoreHostConfig) -> None:
+    """Run one segment store until SIGTERM or SIGINT; prints one JSON line
+    ``{"event": "ready", ...}`` on stdout once it serves."""
+    host = SegmentStoreHost(config)
+    await host.start()
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def request_stop() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(host.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop)
+    print(json.dumps({"event": "ready", "host_id": host.host_id, "address": host.address,
+                      "metrics": host.metrics_address}),
+          flush=True)
+    await host.wait_stopped()
+
+
+def run_segment_store(config: SegmentStoreHostConfig) -> None:
+    """Blocking entry point of ``quire segmentstore start``."""
+    import uvloop
+
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(config.gc_gen0_threshold_allocations, gen1, gen2)
+    gc.freeze()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(config))

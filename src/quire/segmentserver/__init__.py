@@ -1,0 +1,35 @@
+"""The segment store's wire server: Pravega's WireCommands over TCP.
+
+:class:`SegmentServer` serves one process's
+:class:`~quire.segmentstore.SegmentStore` to Pravega clients (the official
+``pravega`` client, or Quire's own) with the codec of
+:mod:`quire.pravega_wire`.  Each connection is one
+:class:`~quire.segmentserver.server.WireConnection` (an
+``asyncio.Protocol``):
+
+- The server says ``Hello`` (wire version 15, oldest compatible 5) as soon
+  as a connection opens; the client's first command must be its ``Hello``,
+  with a version range that meets ours, or the connection is closed.
+- Every request is handed to the store **when it arrives**, in arrival
+  order (the store's mutations are plain methods ordered at call time), and
+  the replies leave in the same order, however the store's futures complete:
+  appends pipeline, a read waiting at the tail holds back only what came
+  after it on its connection (the client keeps one request in flight per
+  connection, appends aside).
+- Errors become the replies the client understands (NoSuchSegment,
+  SegmentIsSealed, SegmentIsTruncated, SegmentAlreadyExists,
+  TableKeyBadVersion, TableKeyDoesNotExist, TableSegmentNotEmpty,
+  ConditionalCheckFailed, and WrongHost for a container this store does not
+  host, has not finished opening, or has lost: never NoSuchSegment for
+  those).  Anything else closes that connection, as Pravega's server does;
+  so do malformed, oversized (refused from their header) and unknown
+  frames.  Known commands this server does not implement are answered
+  OperationUnsupported.
+- Flow control: a connection with more than
+  :attr:`SegmentServerConfig.max_outstanding_requests` unanswered requests
+  stops being read until half of them are answered.
+"""
+
+from quire.segmentserver.server import SegmentServer, SegmentServerConfig, WireConnection
+
+__all__ = ["SegmentServer", "SegmentServerConfig", "WireConnection"]

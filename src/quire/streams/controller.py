@@ -1,0 +1,365 @@
+"""A small asyncio client of the controller: :class:`ControllerClient`.
+
+It speaks Pravega's gRPC ``ControllerService`` (grpc.aio over the stubs
+generated in :mod:`quire.controller_api`) to Quire's controller or
+Pravega's.  Answers come back as plain values; refusals as the controller
+errors of :mod:`quire.errors`:
+
+- a status enum in the reply (SCOPE_NOT_FOUND, STREAM_NOT_SEALED,
+  TRANSACTION_NOT_FOUND, ...) as the matching error (ScopeNotFoundError,
+  ControllerPreconditionError, TransactionNotFoundError, ...);
+- gRPC INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION and ABORTED as
+  ControllerInvalidArgumentError, ControllerNotFoundError,
+  ControllerPreconditionError and ControllerConcurrentUpdateError;
+- every other status (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN...)
+  as ControllerUnavailableError: the outcome is unknown, never a "no".
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from quire.controller_api import Controller_pb2 as pb
+from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
+from quire.errors import (
+    ConfigError,
+    ControllerConcurrentUpdateError,
+    ControllerError,
+    ControllerInvalidArgumentError,
+    ControllerNotFoundError,
+    ControllerPreconditionError,
+    ControllerUnavailableError,
+    ScopeNotFoundError,
+    StreamNotFoundError,
+    TransactionNotFoundError,
+)
+from quire.streams.model import Segment
+
+T = TypeVar("T")
+DEFAULT_CONTROLLER_URI = "tcp://127.0.0.1:9090"
+_U64 = (1 << 64) - 1
+
+_STATUS_ERRORS: dict[grpc.StatusCode, type[ControllerError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: ControllerInvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: ControllerNotFoundError,
+    grpc.StatusCode.FAILED_PRECONDITION: ControllerPreconditionError,
+    grpc.StatusCode.ABORTED: ControllerConcurrentUpdateError,
+}
+
+
+def controller_target(uri: str) -> str:
+    """``tcp://host:port`` (or ``host:port``) as a gRPC target ``host:port``."""
+    rest = uri.removeprefix("tcp://")
+    host, sep, port = rest.rpartition(":")
+    if "://" in rest or not sep or not host or not port.isdigit():
+        raise ConfigError(f"a controller URI is tcp://host:port, got {uri!r}")
+    return rest
+
+
+class TxnState(enum.Enum):
+    UNKNOWN = pb.TxnState.UNKNOWN
+    OPEN = pb.TxnState.OPEN
+    COMMITTING = pb.TxnState.COMMITTING
+    COMMITTED = pb.TxnState.COMMITTED
+    ABORTING = pb.TxnState.ABORTING
+    ABORTED = pb.TxnState.ABORTED
+
+
+@dataclass(frozen=True)
+class StreamConfiguration:
+    """A stream's configuration as the controller keeps it."""
+
+    scope: str
+    stream: str
+    segments: int
+    """The fixed scaling policy's (minimum) segment count."""
+    retention: str
+    """``none``, ``time`` or ``size``."""
+    retention_param: int
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """An open transaction: its 128-bit id and the segments it writes to."""
+
+    id: int
+    segments: tuple[Segment, ...]
+
+
+_RETENTION = {pb.RetentionPolicy.UNKNOWN: "none", pb.RetentionPolicy.TIME: "time",
+              pb.RetentionPolicy.SIZE: "size"}
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def txn_id_message(txn_id: int) -> pb.TxnId:
+    return pb.TxnId(highBits=_signed(txn_id >> 64), lowBits=_signed(txn_id & _U64))
+
+
+def txn_id_of(message: pb.TxnId) -> int:
+    return ((message.highBits & _U64) << 64) | (message.lowBits & _U64)
+
+
+class ControllerClient:
+    """The controller at ``uri`` (``tcp://host:port``); :meth:`close` when done.
+
+    Every call waits at most ``timeout_ms`` for its answer."""
+
+    def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000) -> None:
+        self.uri = uri
+        self.timeout_ms = timeout_ms
+        self._channel = grpc.aio.insecure_channel(controller_target(uri))
+        self._stub: Any = ControllerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> ControllerClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, request: Any) -> Any:
+        try:
+            return await getattr(self._stub, method)(request, timeout=self.timeout_ms / 1000)
+        except grpc.aio.AioRpcError as e:
+            kind = _STATUS_ERRORS.get(e.code(), ControllerUnavailableError)
+            raise kind(f"controller {self.uri}: {method}: {e.code().name}: {e.details()}"
+                       ) from None
+
+    @staticmethod
+    def _info(scope: str, stream: str) -> pb.StreamInfo:
+        return pb.StreamInfo(scope=scope, stream=stream)
+
+    def _segments(self, ranges: Any) -> list[Segment]:
+        found = [Segment(r.segmentId.streamInfo.scope, r.segmentId.streamInfo.stream,
+                         r.segmentId.segmentId, r.minKey, r.maxKey) for r in ranges]
+        return sorted(found, key=lambda s: (s.min_key, s.id))
+
+    # --- scopes --------------------------------------------------------------------
+
+    async def create_scope(self, scope: str) -> bool:
+        """Create ``scope``; False if it exists already."""
+        answer = await self._call("createScope", pb.ScopeInfo(scope=scope))
+        if answer.status == pb.CreateScopeStatus.INVALID_SCOPE_NAME:
+            raise ControllerInvalidArgumentError(f"invalid scope name {scope!r}")
+        if answer.status == pb.CreateScopeStatus.FAILURE:
+            raise ControllerUnavailableError(f"controller failed to create scope {scope!r}")
+        return bool(answer.status == pb.CreateScopeStatus.SUCCESS)
+
+    async def delete_scope(self, scope: str) -> None:
+        """Delete an empty scope (ScopeNotFoundError, or
+        ControllerPreconditionError while it has streams)."""
+        answer = await self._call("deleteScope", pb.ScopeInfo(scope=scope))
+        status = answer.status
+        if status == pb.DeleteScopeStatus.SCOPE_NOT_FOUND:
+            raise ScopeNotFoundError(f"no scope {scope!r}")
+        if status == pb.DeleteScopeStatus.SCOPE_NOT_EMPTY:
+            raise ControllerPreconditionError(f"scope {scope!r} has streams")
+        if status != pb.DeleteScopeStatus.SUCCESS:
+            raise ControllerUnavailableError(f"controller failed to delete scope {scope!r}")
+
+    async def scope_exists(self, scope: str) -> bool:
+        return bool((await self._call("checkScopeExists", pb.ScopeInfo(scope=scope))).exists)
+
+    async def _pages(self, fetch: Callable[[str], Awaitable[tuple[list[T], str]]]
+                     ) -> AsyncIterator[T]:
+        token = ""
+        while True:
+            items, token = await fetch(token)
+            if not items:
+                return
+            for item in items:
+                yield item
+
+    async def list_scopes(self) -> list[str]:
+        async def page(token: str) -> tuple[list[str], str]:
+            answer = await self._call("listScopes", pb.ScopesRequest(
+                continuationToken=pb.ContinuationToken(token=token)))
+            return list(answer.scopes), answer.continuationToken.token
+        return [scope async for scope in self._pages(page)]
+
+    # --- streams -------------------------------------------------------------------
+
+    async def list_streams(self, scope: str) -> list[str]:
+        async def page(token: str) -> tuple[list[str], str]:
+            answer = await self._call("listStreamsInScope", pb.StreamsInScopeRequest(
+                scope=pb.ScopeInfo(scope=scope),
+                continuationToken=pb.ContinuationToken(token=token)))
+            if answer.status == pb.StreamsInScopeResponse.SCOPE_NOT_FOUND:
+                raise ScopeNotFoundError(f"no scope {scope!r}")
+            return [s.stream for s in answer.streams], answer.continuationToken.token
+        return [stream async for stream in self._pages(page)]
+
+    async def create_stream(self, scope: str, stream: str, segments: int,
+                            retention: str = "none", retention_param: int = 0,
+                            tags: tuple[str, ...] = ()) -> bool:
+        """Create a stream of ``segments`` segments (fixed scaling);
+        ``retention`` is none, time (ms) or size (bytes) with its parameter.
+        False if the stream exists already."""
+        kinds = {v: k for k, v in _RETENTION.items()}
+        if retention not in kinds:
+            raise ControllerInvalidArgumentError(f"retention is none, time or size, not "
+                                                 f"{retention!r}")
+        answer = await self._call("createStream", pb.StreamConfig(
+            streamInfo=self._info(scope, stream),
+            scalingPolicy=pb.ScalingPolicy(scaleType=pb.ScalingPolicy.FIXED_NUM_SEGMENTS,
+                                           minNumSegments=segments),
+            retentionPolicy=pb.RetentionPolicy(retentionType=kinds[retention],
+                                               retentionParam=retention_param),
+            tags=pb.Tags(tag=list(tags))))
+        status = answer.status
+        if status == pb.CreateStreamStatus.SCOPE_NOT_FOUND:
+            raise ScopeNotFoundError(f"no scope {scope!r}")
+        if status == pb.CreateStreamStatus.INVALID_STREAM_NAME:
+            raise ControllerInvalidArgumentError(f"invalid stream name {stream!r}")
+        if status == pb.CreateStreamStatus.FAILURE:
+            raise ControllerUnavailableError(f"controller failed to create {scope}/{stream}")
+        return bool(status == pb.CreateStreamStatus.SUCCESS)
+
+    async def stream_exists(self, scope: str, stream: str) -> bool:
+        return bool((await self._call("checkStreamExists", self._info(scope, stream))).exists)
+
+    async def stream_config(self, scope: str, stream: str) -> StreamConfiguration:
+        c = await self._call("getStreamConfiguration", self._info(scope, stream))
+        return StreamConfiguration(scope, stream, c.scalingPolicy.minNumSegments,
+                                   _RETENTION.get(c.retentionPolicy.retentionType, "none"),
+                                   c.retentionPolicy.retentionParam, tuple(c.tags.tag))
+
+    def _updated(self, answer: Any, scope: str, stream: str) -> None:
+        status = answer.status
+        if status == pb.UpdateStreamStatus.SCOPE_NOT_FOUND:
+            raise ScopeNotFoundError(f"no scope {scope!r}")
+        if status == pb.UpdateStreamStatus.STREAM_NOT_FOUND:
+            raise StreamNotFoundError(f"no stream {scope}/{stream}")
+        if status != pb.UpdateStreamStatus.SUCCESS:
+            raise ControllerUnavailableError(f"controller failed to update {scope}/{stream}")
+
+    async def seal_stream(self, scope: str, stream: str) -> None:
+        self._updated(await self._call("sealStream", self._info(scope, stream)), scope, stream)
+
+    async def truncate_stream(self, scope: str, stream: str, cut: dict[int, int]) -> None:
+        """Drop everything before ``cut`` (segment id -> offset)."""
+        self._updated(await self._call("truncateStream", pb.StreamCut(
+            streamInfo=self._info(scope, stream), cut=cut)), scope, stream)
+
+    async def delete_stream(self, scope: str, stream: str) -> None:
+        """Delete a sealed stream (StreamNotFoundError; ControllerPreconditionError
+        unless sealed)."""
+        status = (await self._call("deleteStream", self._info(scope, stream))).status
+        if status == pb.DeleteStreamStatus.STREAM_NOT_FOUND:
+            raise StreamNotFoundError(f"no stream {scope}/{stream}")
+        if status == pb.DeleteStreamStatus.STREAM_NOT_SEALED:
+            raise ControllerPreconditionError(f"stream {scope}/{stream} is not sealed "
+                                              "(seal it first)")
+        if status != pb.DeleteStreamStatus.SUCCESS:
+            raise ControllerUnavailableError(f"controller failed to delete {scope}/{stream}")
+
+    # --- segments ------------------------------------------------------------------
+
+    async def current_segments(self, scope: str, stream: str) -> list[Segment]:
+        """The current epoch's segments with their key ranges, in key order
+        (of a sealed stream: its last ones, sealed)."""
+        answer = await self._call("getCurrentSegments", self._info(scope, stream))
+        return self._segments(answer.segmentRanges)
+
+    async def epoch_segments(self, scope: str, stream: str, epoch: int) -> list[Segment]:
+        answer = await self._call("getEpochSegments", pb.GetEpochSegmentsRequest(
+            streamInfo=self._info(scope, stream), epoch=epoch))
+        return self._segments(answer.segmentRanges)
+
+    async def head_cut(self, scope: str, stream: str) -> dict[int, int]:
+        """Where the stream starts: segment id -> offset (after truncation)."""
+        answer = await self._call("getSegments", pb.GetSegmentsRequest(
+            streamInfo=self._info(scope, stream), timestamp=0))
+        return {s.segmentId.segmentId: s.offset for s in answer.segments}
+
+    async def successors(self, scope: str, stream: str, segment_id: int
+                         ) -> list[tuple[Segment, list[int]]]:
+        """The segments following a sealed one, each with all its
+        predecessors' ids; empty when the stream is sealed."""
+        answer = await self._call("getSegmentsImmediatelyFollowing", pb.SegmentId(
+            streamInfo=self._info(scope, stream), segmentId=segment_id))
+        return [(self._segments([e.segment])[0], list(e.value)) for e in answer.segments]
+
+    async def segment_uri(self, scope: str, stream: str, segment_id: int) -> str:
+        """The ``host:port`` of the segment store serving the segment."""
+        answer = await self._call("getURI", pb.SegmentId(streamInfo=self._info(scope, stream),
+                                                         segmentId=segment_id))
+        return f"{answer.endpoint}:{answer.port}"
+
+    async def scale(self, scope: str, stream: str, sealed: list[int],
+                    new_ranges: list[tuple[float, float]]) -> int:
+        """Seal ``sealed`` and create segments over ``new_ranges`` (which must
+        cover exactly the sealed ones' keys); the epoch the scale started
+        from (see :meth:`scale_done`).  ControllerPreconditionError if refused."""
+        answer = await self._call("scale", pb.ScaleRequest(
+            streamInfo=self._info(scope, stream), sealedSegments=sealed,
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=a, end=b) for a, b in new_ranges]))
+        if answer.status == pb.ScaleResponse.PRECONDITION_FAILED:
+            raise ControllerPreconditionError(
+                f"scale of {scope}/{stream} refused (segments not current, or ranges that do "
+                "not cover them)")
+        if answer.status != pb.ScaleResponse.STARTED:
+            raise ControllerUnavailableError(f"controller failed to scale {scope}/{stream}")
+        return int(answer.epoch)
+
+    async def scale_done(self, scope: str, stream: str, epoch: int) -> bool:
+        answer = await self._call("checkScale", pb.ScaleStatusRequest(
+            streamInfo=self._info(scope, stream), epoch=epoch))
+        if answer.status == pb.ScaleStatusResponse.INVALID_INPUT:
+            raise ControllerInvalidArgumentError(f"{scope}/{stream} has no scale from epoch "
+                                                 f"{epoch}")
+        if answer.status == pb.ScaleStatusResponse.INTERNAL_ERROR:
+            raise ControllerUnavailableError(f"scale of {scope}/{stream} failed")
+        return bool(answer.status == pb.ScaleStatusResponse.SUCCESS)
+
+    # --- transactions --------------------------------------------------------------
+
+    async def create_transaction(self, scope: str, stream: str, lease_ms: int = 30_000
+                                 ) -> Transaction:
+        answer = await self._call("createTransaction", pb.CreateTxnRequest(
+            streamInfo=self._info(scope, stream), lease=lease_ms))
+        return Transaction(txn_id_of(answer.txnId),
+                           tuple(self._segments(answer.activeSegments)))
+
+    def _txn_request(self, scope: str, stream: str, txn_id: int) -> pb.TxnRequest:
+        return pb.TxnRequest(streamInfo=self._info(scope, stream), txnId=txn_id_message(txn_id))
+
+    async def _end_transaction(self, method: str, scope: str, stream: str, txn_id: int) -> None:
+        status = (await self._call(method, self._txn_request(scope, stream, txn_id))).status
+        if status == pb.TxnStatus.TRANSACTION_NOT_FOUND:
+            raise TransactionNotFoundError(f"no transaction {txn_id:032x} on {scope}/{stream}")
+        if status == pb.TxnStatus.STREAM_NOT_FOUND:
+            raise StreamNotFoundError(f"no stream {scope}/{stream}")
+        if status != pb.TxnStatus.SUCCESS:
+            raise ControllerUnavailableError(f"{method} of {txn_id:032x} failed")
+
+    async def commit_transaction(self, scope: str, stream: str, txn_id: int) -> None:
+        await self._end_transaction("commitTransaction", scope, stream, txn_id)
+
+    async def abort_transaction(self, scope: str, stream: str, txn_id: int) -> None:
+        await self._end_transaction("abortTransaction", scope, stream, txn_id)
+
+    async def transaction_state(self, scope: str, stream: str, txn_id: int) -> TxnState:
+        answer = await self._call("checkTransactionState",
+                                  self._txn_request(scope, stream, txn_id))
+        return TxnState(answer.state)
+
+    async def ping_transaction(self, scope: str, stream: str, txn_id: int,
+                               lease_ms: int) -> bool:
+        """Extend an open transaction's lease; False if it is no longer open."""
+        answer = await self._call("pingTransaction", pb.PingTxnRequest(
+            streamInfo=self._info(scope, stream), txnId=txn_id_message(txn_id), lease=lease_ms))
+        if answer.status == pb.PingTxnStatus.LEASE_TOO_LARGE:
+            raise ControllerInvalidArgumentError(f"lease of {lease_ms} ms is too long")
+        return bool(answer.status == pb.PingTxnStatus.OK)

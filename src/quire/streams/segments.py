@@ -1,0 +1,536 @@
+"""Segment operations on remote segment stores: :class:`RemoteSegmentStore`.
+
+Each operation goes to the segment's owner, which a resolver names
+(``async resolve(segment_name) -> "host:port"``, see
+:mod:`quire.streams.resolvers`); the answer is cached per segment until
+that owner answers ``WrongHost`` or cannot be reached.  Then the segment is
+resolved again and the request sent again, after a backoff (doubling from
+``retry_backoff_ms`` to ``max_backoff_ms``), until ``retry_deadline_ms``:
+both mean the request was not applied there.  A connection that breaks
+*after* a request was sent leaves its outcome unknown: reads and other
+queries are simply retried, a mutation fails with
+:class:`~quire.errors.SegmentStoreConnectionError` (never with a "no").
+
+Replies become the segment store's own errors (SegmentNotFoundError,
+SegmentExistsError, SegmentSealedError, SegmentTruncatedError,
+BadOffsetError for a failed conditional append, TableKeyBadVersionError,
+TableKeyNotFoundError), so code written against the in-process
+:class:`~quire.segmentstore.SegmentStore` (the controller's
+``ControllerSegmentStore`` seam) works unchanged over the wire.
+
+Connections: one shared connection per segment store carries every
+request but reads (the server answers a connection's requests in order,
+and a read at the tail of a segment waits there for data); each segment
+being read gets a connection of its own.  A broken connection is replaced
+by a new one on the next request.  Mutations start when called, as tasks
+in call order, and while the owner is known and its connection is up each
+is on the wire before its task first waits, so calls made in one go reach
+the store in call order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from quire.errors import (
+    BadOffsetError,
+    ConfigError,
+    ContainerNotOwnedError,
+    ProtocolError,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    SegmentSealedError,
+    SegmentStoreConnectionError,
+    SegmentStoreError,
+    SegmentTruncatedError,
+    TableKeyBadVersionError,
+    TableKeyNotFoundError,
+)
+from quire.pravega_wire import (
+    KEY_NO_VERSION,
+    KEY_NOT_EXISTS,
+    NO_EVENT_NUMBER,
+    AppendBlockEnd,
+    AppendSetup,
+    AuthTokenCheckFailed,
+    ConditionalBlockEnd,
+    ConditionalCheckFailed,
+    CreateSegment,
+    CreateTableSegment,
+    DataAppended,
+    DeleteSegment,
+    ErrorMessage,
+    GetStreamSegmentInfo,
+    MergeSegments,
+    NoSuchSegment,
+    OperationUnsupported,
+    ReadSegment,
+    ReadTable,
+    ReadTableEntries,
+    ReadTableEntriesDelta,
+    ReadTableKeys,
+    RemoveTableKeys,
+    SealSegment,
+    SegmentAlreadyExists,
+    SegmentCreated,
+    SegmentDeleted,
+    SegmentIsSealed,
+    SegmentIsTruncated,
+    SegmentRead,
+    SegmentSealed,
+    SegmentsMerged,
+    SegmentTruncated,
+    SetupAppend,
+    StreamSegmentInfo,
+    TableEntriesDeltaRead,
+    TableEntriesRead,
+    TableEntriesUpdated,
+    TableKey,
+    TableKeyBadVersion,
+    TableKeyDoesNotExist,
+    TableKeysRead,
+    TableKeysRemoved,
+    TableRead,
+    TableSegmentNotEmpty,
+    TableValue,
+    TruncateSegment,
+    UpdateTableEntries,
+    WireCommand,
+    WrongHost,
+)
+from quire.segmentstore import (
+    NOT_EXISTS,
+    AppendResult,
+    MergeResult,
+    ReadResult,
+    SegmentInfo,
+    SegmentType,
+    TableDelta,
+    TableEntry,
+    TableIteratorPage,
+)
+from quire.streams.connection import SegmentConnection, next_request_id
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Resolver = Callable[[str], Awaitable[str]]
+"""``await resolve(segment_name)``: the ``host:port`` of the segment store
+that owns the segment's container.  Raises ContainerNotOwnedError while no
+owner is known (the caller retries), never a "no such segment"."""
+
+
+@dataclass(frozen=True)
+class SegmentClientConfig:
+    connect_timeout_ms: int = 5_000
+    """Connecting and exchanging Hellos with one segment store."""
+    request_timeout_ms: int = 30_000
+    """Waiting for one reply once sent (a tail read is answered within the
+    server's tail wait, 5 s by default); past it the outcome is unknown."""
+    retry_deadline_ms: int = 30_000
+    """How long one operation keeps re-resolving its segment and resending
+    after WrongHost or an unreachable owner."""
+    retry_backoff_ms: int = 10
+    """First pause before such a retry; doubles each time."""
+    max_backoff_ms: int = 500
+    read_length_bytes: int = 1024 * 1024
+    """Bytes asked for by one ReadSegment."""
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_ms", "request_timeout_ms", "retry_deadline_ms",
+                     "retry_backoff_ms", "max_backoff_ms", "read_length_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+
+
+def wire_version(expected_version: int | None) -> int:
+    """A store's expected table version as a wire key version."""
+    if expected_version is None:
+        return KEY_NO_VERSION
+    if expected_version == NOT_EXISTS:
+        return KEY_NOT_EXISTS
+    return expected_version
+
+
+def error_of(reply: WireCommand, segment: str) -> Exception:
+    """The segment store error a refusal reply stands for."""
+    match reply:
+        case NoSuchSegment():
+            return SegmentNotFoundError(f"no such segment {segment!r}")
+        case SegmentIsSealed():
+            return SegmentSealedError(f"segment {segment!r} is sealed")
+        case SegmentIsTruncated(start_offset=start):
+            return SegmentTruncatedError(f"segment {segment!r} starts at {start}", start)
+        case SegmentAlreadyExists():
+            return SegmentExistsError(f"segment {segment!r} exists")
+        case TableKeyBadVersion():
+            return TableKeyBadVersionError(f"table {segment!r}: a key's version moved")
+        case TableKeyDoesNotExist():
+            return TableKeyNotFoundError(f"table {segment!r}: a key does not exist")
+        case TableSegmentNotEmpty():
+            return SegmentStoreError(f"table {segment!r} is not empty")
+        case ConditionalCheckFailed():
+            return BadOffsetError(f"segment {segment!r}: conditional append refused "
+                                  "(its length is not the expected offset)", -1, -1)
+        case OperationUnsupported(operation_name=name):
+            return SegmentStoreError(f"segment store does not support {name}")
+        case ErrorMessage(message=message):
+            return SegmentStoreError(f"segment {segment!r}: {message}")
+        case AuthTokenCheckFailed():
+            return SegmentStoreError(f"segment {segment!r}: delegation token refused")
+    return ProtocolError(f"unexpected {type(reply).__name__} for segment {segment!r}")
+
+
+def expect(reply: WireCommand, kind: type[T], segment: str) -> T:
+    if isinstance(reply, kind):
+        return reply
+    raise error_of(reply, segment)
+
+
+class RemoteSegmentStore:
+    """Segment operations against the segment stores owning them (module
+    docstring).  Satisfies the controller's ``ControllerSegmentStore``
+    seam; :meth:`close` drops every connection."""
+
+    def __init__(self, resolve: Resolver, config: SegmentClientConfig | None = None) -> None:
+        self.resolve = resolve
+        self.config = config or SegmentClientConfig()
+        self._owners: dict[str, str] = {}
+        """Segment name -> owner address, as last resolved and not refuted."""
+        self._shared: dict[str, SegmentConnection] = {}
+        """Address -> the shared connection to it."""
+        self._opening: dict[str, asyncio.Future[SegmentConnection]] = {}
+        self._readers: dict[str, SegmentConnection] = {}
+        """Segment name -> the connection its reads use."""
+        self._append_lock = asyncio.Lock()
+        self.retries = 0
+        """Requests resent after WrongHost or an unreachable owner (for tests and metrics)."""
+
+    # --- plumbing ------------------------------------------------------------------
+
+    async def owner(self, segment: str) -> str:
+        """The segment's owner address (cached until refuted)."""
+        address = self._owners.get(segment)
+        if address is None:
+            address = self._owners[segment] = await self.resolve(segment)
+        return address
+
+    def refute(self, segment: str, address: str) -> None:
+        """``address`` does not serve ``segment`` now: resolve it again."""
+        if self._owners.get(segment) == address:
+            del self._owners[segment]
+
+    async def open_connection(self, address: str) -> SegmentConnection:
+        """A new connection of the caller's own (a writer's, a reader's)."""
+        return await SegmentConnection.open(address, self.config.connect_timeout_ms)
+
+    def _cached_connection(self, address: str) -> SegmentConnection | None:
+        connection = self._shared.get(address)
+        if connection is not None and connection.broken:
+            del self._shared[address]
+            return None
+        return connection
+
+    async def _shared_connection(self, address: str) -> SegmentConnection:
+        connection = self._cached_connection(address)
+        if connection is not None:
+            return connection
+        opening = self._opening.get(address)
+        if opening is None:
+            opening = self._opening[address] = asyncio.ensure_future(
+                self.open_connection(address))
+            opening.add_done_callback(lambda _: self._opening.pop(address, None))
+        connection = await asyncio.shield(opening)
+        if not connection.broken:
+            self._shared[address] = connection
+        return connection
+
+    async def retrying(self, segment: str, attempt: Callable[[str], Awaitable[T]]) -> T:
+        """``await attempt(owner_address)``, again (re-resolved, after a
+        backoff) while it raises ContainerNotOwnedError or a
+        SegmentStoreConnectionError meaning *not sent*, until the deadline;
+        then the last such error."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.retry_deadline_ms / 1000
+        backoff_s = self.config.retry_backoff_ms / 1000
+        while True:
+            address = ""
+            try:
+                address = await self.owner(segment)
+                return await attempt(address)
+            except (ContainerNotOwnedError, _NotSent) as e:
+                if address:
+                    self.refute(segment, address)
+                error: Exception = e.cause if isinstance(e, _NotSent) else e
+                if loop.time() + backoff_s > deadline:
+                    raise error from None
+                log.debug("segment %r at %r: %s; retrying", segment, address, error)
+                self.retries += 1
+                await asyncio.sleep(backoff_s)  # a backoff, not a wait for an event
+                backoff_s = min(2 * backoff_s, self.config.max_backoff_ms / 1000)
+
+    async def _send(self, connection: SegmentConnection, command: WireCommand,
+                    request_id: int) -> WireCommand:
+        """One request on ``connection``; _NotSent if it never left, a
+        SegmentStoreConnectionError if its outcome is unknown, ContainerNotOwnedError
+        for WrongHost."""
+        try:
+            future = connection.request(command, request_id)
+        except SegmentStoreConnectionError as e:
+            raise _NotSent(e) from e
+        try:
+            async with asyncio.timeout(self.config.request_timeout_ms / 1000):
+                reply = await future
+        except TimeoutError:
+            connection.abort()  # its other requests' outcomes are unknown too
+            raise SegmentStoreConnectionError(
+                f"no reply from segment store {connection.address} in "
+                f"{self.config.request_timeout_ms} ms") from None
+        if isinstance(reply, WrongHost):
+            raise ContainerNotOwnedError(
+                f"segment store {connection.address} does not serve {reply.segment!r} now")
+        return reply
+
+    async def _call(self, segment: str, make: Callable[[int], WireCommand],
+                    idempotent: bool = False) -> WireCommand:
+        """Send ``make(request_id)`` to ``segment``'s owner on the shared
+        connection, retrying as the module docstring says."""
+        async def attempt(address: str) -> WireCommand:
+            try:
+                connection = await self._shared_connection(address)
+            except SegmentStoreConnectionError as e:
+                raise _NotSent(e) from e
+            request_id = next_request_id()
+            try:
+                return await self._send(connection, make(request_id), request_id)
+            except SegmentStoreConnectionError as e:
+                if idempotent and not isinstance(e, _NotSent):
+                    raise _NotSent(e) from e
+                raise
+        return await self.retrying(segment, attempt)
+
+    def _now(self, call: Awaitable[T]) -> asyncio.Future[T]:
+        """``call`` as a task started now, so mutations keep call order."""
+        return asyncio.ensure_future(call)
+
+    # --- segments ------------------------------------------------------------------
+
+    def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM
+                       ) -> asyncio.Future[None]:
+        async def go() -> None:
+            if segment_type is SegmentType.TABLE:
+                reply = await self._call(name, lambda r: CreateTableSegment(r, name, ""))
+            else:
+                reply = await self._call(name, lambda r: CreateSegment(r, name, 0, 0, ""))
+            expect(reply, SegmentCreated, name)
+        return self._now(go())
+
+    def seal(self, name: str) -> asyncio.Future[int]:
+        """Seal ``name``; its final length."""
+        async def go() -> int:
+            expect(await self._call(name, lambda r: SealSegment(r, name, "")), SegmentSealed,
+                   name)
+            return (await self.get_info(name)).length
+        return self._now(go())
+
+    def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
+        async def go() -> MergeResult:
+            reply = await self._call(target, lambda r: MergeSegments(r, target, source, ""))
+            return MergeResult(expect(reply, SegmentsMerged, source).new_target_write_offset)
+        return self._now(go())
+
+    def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
+        async def go() -> None:
+            expect(await self._call(name, lambda r: TruncateSegment(r, name, offset, "")),
+                   SegmentTruncated, name)
+        return self._now(go())
+
+    def delete(self, name: str) -> asyncio.Future[None]:
+        async def go() -> None:
+            expect(await self._call(name, lambda r: DeleteSegment(r, name, "")),
+                   SegmentDeleted, name)
+        return self._now(go())
+
+    async def get_info(self, name: str) -> SegmentInfo:
+        """The segment's state.  The wire carries neither its type nor its
+        attributes nor its tier-2 length: ``type`` is STREAM, ``attributes``
+        empty and ``storage_length`` 0 here."""
+        reply = expect(await self._call(name, lambda r: GetStreamSegmentInfo(r, name, ""),
+                                        idempotent=True), StreamSegmentInfo, name)
+        if not reply.exists or reply.is_deleted:
+            raise SegmentNotFoundError(f"no such segment {name!r}")
+        return SegmentInfo(name, reply.write_offset, reply.start_offset, 0, reply.is_sealed,
+                           reply.is_deleted, SegmentType.STREAM, {}, reply.last_modified)
+
+    def append(self, name: str, data: bytes, writer_id: int, event_number: int,
+               event_count: int = 1, expected_offset: int | None = None
+               ) -> asyncio.Future[AppendResult]:
+        """Append ``data`` (``event_count`` whole events, already framed)
+        as writer ``writer_id``'s event ``event_number``: a number not above
+        the writer's stored one is a duplicate, acknowledged unwritten.
+        ``expected_offset``: only if the segment's length is that
+        (BadOffsetError otherwise).  For a stream of events use a
+        :class:`~quire.streams.writer.StreamWriter`, which pipelines."""
+        async def attempt(address: str) -> AppendResult:
+            try:
+                connection = await self._shared_connection(address)
+            except SegmentStoreConnectionError as e:
+                raise _NotSent(e) from e
+            async with self._append_lock:  # one writer's setup must precede its block
+                if connection.writers.get(writer_id) != name:
+                    setup_id = next_request_id()
+                    try:
+                        setup = await self._send(connection,
+                                                 SetupAppend(setup_id, writer_id, name, ""),
+                                                 setup_id)
+                    except _NotSent:
+                        raise
+                    except SegmentStoreConnectionError as e:  # the block was not sent
+                        raise _NotSent(e) from e
+                    expect(setup, AppendSetup, name)
+                    connection.writers[writer_id] = name
+                return await self._append_on(connection, name, data, writer_id, event_number,
+                                             event_count, expected_offset)
+        return self._now(self.retrying(name, attempt))
+
+    async def _append_on(self, connection: SegmentConnection, name: str, data: bytes,
+                         writer_id: int, event_number: int, event_count: int,
+                         expected_offset: int | None) -> AppendResult:
+        request_id = next_request_id()
+        command: WireCommand
+        if expected_offset is None:
+            command = AppendBlockEnd(writer_id, len(data), data, event_count, event_number,
+                                     request_id)
+        else:
+            command = ConditionalBlockEnd(writer_id, event_number, expected_offset, data,
+                                          request_id)
+        reply = expect(await self._send(connection, command, request_id), DataAppended,
+                       name)
+        previous = None if reply.previous_event_number == NO_EVENT_NUMBER \
+            else reply.previous_event_number
+        return AppendResult(reply.current_segment_write_offset, event_number, previous,
+                            previous is not None and previous >= event_number)
+
+    async def read(self, name: str, offset: int, max_length: int | None = None) -> ReadResult:
+        """Bytes of ``name`` from ``offset``; at the tail of an unsealed
+        segment the server waits for data (up to its tail wait) and may
+        answer none (``at_tail``).  Each segment read has a connection of
+        its own; :meth:`done_reading` drops it."""
+        length = max_length or self.config.read_length_bytes
+
+        async def attempt(address: str) -> ReadResult:
+            connection = self._readers.get(name)
+            if connection is None or connection.broken or connection.address != address:
+                if connection is not None:
+                    connection.abort()  # broken, or to a store that no longer owns it
+                try:
+                    connection = self._readers[name] = await self.open_connection(address)
+                except SegmentStoreConnectionError as e:
+                    raise _NotSent(e) from e
+            request_id = next_request_id()
+            try:
+                reply = await self._send(connection,
+                                         ReadSegment(name, offset, length, "", request_id),
+                                         request_id)
+            except _NotSent:
+                raise
+            except SegmentStoreConnectionError as e:
+                raise _NotSent(e) from e  # a read: safe to send again
+            r = expect(reply, SegmentRead, name)
+            if r.offset != offset:
+                raise ProtocolError(f"read of {name!r} at {offset} answered at {r.offset}")
+            return ReadResult(offset, r.data, r.at_tail, r.end_of_segment)
+        return await self.retrying(name, attempt)
+
+    def done_reading(self, name: str) -> None:
+        connection = self._readers.pop(name, None)
+        if connection is not None:
+            connection.abort()
+
+    # --- tables --------------------------------------------------------------------
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> asyncio.Future[list[int]]:
+        """Set ``(key, value, expected_version)`` entries, all or nothing
+        (expected None: any; NOT_EXISTS: must not exist); their new versions."""
+        wire = tuple((TableKey(k, wire_version(v)), TableValue(value)) for k, value, v in entries)
+
+        async def go() -> list[int]:
+            reply = await self._call(name, lambda r: UpdateTableEntries(r, name, "", wire, -1))
+            return list(expect(reply, TableEntriesUpdated, name).updated_versions)
+        return self._now(go())
+
+    def table_remove(self, name: str, keys_with_versions: Sequence[tuple[bytes, int | None]]
+                     ) -> asyncio.Future[None]:
+        keys = tuple(TableKey(k, wire_version(v)) for k, v in keys_with_versions)
+
+        async def go() -> None:
+            expect(await self._call(name, lambda r: RemoveTableKeys(r, name, "", keys, -1)),
+                   TableKeysRemoved, name)
+        return self._now(go())
+
+    async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
+        wire = tuple(TableKey(k, KEY_NO_VERSION) for k in keys)
+        reply = expect(await self._call(name, lambda r: ReadTable(r, name, "", wire),
+                                        idempotent=True), TableRead, name)
+        return [None if key.key_version == KEY_NOT_EXISTS
+                else TableEntry(key.data, value.data, key.key_version)
+                for key, value in reply.entries]
+
+    async def table_iterate(self, name: str, keys_only: bool = False,
+                            token: bytes | None = None,
+                            max_entries: int = 1000) -> TableIteratorPage:
+        """A page of entries (keys only: values None) in key order after
+        ``token``; its ``token`` (None once a page comes back empty)
+        resumes after it."""
+        start = token or b""
+        if keys_only:
+            keys = expect(await self._call(
+                name, lambda r: ReadTableKeys(r, name, "", max_entries, start), idempotent=True),
+                TableKeysRead, name)
+            found = [TableEntry(k.data, None, k.key_version) for k in keys.keys]
+            next_token = keys.continuation_token
+        else:
+            read = expect(await self._call(
+                name, lambda r: ReadTableEntries(r, name, "", max_entries, start),
+                idempotent=True), TableEntriesRead, name)
+            found = [TableEntry(k.data, v.data, k.key_version) for k, v in read.entries]
+            next_token = read.continuation_token
+        return TableIteratorPage(found, next_token if found else None)
+
+    async def table_read_delta(self, name: str, from_position: int,
+                               max_entries: int) -> TableDelta:
+        reply = expect(await self._call(
+            name, lambda r: ReadTableEntriesDelta(r, name, "", from_position, max_entries),
+            idempotent=True), TableEntriesDeltaRead, name)
+        return TableDelta([TableEntry(k.data, v.data, k.key_version) for k, v in reply.entries],
+                          reply.last_position, reply.should_clear)
+
+    # --- lifetime ------------------------------------------------------------------
+
+    async def close(self) -> None:
+        for opening in list(self._opening.values()):
+            opening.cancel()
+        connections = [*self._shared.values(), *self._readers.values()]
+        self._shared.clear()
+        self._readers.clear()
+        for connection in connections:
+            connection.abort()
+        for connection in connections:
+            with contextlib.suppress(Exception):
+                await connection.closed.wait()
+
+
+class _NotSent(SegmentStoreConnectionError):
+    """A request that did not reach (or, for a query, may be resent to) the
+    store: safe to retry.  ``cause`` is the error to report when retries
+    run out."""
+
+    def __init__(self, cause: SegmentStoreConnectionError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause

@@ -1,0 +1,481 @@
+"""quire.segmentserver over real loopback sockets, on a SegmentStore of the
+in-memory tier-1 twin (2 containers, this store hosting only container 0):
+the handshake, pipelined appends with dedup across reconnects, conditional
+appends, reads (tail waits, offsets, truncation), table segments with
+versions and delta reads, transient segments and merge, seal, truncate,
+WrongHost, bad input closing one connection only, and flow control."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from quire.metadata import open_store
+from quire.pravega_wire import (
+    KEY_NO_VERSION,
+    KEY_NOT_EXISTS,
+    NO_EVENT_NUMBER,
+    OLDEST_COMPATIBLE_VERSION,
+    WIRE_VERSION,
+    AppendSetup,
+    ConditionalBlockEnd,
+    ConditionalCheckFailed,
+    CreateSegment,
+    CreateTableSegment,
+    CreateTransientSegment,
+    DataAppended,
+    DeleteSegment,
+    DeleteTableSegment,
+    GetSegmentAttribute,
+    GetStreamSegmentInfo,
+    Hello,
+    KeepAlive,
+    MergeSegments,
+    NoSuchSegment,
+    OperationUnsupported,
+    ReadSegment,
+    ReadTable,
+    ReadTableEntries,
+    ReadTableEntriesDelta,
+    ReadTableKeys,
+    RemoveTableKeys,
+    SealSegment,
+    SegmentAlreadyExists,
+    SegmentAttribute,
+    SegmentCreated,
+    SegmentDeleted,
+    SegmentIsSealed,
+    SegmentIsTruncated,
+    SegmentRead,
+    SegmentSealed,
+    SegmentsMerged,
+    SegmentTruncated,
+    SetupAppend,
+    StreamSegmentInfo,
+    TableEntriesDeltaRead,
+    TableEntriesRead,
+    TableEntriesUpdated,
+    TableKey,
+    TableKeyBadVersion,
+    TableKeyDoesNotExist,
+    TableKeysRead,
+    TableKeysRemoved,
+    TableRead,
+    TableSegmentNotEmpty,
+    TableValue,
+    TruncateSegment,
+    UpdateSegmentPolicy,
+    UpdateTableEntries,
+    WrongHost,
+)
+from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
+from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore.names import container_of
+from quire.testing.memory_data_log import MemoryDataLogs
+from tests.support.fake_transport import FakeTransport
+from tests.support.pravega_wire_client import WireClient, block, event, events_of
+
+TAIL_WAIT_MS = 300
+CONTAINERS = 2
+
+
+def name_in(container: int, prefix: str) -> str:
+    """A segment name of ``prefix`` that routes to ``container``."""
+    for i in itertools.count():
+        name = f"{prefix}/{i}.#epoch.0"
+        if container_of(name, CONTAINERS) == container:
+            return name
+    raise AssertionError("unreachable")
+
+
+S = name_in(0, "sc/st")
+OTHER = name_in(1, "sc/st")  # in the container this store does not host
+T = name_in(0, "sc/_rg_kvtable")
+
+
+@dataclass
+class Served:
+    server: SegmentServer
+    store: SegmentStore
+
+    async def connect(self, hello: bool = True) -> WireClient:
+        return await WireClient.connect(self.server.host, self.server.port, hello)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    logs = MemoryDataLogs()
+    metadata = await open_store("memory://segmentserver")
+    store = await SegmentStore.open(None, [0], metadata_store=metadata,
+                                    open_log=lambda c: logs.open(f"c{c}"),
+                                    config=SegmentStoreConfig(container_count=CONTAINERS))
+    server = SegmentServer(store, SegmentServerConfig(tail_read_wait_ms=TAIL_WAIT_MS))
+    await server.start("127.0.0.1", 0)
+    yield Served(server, store)
+    await server.close()
+    await store.close()
+
+
+async def created(c: WireClient, name: str = S) -> None:
+    assert await c.request(CreateSegment(1, name, 0, 0, "")) == SegmentCreated(1, name)
+
+
+async def read_all(c: WireClient, name: str = S) -> bytes:
+    info = await c.request(GetStreamSegmentInfo(2, name, ""))
+    assert isinstance(info, StreamSegmentInfo)
+    reply = await c.request(ReadSegment(name, info.start_offset, 1 << 20, "", 3))
+    assert isinstance(reply, SegmentRead)
+    return reply.data
+
+
+# --- handshake and bad input ------------------------------------------------------------
+
+
+async def test_hello_first_and_versions(served: Served) -> None:
+    ok = await served.connect()
+    assert await ok.request(KeepAlive()) == KeepAlive()
+    early = await served.connect(hello=False)
+    await early.send(GetStreamSegmentInfo(1, S, ""))
+    assert await early.closed_by_server()
+    too_new = await served.connect(hello=False)
+    await too_new.send(Hello(WIRE_VERSION + 10, WIRE_VERSION + 1))
+    assert await too_new.closed_by_server()
+    too_old = await served.connect(hello=False)
+    await too_old.send(Hello(OLDEST_COMPATIBLE_VERSION - 1, 1))
+    assert await too_old.closed_by_server()
+    assert await ok.request(KeepAlive()) == KeepAlive()
+
+
+@pytest.mark.parametrize("bad", [
+    (4).to_bytes(4, "big") + (0x0100_0000).to_bytes(4, "big"),  # oversized: header only
+    (9999).to_bytes(4, "big") + (0).to_bytes(4, "big"),  # unknown type
+    (11).to_bytes(4, "big") + (3).to_bytes(4, "big") + b"\0\0\0",  # payload too short
+], ids=["oversized", "unknown-type", "malformed"])
+async def test_bad_frame_closes_that_connection_only(served: Served, bad: bytes) -> None:
+    good = await served.connect()
+    victim = await served.connect()
+    await created(good)
+    await victim.send_raw(bad)
+    assert await victim.closed_by_server()
+    assert await good.request(GetStreamSegmentInfo(5, S, "")) == \
+        StreamSegmentInfo(5, S, True, False, False,
+                          (await served.store.get_info(S)).last_modified_ms, 0, 0)
+
+
+async def test_known_but_unserved_command_is_answered_unsupported(served: Served) -> None:
+    c = await served.connect()
+    assert await c.request(UpdateSegmentPolicy(4, S, 10, 1, "")) == \
+        OperationUnsupported(4, "UpdateSegmentPolicy", "")
+    assert await c.request(KeepAlive()) == KeepAlive()
+
+
+# --- appends -----------------------------------------------------------------------
+
+
+async def test_pipelined_appends_with_dedup_across_reconnect(served: Served) -> None:
+    writer = 0xABCDEF << 64 | 42
+    c = await served.connect()
+    await created(c)
+    assert await c.request(SetupAppend(9, writer, S, "")) == \
+        AppendSetup(9, S, writer, NO_EVENT_NUMBER)
+    await c.send(*(block(writer, n, 100 + n, b"e%d" % n) for n in range(1, 51)))
+    replies = [await c.recv() for _ in range(50)]
+    offset = 0
+    for n, reply in enumerate(replies, 1):
+        offset += len(event(b"e%d" % n))
+        assert reply == DataAppended(writer, n, n - 1 if n > 1 else NO_EVENT_NUMBER,
+                                     100 + n, offset)
+    await c.close()
+
+    again = await served.connect()
+    assert await again.request(SetupAppend(10, writer, S, "")) == AppendSetup(10, S, writer, 50)
+    # a writer resending what it did not see acknowledged: 41..50 again, then new ones
+    await again.send(*(block(writer, n, 200 + n, b"e%d" % n) for n in range(41, 56)))
+    replies = [await again.recv() for _ in range(15)]
+    assert [r.request_id for r in replies if isinstance(r, DataAppended)] == \
+        list(range(241, 256))
+    assert all(isinstance(r, DataAppended) and r.current_segment_write_offset == offset
+               for r in replies[:10])  # duplicates: nothing written
+    assert events_of(await read_all(again)) == [b"e%d" % n for n in range(1, 56)]
+
+
+async def test_connection_dropped_between_appends_and_acks(served: Served) -> None:
+    writer = 7
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, writer, S, ""))
+    await c.send(*(block(writer, n, n, b"x%d" % n) for n in range(1, 31)))
+    await c.close()  # before any acknowledgement is read
+    again = await served.connect()
+    setup = await again.request(SetupAppend(2, writer, S, ""))
+    assert isinstance(setup, AppendSetup)
+    # resend everything from the first block; whatever landed is a duplicate
+    await again.send(*(block(writer, n, 100 + n, b"x%d" % n) for n in range(1, 31)))
+    replies = [await again.recv() for _ in range(30)]
+    assert all(isinstance(r, DataAppended) for r in replies)
+    assert events_of(await read_all(again)) == [b"x%d" % n for n in range(1, 31)]
+
+
+async def test_conditional_appends(served: Served) -> None:
+    writer = 5
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, writer, S, ""))
+    assert await c.request(ConditionalBlockEnd(writer, 1, 0, b"abc", 2)) == \
+        DataAppended(writer, 1, NO_EVENT_NUMBER, 2, 3)
+    assert await c.request(ConditionalBlockEnd(writer, 2, 0, b"zzz", 3)) == \
+        ConditionalCheckFailed(writer, 2, 3)
+    assert await c.request(ConditionalBlockEnd(writer, 2, 3, b"de", 4)) == \
+        DataAppended(writer, 2, 1, 4, 5)
+    # a retransmission of event 2 (its offset now wrong) is a duplicate, not a failure
+    reply = await c.request(ConditionalBlockEnd(writer, 2, 3, b"de", 5))
+    assert isinstance(reply, DataAppended) and reply.current_segment_write_offset == 5
+    assert await read_all(c) == b"abcde"
+
+
+async def test_append_before_setup_closes_the_connection(served: Served) -> None:
+    c = await served.connect()
+    await created(c)
+    await c.send(block(77, 1, 1, b"x"))
+    assert await c.closed_by_server()
+
+
+# --- reads -----------------------------------------------------------------------------
+
+
+async def test_reads_answer_the_requested_offset(served: Served) -> None:
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, 3, S, ""))
+    await c.request(ConditionalBlockEnd(3, 1, 0, b"0123456789", 2))
+    assert await c.request(ReadSegment(S, 4, 3, "", 5)) == \
+        SegmentRead(S, 4, False, False, b"456", 5)
+    assert await c.request(ReadSegment(S, 7, 100, "", 6)) == \
+        SegmentRead(S, 7, True, False, b"789", 6)
+    missing = name_in(0, "sc/missing")
+    assert await c.request(ReadSegment(missing, 0, 10, "", 7)) == \
+        NoSuchSegment(7, missing, f"no segment {missing!r}", 0)
+
+
+async def test_tail_read_waits_then_answers_empty_at_tail(served: Served) -> None:
+    c = await served.connect()
+    await created(c)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await c.request(ReadSegment(S, 0, 100, "", 8)) == \
+        SegmentRead(S, 0, True, False, b"", 8)
+    assert loop.time() - started >= TAIL_WAIT_MS / 1000 * 0.9
+    # past the end: the same wait, the same empty answer at the requested offset
+    assert await c.request(ReadSegment(S, 50, 100, "", 9)) == \
+        SegmentRead(S, 50, True, False, b"", 9)
+
+
+async def test_tail_read_answered_when_data_arrives(served: Served) -> None:
+    reader = await served.connect()
+    writer = await served.connect()
+    await created(writer)
+    await writer.request(SetupAppend(1, 11, S, ""))
+    await reader.send(ReadSegment(S, 0, 100, "", 4))
+    await writer.request(ConditionalBlockEnd(11, 1, 0, b"hello", 2))
+    assert await reader.recv(timeout_s=TAIL_WAIT_MS / 1000 / 2 + 5) == \
+        SegmentRead(S, 0, True, False, b"hello", 4)
+
+
+async def test_seal_and_truncate(served: Served) -> None:
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, 12, S, ""))
+    await c.request(ConditionalBlockEnd(12, 1, 0, b"abcdef", 2))
+    assert await c.request(TruncateSegment(3, S, 2, "")) == SegmentTruncated(3, S)
+    reply = await c.request(ReadSegment(S, 1, 10, "", 4))
+    assert isinstance(reply, SegmentIsTruncated)
+    assert (reply.request_id, reply.start_offset, reply.offset) == (4, 2, 1)
+    assert await c.request(SealSegment(5, S, "")) == SegmentSealed(5, S)
+    assert await c.request(ReadSegment(S, 2, 10, "", 6)) == \
+        SegmentRead(S, 2, True, True, b"cdef", 6)
+    assert await c.request(ReadSegment(S, 6, 10, "", 7)) == \
+        SegmentRead(S, 6, True, True, b"", 7)
+    sealed = await c.request(ConditionalBlockEnd(12, 2, 6, b"g", 8))
+    assert isinstance(sealed, SegmentIsSealed) and sealed.request_id == 8
+    other = await served.connect()
+    setup = await other.request(SetupAppend(9, 13, S, ""))
+    assert isinstance(setup, SegmentIsSealed) and setup.request_id == 9
+    info = await c.request(GetStreamSegmentInfo(10, S, ""))
+    assert isinstance(info, StreamSegmentInfo)
+    assert (info.exists, info.is_sealed, info.write_offset, info.start_offset) == \
+        (True, True, 6, 2)
+    assert await c.request(DeleteSegment(11, S, "")) == SegmentDeleted(11, S)
+    gone = await c.request(GetStreamSegmentInfo(12, S, ""))
+    assert isinstance(gone, NoSuchSegment) and gone.request_id == 12
+
+
+async def test_wrong_host_for_a_container_not_hosted(served: Served) -> None:
+    c = await served.connect()
+    for request in (CreateSegment(1, OTHER, 0, 0, ""), SetupAppend(2, 1, OTHER, ""),
+                    ReadSegment(OTHER, 0, 10, "", 3), GetStreamSegmentInfo(4, OTHER, ""),
+                    CreateTableSegment(5, OTHER, ""),
+                    ReadTableEntriesDelta(6, OTHER, "", 0, 10)):
+        reply = await c.request(request)
+        assert isinstance(reply, WrongHost), reply
+        assert (reply.segment, reply.correct_host) == (OTHER, "")
+    await served.store.stop_container(0)  # a container given up: WrongHost too
+    reply = await c.request(GetStreamSegmentInfo(7, S, ""))
+    assert isinstance(reply, WrongHost) and reply.request_id == 7
+
+
+# --- transient segments and merge -----------------------------------------------------
+
+
+async def test_transient_segment_merged_into_its_parent(served: Served) -> None:
+    c = await served.connect()
+    await created(c)
+    writer = 99
+    await c.request(SetupAppend(1, writer, S, ""))
+    await c.request(ConditionalBlockEnd(writer, 1, 0, b"head-", 2))
+    made = await c.request(CreateTransientSegment(3, writer, S, ""))
+    assert isinstance(made, SegmentCreated) and made.segment.startswith(S + "#transient.")
+    transient = made.segment
+    assert await c.request(SetupAppend(4, writer, transient, "")) == \
+        AppendSetup(4, transient, writer, NO_EVENT_NUMBER)
+    await c.request(ConditionalBlockEnd(writer, 1, 0, b"big-event", 5))
+    assert await c.request(MergeSegments(6, S, transient, "")) == \
+        SegmentsMerged(6, S, transient, 14)
+    assert await read_all(c) == b"head-big-event"
+    again = await c.request(MergeSegments(7, S, transient, ""))
+    assert isinstance(again, NoSuchSegment) and again.segment == transient
+    assert await c.request(CreateSegment(8, S, 0, 0, "")) == \
+        SegmentAlreadyExists(8, S, f"segment {S!r} exists")
+
+
+# --- table segments ---------------------------------------------------------------------
+
+
+def key(data: bytes, version: int = KEY_NO_VERSION) -> TableKey:
+    return TableKey(data, version)
+
+
+def put(request_id: int, *entries: tuple[bytes, int, bytes]) -> UpdateTableEntries:
+    return UpdateTableEntries(request_id, T, "", tuple(
+        (key(k, version), TableValue(v)) for k, version, v in entries), -1)
+
+
+async def test_table_updates_versions_and_delta_reads(served: Served) -> None:
+    c = await served.connect()
+    assert await c.request(CreateTableSegment(1, T, "")) == SegmentCreated(1, T)
+    first = await c.request(put(2, (b"config", KEY_NOT_EXISTS, b"c1"),
+                                (b"assigned/r1", KEY_NOT_EXISTS, b"a1")))
+    assert isinstance(first, TableEntriesUpdated) and len(first.updated_versions) == 2
+    v_config, v_assigned = first.updated_versions
+    assert 0 <= v_config < v_assigned
+    # conditional updates: must-not-exist, wrong version, missing key; all or nothing
+    bad = await c.request(put(3, (b"config", KEY_NOT_EXISTS, b"c2")))
+    assert isinstance(bad, TableKeyBadVersion) and bad.request_id == 3
+    bad = await c.request(put(4, (b"assigned/r1", v_assigned, b"a2"),
+                              (b"config", v_config + 1, b"c2")))
+    assert isinstance(bad, TableKeyBadVersion)
+    missing = await c.request(put(5, (b"nothing", 12, b"x")))
+    assert isinstance(missing, TableKeyDoesNotExist) and missing.request_id == 5
+    second = await c.request(put(6, (b"config", v_config, b"c2")))
+    assert isinstance(second, TableEntriesUpdated)
+    (v_config2,) = second.updated_versions
+    assert v_config2 > v_assigned
+    assert await c.request(ReadTable(7, T, "", (key(b"config"), key(b"none")))) == \
+        TableRead(7, T, ((key(b"config", v_config2), TableValue(b"c2")),
+                         (key(b"none", KEY_NOT_EXISTS), TableValue(b""))))
+    # a key twice in one batch (the client's synchronizer does it): both
+    # conditions against the table before the batch, the last entry wins
+    twice = await c.request(put(61, (b"map-version", KEY_NOT_EXISTS, b"m1"),
+                                (b"map-version", KEY_NOT_EXISTS, b"m2")))
+    assert isinstance(twice, TableEntriesUpdated)
+    v_map = twice.updated_versions[1]
+    assert twice.updated_versions[0] < v_map
+    assert await c.request(ReadTable(62, T, "", (key(b"map-version"),))) == \
+        TableRead(62, T, ((key(b"map-version", v_map), TableValue(b"m2")),))
+    assert await c.request(RemoveTableKeys(63, T, "", (key(b"map-version", v_map),), -1)) == \
+        TableKeysRemoved(63, T)
+    # delta reads: live entries at or after a position, in version order
+    delta = await c.request(ReadTableEntriesDelta(8, T, "", 0, 100))
+    assert isinstance(delta, TableEntriesDeltaRead)
+    assert delta.entries == ((key(b"assigned/r1", v_assigned), TableValue(b"a1")),
+                             (key(b"config", v_config2), TableValue(b"c2")))
+    assert (delta.should_clear, delta.reached_end) == (False, True)
+    after = await c.request(ReadTableEntriesDelta(9, T, "", delta.last_position, 100))
+    assert isinstance(after, TableEntriesDeltaRead)
+    assert (after.entries, after.last_position) == ((), delta.last_position)
+    one = await c.request(ReadTableEntriesDelta(10, T, "", 0, 1))
+    assert isinstance(one, TableEntriesDeltaRead) and len(one.entries) == 1
+    assert one.last_position <= v_config2 and not one.reached_end
+    # removal, then the table is still not empty
+    assert await c.request(RemoveTableKeys(11, T, "", (key(b"assigned/r1", v_assigned),),
+                                           -1)) == TableKeysRemoved(11, T)
+    assert await c.request(DeleteTableSegment(12, T, True, "")) == \
+        TableSegmentNotEmpty(12, T, "")
+    assert await c.request(RemoveTableKeys(13, T, "", (key(b"config"),), -1)) == \
+        TableKeysRemoved(13, T)
+    assert await c.request(DeleteTableSegment(14, T, True, "")) == SegmentDeleted(14, T)
+
+
+async def test_table_iteration_pages(served: Served) -> None:
+    c = await served.connect()
+    await c.request(CreateTableSegment(1, T, ""))
+    keys = [b"k%02d" % i for i in range(5)]
+    reply = await c.request(put(2, *((k, KEY_NO_VERSION, k.upper()) for k in keys)))
+    assert isinstance(reply, TableEntriesUpdated)
+    versions = dict(zip(keys, reply.updated_versions, strict=True))
+    seen: list[bytes] = []
+    token = b""
+    while True:
+        page = await c.request(ReadTableKeys(3, T, "", 2, token))
+        assert isinstance(page, TableKeysRead)
+        if not page.keys:
+            break
+        assert all(versions[k.data] == k.key_version for k in page.keys)
+        seen += [k.data for k in page.keys]
+        token = page.continuation_token
+    assert seen == keys
+    page = await c.request(ReadTableEntries(4, T, "", 10, b""))
+    assert isinstance(page, TableEntriesRead)
+    assert [(k.data, v.data) for k, v in page.entries] == [(k, k.upper()) for k in keys]
+
+
+async def test_get_segment_attribute_of_a_writer(served: Served) -> None:
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, 21, S, ""))
+    await c.request(ConditionalBlockEnd(21, 6, 0, b"x", 2))
+    assert await c.request(GetSegmentAttribute(3, S, 21, "")) == SegmentAttribute(3, 6)
+    assert await c.request(GetSegmentAttribute(4, S, 22, "")) == \
+        SegmentAttribute(4, NO_EVENT_NUMBER)
+
+
+# --- flow control --------------------------------------------------------------------
+
+
+async def test_reading_pauses_while_too_many_appends_are_outstanding(served: Served) -> None:
+    lost: list[WireConnection] = []
+    connection = WireConnection(served.store,
+                                SegmentServerConfig(max_outstanding_requests=8), lost.append)
+    transport = FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    await served.store.create_segment(S)
+    hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode()
+    connection.data_received(hello + SetupAppend(1, 31, S, "").encode())
+    await wait_for(lambda: len(transport.written) == 2)
+    connection.data_received(b"".join(block(31, n, n, b"y").encode() for n in range(1, 21)))
+    assert not transport.reading  # 20 outstanding > 8
+    await wait_for(lambda: transport.reading)
+    await wait_for(lambda: sum(len(w) for w in transport.written[2:]) ==
+                   20 * len(DataAppended(31, 1, 0, 1, 1).encode()))
+    connection.connection_lost(None)
+    assert lost == [connection]
+
+
+async def wait_for(condition: object, timeout_s: float = 5) -> None:
+    assert callable(condition)
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0)
