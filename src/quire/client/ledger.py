@@ -416,6 +416,9 @@ class WriteHandle(ReadHandle):
         self._queued_bytes = 0
         self._failed: dict[int, str] = {}
         self._ever_failed: set[str] = set()
+        self._recovery_fragments: list[tuple[int, tuple[str, ...]]] = []
+        """Recovery: ensemble changes made while writing back, recorded only
+        with the close (see :meth:`_replace_failed_bookies`)."""
         self._change_task: asyncio.Task[None] | None = None
         self._error: QuireError | None = None
         self._closing = False
@@ -657,11 +660,22 @@ class WriteHandle(ReadHandle):
         except NotEnoughBookiesError:
             await self._ctx.pool.refresh()
             ensemble = self._choose_replacements(failed, exclude)
-        versioned = await self._update_metadata(
-            lambda md: md.with_(ensembles=_with_fragment(md.ensembles, first, ensemble)))
-        log.info("ledger %d: ensemble from entry %d is now %s", self._ledger_id, first,
-                 ", ".join(ensemble))
-        self._apply_metadata(versioned)
+        if self._recovery:
+            # Kept local until the close records it with the ledger's end, as
+            # BookKeeper's recovery does.  Written now, it would say that
+            # entries from ``first`` on live on bookies that do not hold
+            # them yet; if this recovery then failed, the next one would read
+            # there, be told "no such entry" and close the ledger short of
+            # entries that were acknowledged (found by the simulator, seed 5702).
+            self._recovery_fragments.append((first, ensemble))
+            log.info("ledger %d: recovery writes entries from %d to %s (recorded with the "
+                     "close)", self._ledger_id, first, ", ".join(ensemble))
+        else:
+            versioned = await self._update_metadata(
+                lambda md: md.with_(ensembles=_with_fragment(md.ensembles, first, ensemble)))
+            log.info("ledger %d: ensemble from entry %d is now %s", self._ledger_id, first,
+                     ", ".join(ensemble))
+            self._apply_metadata(versioned)
         self._ensemble = ensemble
         self._clients = [self._ctx.pool.client(b) for b in ensemble]
         for index, bookie in failed.items():
@@ -887,8 +901,18 @@ class WriteHandle(ReadHandle):
                     f"acknowledged but only {self._lac} are persistent; the ledger stays OPEN "
                     "(open it with recovery=True to close it with every entry)")
         lac, length = self._lac, self._lac_length
+        fragments = [(first, bookies) for first, bookies in self._recovery_fragments
+                     if first <= lac]
+
+        def closed(md: LedgerMetadata) -> LedgerMetadata:
+            ensembles = md.ensembles
+            for first, bookies in fragments:  # a recovery's ensemble changes, at last
+                ensembles = _with_fragment(ensembles, first, bookies)
+            return md.with_(ensembles=ensembles, state=LedgerState.CLOSED, last_entry_id=lac,
+                            length=length)
+
         versioned = await self._update_metadata(
-            lambda md: md.with_(state=LedgerState.CLOSED, last_entry_id=lac, length=length),
+            closed,
             adopt=lambda md: (md.state is LedgerState.CLOSED and md.last_entry_id == lac
                               and md.length == length))
         self._closed = True
