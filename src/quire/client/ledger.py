@@ -901,23 +901,29 @@ class WriteHandle(ReadHandle):
                     f"acknowledged but only {self._lac} are persistent; the ledger stays OPEN "
                     "(open it with recovery=True to close it with every entry)")
         lac, length = self._lac, self._lac_length
-        fragments = [(first, bookies) for first, bookies in self._recovery_fragments
-                     if first <= lac]
-
-        def closed(md: LedgerMetadata) -> LedgerMetadata:
-            ensembles = md.ensembles
-            for first, bookies in fragments:  # a recovery's ensemble changes, at last
-                ensembles = _with_fragment(ensembles, first, bookies)
-            return md.with_(ensembles=ensembles, state=LedgerState.CLOSED, last_entry_id=lac,
-                            length=length)
-
         versioned = await self._update_metadata(
-            closed,
+            self._closing_change(lac, length),
             adopt=lambda md: (md.state is LedgerState.CLOSED and md.last_entry_id == lac
                               and md.length == length))
         self._closed = True
         self._apply_metadata(versioned)
         self._forget()
+
+    def _closing_change(self, last: int, length: int
+                        ) -> Callable[[LedgerMetadata], LedgerMetadata]:
+        """The metadata change that closes the ledger at ``last``: with a
+        recovery's ensemble changes, recorded only now (the ones before
+        ``last``; see :meth:`_replace_failed_bookies`)."""
+        fragments = [(first, bookies) for first, bookies in self._recovery_fragments
+                     if first <= last]
+
+        def closed(md: LedgerMetadata) -> LedgerMetadata:
+            ensembles = md.ensembles
+            for first, bookies in fragments:
+                ensembles = _with_fragment(ensembles, first, bookies)
+            return md.with_(ensembles=ensembles, state=LedgerState.CLOSED, last_entry_id=last,
+                            length=length)
+        return closed
 
     def _forget(self) -> None:
         self._ctx.writers.discard(self)

@@ -117,9 +117,8 @@ class LedgerRecoveryOp:
                 f"ledger {self._ledger_id}: writing recovered entries back failed: {error}"
             ) from error
         last, length = writer.last_add_confirmed, writer._lac_length
-        closed = await writer._update_metadata(
-            lambda md: md.with_(state=LedgerState.CLOSED, last_entry_id=last, length=length),
-            adopt=lambda md: md.state is LedgerState.CLOSED)
+        closed = await writer._update_metadata(writer._closing_change(last, length),
+                                               adopt=lambda md: md.state is LedgerState.CLOSED)
         final = closed.value
         if final.last_entry_id == last:
             log.info("ledger %d: recovered and closed at entry %d", self._ledger_id, last)
