@@ -41,6 +41,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quire.errors import ProtocolError, StatusCode
+from quire.metadata import LedgerMetadata, open_store
 from quire.protocol import (
     FLAG_DO_FENCING,
     FLAG_RECOVERY_ADD,
@@ -293,12 +294,27 @@ class _ValidClient(asyncio.Protocol):
                                             time.monotonic() - started)
 
 
+async def _register(metadata_uri: str, ledger: int, bookie_id: str) -> None:
+    """Record a valid-traffic ledger in the metadata store, as a client's
+    create would, so the bookie's GC (which drops ledgers the metadata does
+    not know: the fuzzer's) keeps it."""
+    store = await open_store(metadata_uri)
+    try:
+        await store.create_ledger(ledger, LedgerMetadata(
+            1, 1, 1, password=VALID_PASSWORD, ensembles=((0, (bookie_id,)),)))
+    finally:
+        await store.close()
+
+
 async def _valid_traffic(address: str, index: int, rng: random.Random, stop: asyncio.Event,
-                         timeout_s: float, stats: Stats) -> None:
+                         timeout_s: float, stats: Stats,
+                         registry: tuple[str, str] | None = None) -> None:
     host, port = address.rsplit(":", 1)
+    ledger = VALID_LEDGER_BASE + index * 1000
+    if registry is not None:
+        await _register(registry[0], ledger, registry[1])
     _t, client = await asyncio.get_running_loop().create_connection(
         _ValidClient, host, int(port))
-    ledger = VALID_LEDGER_BASE + index * 1000
     digest = DigestManager(ledger, DigestType.CRC32C, VALID_PASSWORD)
     written: list[bytes] = []
     failures = stats.valid_failures
@@ -338,6 +354,7 @@ async def _valid_traffic(address: str, index: int, rng: random.Random, stop: asy
 
 
 async def fuzz(address: str, frames: int, connections: int, seed: int,
+               registry: tuple[str, str] | None = None,
                timeout_s: float = 10.0, valid_connections: int = 2, pace_s: float = 0.1,
                progress: bool = True) -> dict[str, Any]:
     """Fuzz the bookie at ``address``; the figures (see the module doc)."""
@@ -346,7 +363,7 @@ async def fuzz(address: str, frames: int, connections: int, seed: int,
     stop = asyncio.Event()
     started = time.monotonic()
     valid = [asyncio.create_task(_valid_traffic(address, i, random.Random(f"{seed}-v{i}"), stop,
-                                                timeout_s, stats))
+                                                timeout_s, stats, registry))
              for i in range(valid_connections)]
     fuzzers = [asyncio.create_task(_fuzz_connection(address, random.Random(f"{seed}-f{i}"),
                                                     quota, stats, pace_s))
@@ -410,12 +427,16 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quire-fuzz-") as tmp:
         root = Path(tmp)
-        bookie = BookieProcess(root, sqlite_uri(root / "meta.db"), "fuzz-bookie",
-                               gc_interval_ms=600_000, compaction_disk_usage_threshold=0.0)
+        metadata_uri = sqlite_uri(root / "meta.db")
+        # GC every 30 s: it drops the fuzzer's ledgers (unknown to the metadata
+        # store) while the valid traffic's, registered, stay
+        bookie = BookieProcess(root, metadata_uri, "fuzz-bookie",
+                               gc_interval_ms=30_000, compaction_disk_usage_threshold=0.0)
         bookie.start()
         try:
             rss_before = _rss_mb(bookie)
             result = uvloop.run(fuzz(bookie.address, args.frames, args.connections, args.seed,
+                                     (metadata_uri, bookie.bookie_id),
                                      args.timeout))
             result["bookie_alive"] = bookie.running
             result["bookie_rss_mb"] = [rss_before, _rss_mb(bookie)]
