@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from quire.log import Position
 from quire.metadata import open_store
 from quire.pravega_wire import (
     KEY_NO_VERSION,
     KEY_NOT_EXISTS,
     NO_EVENT_NUMBER,
     OLDEST_COMPATIBLE_VERSION,
+    REPLY_TYPES,
     WIRE_VERSION,
     AppendSetup,
     ConditionalBlockEnd,
@@ -28,6 +30,7 @@ from quire.pravega_wire import (
     CreateTableSegment,
     CreateTransientSegment,
     DataAppended,
+    Decoder,
     DeleteSegment,
     DeleteTableSegment,
     GetSegmentAttribute,
@@ -75,7 +78,7 @@ from quire.pravega_wire import (
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
 from quire.segmentstore.names import container_of
-from quire.testing.memory_data_log import MemoryDataLogs
+from quire.testing.memory_data_log import MemoryDataLog, MemoryDataLogs
 from tests.support.fake_transport import FakeTransport
 from tests.support.pravega_wire_client import WireClient, block, event, events_of
 
@@ -479,3 +482,79 @@ async def wait_for(condition: object, timeout_s: float = 5) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0)
+
+
+class HeldLog:
+    """A tier-1 log whose appends are acknowledged only when released."""
+
+    def __init__(self, log: MemoryDataLog) -> None:
+        self.log = log
+        self.holding = False
+        self.held: list[tuple[asyncio.Future[Position], Position]] = []
+
+    @property
+    def epoch(self) -> int:
+        return self.log.epoch
+
+    async def initialize(self) -> None:
+        await self.log.initialize()
+
+    def append(self, data: bytes) -> asyncio.Future[Position]:
+        inner = self.log.append(data)
+        if not self.holding:
+            return inner
+        outer: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self.held.append((outer, inner.result()))
+        return outer
+
+    def release(self) -> None:
+        self.holding = False
+        for outer, address in self.held:
+            outer.set_result(address)
+        self.held.clear()
+
+    def read(self, from_address: Position | None = None) -> AsyncIterator[tuple[Position, bytes]]:
+        return self.log.read(from_address)
+
+    async def truncate(self, up_to: Position) -> None:
+        await self.log.truncate(up_to)
+
+    async def close(self) -> None:
+        await self.log.close()
+
+
+async def test_setup_counts_appends_accepted_but_not_yet_durable() -> None:
+    """A block sent on a connection that drops before it is durable: the
+    writer's next SetupAppend must report it (so the client does not resend
+    its events in a higher-numbered block that would land twice)."""
+    logs = MemoryDataLogs()
+    held = HeldLog(logs.open("c0"))
+    store = await SegmentStore.open(None, [0], metadata_store=await open_store("memory://held"),
+                                    open_log=lambda c: held,
+                                    config=SegmentStoreConfig(container_count=CONTAINERS))
+    try:
+        await store.create_segment(S)
+        hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode()
+        first, first_out = WireConnection(store, SegmentServerConfig(), lambda _: None), \
+            FakeTransport()
+        first.connection_made(first_out)  # type: ignore[arg-type]
+        first.data_received(hello + SetupAppend(1, 41, S, "").encode())
+        await wait_for(lambda: len(first_out.written) == 2)
+        held.holding = True
+        first.data_received(block(41, 10, 2, *(b"e%d" % n for n in range(1, 11))).encode())
+        await wait_for(lambda: bool(held.held))  # accepted, in tier-1, not acknowledged
+        first.connection_lost(ConnectionResetError())
+
+        second, second_out = WireConnection(store, SegmentServerConfig(), lambda _: None), \
+            FakeTransport()
+        second.connection_made(second_out)  # type: ignore[arg-type]
+        second.data_received(hello + SetupAppend(3, 41, S, "").encode())
+        for _ in range(20):  # let the setup run as far as it can while tier-1 holds
+            await asyncio.sleep(0)
+        held.release()
+        await wait_for(lambda: len(second_out.written) == 2)
+        decoder = Decoder(REPLY_TYPES)
+        decoder.feed(second_out.written[1])
+        assert decoder.next() == AppendSetup(3, S, 41, 10)
+    finally:
+        await store.close()

@@ -356,7 +356,17 @@ class WireConnection(asyncio.Protocol):
     # --- appends ------------------------------------------------------------------
 
     def _setup_append(self, c: SetupAppend) -> None:
+        # The writer's number must count every append accepted before this
+        # request (say, sent on a connection that has just dropped), or the
+        # client resends them in a block numbered higher, which is then no
+        # duplicate: an empty attribute update is a barrier, done when all
+        # the operations accepted before it are durable (SegmentIsSealed or
+        # NoSuchSegment if it is not writable).
+        barrier = self._store.update_attributes(c.segment, ())
+        barrier.add_done_callback(_retrieve)  # also when the connection drops first
+
         async def setup() -> WireCommand:
+            await barrier
             info = await self._store.get_info(c.segment)
             if info.sealed:
                 return SegmentIsSealed(c.request_id, c.segment, "", -1)
@@ -611,12 +621,19 @@ class SegmentServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
+    def abort_connections(self) -> int:
+        """Drop every client connection now, still listening (clients
+        reconnect and set their appends up again); how many were dropped."""
+        connections = list(self._connections)
+        for connection in connections:
+            connection.abort()
+        return len(connections)
+
     async def close(self) -> None:
         """Stop listening and drop every connection (the store stays open)."""
         if self._server is None:
             return
         self._server.close()
-        for connection in list(self._connections):
-            connection.abort()
+        self.abort_connections()
         await self._server.wait_closed()
         self._server = None
