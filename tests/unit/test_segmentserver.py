@@ -240,6 +240,22 @@ async def test_conditional_appends(served: Served) -> None:
     assert await read_all(c) == b"abcde"
 
 
+async def test_a_writer_set_up_again_drops_its_old_connection(served: Served) -> None:
+    old = await served.connect()
+    await created(old)
+    assert isinstance(await old.request(SetupAppend(1, 61, S, "")), AppendSetup)
+    other_writer = await served.connect()
+    assert isinstance(await other_writer.request(SetupAppend(2, 62, S, "")), AppendSetup)
+    new = await served.connect()
+    assert await new.request(SetupAppend(3, 61, S, "")) == \
+        AppendSetup(3, S, 61, NO_EVENT_NUMBER)
+    # no block still unread on the old connection may land after that answer
+    assert await old.closed_by_server()
+    assert await new.request(block(61, 1, 4, b"a")) == \
+        DataAppended(61, 1, NO_EVENT_NUMBER, 4, len(event(b"a")))
+    assert isinstance(await other_writer.request(block(62, 1, 5, b"b")), DataAppended)
+
+
 async def test_append_before_setup_closes_the_connection(served: Served) -> None:
     c = await served.connect()
     await created(c)
@@ -461,7 +477,7 @@ async def test_get_segment_attribute_of_a_writer(served: Served) -> None:
 async def test_reading_pauses_while_too_many_appends_are_outstanding(served: Served) -> None:
     lost: list[WireConnection] = []
     connection = WireConnection(served.store,
-                                SegmentServerConfig(max_outstanding_requests=8), lost.append)
+                                SegmentServerConfig(max_outstanding_requests=8), lost.append, {})
     transport = FakeTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     await served.store.create_segment(S)
@@ -535,8 +551,9 @@ async def test_setup_counts_appends_accepted_but_not_yet_durable() -> None:
     try:
         await store.create_segment(S)
         hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode()
-        first, first_out = WireConnection(store, SegmentServerConfig(), lambda _: None), \
-            FakeTransport()
+        appenders: dict[tuple[int, str], WireConnection] = {}
+        first, first_out = WireConnection(store, SegmentServerConfig(), lambda _: None,
+                                          appenders), FakeTransport()
         first.connection_made(first_out)  # type: ignore[arg-type]
         first.data_received(hello + SetupAppend(1, 41, S, "").encode())
         await wait_for(lambda: len(first_out.written) == 2)
@@ -545,8 +562,8 @@ async def test_setup_counts_appends_accepted_but_not_yet_durable() -> None:
         await wait_for(lambda: bool(held.held))  # accepted, in tier-1, not acknowledged
         first.connection_lost(ConnectionResetError())
 
-        second, second_out = WireConnection(store, SegmentServerConfig(), lambda _: None), \
-            FakeTransport()
+        second, second_out = WireConnection(store, SegmentServerConfig(), lambda _: None,
+                                            appenders), FakeTransport()
         second.connection_made(second_out)  # type: ignore[arg-type]
         second.data_received(hello + SetupAppend(3, 41, S, "").encode())
         for _ in range(20):  # let the setup run as far as it can while tier-1 holds

@@ -192,13 +192,17 @@ class WireConnection(asyncio.Protocol):
     ``_pending`` holds, in arrival order, each unanswered request's future
     (the store's, or a task's for reads) and how to turn its outcome into the
     reply; ``_writers`` maps each writer id set up on this connection to its
-    segment (AppendBlockEnd and ConditionalBlockEnd name only the writer)."""
+    segment (AppendBlockEnd and ConditionalBlockEnd name only the writer);
+    ``appenders``, shared by the server's connections, maps each (writer id,
+    segment) to the connection it was last set up on."""
 
     def __init__(self, store: SegmentStore, config: SegmentServerConfig,
-                 on_lost: Callable[[WireConnection], None]) -> None:
+                 on_lost: Callable[[WireConnection], None],
+                 appenders: dict[tuple[int, str], WireConnection]) -> None:
         self._store = store
         self._config = config
         self._on_lost = on_lost
+        self._appenders = appenders
         self._decoder = Decoder(REQUEST_TYPES, config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._greeted = False
@@ -257,6 +261,9 @@ class WireConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        for writer_id, segment in self._writers.items():
+            if self._appenders.get((writer_id, segment)) is self:
+                del self._appenders[writer_id, segment]
         for future, _ in self._pending:
             if isinstance(future, asyncio.Task):
                 future.cancel()
@@ -362,6 +369,14 @@ class WireConnection(asyncio.Protocol):
         # duplicate: an empty attribute update is a barrier, done when all
         # the operations accepted before it are durable (SegmentIsSealed or
         # NoSuchSegment if it is not writable).
+        # A writer set up again on a new connection has left its old one
+        # (Pravega's writer keeps one connection per segment): that one is
+        # dropped now, so that no block still unread on it lands after this
+        # setup's answer, where the barrier below would not count it.
+        previous = self._appenders.get((c.writer_id, c.segment))
+        if previous is not None and previous is not self:
+            previous.abort()
+        self._appenders[c.writer_id, c.segment] = self
         barrier = self._store.update_attributes(c.segment, ())
         barrier.add_done_callback(_retrieve)  # also when the connection drops first
 
@@ -601,6 +616,7 @@ class SegmentServer:
         self.config = config or SegmentServerConfig()
         self._server: asyncio.Server | None = None
         self._connections: set[WireConnection] = set()
+        self._appenders: dict[tuple[int, str], WireConnection] = {}
         self.host = ""
         self.port = 0
 
@@ -613,7 +629,8 @@ class SegmentServer:
         self.host, self.port = self._server.sockets[0].getsockname()[:2]
 
     def _connection(self) -> WireConnection:
-        connection = WireConnection(self.store, self.config, self._connections.discard)
+        connection = WireConnection(self.store, self.config, self._connections.discard,
+                                    self._appenders)
         self._connections.add(connection)
         return connection
 
