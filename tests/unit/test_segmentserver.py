@@ -256,6 +256,16 @@ async def test_a_writer_set_up_again_drops_its_old_connection(served: Served) ->
     assert isinstance(await other_writer.request(block(62, 1, 5, b"b")), DataAppended)
 
 
+async def test_a_refusal_no_reply_describes_closes_that_connection(served: Served) -> None:
+    c = await served.connect()
+    assert await c.request(CreateTableSegment(1, T, "")) == SegmentCreated(1, T)
+    await c.send(put(2, (b"", KEY_NO_VERSION, b"an empty key is no key")))
+    assert await c.closed_by_server()
+    again = await served.connect()
+    assert isinstance(await again.request(put(3, (b"k", KEY_NO_VERSION, b"v"))),
+                      TableEntriesUpdated)
+
+
 async def test_append_before_setup_closes_the_connection(served: Served) -> None:
     c = await served.connect()
     await created(c)

@@ -108,6 +108,8 @@ log = logging.getLogger("quire.segmentserver")
 Reply = WireCommand | None
 """What a request is answered with; None: close the connection instead."""
 Formatter = Callable[["asyncio.Future[Any]"], Reply]
+_MAX_MESSAGE_CHARS = 1000
+"""An error's text sent as a reply's ``server_stack_trace`` is cut to this."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def _previous(result: AppendResult) -> int:
 
 def _error_reply(error: BaseException, request_id: int, segment: str, offset: int) -> Reply:
     """The reply Pravega's client understands for a store error (None: close)."""
-    message = str(error)
+    message = str(error)[:_MAX_MESSAGE_CHARS]
     if isinstance(error, ContainerNotOwnedError | ContainerFencedError | ContainerClosedError):
         return WrongHost(request_id, segment, "", message)
     if isinstance(error, SegmentNotFoundError):
@@ -258,6 +260,9 @@ class WireConnection(asyncio.Protocol):
                 self._handlers[type(command)](command)
         except WireCommandError as e:
             self._close(f"malformed input: {e}")
+        except Exception:  # a defect here: this connection only pays for it
+            log.exception("handling a request failed")
+            self._close("a request could not be handled")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -281,7 +286,7 @@ class WireConnection(asyncio.Protocol):
             self._transport = None
 
     def abort(self) -> None:
-        """Drop the connection now (the server is closing)."""
+        """Drop the connection now, unread bytes and unsent replies with it."""
         if self._transport is not None:
             self._transport.abort()
 
@@ -329,12 +334,17 @@ class WireConnection(asyncio.Protocol):
         out: list[bytes] = []
         while pending and pending[0][0].done() and self._transport is not None:
             future, formatter = pending.popleft()
-            reply = formatter(future)
-            if reply is None:
+            try:
+                reply = formatter(future)
+                encoded = None if reply is None else reply.encode()
+            except Exception:  # a defect here: this connection only pays for it
+                log.exception("answering a request failed")
+                encoded = None
+            if encoded is None:
                 self._transport.write(b"".join(out))
                 self._close("a request failed in a way no reply describes")
                 return
-            out.append(reply.encode())
+            out.append(encoded)
         if self._transport is None:
             return
         if out:
