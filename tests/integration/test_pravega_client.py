@@ -177,3 +177,31 @@ def test_committed_transaction_is_read(stack: Stack) -> None:
     got = asyncio.run(read_slices(reader, 20, time.monotonic() + 60))
     reader.reader_offline()
     assert by_routing_key(got) == {"key0": list(range(0, 20, 2)), "key1": list(range(1, 20, 2))}
+
+
+def test_blocks_of_big_events(stack: Stack) -> None:
+    """10 KiB events with 500 in flight: the client's blocks grow past what
+    the store takes in one append (4 MiB) and are split by the server."""
+    manager = pravega_client.StreamManager(stack.uri)
+    assert manager.create_scope("big")
+    assert manager.create_stream("big", "images", 1)
+    writer = manager.create_writer("big", "images", 500)
+    payloads = [b"%05d" % n + bytes([n % 251]) * 10_235 for n in range(600)]
+    for payload in payloads:
+        writer.write_event_bytes(payload)
+    writer.flush()
+    group = manager.create_reader_group("viewers", "big", "images")
+    reader = group.create_reader("viewer")
+
+    async def read() -> list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(payloads):
+            piece = await asyncio.wait_for(reader.get_segment_slice_async(),
+                                           deadline - time.monotonic())
+            got += [event.data() for event in piece]
+            reader.release_segment(piece)
+        return got
+
+    assert asyncio.run(read()) == payloads
+    reader.reader_offline()

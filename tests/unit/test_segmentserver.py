@@ -23,6 +23,7 @@ from quire.pravega_wire import (
     OLDEST_COMPATIBLE_VERSION,
     REPLY_TYPES,
     WIRE_VERSION,
+    AppendBlockEnd,
     AppendSetup,
     ConditionalBlockEnd,
     ConditionalCheckFailed,
@@ -77,6 +78,7 @@ from quire.pravega_wire import (
 )
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore.container import MAX_APPEND_BYTES
 from quire.segmentstore.names import container_of
 from quire.testing.memory_data_log import MemoryDataLog, MemoryDataLogs
 from tests.support.fake_transport import FakeTransport
@@ -221,6 +223,35 @@ async def test_connection_dropped_between_appends_and_acks(served: Served) -> No
     replies = [await again.recv() for _ in range(30)]
     assert all(isinstance(r, DataAppended) for r in replies)
     assert events_of(await read_all(again)) == [b"x%d" % n for n in range(1, 31)]
+
+
+async def test_a_block_larger_than_one_store_append(served: Served) -> None:
+    """The client's blocks reach 8 MiB; the store takes 4 MiB at once: the
+    block lands as several appends at event boundaries, acknowledged once."""
+    writer = 8
+    payloads = [bytes([n % 251]) * 10_000 for n in range(500)]  # about 5 MB of events
+    big = block(writer, 500, 3, *payloads)
+    assert len(big.data) > MAX_APPEND_BYTES
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, writer, S, ""))
+    assert await c.request(big) == \
+        DataAppended(writer, 500, NO_EVENT_NUMBER, 3, len(big.data))
+    # the same block again (a resend): every part a duplicate, nothing written
+    again = await c.request(block(writer, 500, 4, *payloads))
+    assert isinstance(again, DataAppended) and again.current_segment_write_offset == len(big.data)
+    data = b""
+    while len(data) < len(big.data):
+        reply = await c.request(ReadSegment(S, len(data), 1 << 21, "", 5))
+        assert isinstance(reply, SegmentRead) and reply.offset == len(data)
+        data += reply.data
+    assert events_of(data) == payloads
+    other = await served.connect()
+    setup = await other.request(SetupAppend(6, writer, S, ""))
+    assert setup == AppendSetup(6, S, writer, 500)
+    # a block over the limit that is not the events it claims closes the connection
+    await other.send(AppendBlockEnd(writer, len(big.data), big.data, 499, 999, 7))
+    assert await other.closed_by_server()
 
 
 async def test_conditional_appends(served: Served) -> None:
