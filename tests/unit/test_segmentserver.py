@@ -616,3 +616,27 @@ async def test_setup_counts_appends_accepted_but_not_yet_durable() -> None:
         assert decoder.next() == AppendSetup(3, S, 41, 10)
     finally:
         await store.close()
+
+
+async def test_wrong_host_while_the_container_is_still_opening() -> None:
+    logs = MemoryDataLogs()
+    held = HeldLog(logs.open("c1"))
+    held.holding = True  # the opening's checkpoint waits in tier-1
+    store = await SegmentStore.open(None, [0], metadata_store=await open_store("memory://opening"),
+                                    open_log=lambda c: held if c == 1 else logs.open(f"c{c}"),
+                                    config=SegmentStoreConfig(container_count=CONTAINERS))
+    server = SegmentServer(store, SegmentServerConfig(tail_read_wait_ms=TAIL_WAIT_MS))
+    await server.start("127.0.0.1", 0)
+    opening = asyncio.ensure_future(store.start_container(1))
+    try:
+        await wait_for(lambda: bool(held.held))
+        c = await WireClient.connect(server.host, server.port)
+        for request in (CreateSegment(1, OTHER, 0, 0, ""), GetStreamSegmentInfo(2, OTHER, "")):
+            reply = await c.request(request)
+            assert isinstance(reply, WrongHost), reply  # never NoSuchSegment
+        held.release()
+        await opening
+        assert await c.request(CreateSegment(3, OTHER, 0, 0, "")) == SegmentCreated(3, OTHER)
+    finally:
+        await server.close()
+        await store.close()
