@@ -565,9 +565,15 @@ class WireConnection(asyncio.Protocol):
                     lambda _: SegmentSealed(c.request_id, c.segment), c.request_id, c.segment)
 
     def _truncate(self, c: TruncateSegment) -> None:
+        def past_the_end(error: BaseException) -> Reply:
+            # as Pravega's server answers it: the segment's length in start_offset
+            if isinstance(error, BadOffsetError):
+                return SegmentIsTruncated(c.request_id, c.segment, error.actual_offset,
+                                          str(error)[:_MAX_MESSAGE_CHARS], c.truncation_offset)
+            return None
         self._reply(lambda: self._store.truncate(c.segment, c.truncation_offset),
                     lambda _: SegmentTruncated(c.request_id, c.segment), c.request_id,
-                    c.segment, c.truncation_offset)
+                    c.segment, c.truncation_offset, on_error=past_the_end)
 
     def _delete(self, c: DeleteSegment) -> None:
         self._reply(lambda: self._store.delete(c.segment),
