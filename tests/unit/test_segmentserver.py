@@ -8,11 +8,14 @@ WrongHost, bad input closing one connection only, and flow control."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from quire.log import Position
 from quire.metadata import open_store
@@ -22,6 +25,7 @@ from quire.pravega_wire import (
     NO_EVENT_NUMBER,
     OLDEST_COMPATIBLE_VERSION,
     REPLY_TYPES,
+    REQUEST_TYPES,
     WIRE_VERSION,
     AppendBlockEnd,
     AppendSetup,
@@ -74,10 +78,11 @@ from quire.pravega_wire import (
     TruncateSegment,
     UpdateSegmentPolicy,
     UpdateTableEntries,
+    WireCommand,
     WrongHost,
 )
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
-from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore import SegmentExistsError, SegmentStore, SegmentStoreConfig
 from quire.segmentstore.container import MAX_APPEND_BYTES
 from quire.segmentstore.names import container_of
 from quire.testing.memory_data_log import MemoryDataLog, MemoryDataLogs
@@ -643,3 +648,45 @@ async def test_wrong_host_while_the_container_is_still_opening() -> None:
     finally:
         await server.close()
         await store.close()
+
+
+_NAMES = st.sampled_from([S, T, OTHER, name_in(0, "sc/x"), ""])
+_KEY_ST = st.builds(TableKey, st.binary(max_size=6),
+                    st.sampled_from([KEY_NO_VERSION, KEY_NOT_EXISTS, 0, 12]))
+_FIELDS = {
+    "i": st.integers(-5, 100), "q": st.integers(-2, 300), "B": st.integers(0, 255),
+    "?": st.booleans(), "U": st.integers(0, 3), "s": _NAMES, "b": st.binary(max_size=40),
+    "L": st.lists(st.integers(0, 9), max_size=2).map(tuple),
+    "K": st.lists(_KEY_ST, max_size=3).map(tuple),
+    "E": st.lists(st.tuples(_KEY_ST, st.builds(TableValue, st.binary(max_size=6))),
+                  max_size=3).map(tuple),
+}
+_REQUESTS = st.sampled_from(sorted(REQUEST_TYPES.values(), key=lambda c: c.TYPE)).flatmap(
+    lambda cls: st.tuples(*(_FIELDS[k] for k in cls.LAYOUT)).map(lambda v: cls(*v)))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(_REQUESTS, max_size=12))
+async def test_any_request_sequence_is_answered_or_closes(served: Served,
+                                                          requests: list[WireCommand]) -> None:
+    """Whatever valid commands arrive, the connection answers them with
+    replies the client decodes, or closes; nothing escapes the protocol."""
+    with contextlib.suppress(SegmentExistsError):
+        await served.store.create_segment(S)
+    transport = FakeTransport()
+    connection = WireConnection(served.store, SegmentServerConfig(tail_read_wait_ms=0),
+                                lambda _: None, {})
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION)
+    connection.data_received(b"".join(c.encode() for c in [hello, *requests]))
+    answered = sum(type(c) is not Hello for c in requests)  # a second Hello is ignored
+
+    def replies() -> list[WireCommand]:
+        decoder = Decoder(REPLY_TYPES)
+        decoder.feed(b"".join(transport.written))
+        return list(decoder)
+    await wait_for(lambda: transport.aborted or len(replies()) == answered + 1)
+    assert replies()[0] == hello
+    assert len(replies()) <= answered + 1
+    connection.connection_lost(None)
