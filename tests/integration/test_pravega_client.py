@@ -72,7 +72,8 @@ def stack() -> Iterator[Stack]:
 
 async def read_slices(reader: pravega_client.StreamReader, at_least: int,
                       deadline: float) -> list[str]:
-    """Whole slices' events until at least ``at_least`` were read."""
+    """Whole slices' events until at least ``at_least`` were read; then the
+    reader goes offline (while the event loop still runs)."""
     got: list[str] = []
     while len(got) < at_least:
         remaining = deadline - time.monotonic()
@@ -80,6 +81,7 @@ async def read_slices(reader: pravega_client.StreamReader, at_least: int,
         piece = await asyncio.wait_for(reader.get_segment_slice_async(), remaining)
         got += [event.data().decode() for event in piece]
         reader.release_segment(piece)
+    reader.reader_offline()
     return got
 
 
@@ -111,11 +113,9 @@ def test_real_client_writes_and_a_reader_group_reads_each_event_once(stack: Stac
     # one slice and leaves; the second takes over from the positions it left
     first = group.create_reader("reader-1")
     read_first = asyncio.run(read_slices(first, 1, deadline))
-    first.reader_offline()
     assert 0 < len(read_first) < total
     second = group.create_reader("reader-2")
     read_second = asyncio.run(read_slices(second, total - len(read_first), deadline))
-    second.reader_offline()
     # exactly once, and in order per routing key (one key lives in one segment)
     assert by_routing_key(read_first + read_second) == \
         {f"key{k}": list(range(EVENTS_PER_KEY)) for k in range(KEYS)}
@@ -141,7 +141,6 @@ def test_writer_exactly_once_across_dropped_connections(stack: Stack) -> None:
     group = manager.create_reader_group("checkers", "faults", "payments")
     reader = group.create_reader("checker")
     got = asyncio.run(read_slices(reader, total, time.monotonic() + 60))
-    reader.reader_offline()
     assert by_routing_key(got) == {f"key{k}": list(range(k, total, KEYS)) for k in range(KEYS)}
 
 
@@ -175,7 +174,6 @@ def test_committed_transaction_is_read(stack: Stack) -> None:
     group = manager.create_reader_group("txn-readers", "txns", "ledger")
     reader = group.create_reader("r")
     got = asyncio.run(read_slices(reader, 20, time.monotonic() + 60))
-    reader.reader_offline()
     assert by_routing_key(got) == {"key0": list(range(0, 20, 2)), "key1": list(range(1, 20, 2))}
 
 
@@ -201,7 +199,7 @@ def test_blocks_of_big_events(stack: Stack) -> None:
                                            deadline - time.monotonic())
             got += [event.data() for event in piece]
             reader.release_segment(piece)
+        reader.reader_offline()
         return got
 
     assert asyncio.run(read()) == payloads
-    reader.reader_offline()
