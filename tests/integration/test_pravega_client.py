@@ -17,7 +17,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pravega_client
 import pytest
@@ -27,18 +29,38 @@ KEYS = 6
 EVENTS_PER_KEY = 50
 
 
-@pytest.fixture
-def controller_uri() -> Iterator[str]:
+@dataclass
+class Stack:
+    """The controller and segment server process."""
+
+    proc: subprocess.Popen[bytes]
+    uri: str
+
+    def line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        assert ready, "no answer from the controller and segment server process"
+        return dict(json.loads(self.proc.stdout.readline()))
+
+    def drop_connections(self) -> int:
+        """Make the segment server drop every connection now."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"drop\n")
+        self.proc.stdin.flush()
+        return int(self.line()["dropped"])
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.pravega_stack", "1000"], cwd=REPO,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdin is not None
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "the controller and segment server did not start"
-        ports = json.loads(proc.stdout.readline())
-        yield f"tcp://127.0.0.1:{ports['controller']}"
+        started = Stack(proc, "")
+        started.uri = f"tcp://127.0.0.1:{started.line()['controller']}"
+        yield started
     finally:
         proc.stdin.close()
         try:
@@ -50,7 +72,8 @@ def controller_uri() -> Iterator[str]:
 
 async def read_slices(reader: pravega_client.StreamReader, at_least: int,
                       deadline: float) -> list[str]:
-    """Whole slices' events until at least ``at_least`` were read."""
+    """Whole slices' events until at least ``at_least`` were read; then the
+    reader goes offline (while the event loop still runs)."""
     got: list[str] = []
     while len(got) < at_least:
         remaining = deadline - time.monotonic()
@@ -58,12 +81,21 @@ async def read_slices(reader: pravega_client.StreamReader, at_least: int,
         piece = await asyncio.wait_for(reader.get_segment_slice_async(), remaining)
         got += [event.data().decode() for event in piece]
         reader.release_segment(piece)
+    reader.reader_offline()
     return got
 
 
-def test_real_client_writes_and_a_reader_group_reads_each_event_once(
-        controller_uri: str) -> None:
-    manager = pravega_client.StreamManager(controller_uri)
+def by_routing_key(events: list[str]) -> dict[str, list[int]]:
+    """Events ``key:number`` as each key's numbers in the order read."""
+    out: dict[str, list[int]] = {}
+    for data in events:
+        key, number = data.split(":")
+        out.setdefault(key, []).append(int(number))
+    return out
+
+
+def test_real_client_writes_and_a_reader_group_reads_each_event_once(stack: Stack) -> None:
+    manager = pravega_client.StreamManager(stack.uri)
     assert manager.create_scope("shop")
     assert not manager.create_scope("shop")
     assert manager.create_stream("shop", "orders", 3)
@@ -81,16 +113,93 @@ def test_real_client_writes_and_a_reader_group_reads_each_event_once(
     # one slice and leaves; the second takes over from the positions it left
     first = group.create_reader("reader-1")
     read_first = asyncio.run(read_slices(first, 1, deadline))
-    first.reader_offline()
     assert 0 < len(read_first) < total
     second = group.create_reader("reader-2")
     read_second = asyncio.run(read_slices(second, total - len(read_first), deadline))
-    second.reader_offline()
-    by_key: dict[str, list[int]] = {}
-    for data in read_first + read_second:
-        key, number = data.split(":")
-        by_key.setdefault(key, []).append(int(number))
     # exactly once, and in order per routing key (one key lives in one segment)
-    assert by_key == {f"key{k}": list(range(EVENTS_PER_KEY)) for k in range(KEYS)}
+    assert by_routing_key(read_first + read_second) == \
+        {f"key{k}": list(range(EVENTS_PER_KEY)) for k in range(KEYS)}
     assert manager.seal_stream("shop", "orders")
     assert manager.delete_stream("shop", "orders")
+
+
+def test_writer_exactly_once_across_dropped_connections(stack: Stack) -> None:
+    """Up to 100 events in flight (``write_event`` returns before the ack)
+    while the segment server drops every connection now and then: the
+    writer reconnects, learns its last event number from SetupAppend and
+    resends the rest; each event is read once, in order per routing key."""
+    manager = pravega_client.StreamManager(stack.uri)
+    assert manager.create_scope("faults")
+    assert manager.create_stream("faults", "payments", 3)
+    writer = manager.create_writer("faults", "payments", 100)
+    total = 1200
+    for n in range(total):
+        writer.write_event(f"key{n % KEYS}:{n}", f"key{n % KEYS}")
+        if n % 300 == 150:
+            assert stack.drop_connections() >= 1
+    writer.flush()
+    group = manager.create_reader_group("checkers", "faults", "payments")
+    reader = group.create_reader("checker")
+    got = asyncio.run(read_slices(reader, total, time.monotonic() + 60))
+    assert by_routing_key(got) == {f"key{k}": list(range(k, total, KEYS)) for k in range(KEYS)}
+
+
+def test_byte_stream_write_read_seek_truncate(stack: Stack) -> None:
+    manager = pravega_client.StreamManager(stack.uri)
+    assert manager.create_scope("bytes")
+    assert manager.create_stream("bytes", "blob", 1)
+    stream = manager.create_byte_stream("bytes", "blob")
+    assert stream.write(b"hello world, a byte stream") == 26
+    stream.flush()
+    assert (stream.current_head_offset(), stream.current_tail_offset()) == (0, 26)
+    stream.seek(6, 0)
+    buffer = bytearray(5)
+    assert stream.readinto(buffer) == 5 and bytes(buffer) == b"world"
+    stream.truncate(6)
+    assert stream.current_head_offset() == 6
+    stream.seek(13, 0)
+    buffer = bytearray(13)
+    assert stream.readinto(buffer) == 13 and bytes(buffer) == b"a byte stream"
+
+
+def test_committed_transaction_is_read(stack: Stack) -> None:
+    manager = pravega_client.StreamManager(stack.uri)
+    assert manager.create_scope("txns")
+    assert manager.create_stream("txns", "ledger", 2)
+    txn_writer = manager.create_transaction_writer("txns", "ledger", 7)
+    txn = txn_writer.begin_txn()
+    for n in range(20):
+        txn.write_event(f"key{n % 2}:{n}", f"key{n % 2}")
+    txn.commit()
+    group = manager.create_reader_group("txn-readers", "txns", "ledger")
+    reader = group.create_reader("r")
+    got = asyncio.run(read_slices(reader, 20, time.monotonic() + 60))
+    assert by_routing_key(got) == {"key0": list(range(0, 20, 2)), "key1": list(range(1, 20, 2))}
+
+
+def test_blocks_of_big_events(stack: Stack) -> None:
+    """10 KiB events with 500 in flight: the client's blocks grow past what
+    the store takes in one append (4 MiB) and are split by the server."""
+    manager = pravega_client.StreamManager(stack.uri)
+    assert manager.create_scope("big")
+    assert manager.create_stream("big", "images", 1)
+    writer = manager.create_writer("big", "images", 500)
+    payloads = [b"%05d" % n + bytes([n % 251]) * 10_235 for n in range(600)]
+    for payload in payloads:
+        writer.write_event_bytes(payload)
+    writer.flush()
+    group = manager.create_reader_group("viewers", "big", "images")
+    reader = group.create_reader("viewer")
+
+    async def read() -> list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(payloads):
+            piece = await asyncio.wait_for(reader.get_segment_slice_async(),
+                                           deadline - time.monotonic())
+            got += [event.data() for event in piece]
+            reader.release_segment(piece)
+        reader.reader_offline()
+        return got
+
+    assert asyncio.run(read()) == payloads

@@ -5,7 +5,8 @@ process with the servers it calls).
 ``python -m tests.support.pravega_stack [tail_read_wait_ms]``: a SegmentStore
 on the in-memory tier-1 twin (2 containers), served by a SegmentServer and a
 Controller on loopback; prints one JSON line ``{"controller": port,
-"segments": port}``, then serves until stdin closes."""
+"segments": port}``, then serves until stdin closes.  A line ``drop`` on
+stdin drops every segment server connection (answered ``{"dropped": n}``)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ async def serve(tail_read_wait_ms: int) -> None:
     port = await controller.start("127.0.0.1", 0)
     print(json.dumps({"controller": port, "segments": server.port}), flush=True)
     try:
-        await asyncio.to_thread(sys.stdin.read)  # until the test closes our stdin
+        while line := await asyncio.to_thread(sys.stdin.readline):  # until stdin closes
+            if line.strip() == "drop":
+                print(json.dumps({"dropped": server.abort_connections()}), flush=True)
     finally:
         await controller.close()
         await server.close()

@@ -210,7 +210,7 @@ def commands_of(cls: type[WireCommand]) -> st.SearchStrategy[WireCommand]:
 
 
 COMMANDS = st.sampled_from(ALL_TYPES).flatmap(commands_of)
-SETTINGS = settings(deadline=None, max_examples=300,
+SETTINGS = settings(deadline=None, max_examples=200,
                     suppress_health_check=[HealthCheck.too_slow])
 
 

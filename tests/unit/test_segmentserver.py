@@ -8,19 +8,26 @@ WrongHost, bad input closing one connection only, and flow control."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from quire.log import Position
 from quire.metadata import open_store
 from quire.pravega_wire import (
     KEY_NO_VERSION,
     KEY_NOT_EXISTS,
     NO_EVENT_NUMBER,
     OLDEST_COMPATIBLE_VERSION,
+    REPLY_TYPES,
+    REQUEST_TYPES,
     WIRE_VERSION,
+    AppendBlockEnd,
     AppendSetup,
     ConditionalBlockEnd,
     ConditionalCheckFailed,
@@ -28,6 +35,7 @@ from quire.pravega_wire import (
     CreateTableSegment,
     CreateTransientSegment,
     DataAppended,
+    Decoder,
     DeleteSegment,
     DeleteTableSegment,
     GetSegmentAttribute,
@@ -70,12 +78,14 @@ from quire.pravega_wire import (
     TruncateSegment,
     UpdateSegmentPolicy,
     UpdateTableEntries,
+    WireCommand,
     WrongHost,
 )
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
-from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore import SegmentExistsError, SegmentStore, SegmentStoreConfig
+from quire.segmentstore.container import MAX_APPEND_BYTES
 from quire.segmentstore.names import container_of
-from quire.testing.memory_data_log import MemoryDataLogs
+from quire.testing.memory_data_log import MemoryDataLog, MemoryDataLogs
 from tests.support.fake_transport import FakeTransport
 from tests.support.pravega_wire_client import WireClient, block, event, events_of
 
@@ -220,6 +230,35 @@ async def test_connection_dropped_between_appends_and_acks(served: Served) -> No
     assert events_of(await read_all(again)) == [b"x%d" % n for n in range(1, 31)]
 
 
+async def test_a_block_larger_than_one_store_append(served: Served) -> None:
+    """The client's blocks reach 8 MiB; the store takes 4 MiB at once: the
+    block lands as several appends at event boundaries, acknowledged once."""
+    writer = 8
+    payloads = [bytes([n % 251]) * 10_000 for n in range(500)]  # about 5 MB of events
+    big = block(writer, 500, 3, *payloads)
+    assert len(big.data) > MAX_APPEND_BYTES
+    c = await served.connect()
+    await created(c)
+    await c.request(SetupAppend(1, writer, S, ""))
+    assert await c.request(big) == \
+        DataAppended(writer, 500, NO_EVENT_NUMBER, 3, len(big.data))
+    # the same block again (a resend): every part a duplicate, nothing written
+    again = await c.request(block(writer, 500, 4, *payloads))
+    assert isinstance(again, DataAppended) and again.current_segment_write_offset == len(big.data)
+    data = b""
+    while len(data) < len(big.data):
+        reply = await c.request(ReadSegment(S, len(data), 1 << 21, "", 5))
+        assert isinstance(reply, SegmentRead) and reply.offset == len(data)
+        data += reply.data
+    assert events_of(data) == payloads
+    other = await served.connect()
+    setup = await other.request(SetupAppend(6, writer, S, ""))
+    assert setup == AppendSetup(6, S, writer, 500)
+    # a block over the limit that is not the events it claims closes the connection
+    await other.send(AppendBlockEnd(writer, len(big.data), big.data, 499, 999, 7))
+    assert await other.closed_by_server()
+
+
 async def test_conditional_appends(served: Served) -> None:
     writer = 5
     c = await served.connect()
@@ -235,6 +274,32 @@ async def test_conditional_appends(served: Served) -> None:
     reply = await c.request(ConditionalBlockEnd(writer, 2, 3, b"de", 5))
     assert isinstance(reply, DataAppended) and reply.current_segment_write_offset == 5
     assert await read_all(c) == b"abcde"
+
+
+async def test_a_writer_set_up_again_drops_its_old_connection(served: Served) -> None:
+    old = await served.connect()
+    await created(old)
+    assert isinstance(await old.request(SetupAppend(1, 61, S, "")), AppendSetup)
+    other_writer = await served.connect()
+    assert isinstance(await other_writer.request(SetupAppend(2, 62, S, "")), AppendSetup)
+    new = await served.connect()
+    assert await new.request(SetupAppend(3, 61, S, "")) == \
+        AppendSetup(3, S, 61, NO_EVENT_NUMBER)
+    # no block still unread on the old connection may land after that answer
+    assert await old.closed_by_server()
+    assert await new.request(block(61, 1, 4, b"a")) == \
+        DataAppended(61, 1, NO_EVENT_NUMBER, 4, len(event(b"a")))
+    assert isinstance(await other_writer.request(block(62, 1, 5, b"b")), DataAppended)
+
+
+async def test_a_refusal_no_reply_describes_closes_that_connection(served: Served) -> None:
+    c = await served.connect()
+    assert await c.request(CreateTableSegment(1, T, "")) == SegmentCreated(1, T)
+    await c.send(put(2, (b"", KEY_NO_VERSION, b"an empty key is no key")))
+    assert await c.closed_by_server()
+    again = await served.connect()
+    assert isinstance(await again.request(put(3, (b"k", KEY_NO_VERSION, b"v"))),
+                      TableEntriesUpdated)
 
 
 async def test_append_before_setup_closes_the_connection(served: Served) -> None:
@@ -290,6 +355,9 @@ async def test_seal_and_truncate(served: Served) -> None:
     await created(c)
     await c.request(SetupAppend(1, 12, S, ""))
     await c.request(ConditionalBlockEnd(12, 1, 0, b"abcdef", 2))
+    past = await c.request(TruncateSegment(21, S, 7, ""))
+    assert isinstance(past, SegmentIsTruncated)
+    assert (past.request_id, past.start_offset, past.offset) == (21, 6, 7)
     assert await c.request(TruncateSegment(3, S, 2, "")) == SegmentTruncated(3, S)
     reply = await c.request(ReadSegment(S, 1, 10, "", 4))
     assert isinstance(reply, SegmentIsTruncated)
@@ -458,7 +526,7 @@ async def test_get_segment_attribute_of_a_writer(served: Served) -> None:
 async def test_reading_pauses_while_too_many_appends_are_outstanding(served: Served) -> None:
     lost: list[WireConnection] = []
     connection = WireConnection(served.store,
-                                SegmentServerConfig(max_outstanding_requests=8), lost.append)
+                                SegmentServerConfig(max_outstanding_requests=8), lost.append, {})
     transport = FakeTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     await served.store.create_segment(S)
@@ -479,3 +547,146 @@ async def wait_for(condition: object, timeout_s: float = 5) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0)
+
+
+class HeldLog:
+    """A tier-1 log whose appends are acknowledged only when released."""
+
+    def __init__(self, log: MemoryDataLog) -> None:
+        self.log = log
+        self.holding = False
+        self.held: list[tuple[asyncio.Future[Position], Position]] = []
+
+    @property
+    def epoch(self) -> int:
+        return self.log.epoch
+
+    async def initialize(self) -> None:
+        await self.log.initialize()
+
+    def append(self, data: bytes) -> asyncio.Future[Position]:
+        inner = self.log.append(data)
+        if not self.holding:
+            return inner
+        outer: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self.held.append((outer, inner.result()))
+        return outer
+
+    def release(self) -> None:
+        self.holding = False
+        for outer, address in self.held:
+            outer.set_result(address)
+        self.held.clear()
+
+    def read(self, from_address: Position | None = None) -> AsyncIterator[tuple[Position, bytes]]:
+        return self.log.read(from_address)
+
+    async def truncate(self, up_to: Position) -> None:
+        await self.log.truncate(up_to)
+
+    async def close(self) -> None:
+        await self.log.close()
+
+
+async def test_setup_counts_appends_accepted_but_not_yet_durable() -> None:
+    """A block sent on a connection that drops before it is durable: the
+    writer's next SetupAppend must report it (so the client does not resend
+    its events in a higher-numbered block that would land twice)."""
+    logs = MemoryDataLogs()
+    held = HeldLog(logs.open("c0"))
+    store = await SegmentStore.open(None, [0], metadata_store=await open_store("memory://held"),
+                                    open_log=lambda c: held,
+                                    config=SegmentStoreConfig(container_count=CONTAINERS))
+    try:
+        await store.create_segment(S)
+        hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode()
+        appenders: dict[tuple[int, str], WireConnection] = {}
+        first, first_out = WireConnection(store, SegmentServerConfig(), lambda _: None,
+                                          appenders), FakeTransport()
+        first.connection_made(first_out)  # type: ignore[arg-type]
+        first.data_received(hello + SetupAppend(1, 41, S, "").encode())
+        await wait_for(lambda: len(first_out.written) == 2)
+        held.holding = True
+        first.data_received(block(41, 10, 2, *(b"e%d" % n for n in range(1, 11))).encode())
+        await wait_for(lambda: bool(held.held))  # accepted, in tier-1, not acknowledged
+        first.connection_lost(ConnectionResetError())
+
+        second, second_out = WireConnection(store, SegmentServerConfig(), lambda _: None,
+                                            appenders), FakeTransport()
+        second.connection_made(second_out)  # type: ignore[arg-type]
+        second.data_received(hello + SetupAppend(3, 41, S, "").encode())
+        for _ in range(20):  # let the setup run as far as it can while tier-1 holds
+            await asyncio.sleep(0)
+        held.release()
+        await wait_for(lambda: len(second_out.written) == 2)
+        decoder = Decoder(REPLY_TYPES)
+        decoder.feed(second_out.written[1])
+        assert decoder.next() == AppendSetup(3, S, 41, 10)
+    finally:
+        await store.close()
+
+
+async def test_wrong_host_while_the_container_is_still_opening() -> None:
+    logs = MemoryDataLogs()
+    held = HeldLog(logs.open("c1"))
+    held.holding = True  # the opening's checkpoint waits in tier-1
+    store = await SegmentStore.open(None, [0], metadata_store=await open_store("memory://opening"),
+                                    open_log=lambda c: held if c == 1 else logs.open(f"c{c}"),
+                                    config=SegmentStoreConfig(container_count=CONTAINERS))
+    server = SegmentServer(store, SegmentServerConfig(tail_read_wait_ms=TAIL_WAIT_MS))
+    await server.start("127.0.0.1", 0)
+    opening = asyncio.ensure_future(store.start_container(1))
+    try:
+        await wait_for(lambda: bool(held.held))
+        c = await WireClient.connect(server.host, server.port)
+        for request in (CreateSegment(1, OTHER, 0, 0, ""), GetStreamSegmentInfo(2, OTHER, "")):
+            reply = await c.request(request)
+            assert isinstance(reply, WrongHost), reply  # never NoSuchSegment
+        held.release()
+        await opening
+        assert await c.request(CreateSegment(3, OTHER, 0, 0, "")) == SegmentCreated(3, OTHER)
+    finally:
+        await server.close()
+        await store.close()
+
+
+_NAMES = st.sampled_from([S, T, OTHER, name_in(0, "sc/x"), ""])
+_KEY_ST = st.builds(TableKey, st.binary(max_size=6),
+                    st.sampled_from([KEY_NO_VERSION, KEY_NOT_EXISTS, 0, 12]))
+_FIELDS = {
+    "i": st.integers(-5, 100), "q": st.integers(-2, 300), "B": st.integers(0, 255),
+    "?": st.booleans(), "U": st.integers(0, 3), "s": _NAMES, "b": st.binary(max_size=40),
+    "L": st.lists(st.integers(0, 9), max_size=2).map(tuple),
+    "K": st.lists(_KEY_ST, max_size=3).map(tuple),
+    "E": st.lists(st.tuples(_KEY_ST, st.builds(TableValue, st.binary(max_size=6))),
+                  max_size=3).map(tuple),
+}
+_REQUESTS = st.sampled_from(sorted(REQUEST_TYPES.values(), key=lambda c: c.TYPE)).flatmap(
+    lambda cls: st.tuples(*(_FIELDS[k] for k in cls.LAYOUT)).map(lambda v: cls(*v)))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(_REQUESTS, max_size=12))
+async def test_any_request_sequence_is_answered_or_closes(served: Served,
+                                                          requests: list[WireCommand]) -> None:
+    """Whatever valid commands arrive, the connection answers them with
+    replies the client decodes, or closes; nothing escapes the protocol."""
+    with contextlib.suppress(SegmentExistsError):
+        await served.store.create_segment(S)
+    transport = FakeTransport()
+    connection = WireConnection(served.store, SegmentServerConfig(tail_read_wait_ms=0),
+                                lambda _: None, {})
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION)
+    connection.data_received(b"".join(c.encode() for c in [hello, *requests]))
+    answered = sum(type(c) is not Hello for c in requests)  # a second Hello is ignored
+
+    def replies() -> list[WireCommand]:
+        decoder = Decoder(REPLY_TYPES)
+        decoder.feed(b"".join(transport.written))
+        return list(decoder)
+    await wait_for(lambda: transport.aborted or len(replies()) == answered + 1)
+    assert replies()[0] == hello
+    assert len(replies()) <= answered + 1
+    connection.connection_lost(None)

@@ -16,6 +16,12 @@
   appends pipeline, a read waiting at the tail holds back only what came
   after it on its connection (the client keeps one request in flight per
   connection, appends aside).
+- Appends: ``SetupAppend`` answers the writer's last event number once
+  every append accepted before it is durable, and drops the connection the
+  same writer was set up on before, so that a block sent there and resent
+  here cannot land twice; an ``AppendBlockEnd`` larger than one store append
+  lands as several, split at event boundaries, each with its last event's
+  number.
 - Errors become the replies the client understands (NoSuchSegment,
   SegmentIsSealed, SegmentIsTruncated, SegmentAlreadyExists,
   TableKeyBadVersion, TableKeyDoesNotExist, TableSegmentNotEmpty,

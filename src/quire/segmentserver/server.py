@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,6 +102,7 @@ from quire.segmentstore import (
     SegmentType,
     UpdateType,
 )
+from quire.segmentstore.container import MAX_APPEND_BYTES
 from quire.segmentstore.types import NULL_ATTRIBUTE_VALUE
 
 log = logging.getLogger("quire.segmentserver")
@@ -108,6 +110,10 @@ log = logging.getLogger("quire.segmentserver")
 Reply = WireCommand | None
 """What a request is answered with; None: close the connection instead."""
 Formatter = Callable[["asyncio.Future[Any]"], Reply]
+_MAX_MESSAGE_CHARS = 1000
+"""An error's text sent as a reply's ``server_stack_trace`` is cut to this."""
+_EVENT_HEAD = struct.Struct(">ii")
+"""An event inside an AppendBlockEnd's data: type 0, length (then the bytes)."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +165,34 @@ def _previous(result: AppendResult) -> int:
     return result.previous_event_number
 
 
+def _split_events(data: bytes, num_events: int, max_bytes: int
+                  ) -> list[tuple[bytes, int]] | None:
+    """A block of ``num_events`` whole events (``i32 0 | i32 length | bytes``
+    each) as parts of at most ``max_bytes`` at event boundaries, with their
+    event counts; None if it is not that (or one event alone is too big)."""
+    parts: list[tuple[bytes, int]] = []
+    start = at = count = events = 0
+    size = len(data)
+    while at < size:
+        if at + _EVENT_HEAD.size > size:
+            return None
+        kind, length = _EVENT_HEAD.unpack_from(data, at)
+        end = at + _EVENT_HEAD.size + length
+        if kind != 0 or length < 0 or end > size or end - at > max_bytes:
+            return None
+        if end - start > max_bytes:
+            parts.append((data[start:at], count))
+            start, count = at, 0
+        at = end
+        count += 1
+        events += 1
+    parts.append((data[start:], count))
+    return parts if events == num_events else None
+
+
 def _error_reply(error: BaseException, request_id: int, segment: str, offset: int) -> Reply:
     """The reply Pravega's client understands for a store error (None: close)."""
-    message = str(error)
+    message = str(error)[:_MAX_MESSAGE_CHARS]
     if isinstance(error, ContainerNotOwnedError | ContainerFencedError | ContainerClosedError):
         return WrongHost(request_id, segment, "", message)
     if isinstance(error, SegmentNotFoundError):
@@ -192,13 +223,17 @@ class WireConnection(asyncio.Protocol):
     ``_pending`` holds, in arrival order, each unanswered request's future
     (the store's, or a task's for reads) and how to turn its outcome into the
     reply; ``_writers`` maps each writer id set up on this connection to its
-    segment (AppendBlockEnd and ConditionalBlockEnd name only the writer)."""
+    segment (AppendBlockEnd and ConditionalBlockEnd name only the writer);
+    ``appenders``, shared by the server's connections, maps each (writer id,
+    segment) to the connection it was last set up on."""
 
     def __init__(self, store: SegmentStore, config: SegmentServerConfig,
-                 on_lost: Callable[[WireConnection], None]) -> None:
+                 on_lost: Callable[[WireConnection], None],
+                 appenders: dict[tuple[int, str], WireConnection]) -> None:
         self._store = store
         self._config = config
         self._on_lost = on_lost
+        self._appenders = appenders
         self._decoder = Decoder(REQUEST_TYPES, config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._greeted = False
@@ -254,9 +289,15 @@ class WireConnection(asyncio.Protocol):
                 self._handlers[type(command)](command)
         except WireCommandError as e:
             self._close(f"malformed input: {e}")
+        except Exception:  # a defect here: this connection only pays for it
+            log.exception("handling a request failed")
+            self._close("a request could not be handled")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        for writer_id, segment in self._writers.items():
+            if self._appenders.get((writer_id, segment)) is self:
+                del self._appenders[writer_id, segment]
         for future, _ in self._pending:
             if isinstance(future, asyncio.Task):
                 future.cancel()
@@ -274,7 +315,7 @@ class WireConnection(asyncio.Protocol):
             self._transport = None
 
     def abort(self) -> None:
-        """Drop the connection now (the server is closing)."""
+        """Drop the connection now, unread bytes and unsent replies with it."""
         if self._transport is not None:
             self._transport.abort()
 
@@ -322,12 +363,17 @@ class WireConnection(asyncio.Protocol):
         out: list[bytes] = []
         while pending and pending[0][0].done() and self._transport is not None:
             future, formatter = pending.popleft()
-            reply = formatter(future)
-            if reply is None:
+            try:
+                reply = formatter(future)
+                encoded = None if reply is None else reply.encode()
+            except Exception:  # a defect here: this connection only pays for it
+                log.exception("answering a request failed")
+                encoded = None
+            if encoded is None:
                 self._transport.write(b"".join(out))
                 self._close("a request failed in a way no reply describes")
                 return
-            out.append(reply.encode())
+            out.append(encoded)
         if self._transport is None:
             return
         if out:
@@ -356,7 +402,25 @@ class WireConnection(asyncio.Protocol):
     # --- appends ------------------------------------------------------------------
 
     def _setup_append(self, c: SetupAppend) -> None:
+        # The writer's number must count every append accepted before this
+        # request (say, sent on a connection that has just dropped), or the
+        # client resends them in a block numbered higher, which is then no
+        # duplicate: an empty attribute update is a barrier, done when all
+        # the operations accepted before it are durable (SegmentIsSealed or
+        # NoSuchSegment if it is not writable).
+        # A writer set up again on a new connection has left its old one
+        # (Pravega's writer keeps one connection per segment): that one is
+        # dropped now, so that no block still unread on it lands after this
+        # setup's answer, where the barrier below would not count it.
+        previous = self._appenders.get((c.writer_id, c.segment))
+        if previous is not None and previous is not self:
+            previous.abort()
+        self._appenders[c.writer_id, c.segment] = self
+        barrier = self._store.update_attributes(c.segment, ())
+        barrier.add_done_callback(_retrieve)  # also when the connection drops first
+
         async def setup() -> WireCommand:
+            await barrier
             info = await self._store.get_info(c.segment)
             if info.sealed:
                 return SegmentIsSealed(c.request_id, c.segment, "", -1)
@@ -379,11 +443,37 @@ class WireConnection(asyncio.Protocol):
             self._close(f"AppendBlockEnd of {len(c.data)} bytes says {c.size_of_whole_events} "
                         "are whole events (partial events are not supported)")
             return
+        if len(c.data) <= MAX_APPEND_BYTES:
+            self._reply(
+                lambda: self._store.append(segment, c.data, writer=(c.writer_id,
+                                                                     c.last_event_number)),
+                lambda r: DataAppended(c.writer_id, c.last_event_number, _previous(r),
+                                       c.request_id, r.length),
+                c.request_id, segment)
+            return
+        # The client's blocks reach 8 MiB (500 events); the store takes at
+        # most MAX_APPEND_BYTES at once.  The block's events are numbered
+        # one by one up to last_event_number, so it becomes several appends
+        # at event boundaries, each with the number of its last event: if
+        # only some land, SetupAppend reports exactly those.
+        parts = _split_events(c.data, c.num_event, MAX_APPEND_BYTES)
+        if parts is None:
+            self._close(f"AppendBlockEnd of {len(c.data)} bytes is not {c.num_event} whole "
+                        f"events of at most {MAX_APPEND_BYTES} bytes each")
+            return
+
+        def append_parts() -> asyncio.Future[list[AppendResult]]:
+            number = c.last_event_number - c.num_event
+            appends = []
+            for data, count in parts:
+                number += count
+                appends.append(self._store.append(segment, data,
+                                                  writer=(c.writer_id, number)))
+            return asyncio.gather(*appends)
         self._reply(
-            lambda: self._store.append(segment, c.data, writer=(c.writer_id,
-                                                                 c.last_event_number)),
-            lambda r: DataAppended(c.writer_id, c.last_event_number, _previous(r),
-                                   c.request_id, r.length),
+            append_parts,
+            lambda rs: DataAppended(c.writer_id, c.last_event_number, _previous(rs[0]),
+                                    c.request_id, rs[-1].length),
             c.request_id, segment)
 
     def _conditional_block_end(self, c: ConditionalBlockEnd) -> None:
@@ -475,9 +565,15 @@ class WireConnection(asyncio.Protocol):
                     lambda _: SegmentSealed(c.request_id, c.segment), c.request_id, c.segment)
 
     def _truncate(self, c: TruncateSegment) -> None:
+        def past_the_end(error: BaseException) -> Reply:
+            # as Pravega's server answers it: the segment's length in start_offset
+            if isinstance(error, BadOffsetError):
+                return SegmentIsTruncated(c.request_id, c.segment, error.actual_offset,
+                                          str(error)[:_MAX_MESSAGE_CHARS], c.truncation_offset)
+            return None
         self._reply(lambda: self._store.truncate(c.segment, c.truncation_offset),
                     lambda _: SegmentTruncated(c.request_id, c.segment), c.request_id,
-                    c.segment, c.truncation_offset)
+                    c.segment, c.truncation_offset, on_error=past_the_end)
 
     def _delete(self, c: DeleteSegment) -> None:
         self._reply(lambda: self._store.delete(c.segment),
@@ -591,6 +687,7 @@ class SegmentServer:
         self.config = config or SegmentServerConfig()
         self._server: asyncio.Server | None = None
         self._connections: set[WireConnection] = set()
+        self._appenders: dict[tuple[int, str], WireConnection] = {}
         self.host = ""
         self.port = 0
 
@@ -603,7 +700,8 @@ class SegmentServer:
         self.host, self.port = self._server.sockets[0].getsockname()[:2]
 
     def _connection(self) -> WireConnection:
-        connection = WireConnection(self.store, self.config, self._connections.discard)
+        connection = WireConnection(self.store, self.config, self._connections.discard,
+                                    self._appenders)
         self._connections.add(connection)
         return connection
 
@@ -611,12 +709,19 @@ class SegmentServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
+    def abort_connections(self) -> int:
+        """Drop every client connection now, still listening (clients
+        reconnect and set their appends up again); how many were dropped."""
+        connections = list(self._connections)
+        for connection in connections:
+            connection.abort()
+        return len(connections)
+
     async def close(self) -> None:
         """Stop listening and drop every connection (the store stays open)."""
         if self._server is None:
             return
         self._server.close()
-        for connection in list(self._connections):
-            connection.abort()
+        self.abort_connections()
         await self._server.wait_closed()
         self._server = None
