@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,7 +101,6 @@ from quire.segmentstore import (
     SegmentType,
     UpdateType,
 )
-from quire.segmentstore.container import MAX_APPEND_BYTES
 from quire.segmentstore.types import NULL_ATTRIBUTE_VALUE
 
 log = logging.getLogger("quire.segmentserver")
@@ -112,7 +110,6 @@ Reply = WireCommand | None
 Formatter = Callable[["asyncio.Future[Any]"], Reply]
 _MAX_MESSAGE_CHARS = 1000
 """An error's text sent as a reply's ``server_stack_trace`` is cut to this."""
-_EVENT_HEAD = struct.Struct(">ii")
 """An event inside an AppendBlockEnd's data: type 0, length (then the bytes)."""
 
 
@@ -163,31 +160,6 @@ def _previous(result: AppendResult) -> int:
     if result.previous_event_number is None:
         return NO_EVENT_NUMBER
     return result.previous_event_number
-
-
-def _split_events(data: bytes, num_events: int, max_bytes: int
-                  ) -> list[tuple[bytes, int]] | None:
-    """A block of ``num_events`` whole events (``i32 0 | i32 length | bytes``
-    each) as parts of at most ``max_bytes`` at event boundaries, with their
-    event counts; None if it is not that (or one event alone is too big)."""
-    parts: list[tuple[bytes, int]] = []
-    start = at = count = events = 0
-    size = len(data)
-    while at < size:
-        if at + _EVENT_HEAD.size > size:
-            return None
-        kind, length = _EVENT_HEAD.unpack_from(data, at)
-        end = at + _EVENT_HEAD.size + length
-        if kind != 0 or length < 0 or end > size or end - at > max_bytes:
-            return None
-        if end - start > max_bytes:
-            parts.append((data[start:at], count))
-            start, count = at, 0
-        at = end
-        count += 1
-        events += 1
-    parts.append((data[start:], count))
-    return parts if events == num_events else None
 
 
 def _error_reply(error: BaseException, request_id: int, segment: str, offset: int) -> Reply:
@@ -443,37 +415,15 @@ class WireConnection(asyncio.Protocol):
             self._close(f"AppendBlockEnd of {len(c.data)} bytes says {c.size_of_whole_events} "
                         "are whole events (partial events are not supported)")
             return
-        if len(c.data) <= MAX_APPEND_BYTES:
-            self._reply(
-                lambda: self._store.append(segment, c.data, writer=(c.writer_id,
-                                                                     c.last_event_number)),
-                lambda r: DataAppended(c.writer_id, c.last_event_number, _previous(r),
-                                       c.request_id, r.length),
-                c.request_id, segment)
-            return
-        # The client's blocks reach 8 MiB (500 events); the store takes at
-        # most MAX_APPEND_BYTES at once.  The block's events are numbered
-        # one by one up to last_event_number, so it becomes several appends
-        # at event boundaries, each with the number of its last event: if
-        # only some land, SetupAppend reports exactly those.
-        parts = _split_events(c.data, c.num_event, MAX_APPEND_BYTES)
-        if parts is None:
-            self._close(f"AppendBlockEnd of {len(c.data)} bytes is not {c.num_event} whole "
-                        f"events of at most {MAX_APPEND_BYTES} bytes each")
-            return
-
-        def append_parts() -> asyncio.Future[list[AppendResult]]:
-            number = c.last_event_number - c.num_event
-            appends = []
-            for data, count in parts:
-                number += count
-                appends.append(self._store.append(segment, data,
-                                                  writer=(c.writer_id, number)))
-            return asyncio.gather(*appends)
+        # One store append, whatever its size: a frame is at most
+        # MAX_WIRECOMMAND_SIZE, under the store's MAX_APPEND_BYTES (larger
+        # appends are written as part frames), so a block lands whole or not
+        # at all and its writer number says which.
         self._reply(
-            append_parts,
-            lambda rs: DataAppended(c.writer_id, c.last_event_number, _previous(rs[0]),
-                                    c.request_id, rs[-1].length),
+            lambda: self._store.append(segment, c.data, writer=(c.writer_id,
+                                                                 c.last_event_number)),
+            lambda r: DataAppended(c.writer_id, c.last_event_number, _previous(r),
+                                   c.request_id, r.length),
             c.request_id, segment)
 
     def _conditional_block_end(self, c: ConditionalBlockEnd) -> None:
