@@ -393,3 +393,13 @@ async def test_store_routes_by_name_and_keeps_container_count(logs: MemoryDataLo
         await again.close()
     finally:
         await metadata.close()
+
+
+async def test_tail_reads_that_time_out_leave_no_waiter_behind(
+        container: SegmentContainer) -> None:
+    await container.create_segment(S)
+    for _ in range(50):  # an idle segment polled at its tail
+        read = await container.read(S, 0, 10, wait_ms=1)
+        assert read.data == b"" and read.at_tail
+    segment_id = container.committed.by_name[S]
+    assert len(container.read_index._segments[segment_id].waiters) <= 1

@@ -176,6 +176,8 @@ class ReadIndex:
         if segment is None:
             segment = self._segments[segment_id] = _Segment()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if segment.waiters:  # drop those whose readers gave up (a tail read's timeout)
+            segment.waiters = [w for w in segment.waiters if not w.done()]
         segment.waiters.append(waiter)
         return waiter
 
