@@ -6,10 +6,12 @@ the dead host's address never answered as the owner again."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from quire.metadata import MetadataStore, open_store
 from quire.pravega_wire import (
@@ -34,7 +36,7 @@ from tests.support.pravega_wire_client import WireClient, event, events_of
 
 COUNT = 4
 SETTINGS = {"container_count": COUNT, "lease_ms": 1500, "rebalance_interval_ms": 100,
-            "tail_read_wait_ms": 500}
+            "tail_read_wait_ms": 500, "metrics_port": 0}
 
 
 @pytest.fixture
@@ -56,6 +58,16 @@ async def until(check: Callable[[], object], timeout_s: float = 30.0) -> None:
             if result:
                 return
             await asyncio.sleep(0.05)
+
+
+def metric_values(address: str) -> dict[str, float]:
+    """Unlabelled samples of a process's /metrics (labelled ones summed)."""
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
 
 
 async def connect(address: str) -> WireClient:
@@ -104,6 +116,12 @@ async def test_two_hosts_serve_their_containers_and_one_takes_over_after_kill9(
         await client.close()
 
         owner_process = next(h for h in hosts if h.address == owner)
+        # /metrics of the owner: the events it acknowledged, its containers, latency
+        assert owner_process.metrics_address is not None
+        scraped = metric_values(owner_process.metrics_address)
+        assert scraped["quire_segmentstore_events_appended_total"] == 50
+        assert scraped["quire_segmentstore_append_latency_seconds_count"] == 5
+        assert scraped["quire_segmentstore_containers_hosted"] == COUNT // 2
         owner_process.kill9()
 
         async def taken_over() -> bool:

@@ -28,7 +28,7 @@ from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
-from quire.segmentserver import SegmentServer, SegmentServerConfig
+from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
     ContainerOwnership,
     OwnershipSettings,
@@ -145,7 +145,7 @@ class SegmentStoreHost:
                                         write_quorum_size=cfg.tier1_write_quorum_size,
                                         ack_quorum_size=cfg.tier1_ack_quorum_size)))
             self.server = SegmentServer(self.segments, SegmentServerConfig(
-                tail_read_wait_ms=cfg.tail_read_wait_ms))
+                tail_read_wait_ms=cfg.tail_read_wait_ms), SegmentServerMetrics(self.registry))
             await self.server.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"

@@ -36,6 +36,7 @@
   stops being read until half of them are answered.
 """
 
+from quire.segmentserver.metrics import SegmentServerMetrics
 from quire.segmentserver.server import SegmentServer, SegmentServerConfig, WireConnection
 
-__all__ = ["SegmentServer", "SegmentServerConfig", "WireConnection"]
+__all__ = ["SegmentServer", "SegmentServerConfig", "SegmentServerMetrics", "WireConnection"]

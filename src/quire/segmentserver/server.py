@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ from quire.pravega_wire import (
     WireCommand,
     WrongHost,
 )
+from quire.segmentserver.metrics import SegmentServerMetrics
 from quire.segmentstore import (
     NOT_EXISTS,
     AppendResult,
@@ -201,9 +203,11 @@ class WireConnection(asyncio.Protocol):
 
     def __init__(self, store: SegmentStore, config: SegmentServerConfig,
                  on_lost: Callable[[WireConnection], None],
-                 appenders: dict[tuple[int, str], WireConnection]) -> None:
+                 appenders: dict[tuple[int, str], WireConnection],
+                 metrics: SegmentServerMetrics | None = None) -> None:
         self._store = store
         self._config = config
+        self._metrics = metrics
         self._on_lost = on_lost
         self._appenders = appenders
         self._decoder = Decoder(REQUEST_TYPES, config.max_frame_bytes)
@@ -310,11 +314,14 @@ class WireConnection(asyncio.Protocol):
             error = future.exception()
             if error is None:
                 return ok(future.result())
+            reply: Reply = None
             if on_error is not None:
-                special = on_error(error)
-                if special is not None:
-                    return special
-            return _error_reply(error, request_id, segment, offset)
+                reply = on_error(error)
+            if reply is None:
+                reply = _error_reply(error, request_id, segment, offset)
+            if reply is not None and self._metrics is not None:
+                self._metrics.refused.labels(type(reply).__name__).inc()
+            return reply
         try:
             future = request()
         except QuireError as e:  # refused before the store took it
@@ -419,12 +426,20 @@ class WireConnection(asyncio.Protocol):
         # MAX_WIRECOMMAND_SIZE, under the store's MAX_APPEND_BYTES (larger
         # appends are written as part frames), so a block lands whole or not
         # at all and its writer number says which.
+        metrics, started = self._metrics, time.perf_counter()
+
+        def appended(r: AppendResult) -> WireCommand:
+            if metrics is not None:
+                metrics.append_latency.observe(time.perf_counter() - started)
+                if not r.duplicate:
+                    metrics.events.inc(c.num_event)
+                    metrics.bytes_appended.inc(len(c.data))
+            return DataAppended(c.writer_id, c.last_event_number, _previous(r), c.request_id,
+                                r.length)
         self._reply(
             lambda: self._store.append(segment, c.data, writer=(c.writer_id,
                                                                  c.last_event_number)),
-            lambda r: DataAppended(c.writer_id, c.last_event_number, _previous(r),
-                                   c.request_id, r.length),
-            c.request_id, segment)
+            appended, c.request_id, segment)
 
     def _conditional_block_end(self, c: ConditionalBlockEnd) -> None:
         segment = self._writer_segment(c.writer_id, "ConditionalBlockEnd")
@@ -464,8 +479,13 @@ class WireConnection(asyncio.Protocol):
     def _read_segment(self, c: ReadSegment) -> None:
         length = min(self._config.max_read_bytes, max(1, c.suggested_length))
 
+        metrics, started = self._metrics, time.perf_counter()
+
         async def read() -> WireCommand:
             r = await self._read_at(c.segment, c.offset, length)
+            if metrics is not None:
+                metrics.read_latency.observe(time.perf_counter() - started)
+                metrics.bytes_read.inc(len(r.data))
             # the reply's offset is the request's, always: the client asserts it
             return SegmentRead(c.segment, c.offset, r.at_tail, r.end_of_segment, r.data,
                                c.request_id)
@@ -632,7 +652,9 @@ class WireConnection(asyncio.Protocol):
 class SegmentServer:
     """Serves one :class:`~quire.segmentstore.SegmentStore` on a TCP port."""
 
-    def __init__(self, store: SegmentStore, config: SegmentServerConfig | None = None) -> None:
+    def __init__(self, store: SegmentStore, config: SegmentServerConfig | None = None,
+                 metrics: SegmentServerMetrics | None = None) -> None:
+        self.metrics = metrics
         self.store = store
         self.config = config or SegmentServerConfig()
         self._server: asyncio.Server | None = None
@@ -651,7 +673,7 @@ class SegmentServer:
 
     def _connection(self) -> WireConnection:
         connection = WireConnection(self.store, self.config, self._connections.discard,
-                                    self._appenders)
+                                    self._appenders, self.metrics)
         self._connections.add(connection)
         return connection
 
