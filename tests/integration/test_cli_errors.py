@@ -33,7 +33,8 @@ def leaf_commands(group: click.Group = cli, path: tuple[str, ...] = ()
 
 COMMANDS = dict(leaf_commands())
 
-RUN_UNTIL_STOPPED = {("sandbox",), ("bookie", "start"), ("autorecovery", "start")}
+RUN_UNTIL_STOPPED = {("sandbox",), ("bookie", "start"), ("autorecovery", "start"),
+                     ("segmentstore", "start"), ("controller", "start"), ("stream", "tail")}
 """Commands that serve until Ctrl-C when nothing is wrong: left out of the
 no-bookies sweep, where they could start and keep running."""
 
