@@ -86,8 +86,8 @@ async def real_client_writes(manager: pravega_client.StreamManager,
         future.add_done_callback(lambda _f, t0=t0: latencies.append((clock() - t0) * 1000.0))
         window.append(future)
         i += 1
-    for future in window:
-        await future
+    # gather's own callbacks run after the latency callbacks registered before them
+    await asyncio.gather(*window)
     elapsed = clock() - started
     if len(latencies) != i:
         raise SystemExit(f"the real client acknowledged {len(latencies)} of {i} events")
