@@ -23,16 +23,17 @@ def test_tiny_run_reports_every_writer_the_reader_group_and_redis() -> None:
         env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    writers = [report["pravega_client"], report["quire_stream_writer"],
-               *report["redis"].values()]
+    names = ("pravega_client", "pravega_client_inflight", "quire_stream_writer")
+    writers = [*(report[name] for name in names), *report["redis"].values()]
     assert set(report["redis"]) == {"hiredis/1", "hiredis/4"}
     for r in writers:
         assert r["entries"] > 0 and r["entries_per_s"] > 0
         assert r["p99_ms"] >= r["p50_ms"] > 0
     read = report["reader_group"]
-    assert read["events"] == (report["pravega_client"]["entries"]
-                              + report["quire_stream_writer"]["entries"])
-    goal = report["goal"]
-    assert goal["ratio"] == (report["pravega_client"]["entries_per_s"]
-                             / report["redis"]["hiredis/1"]["entries_per_s"])
-    assert goal["met"] == (goal["ratio"] >= 1.5)
+    assert read["events"] == sum(report[name]["entries"] for name in names)
+    assert report["pravega_client_inflight"]["latency_samples"] > 0
+    for name in names:
+        goal = report["goals"][name]
+        assert goal["ratio"] == (report[name]["entries_per_s"]
+                                 / report["redis"]["hiredis/1"]["entries_per_s"])
+        assert goal["met"] == (goal["ratio"] >= 1.5)
