@@ -22,8 +22,9 @@ Redis 7 XADD with ``appendfsync always``, in the same run.
 2b. the real client again with ``max_inflight_events=--outstanding`` and
    the blocking ``write_event``, which then waits only when that many are
    unacknowledged: no Python future per event (each future's completion
-   costs the binding a GIL hand-off, which caps 2.); one event in 64 is
-   written with ``write_event_async`` and timed;
+   costs the binding a GIL hand-off, which caps 2.); its rate only (a timed
+   ``write_event_async`` mixed in deadlocks the binding, see
+   :func:`real_client_inflight_writes`);
 
 Prints a table and each writer's ratio to Redis (``hiredis/1``), goal
 >= 1.5x; ``--json`` prints one JSON object instead.  Progress goes to stderr.
@@ -68,8 +69,6 @@ GOAL = 1.5
 GOAL_REDIS_CLIENT = RedisClient("hiredis", 1)
 REDIS_CLIENTS = (GOAL_REDIS_CLIENT, RedisClient("hiredis", 4))
 ROUTING_KEYS = 1000
-SAMPLE_EVERY = 64
-"""In the ``max_inflight_events`` run, one event in this many is timed."""
 
 
 async def real_client_writes(manager: pravega_client.StreamManager,
@@ -102,45 +101,28 @@ async def real_client_writes(manager: pravega_client.StreamManager,
     return summarize(latencies, elapsed, args.event_bytes)
 
 
-async def real_client_inflight_writes(manager: pravega_client.StreamManager,
-                                      args: argparse.Namespace) -> dict[str, Any]:
+def real_client_inflight_writes(manager: pravega_client.StreamManager,
+                                args: argparse.Namespace) -> dict[str, Any]:
     """The real client with ``max_inflight_events=args.outstanding``: its
-    ``write_event`` then returns without waiting for the ack (it blocks only
-    when that many are unacknowledged), so no future is made per event.  One
-    event in ``SAMPLE_EVERY`` is written with ``write_event_async`` instead,
-    on the same writer (so in order with the others): its latency stands for
-    its neighbours'.  The loop yields after each sampled event, so that its
-    completion is seen within ``SAMPLE_EVERY`` writes.  The count is of
-    events acknowledged by the final ``flush``."""
+    blocking ``write_event`` then returns without waiting for the ack (it
+    waits only when that many are unacknowledged), so no future is made per
+    event.  The rate counts the events the final ``flush`` saw acknowledged.
+    No latency: a ``write_event_async`` mixed in to time a sample deadlocks
+    the binding (the blocking call holds the GIL, which completing the
+    sample's future needs before the client handles further acks)."""
     writer = manager.create_writer(SCOPE, STREAM, args.outstanding)
     payload = "i" * args.event_bytes
-    latencies: list[float] = []
-    sampled: list[asyncio.Future[None]] = []
     clock = time.perf_counter
     started = clock()
     deadline = started + args.seconds
     i = 0
     while clock() < deadline:
-        key = f"key-{i % ROUTING_KEYS}"
-        if i % SAMPLE_EVERY:
-            writer.write_event(payload, key)
-        else:
-            t0 = clock()
-            future = writer.write_event_async(payload, key)
-            future.add_done_callback(
-                lambda _f, t0=t0: latencies.append((clock() - t0) * 1000.0))
-            sampled.append(future)
-            await asyncio.sleep(0)  # a yield (no delay): lets completed samples report
+        writer.write_event(payload, f"key-{i % ROUTING_KEYS}")
         i += 1
     writer.flush()
-    await asyncio.gather(*sampled)
     elapsed = clock() - started
-    result = summarize(latencies, elapsed, args.event_bytes)
-    # the rate is of every event written, the latencies of the sampled ones
-    result.update(entries=i, entries_per_s=i / elapsed,
-                  mb_per_s=i * args.event_bytes / elapsed / 1e6,
-                  latency_samples=len(latencies))
-    return result
+    return {"entries": i, "seconds": elapsed, "entries_per_s": i / elapsed,
+            "mb_per_s": i * args.event_bytes / elapsed / 1e6, "p50_ms": None, "p99_ms": None}
 
 
 async def quire_writes(controller_uri: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -215,7 +197,7 @@ def run_quire(args: argparse.Namespace, root: Path, progress: Progress) -> dict[
         progress.note(_line("pravega client write_event_async", real))
         progress.note(f"pravega client: {args.seconds:g} s of write_event, "
                       f"max_inflight_events={args.outstanding}")
-        inflight = asyncio.run(real_client_inflight_writes(manager, args))
+        inflight = real_client_inflight_writes(manager, args)
         progress.note(_line("pravega client write_event (inflight)", inflight))
         progress.note(f"quire StreamWriter: {args.seconds:g} s, same stream")
         own = uvloop.run(quire_writes(uri, args))
@@ -245,8 +227,10 @@ def run_redis(args: argparse.Namespace, root: Path, progress: Progress
 
 
 def _line(label: str, r: dict[str, Any]) -> str:
-    return (f"{label:<38} {r['entries_per_s']:>9,.0f} events/s  p50 {r['p50_ms']:7.2f} ms  "
-            f"p99 {r['p99_ms']:7.2f} ms  ({r['entries']:,} in {r['seconds']:.1f} s)")
+    latency = ("p50 {:7.2f} ms  p99 {:7.2f} ms".format(r["p50_ms"], r["p99_ms"])
+               if r["p50_ms"] is not None else f"{'(latency not measured)':<30}")
+    return (f"{label:<38} {r['entries_per_s']:>9,.0f} events/s  {latency}  "
+            f"({r['entries']:,} in {r['seconds']:.1f} s)")
 
 
 def main() -> None:
@@ -279,7 +263,7 @@ def main() -> None:
         print(json.dumps({
             "params": {"seconds": args.seconds, "outstanding": args.outstanding,
                        "event_bytes": args.event_bytes, "segments": args.segments,
-                       "tier1": "E=3 W=3 A=2", "sample_every": SAMPLE_EVERY},
+                       "tier1": "E=3 W=3 A=2"},
             **quire, "redis": redis, "read_vs_client_write": read_vs_write,
             "goals": goals}, indent=2))
         return
@@ -292,8 +276,7 @@ def main() -> None:
     print(f"{'pravega reader group (1 reader)':<38} {read['events_per_s']:>9,.0f} events/s  "
           f"({read['events']:,} in {read['seconds']:.1f} s; {read_vs_write:.2f}x "
           "write_event_async's rate)")
-    print(f"(inflight: latencies of 1 event in {SAMPLE_EVERY}, written with write_event_async "
-          "between the others)")
+    print("(inflight: write_event with max_inflight_events, rate only: see 2b.)")
     for name, label in writers.items():
         goal = goals[name]
         print(f"{label} / redis ({GOAL_REDIS_CLIENT}) = {goal['ratio']:.2f}x  "
