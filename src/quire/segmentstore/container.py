@@ -181,6 +181,11 @@ class SegmentContainer:
         return self._log.epoch
 
     @property
+    def clock_ms(self) -> Callable[[], int]:
+        """The container's clock (milliseconds), for timestamps and thresholds."""
+        return self._clock_ms
+
+    @property
     def operation_log(self) -> OperationLog:
         return self._oplog
 
