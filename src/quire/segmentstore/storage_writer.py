@@ -488,6 +488,10 @@ class StorageWriter:
         s = self.container.committed.get(self.metadata_segment)
         if s is None:
             raise SegmentStoreError(f"{self.metadata_segment} is gone")
+        recorded = self._current(s.name, s.segment_id)
+        if (recorded is None or recorded.length < s.length) \
+                and s.name not in report.buckets[METADATA]:
+            report.buckets[METADATA].append(s.name)  # modified by this iteration's records
         await self._flush_segment(s.segment_id, report)
         if self._journal_dirty:
             cid = self.container.container_id
