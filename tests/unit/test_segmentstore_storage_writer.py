@@ -16,6 +16,7 @@ from quire.errors import ConfigError, SegmentTruncatedError
 from quire.metadata import open_store
 from quire.segmentstore import (
     AttributeUpdate,
+    ContainerConfig,
     SegmentContainer,
     SegmentStore,
     SegmentStoreConfig,
@@ -37,6 +38,7 @@ from quire.segmentstore.storage_writer import (
     IterationReport,
     StorageWriter,
     StorageWriterConfig,
+    Tier2Reader,
     journal_name,
     read_layout,
     read_storage_metadata,
@@ -116,11 +118,14 @@ class Rig:
     writer: StorageWriter
     uri: str
     opened: list[SegmentContainer] = field(default_factory=list)
+    container_config: ContainerConfig = field(default_factory=ContainerConfig)
 
     async def reopen(self, config: StorageWriterConfig | None = None) -> None:
         await self.container.close()
+        reader = await Tier2Reader.load(self.storage, 0)  # tier-2 alone
         self.container = await SegmentContainer.open(0, self.logs.open("c0"),
-                                                     clock_ms=self.clock)
+                                                     self.container_config,
+                                                     clock_ms=self.clock, tier2_read=reader.read)
         self.opened.append(self.container)
         self.writer = await StorageWriter.start(self.container, self.storage,
                                                 config or self.writer.config,

@@ -5,7 +5,9 @@ offset order (a segment's appends in one frame make one chunk); ``address``
 is the tier-1 frame that holds them.  When the cached bytes pass
 ``budget_bytes`` the oldest chunks (in commit order) drop their data but
 keep their place, and a read that needs one fetches it back from tier-1
-through ``fetch`` (part 2 adds tier-2).  Readers at the
+through ``fetch``.  Bytes the index has no chunk for (below a segment's
+first chunk, or in a gap: data committed before the container's tier-1 log
+was truncated, now only in tier-2) come from ``fetch_tier2``.  Readers at the
 tail of a segment wait on :meth:`ReadIndex.changed`, which the container
 completes when the segment grows, is sealed, truncated or deleted.
 """
@@ -22,6 +24,10 @@ from quire.log import Position
 Fetch = Callable[[int, int, int, Position], Awaitable[bytes]]
 """``fetch(segment_id, offset, length, address)``: the ``length`` bytes of
 the segment's appends from ``offset`` on in the frame at ``address``."""
+
+FetchTier2 = Callable[[int, int, int], Awaitable[bytes]]
+"""``fetch_tier2(segment_id, offset, length)``: up to ``length`` bytes of the
+segment from ``offset`` out of tier-2 (fewer or none where tier-2 ends)."""
 
 
 class _Segment:
@@ -59,8 +65,12 @@ class _Segment:
 class ReadIndex:
     """See the module docstring."""
 
-    def __init__(self, fetch: Fetch, budget_bytes: int = 256 << 20) -> None:
+    def __init__(self, fetch: Fetch, budget_bytes: int = 256 << 20,
+                 fetch_tier2: FetchTier2 | None = None) -> None:
         self._fetch = fetch
+        self.fetch_tier2 = fetch_tier2
+        """Where bytes without a chunk here come from (None: nowhere, read as
+        missing; set by the container when it has tier-2)."""
         self.budget_bytes = budget_bytes
         self.cached_bytes = 0
         self._segments: dict[int, _Segment] = {}
@@ -183,19 +193,24 @@ class ReadIndex:
         """Up to ``max_length`` committed bytes from ``offset`` (the caller
         checked that they exist and are not truncated)."""
         segment = self._segments.get(segment_id)
-        if segment is None or max_length <= 0:
+        if max_length <= 0:
             return b""
+        if segment is None:
+            return await self._below(segment_id, offset, max_length)
         offsets = segment.offsets
         i = bisect.bisect_right(offsets, offset) - 1
-        if i < 0:
-            return b""
+        if i < 0 or offsets[i] + segment.lengths[i] <= offset:
+            # no chunk holds ``offset``: only tier-2 has it (up to the next chunk)
+            following = offsets[i + 1] if i + 1 < len(offsets) else None
+            return await self._below(segment_id, offset, max_length if following is None
+                                     else min(max_length, following - offset))
         parts: list[bytes] = []
         want = max_length
         position = offset
         while want > 0 and i < len(offsets):
             chunk_offset = offsets[i]
             if chunk_offset > position:
-                break  # a gap: cannot happen for committed data
+                break  # a gap (bytes only in tier-2): the caller reads on from here
             data = segment.cached(i)
             if data is None:
                 origin_id, origin_offset = segment.origins.get(chunk_offset,
@@ -216,3 +231,8 @@ class ReadIndex:
             want -= len(piece)
             i += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _below(self, segment_id: int, offset: int, length: int) -> bytes:
+        if self.fetch_tier2 is None or length <= 0:
+            return b""
+        return await self.fetch_tier2(segment_id, offset, length)

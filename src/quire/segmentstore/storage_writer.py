@@ -28,7 +28,11 @@ One :class:`StorageWriter` per open container.  It runs *flush iterations*
    snapshot chunk of the container's *system journal* holding their layouts
    (``_system/containers/journal_<id>.E<epoch>.<n>``, the latest snapshot
    of the highest epoch wins), so tier-2 alone can be read back:
-   :func:`read_layout`.
+   :func:`read_layout`;
+6. writes a checkpoint to the container's tier-1 log and truncates the log
+   below the newest checkpoint all of whose segment lengths are in tier-2
+   (:meth:`~quire.segmentstore.container.SegmentContainer.truncate_log`):
+   a reopen replays from there and reads older bytes from tier-2.
 
 A layout is recorded only after the chunks it names are durable, and a
 chunk is deleted only once the layout without it is flushed, so whatever
@@ -52,7 +56,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from quire.errors import ConfigError, SegmentStoreError
+from quire.errors import ChunkNotFoundError, ConfigError, SegmentStoreError
 from quire.segmentstore.container import SegmentContainer
 from quire.segmentstore.metadata import SegmentMetadata
 from quire.segmentstore.names import (
@@ -86,6 +90,7 @@ USER, SYSTEM, METADATA = 0, 1, 2
 """Flush priority buckets, flushed in this order."""
 BUCKET_NAMES = ("user", "system", "container metadata")
 FLUSH_ORDERS = ("pdp40", "unordered")
+_JOURNAL_READ_ATTEMPTS = 100
 _ATTRIBUTE_RECORD_BYTES = 24
 """What one changed attribute costs in its ``$attributes`` segment."""
 
@@ -200,6 +205,10 @@ class StorageWriter:
         self._dropped: list[str] = []
         """Chunks no recorded layout names any more; deleted next iteration."""
         self._tracked: dict[int, _Tracked] = {}
+        self.reader = Tier2Reader(storage, self.layouts, self.owners)
+        """Reads through the layouts as this writer records them."""
+        self.truncated_at: int | None = None
+        """The sequence of the checkpoint the tier-1 log was last truncated at."""
         self._random = random.Random(config.unordered_seed)
         self._wake = asyncio.Event()
         self.failure: BaseException | None = None
@@ -221,6 +230,8 @@ class StorageWriter:
         if container.committed.get(writer.metadata_segment) is None:
             await container.create_segment(writer.metadata_segment, SegmentType.TABLE)
         await writer._load()
+        container.tier2_read = writer.reader.read
+        container.read_index.fetch_tier2 = container.fetch_tier2
         return writer
 
     async def _load(self) -> None:
@@ -340,6 +351,8 @@ class StorageWriter:
             self._random.shuffle(steps)
             for step in steps:
                 await step()
+        if self.config.flush_order == "pdp40":
+            await self._truncate_tier1()
         self.iterations += 1
         return report
 
@@ -514,6 +527,26 @@ class StorageWriter:
                 await self.storage.delete(name)
                 report.chunks_deleted += 1
 
+    async def _truncate_tier1(self) -> None:
+        """Checkpoint, and cut tier-1 below the newest checkpoint whose bytes
+        are all in tier-2 (every layout here is recorded and flushed now)."""
+        added = self.container.add_checkpoint()
+        if added is not None:
+            await added
+        segments = self.container.committed.segments
+
+        def in_tier2(segment_id: int, length: int) -> bool:
+            s = segments.get(segment_id)
+            if s is None or s.deleted:
+                return False  # a later checkpoint no longer counts it
+            if length <= s.start_offset:
+                return True
+            layout = self._current(s.name, segment_id)
+            return layout is not None and layout.length >= length
+        sequence = await self.container.truncate_log(in_tier2)
+        if sequence is not None:
+            self.truncated_at = sequence
+
     # --- backlog and the background loop ---------------------------------------------
 
     def backlog_bytes(self) -> int:
@@ -550,20 +583,56 @@ class StorageWriter:
 # --- reading tier-2 alone ---------------------------------------------------------------
 
 
+class Tier2Reader:
+    """Reads segments' bytes out of tier-2 by the layouts it is given
+    (the writer's live ones, or :meth:`load`'s from tier-2 alone)."""
+
+    def __init__(self, storage: ChunkStorage, layouts: dict[str, SegmentLayout],
+                 owners: dict[str, int]) -> None:
+        self.storage = storage
+        self.layouts = layouts
+        self.owners = owners
+
+    @classmethod
+    async def load(cls, storage: ChunkStorage, container_id: int) -> Tier2Reader:
+        """A reader over what tier-2 records for container ``container_id``."""
+        layouts, owners = await _read_records(storage, container_id)
+        return cls(storage, layouts, owners)
+
+    async def read(self, segment_id: int, name: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of segment ``segment_id`` (called ``name``)
+        from ``offset``; b"" if tier-2 holds none there."""
+        layout = self.layouts.get(name)
+        if layout is None or self.owners.get(name, segment_id) != segment_id \
+                or not layout.start_offset <= offset < layout.length:
+            return b""
+        return await read_segment(self.storage, layout, offset,
+                                  min(length, layout.length - offset))
+
+
+
 async def read_journal(storage: ChunkStorage, container_id: int) -> JournalSnapshot | None:
     """The latest journal snapshot of container ``container_id`` (highest
-    epoch, then highest counter), or None if it has none."""
+    epoch, then highest counter), or None if it has none.  A snapshot that
+    vanishes under the reader (its writer deleted it after writing a newer
+    one) is looked for again."""
     prefix = journal_name(container_id) + ".E"
-    best: tuple[int, int, str] | None = None
-    for info in await storage.list_chunks(prefix):
-        segment, epoch, counter = parse_chunk_name(info.name)
-        if segment == journal_name(container_id) and (best is None
-                                                      or (epoch, counter) > best[:2]):
-            best = (epoch, counter, info.name)
-    if best is None:
-        return None
-    name = best[2]
-    return decode_journal(await storage.read(name, 0, await storage.length(name)))
+    for _attempt in range(_JOURNAL_READ_ATTEMPTS):
+        best: tuple[int, int, str] | None = None
+        for info in await storage.list_chunks(prefix):
+            segment, epoch, counter = parse_chunk_name(info.name)
+            if segment == journal_name(container_id) and (best is None
+                                                          or (epoch, counter) > best[:2]):
+                best = (epoch, counter, info.name)
+        if best is None:
+            return None
+        try:
+            name = best[2]
+            return decode_journal(await storage.read(name, 0, await storage.length(name)))
+        except ChunkNotFoundError:
+            continue
+    raise SegmentStoreError(f"container {container_id}: its journal snapshots kept vanishing "
+                            f"({_JOURNAL_READ_ATTEMPTS} attempts)")
 
 
 async def journal_containers(storage: ChunkStorage) -> list[int]:
@@ -576,26 +645,36 @@ async def journal_containers(storage: ChunkStorage) -> list[int]:
     return sorted(found)
 
 
-async def read_storage_metadata(storage: ChunkStorage, container_id: int
-                                ) -> dict[str, SegmentLayout]:
-    """Every layout tier-2 holds for container ``container_id``: its journal's
-    (the metadata segments) and its flushed storage-metadata table's."""
+async def _read_records(storage: ChunkStorage, container_id: int
+                        ) -> tuple[dict[str, SegmentLayout], dict[str, int]]:
+    """The layouts tier-2 records for the container and, for those in its
+    storage-metadata table, the ids of the segments they belong to."""
     snapshot = await read_journal(storage, container_id)
     if snapshot is None:
-        return {}
+        return {}, {}
     layouts = {layout.segment: layout for layout in snapshot.layouts}
     table = layouts.get(storage_metadata_name(container_id))
     found: dict[str, SegmentLayout] = {}
+    owners: dict[str, int] = {}
     if table is not None and table.length > table.start_offset:
         data = await read_segment(storage, table, table.start_offset,
                                   table.length - table.start_offset)
         for _version, key, value, _end in decode_entries(data, table.start_offset):
+            name = key.decode()
             if value is None:
-                found.pop(key.decode(), None)
+                found.pop(name, None)
+                owners.pop(name, None)
             else:
-                found[key.decode()] = decode_layout_record(value)[1]
+                owners[name], found[name] = decode_layout_record(value)
     found.update(layouts)
-    return found
+    return found, owners
+
+
+async def read_storage_metadata(storage: ChunkStorage, container_id: int
+                                ) -> dict[str, SegmentLayout]:
+    """Every layout tier-2 holds for container ``container_id``: its journal's
+    (the metadata segments) and its flushed storage-metadata table's."""
+    return (await _read_records(storage, container_id))[0]
 
 
 async def read_layout(storage: ChunkStorage, segment: str,

@@ -33,7 +33,7 @@ from quire.log import DurableDataLog, NamedDataLog
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
 from quire.segmentstore.names import container_log_name, container_of
-from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
+from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig, Tier2Reader
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
     AppendResult,
@@ -191,8 +191,11 @@ class SegmentStore:
 
     async def _open(self, container_id: int) -> SegmentContainer:
         try:
+            reader = None if self.tier2 is None else \
+                await Tier2Reader.load(self.tier2, container_id)
             container = await SegmentContainer.open(
-                container_id, self._open_log(container_id), self._config.container)
+                container_id, self._open_log(container_id), self._config.container,
+                tier2_read=None if reader is None else reader.read)
             if self.tier2 is not None:
                 try:
                     writer = await StorageWriter.start(container, self.tier2,
