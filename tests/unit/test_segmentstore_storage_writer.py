@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from quire.errors import ConfigError, SegmentTruncatedError
+from quire.log import Position
 from quire.metadata import open_store
 from quire.segmentstore import (
     AttributeUpdate,
@@ -71,12 +72,14 @@ class RecordingStorage:
         self.inner = inner
         self.uri = inner.uri
         self.ops: list[tuple[str, str]] = []
+        self.reads = 0
 
     async def write_chunk(self, name: str, data: ChunkData) -> None:
         await self.inner.write_chunk(name, data)
         self.ops.append(("write", name))
 
     async def read(self, name: str, offset: int, length: int) -> bytes:
+        self.reads += 1
         return await self.inner.read(name, offset, length)
 
     async def length(self, name: str) -> int:
@@ -379,6 +382,65 @@ async def test_liveness_the_backlog_reaches_zero_once_appends_stop(r: Rig) -> No
         data = await read_segment(r.storage, layout, info.start_offset,
                                   info.length - info.start_offset)
         assert data == (await c.read(name, info.start_offset, info.length)).data
+
+
+# --- tier-1 truncation ----------------------------------------------------------------------
+
+
+def tier1_records(r: Rig) -> list[Position]:
+    return [address for address, _data in r.logs._logs["c0"].records]
+
+
+async def test_tier1_is_truncated_and_a_reopen_reads_older_bytes_from_tier2(r: Rig) -> None:
+    r.container_config = ContainerConfig(read_index_budget_bytes=500)  # evicts at once
+    await r.reopen(config(flush_threshold_bytes=1))
+    c = r.container
+    stream, table, sealed, cut = USER, USER_TABLE, "sc/st/sealed", "sc/st/cut"
+    for name in (stream, sealed, cut):
+        await c.create_segment(name)
+    await c.create_segment(table, SegmentType.TABLE)
+    expected = {stream: b"", sealed: b"", cut: b""}
+    for i in range(40):
+        for name in expected:
+            piece = bytes([65 + i % 26]) * (10 + i)
+            await c.append(name, piece, [AttributeUpdate(i % 3, UpdateType.REPLACE, i)])
+            expected[name] += piece
+    await c.table_put(table, [(b"k%d" % i, b"v%d" % i, None) for i in range(30)])
+    await c.table_remove(table, [(b"k3", None)])
+    await c.seal(sealed)
+    await c.truncate(cut, 300)
+    records_before = len(tier1_records(r))
+    await r.writer.flush_once()
+    assert r.writer.truncated_at is not None
+    assert len(tier1_records(r)) < records_before / 10
+    # acknowledged after the flush: only in tier-1
+    await c.append(stream, b"tail")
+    expected[stream] += b"tail"
+    await c.table_put(table, [(b"k30", b"late", None)])
+    infos = {name: await c.get_info(name) for name in (*expected, table)}
+    entries = await c.table_iterate(table)
+    await r.reopen()
+    c = r.container
+    reads_before = r.storage.reads
+    for name, data in expected.items():
+        info = await c.get_info(name)
+        assert (info.length, info.start_offset, info.sealed, info.attributes) == (
+            infos[name].length, infos[name].start_offset, infos[name].sealed,
+            infos[name].attributes)
+        got = b""
+        while info.start_offset + len(got) < info.length:
+            got += (await c.read(name, info.start_offset + len(got), 1 << 20)).data
+        assert got == data[info.start_offset:]
+    assert r.storage.reads > reads_before  # the evicted, truncated bytes came from tier-2
+    assert await c.table_iterate(table) == entries
+    assert (await c.table_get(table, [b"k3", b"k30"]))[1] is not None
+    assert (await c.table_get(table, [b"k3"]))[0] is None
+    with pytest.raises(SegmentTruncatedError):
+        await c.read(cut, 299, 1)
+    # and it goes on: the writer flushes the tail, tier-1 is cut again
+    await r.writer.flush_once()
+    layout = await read_layout(r.storage, stream)
+    assert layout is not None and layout.length == len(expected[stream])
 
 
 # --- reopen, name reuse, the store ----------------------------------------------------------
