@@ -449,6 +449,16 @@ class StorageWriter:
         if tracked is not None:
             tracked.dirty_since_ms = None
 
+    def _data_flushed(self, snapshot: _Snapshot) -> bool:
+        """Whether the data segment is in tier-2 up to the snapshot's length,
+        so a batch recording that length may follow (PDP-40 rule 9); when a
+        truncate or delete cut the data flush short, the batch waits for the
+        next iteration.  "unordered" does not wait."""
+        if self.config.flush_order != "pdp40":
+            return True
+        layout = self._current(snapshot.name, snapshot.segment_id)
+        return layout is not None and layout.length >= snapshot.length
+
     async def _flush_index(self, snapshot: _Snapshot, report: IterationReport) -> None:
         if snapshot.index is None:
             return
@@ -462,6 +472,8 @@ class StorageWriter:
         changed.update((k, REMOVED_VERSION) for k in tracked.flushed_index
                        if k not in snapshot.index)
         if not changed and self._current(name, snapshot.segment_id) is not None:
+            return
+        if not self._data_flushed(snapshot):
             return
         layout = self._layout_for(name, snapshot.segment_id)
         data = encode_index_batch(changed, snapshot.length)
@@ -479,6 +491,8 @@ class StorageWriter:
         if not changed:
             return
         await self._hook(f"attributes:{snapshot.name}")
+        if not self._data_flushed(snapshot):
+            return
         layout = self._layout_for(name, snapshot.segment_id)
         data = encode_attribute_batch(changed, snapshot.length)
         self._set_layout(await self._write(layout, data, report), snapshot.segment_id)
