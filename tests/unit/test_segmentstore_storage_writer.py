@@ -443,6 +443,40 @@ async def test_tier1_is_truncated_and_a_reopen_reads_older_bytes_from_tier2(r: R
     assert layout is not None and layout.length == len(expected[stream])
 
 
+async def test_merges_move_flushed_chunks_or_copy_the_rest(r: Rig) -> None:
+    r.container_config = ContainerConfig(read_index_budget_bytes=100)  # evicts at once
+    await r.reopen(config(flush_threshold_bytes=1))
+    c = r.container
+    target, flushed, unflushed = USER, USER + "#transaction.1", USER + "#transaction.2"
+    for name in (target, flushed, unflushed):
+        await c.create_segment(name)
+    await c.append(target, b"T" * 50)
+    await c.append(flushed, b"F" * 100)
+    await r.writer.flush_once()  # all in tier-2, tier-1 truncated below them
+    assert r.writer.truncated_at is not None
+    source = await read_layout(r.storage, flushed)
+    assert source is not None
+    await c.merge(target, flushed)
+    r.writer.config = config(flush_threshold_bytes=BIG)  # the merge alone makes it eligible
+    await c.append(unflushed, b"U" * 30)
+    await c.merge(target, unflushed)
+    r.storage.take()
+    await r.writer.flush_once()
+    writes = [segment for kind, segment in r.storage.take() if kind == "write"]
+    merged = await read_layout(r.storage, target)
+    assert merged is not None and merged.length == 180
+    assert {chunk.name for chunk in source.chunks} <= {chunk.name for chunk in merged.chunks}
+    assert writes.count(target) == 1  # the 30 unflushed bytes copied, the 100 flushed not
+    assert await read_segment(r.storage, merged, 0, 180) == b"T" * 50 + b"F" * 100 + b"U" * 30
+    gone = await read_layout(r.storage, flushed)
+    assert gone is not None and gone.deleted
+    await r.writer.flush_once()
+    await r.writer.flush_once()
+    assert await read_segment(r.storage, merged, 0, 180) == b"T" * 50 + b"F" * 100 + b"U" * 30
+    await r.reopen()
+    assert (await r.container.read(target, 0, 180)).data == b"T" * 50 + b"F" * 100 + b"U" * 30
+
+
 # --- reopen, name reuse, the store ----------------------------------------------------------
 
 

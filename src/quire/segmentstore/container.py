@@ -181,6 +181,9 @@ class SegmentContainer:
         """Where bytes no longer in memory or tier-1 are read (None: no tier-2)."""
         if tier2_read is not None:
             self.read_index.fetch_tier2 = self.fetch_tier2
+        self.merges: list[tuple[int, int, int, int]] = []
+        """Committed merges ``(target id, source id, target offset, length)``
+        for the storage writer to take (kept only with tier-2)."""
         self.checkpoints: list[tuple[int, Position, dict[int, int]]] = []
         """Committed checkpoints still in the log, oldest first: (sequence,
         address, each live segment's length then): where the log may be cut."""
@@ -370,6 +373,8 @@ class SegmentContainer:
             self.read_index.delete(op.segment_id)
         elif isinstance(op, MergeOp):
             self.read_index.merge(op.target_id, op.source_id, op.target_offset)
+            if self.tier2_read is not None:
+                self.merges.append((op.target_id, op.source_id, op.target_offset, op.length))
         elif isinstance(op, SealOp | AttributesOp):
             self.read_index.notify(op.segment_id)
         elif isinstance(op, CheckpointOp):

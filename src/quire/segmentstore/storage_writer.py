@@ -205,6 +205,10 @@ class StorageWriter:
         self._dropped: list[str] = []
         """Chunks no recorded layout names any more; deleted next iteration."""
         self._tracked: dict[int, _Tracked] = {}
+        self._merges: dict[int, list[tuple[int, int, int]]] = {}
+        """Target id -> its merges not yet in tier-2: (source id, offset, length)."""
+        self._merge_sources: set[int] = set()
+        """Merged sources whose tier-2 bytes their target's flush takes over."""
         self.reader = Tier2Reader(storage, self.layouts, self.owners)
         """Reads through the layouts as this writer records them."""
         self.truncated_at: int | None = None
@@ -268,6 +272,8 @@ class StorageWriter:
             layout = self._current(s.name, sid)
             tracked = self._tracked.get(sid)
             if s.deleted:
+                if sid in self._merge_sources:
+                    continue  # its target's flush takes its bytes over
                 if any(self._live_layout(n, sid) for n in
                        (s.name, s.name + ATTRIBUTES_SUFFIX, s.name + INDEX_SUFFIX)):
                     buckets[bucket].append(sid)
@@ -275,7 +281,7 @@ class StorageWriter:
             flushed = layout.length if layout is not None else 0
             start = layout.start_offset if layout is not None else 0
             state_changed = s.start_offset > start or (s.sealed and not (
-                layout is not None and layout.sealed))
+                layout is not None and layout.sealed)) or sid in self._merges
             if tracked is None:
                 tracked = self._tracked[sid] = _Tracked()
             pending_attributes = sum(1 for k, v in s.attributes.items()
@@ -329,6 +335,7 @@ class StorageWriter:
     async def flush_once(self) -> IterationReport:
         """Run one flush iteration (see the module docstring)."""
         report = IterationReport()
+        self._take_merges()
         dropped, self._dropped = self._dropped, []
         for name in dropped:
             await self.storage.delete(name)
@@ -368,7 +375,15 @@ class StorageWriter:
                     report.chunks_deleted += 1
         return step
 
+    def _take_merges(self) -> None:
+        merges = self.container.merges
+        for target_id, source_id, offset, length in merges:
+            self._merges.setdefault(target_id, []).append((source_id, offset, length))
+            self._merge_sources.add(source_id)
+        merges.clear()
+
     def _snapshot(self, segment_id: int) -> _Snapshot:
+        self._take_merges()  # every merge the snapshot's length counts
         s: SegmentMetadata = self.container.committed.segments[segment_id]
         index = None
         if s.type is SegmentType.TABLE:
@@ -421,8 +436,14 @@ class StorageWriter:
     async def _flush_data(self, snapshot: _Snapshot, report: IterationReport) -> None:
         await self._hook(f"data:{snapshot.name}")
         name = snapshot.name
+        segments = self.container.committed.segments
         if snapshot.deleted:
+            if snapshot.segment_id in self._merge_sources:
+                return  # its target's flush takes its bytes over
             self._delete_layout(name, snapshot.segment_id)
+            for source_id, _offset, _length in self._merges.pop(snapshot.segment_id, []):
+                self._delete_layout(segments[source_id].name, source_id)
+                self._merge_sources.discard(source_id)
             self._tracked.pop(snapshot.segment_id, None)
             return
         layout = self._layout_for(name, snapshot.segment_id)
@@ -433,14 +454,22 @@ class StorageWriter:
                 dropped = [c.name for c in layout.chunks]
                 layout = SegmentLayout(name, (), snapshot.start_offset, snapshot.start_offset)
             self._dropped += dropped
-        segment = self.container.committed.segments[snapshot.segment_id]
-        while layout.length < snapshot.length:
-            want = min(self.max_chunk_bytes, snapshot.length - layout.length)
-            data = await self.container.read_index.read(snapshot.segment_id, layout.length,
-                                                        want)
-            if not data:
-                break  # truncated or deleted meanwhile: the next iteration sees it
-            layout = await self._write(layout, data, report)
+        segment = segments[snapshot.segment_id]
+        for source_id, offset, length in sorted(self._merges.pop(snapshot.segment_id, []),
+                                                key=lambda merge: merge[1]):
+            layout = await self._copy(snapshot.segment_id, layout, offset, report)
+            source_name = segments[source_id].name
+            source = self._current(source_name, source_id)
+            if layout.length == offset and source is not None and not source.deleted \
+                    and source.start_offset == 0 and source.length == length:
+                # the source's chunks join the target's layout: nothing copied
+                layout, gone = layout.merged(source if source.sealed else source.with_sealed())
+                self._set_layout(gone, source_id)
+            else:  # copied (through the read index, the source's layout still readable)
+                layout = await self._copy(snapshot.segment_id, layout, offset + length, report)
+                self._delete_layout(source_name, source_id)
+            self._merge_sources.discard(source_id)
+        layout = await self._copy(snapshot.segment_id, layout, snapshot.length, report)
         if snapshot.sealed and layout.length == snapshot.length and not layout.sealed:
             layout = layout.with_sealed()
         self._set_layout(layout, snapshot.segment_id)
@@ -458,6 +487,19 @@ class StorageWriter:
             return True
         layout = self._current(snapshot.name, snapshot.segment_id)
         return layout is not None and layout.length >= snapshot.length
+
+    async def _copy(self, segment_id: int, layout: SegmentLayout, up_to: int,
+                    report: IterationReport) -> SegmentLayout:
+        """``layout`` grown with the segment's committed bytes up to ``up_to``
+        (less if it was truncated or deleted meanwhile: the next iteration
+        sees that)."""
+        while layout.length < up_to:
+            want = min(self.max_chunk_bytes, up_to - layout.length)
+            data = await self.container.read_index.read(segment_id, layout.length, want)
+            if not data:
+                break
+            layout = await self._write(layout, data, report)
+        return layout
 
     async def _flush_index(self, snapshot: _Snapshot, report: IterationReport) -> None:
         if snapshot.index is None:
