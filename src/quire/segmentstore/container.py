@@ -311,10 +311,10 @@ class SegmentContainer:
         else:
             return None
         if address.entry_id > 0:
-            up_to = Position(address.ledger_seq, address.entry_id - 1)
-        else:
-            up_to = Position(address.ledger_seq - 1, _LAST_ENTRY)
-        await self._log.truncate(up_to)
+            await self._log.truncate(Position(address.ledger_seq, address.entry_id - 1))
+        elif address.ledger_seq > 0:
+            await self._log.truncate(Position(address.ledger_seq - 1, _LAST_ENTRY))
+        # else: the checkpoint is the log's first record, nothing is below it
         del self.checkpoints[:i]
         return sequence
 
