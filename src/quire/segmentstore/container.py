@@ -372,7 +372,7 @@ class SegmentContainer:
             self.tables_committed.pop(op.segment_id, None)
             self.read_index.delete(op.segment_id)
         elif isinstance(op, MergeOp):
-            self.read_index.merge(op.target_id, op.source_id, op.target_offset)
+            self.read_index.merge(op.target_id, op.source_id, op.target_offset, op.length)
             if self.tier2_read is not None:
                 self.merges.append((op.target_id, op.source_id, op.target_offset, op.length))
         elif isinstance(op, SealOp | AttributesOp):
@@ -394,15 +394,7 @@ class SegmentContainer:
 
     async def _fetch(self, segment_id: int, offset: int, length: int,
                      address: Position) -> bytes:
-        """The segment's bytes [offset, offset + length): from tier-2 if it has
-        them all (the frame may be truncated away), else from the frame at
-        ``address``."""
-        if self.tier2_read is not None:
-            s = self.committed.segments.get(segment_id)
-            if s is not None:
-                found = await self.tier2_read(segment_id, s.name, offset, length)
-                if len(found) == length:
-                    return found
+        """The segment's bytes [offset, offset + length) from the frame at ``address``."""
         parts = [op.data for op in await read_frame(self._log, address)
                  if isinstance(op, AppendOp) and op.segment_id == segment_id
                  and offset <= op.offset < offset + length]

@@ -5,7 +5,8 @@ offset order (a segment's appends in one frame make one chunk); ``address``
 is the tier-1 frame that holds them.  When the cached bytes pass
 ``budget_bytes`` the oldest chunks (in commit order) drop their data but
 keep their place, and a read that needs one fetches it back from tier-1
-through ``fetch``.  Bytes the index has no chunk for (below a segment's
+through ``fetch_tier2`` if tier-2 has them, else ``fetch`` from their
+tier-1 frame.  Bytes the index has no chunk for (below a segment's
 first chunk, or in a gap: data committed before the container's tier-1 log
 was truncated, now only in tier-2) come from ``fetch_tier2``.  Readers at the
 tail of a segment wait on :meth:`ReadIndex.changed`, which the container
@@ -40,7 +41,8 @@ class _Segment:
     Lists of ints, bytes and shared frame positions are a handful of
     tracked objects per segment whatever the chunk count."""
 
-    __slots__ = ("addresses", "data", "lengths", "offsets", "origins", "waiters")
+    __slots__ = ("addresses", "data", "lengths", "offsets", "origins", "tier2_origins",
+                 "waiters")
 
     def __init__(self) -> None:
         self.offsets: list[int] = []
@@ -54,6 +56,9 @@ class _Segment:
         """Chunk offset -> (segment id, offset) of its bytes in their frame,
         for the chunks that are not this segment's own (a merged source's)."""
         self.waiters: list[asyncio.Future[None]] = []
+        self.tier2_origins: list[tuple[int, int, int]] = []
+        """(offset, length, source segment id) of merged ranges whose bytes
+        were only in tier-2 when merged: read there under the source."""
 
     def cached(self, i: int) -> bytes | None:
         data = self.data[i]
@@ -106,12 +111,17 @@ class ReadIndex:
         if segment.waiters:
             self.notify(segment_id)
 
-    def merge(self, target_id: int, source_id: int, target_offset: int) -> None:
-        """Move the source's chunks to the end of the target (at ``target_offset``)."""
+    def merge(self, target_id: int, source_id: int, target_offset: int, length: int) -> None:
+        """Move the source's ``length`` bytes to the end of the target (at
+        ``target_offset``): its chunks, and the range below its first chunk
+        (only in tier-2) as a tier-2 origin."""
         source = self._segments.pop(source_id, None)
         target = self._segments.get(target_id)
         if target is None:
             target = self._segments[target_id] = _Segment()
+        in_tier2 = source.offsets[0] if source is not None and source.offsets else length
+        if in_tier2 > 0:
+            target.tier2_origins.append((target_offset, in_tier2, source_id))
         if source is not None:
             for offset, length, data, address in zip(source.offsets, source.lengths,
                                                      source.data, source.addresses,
@@ -191,7 +201,25 @@ class ReadIndex:
 
     async def read(self, segment_id: int, offset: int, max_length: int) -> bytes:
         """Up to ``max_length`` committed bytes from ``offset`` (the caller
-        checked that they exist and are not truncated)."""
+        checked that they exist and are not truncated), across runs of
+        chunks here and ranges only in tier-2."""
+        first = await self._read_run(segment_id, offset, max_length)
+        if len(first) == max_length or not first:
+            return first
+        parts = [first]
+        position, want = offset + len(first), max_length - len(first)
+        while want > 0:
+            piece = await self._read_run(segment_id, position, want)
+            if not piece:
+                break
+            parts.append(piece)
+            position += len(piece)
+            want -= len(piece)
+        return b"".join(parts)
+
+    async def _read_run(self, segment_id: int, offset: int, max_length: int) -> bytes:
+        """Bytes from ``offset``: from tier-2 up to the next chunk if no chunk
+        holds ``offset``, else from the chunks up to a gap."""
         segment = self._segments.get(segment_id)
         if max_length <= 0:
             return b""
@@ -212,17 +240,29 @@ class ReadIndex:
             if chunk_offset > position:
                 break  # a gap (bytes only in tier-2): the caller reads on from here
             data = segment.cached(i)
+            base = chunk_offset
             if data is None:
                 origin_id, origin_offset = segment.origins.get(chunk_offset,
                                                                (segment_id, chunk_offset))
-                data = await self._fetch(origin_id, origin_offset, segment.lengths[i],
-                                         segment.addresses[i])
+                skip = position - chunk_offset
+                need = segment.lengths[i] - skip
+                # tier-2 first, from where the read starts (the chunk's head may
+                # be truncated away there, and its frame gone from tier-1)
+                data = b"" if self.fetch_tier2 is None else \
+                    await self.fetch_tier2(segment_id, position, need)
+                if len(data) != need and origin_id != segment_id and self.fetch_tier2:
+                    data = await self.fetch_tier2(origin_id, origin_offset + skip, need)
+                if len(data) == need:
+                    base = position
+                else:
+                    data = await self._fetch(origin_id, origin_offset, segment.lengths[i],
+                                             segment.addresses[i])
                 if segment is not self._segments.get(segment_id) or i >= len(offsets) \
                         or offsets[i] != chunk_offset:
                     # truncated or deleted meanwhile: start again from the current index
-                    return b"".join(parts) + await self.read(segment_id, position, want) \
+                    return b"".join(parts) + await self._read_run(segment_id, position, want) \
                         if segment_id in self._segments else b"".join(parts)
-            start = position - chunk_offset
+            start = position - base
             piece = data[start:start + want]
             if not piece:
                 break
@@ -233,6 +273,16 @@ class ReadIndex:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _below(self, segment_id: int, offset: int, length: int) -> bytes:
+        """Bytes without a chunk here: the segment's own in tier-2, or a merged
+        source's there."""
         if self.fetch_tier2 is None or length <= 0:
             return b""
-        return await self.fetch_tier2(segment_id, offset, length)
+        found = await self.fetch_tier2(segment_id, offset, length)
+        segment = self._segments.get(segment_id)
+        if found or segment is None:
+            return found
+        for start, size, source_id in segment.tier2_origins:
+            if start <= offset < start + size:
+                return await self.fetch_tier2(source_id, offset - start,
+                                              min(length, start + size - offset))
+        return b""
