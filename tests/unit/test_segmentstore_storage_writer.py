@@ -354,6 +354,7 @@ async def test_unordered_deletes_in_one_iteration_and_breaks_the_order(r: Rig) -
 async def test_liveness_the_backlog_reaches_zero_once_appends_stop(r: Rig) -> None:
     c = r.container
     r.writer.config = config(flush_threshold_bytes=1000, flush_threshold_ms=5000)
+    r.writer.max_chunk_bytes = 4096
     names = [f"sc/l/{i}" for i in range(20)]
     for i, name in enumerate(names):
         await c.create_segment(name, SegmentType.TABLE if i % 5 == 0 else SegmentType.STREAM)
@@ -475,6 +476,32 @@ async def test_merges_move_flushed_chunks_or_copy_the_rest(r: Rig) -> None:
     assert await read_segment(r.storage, merged, 0, 180) == b"T" * 50 + b"F" * 100 + b"U" * 30
     await r.reopen()
     assert (await r.container.read(target, 0, 180)).data == b"T" * 50 + b"F" * 100 + b"U" * 30
+
+
+async def test_small_chunks_are_concatenated_and_the_old_ones_deleted_a_cycle_later(r: Rig
+                                                                                    ) -> None:
+    c = r.container
+    await c.create_segment(SYSTEM)  # flushed in every iteration
+    expected = b""
+    chunk_counts = []
+    for round_ in range(30):
+        piece = bytes([48 + round_ % 10]) * 3
+        await c.append(SYSTEM, piece)
+        expected += piece
+        await r.writer.flush_once()
+        layout = await read_layout(r.storage, SYSTEM)
+        meta = await read_layout(r.storage, META)
+        assert layout is not None and meta is not None
+        for found in (layout, meta):  # bounded by bytes, not by iterations
+            assert len(found.chunks) <= 2 * found.length // 64 + 8
+        chunk_counts.append(len(layout.chunks))
+        assert await read_segment(r.storage, layout, 0, layout.length) == expected
+    assert max(chunk_counts) <= 8 and chunk_counts[-1] < 30
+    assert any(kind == "delete" and segment == SYSTEM for kind, segment in r.storage.take())
+    listed = [i.name for i in await r.storage.list_chunks(SYSTEM + ".E")]
+    final = await read_layout(r.storage, SYSTEM)
+    assert final is not None
+    assert len(listed) <= len(final.chunks) + 8  # the replaced ones go a cycle later
 
 
 # --- reopen, name reuse, the store ----------------------------------------------------------

@@ -81,6 +81,7 @@ from quire.tier2 import (
     ChunkNamer,
     ChunkStorage,
     SegmentLayout,
+    concat_chunks,
     parse_chunk_name,
     read_segment,
 )
@@ -90,6 +91,8 @@ USER, SYSTEM, METADATA = 0, 1, 2
 """Flush priority buckets, flushed in this order."""
 BUCKET_NAMES = ("user", "system", "container metadata")
 FLUSH_ORDERS = ("pdp40", "unordered")
+CONCAT_RUN_CHUNKS = 8
+"""A segment's trailing small chunks are joined once there are this many."""
 _JOURNAL_READ_ATTEMPTS = 100
 _ATTRIBUTE_RECORD_BYTES = 24
 """What one changed attribute costs in its ``$attributes`` segment."""
@@ -424,6 +427,29 @@ class StorageWriter:
             layout = layout.with_chunk(name, len(piece))
             report.chunks_written += 1
             report.bytes_written += len(piece)
+        return await self._concatenate(layout, report)
+
+    async def _concatenate(self, layout: SegmentLayout, report: IterationReport
+                           ) -> SegmentLayout:
+        """``layout`` with its trailing run of small chunks joined into one
+        new chunk once the run is :data:`CONCAT_RUN_CHUNKS` long and fits in
+        ``max_chunk_bytes``, so the chunk count stays bounded although system
+        and metadata segments flush a little every iteration.  The replaced
+        chunks are deleted an iteration after the new layout is recorded."""
+        chunks = layout.chunks
+        first = len(chunks)
+        total = 0
+        while first > 0 and total + chunks[first - 1].length <= self.max_chunk_bytes:
+            first -= 1
+            total += chunks[first].length
+        if len(chunks) - first < CONCAT_RUN_CHUNKS:
+            return layout
+        name = self._namer.next_name(layout.segment)
+        written = await concat_chunks(self.storage, name, [c.name for c in chunks[first:]])
+        report.chunks_written += 1
+        report.bytes_written += written
+        layout, replaced = layout.concatenated(first, len(chunks) - first, name)
+        self._dropped += replaced
         return layout
 
     def _delete_layout(self, name: str, segment_id: int) -> None:
