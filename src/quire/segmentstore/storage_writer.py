@@ -133,14 +133,19 @@ class StorageWriterConfig:
     """"pdp40" (PDP-40's order) or "unordered" (tests: any order, deletes at once)."""
     unordered_seed: int = 0
     """The shuffle's seed under "unordered" (runs replay)."""
+    flush_concurrency: int = 16
+    """Segments of one bucket flushed at once (PDP-40 orders buckets, and each
+    segment's data before its index and attributes, not segments of one
+    bucket among themselves): their chunk writes and fsyncs overlap."""
 
     def __post_init__(self) -> None:
         if self.flush_order not in FLUSH_ORDERS:
             raise ConfigError(f"flush_order is one of {FLUSH_ORDERS}, got {self.flush_order!r}")
         if self.flush_threshold_bytes <= 0 or self.flush_threshold_ms < 0 \
-                or self.iteration_interval_ms <= 0:
-            raise ConfigError("flush_threshold_bytes and iteration_interval_ms must be "
-                              "positive, flush_threshold_ms not negative")
+                or self.iteration_interval_ms <= 0 or self.flush_concurrency <= 0:
+            raise ConfigError("flush_threshold_bytes, iteration_interval_ms and "
+                              "flush_concurrency must be positive, flush_threshold_ms not "
+                              "negative")
 
 
 @dataclass
@@ -347,8 +352,8 @@ class StorageWriter:
         names = self.container.committed.segments
         report.buckets = [[names[sid].name for sid in bucket] for bucket in plan]
         if self.config.flush_order == "pdp40":
-            for sid in plan[USER] + plan[SYSTEM]:
-                await self._flush_segment(sid, report)
+            for bucket in (USER, SYSTEM):  # each bucket wholly before the next
+                await self._flush_bucket(plan[bucket], report)
             await self._flush_metadata(report)
         else:
             steps: list[Callable[[], Awaitable[None]]] = []
@@ -365,6 +370,21 @@ class StorageWriter:
             await self._truncate_tier1()
         self.iterations += 1
         return report
+
+    async def _flush_bucket(self, segment_ids: list[int], report: IterationReport) -> None:
+        """Flush the segments, up to ``flush_concurrency`` at once; returns
+        when all are done (the first failure is raised after the others end)."""
+        pending = iter(segment_ids)
+
+        async def worker() -> None:
+            for segment_id in pending:
+                await self._flush_segment(segment_id, report)
+        workers = min(self.config.flush_concurrency, len(segment_ids))
+        results = await asyncio.gather(*(worker() for _ in range(workers)),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     def _step(self, flush: Callable[[_Snapshot, IterationReport], Awaitable[None]],
               snapshot: _Snapshot, report: IterationReport) -> Callable[[], Awaitable[None]]:
