@@ -58,7 +58,8 @@ class _Segment:
         self.waiters: list[asyncio.Future[None]] = []
         self.tier2_origins: list[tuple[int, int, int]] = []
         """(offset, length, source segment id) of merged ranges whose bytes
-        were only in tier-2 when merged: read there under the source."""
+        were only in tier-2 when merged: read there under the source (from
+        its offset 0), or under a source it had merged in itself."""
 
     def cached(self, i: int) -> bytes | None:
         data = self.data[i]
@@ -122,6 +123,9 @@ class ReadIndex:
         in_tier2 = source.offsets[0] if source is not None and source.offsets else length
         if in_tier2 > 0:
             target.tier2_origins.append((target_offset, in_tier2, source_id))
+        if source is not None:  # ranges the source had merged in itself
+            target.tier2_origins += [(target_offset + start, size, origin_id)
+                                     for start, size, origin_id in source.tier2_origins]
         if source is not None:
             for offset, length, data, address in zip(source.offsets, source.lengths,
                                                      source.data, source.addresses,
@@ -281,8 +285,10 @@ class ReadIndex:
         segment = self._segments.get(segment_id)
         if found or segment is None:
             return found
-        for start, size, source_id in segment.tier2_origins:
+        for start, size, source_id in reversed(segment.tier2_origins):
             if start <= offset < start + size:
-                return await self.fetch_tier2(source_id, offset - start,
-                                              min(length, start + size - offset))
+                found = await self.fetch_tier2(source_id, offset - start,
+                                               min(length, start + size - offset))
+                if found:
+                    return found
         return b""
