@@ -56,7 +56,12 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from quire.errors import ChunkNotFoundError, ConfigError, SegmentStoreError
+from quire.errors import (
+    ChunkNotFoundError,
+    ConfigError,
+    SegmentStoreError,
+    SegmentTruncatedError,
+)
 from quire.segmentstore.container import SegmentContainer
 from quire.segmentstore.metadata import SegmentMetadata
 from quire.segmentstore.names import (
@@ -93,6 +98,8 @@ BUCKET_NAMES = ("user", "system", "container metadata")
 FLUSH_ORDERS = ("pdp40", "unordered")
 CONCAT_RUN_CHUNKS = 8
 """A segment's trailing small chunks are joined once there are this many."""
+_RECORDS_PER_PUT = 1000
+"""Layouts per table_put (a put is one append: at most 16 MiB)."""
 _JOURNAL_READ_ATTEMPTS = 100
 _ATTRIBUTE_RECORD_BYTES = 24
 """What one changed attribute costs in its ``$attributes`` segment."""
@@ -285,6 +292,8 @@ class StorageWriter:
                 if any(self._live_layout(n, sid) for n in
                        (s.name, s.name + ATTRIBUTES_SUFFIX, s.name + INDEX_SUFFIX)):
                     buckets[bucket].append(sid)
+                else:
+                    self._tracked.pop(sid, None)
                 continue
             flushed = layout.length if layout is not None else 0
             start = layout.start_offset if layout is not None else 0
@@ -594,7 +603,10 @@ class StorageWriter:
         entries = [(name.encode(), encode_layout_record(self.owners[name], layout), None)
                    for name, layout in self._unrecorded.items()]
         self._unrecorded = {}
-        await self.container.table_put(self.metadata_segment, entries)
+        puts = [self.container.table_put(self.metadata_segment,
+                                         entries[at:at + _RECORDS_PER_PUT])
+                for at in range(0, len(entries), _RECORDS_PER_PUT)]
+        await asyncio.gather(*puts)
 
     async def _flush_metadata(self, report: IterationReport) -> None:
         """The container-metadata bucket, last: record, flush, journal."""
@@ -750,7 +762,20 @@ async def journal_containers(storage: ChunkStorage) -> list[int]:
 async def _read_records(storage: ChunkStorage, container_id: int
                         ) -> tuple[dict[str, SegmentLayout], dict[str, int]]:
     """The layouts tier-2 records for the container and, for those in its
-    storage-metadata table, the ids of the segments they belong to."""
+    storage-metadata table, the ids of the segments they belong to.  If a
+    chunk vanishes under the reader (a running writer replaced it and
+    recorded that), the journal is read again."""
+    for _attempt in range(_JOURNAL_READ_ATTEMPTS):
+        try:
+            return await _read_records_once(storage, container_id)
+        except SegmentTruncatedError:
+            continue
+    raise SegmentStoreError(f"container {container_id}: its storage metadata kept vanishing "
+                            f"({_JOURNAL_READ_ATTEMPTS} attempts)")
+
+
+async def _read_records_once(storage: ChunkStorage, container_id: int
+                             ) -> tuple[dict[str, SegmentLayout], dict[str, int]]:
     snapshot = await read_journal(storage, container_id)
     if snapshot is None:
         return {}, {}
