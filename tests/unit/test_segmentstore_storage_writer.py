@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.errors import ConfigError, SegmentTruncatedError
+from quire.errors import ConfigError, ContainerFencedError, SegmentTruncatedError
 from quire.log import Position
 from quire.metadata import open_store
 from quire.segmentstore import (
@@ -45,6 +45,7 @@ from quire.segmentstore.storage_writer import (
     read_storage_metadata,
     storage_metadata_name,
 )
+from quire.segmentstore.tier2_check import check
 from quire.testing.memory_data_log import MemoryDataLogs
 from quire.tier2 import (
     ChunkData,
@@ -502,6 +503,39 @@ async def test_small_chunks_are_concatenated_and_the_old_ones_deleted_a_cycle_la
     final = await read_layout(r.storage, SYSTEM)
     assert final is not None
     assert len(listed) <= len(final.chunks) + 8  # the replaced ones go a cycle later
+
+
+async def test_a_fenced_owner_still_running_trips_nobody(r: Rig) -> None:
+    c = r.container
+    r.writer.config = config(flush_threshold_bytes=1)
+    await c.create_segment(USER)
+    await c.append(USER, b"first;")
+    await r.writer.flush_once()
+    await c.append(USER, b"second;")  # acknowledged by the old owner, not flushed
+    old_writer = r.writer
+    old_epoch_chunks = {name for kind, name in r.storage.ops if kind == "write"}
+    reader = await Tier2Reader.load(r.storage, 0)
+    new = await SegmentContainer.open(0, r.logs.open("c0"), clock_ms=r.clock,
+                                      tier2_read=reader.read)  # fences the old owner
+    r.opened.append(new)
+    new_writer = await StorageWriter.start(new, r.storage, config(flush_threshold_bytes=1),
+                                           max_chunk_bytes=64)
+    with pytest.raises(ContainerFencedError):
+        await old_writer.flush_once()  # writes its chunks, cannot record them
+    await new.append(USER, b"third;")
+    await new_writer.flush_once()
+    with pytest.raises(ContainerFencedError):
+        await old_writer.flush_once()
+    assert await check(r.storage) == []
+    layout = await read_layout(r.storage, USER)
+    assert layout is not None
+    assert await read_segment(r.storage, layout, 0, layout.length) == b"first;second;third;"
+    written = {name for kind, name in r.storage.ops if kind == "write"}
+    epochs = {parse_chunk_name(name)[1] for name in written - old_epoch_chunks
+              if name.startswith(USER + ".E")}
+    assert epochs == {old_writer.container.epoch, new.epoch}  # both wrote, by distinct names
+    assert all(parse_chunk_name(chunk.name)[1] == old_writer.container.epoch
+               for chunk in layout.chunks[:1])
 
 
 # --- reopen, name reuse, the store ----------------------------------------------------------
