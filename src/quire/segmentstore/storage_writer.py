@@ -4,25 +4,28 @@ One :class:`StorageWriter` per open container.  It runs *flush iterations*
 (:meth:`StorageWriter.flush_once`); each one:
 
 1. deletes the chunks that the previous iteration dropped from layouts
-   (a delete, a truncate): their new layouts are recorded and were flushed
+   (a delete, a truncate, a concatenation): their new layouts are recorded and were flushed
    last in that iteration, so tier-2's metadata never names a chunk that is
    gone (PDP-40 rule 5, delete and truncate in two iterations);
 2. picks the *eligible* segments (:meth:`StorageWriter.plan`): a user
    segment when its unflushed bytes reach ``flush_threshold_bytes``, or its
    oldest unflushed change is ``flush_threshold_ms`` old, or its
    ``$attributes`` segment is eligible by the same rules (requirement 3:
-   both together), or it was sealed, truncated or deleted; every modified
+   both together), or it was sealed, truncated, deleted or merged into; every modified
    system segment (``_system/...``, requirement 1) and container-metadata
    segment (requirement 2) in every iteration;
-3. flushes them bucket by bucket: user, then system (requirements 4-7),
-   each segment's data first, then its ``$index`` (tables), then its
-   ``$attributes`` (requirement 9), so each recorded offset that the index
-   or attribute segment holds points into bytes already in tier-2;
+3. flushes them bucket by bucket: user, then system (requirements 4-7;
+   up to ``flush_concurrency`` segments of a bucket at once), each
+   segment's data first (new chunks; a flushed merge source's chunks join
+   its target's layout; a trailing run of small chunks is concatenated),
+   then its ``$index`` (tables), then its ``$attributes`` (requirement 9),
+   so each recorded offset that the index or attribute segment holds
+   points into bytes already in tier-2;
 4. records the new layouts of the user and system segments (and their
    ``$attributes``/``$index``) in the container's storage-metadata table
    segment ``_system/containers/storage_metadata_<id>`` (key: segment name,
-   value: the segment's id and :func:`~quire.tier2.encode_layout`) through the container's own
-   ``table_put``, so they are in tier-1 too;
+   value: the segment's id and :func:`~quire.tier2.encode_layout`) through
+   the container's own ``table_put``, so they are in tier-1 too;
 5. flushes the container-metadata bucket last (requirement 8): the
    storage-metadata segment's new bytes and its ``$index``, and then one
    snapshot chunk of the container's *system journal* holding their layouts
