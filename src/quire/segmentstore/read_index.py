@@ -57,9 +57,9 @@ class _Segment:
         for the chunks that are not this segment's own (a merged source's)."""
         self.waiters: list[asyncio.Future[None]] = []
         self.tier2_origins: list[tuple[int, int, int]] = []
-        """(offset, length, source segment id) of merged ranges whose bytes
-        were only in tier-2 when merged: read there under the source (from
-        its offset 0), or under a source it had merged in itself."""
+        """(offset, length, source segment id) of merged ranges: where tier-2
+        may hold their bytes under the source (from its offset 0), or under a
+        source it had merged in itself, until the target's own flush."""
 
     def cached(self, i: int) -> bytes | None:
         data = self.data[i]
@@ -114,15 +114,14 @@ class ReadIndex:
 
     def merge(self, target_id: int, source_id: int, target_offset: int, length: int) -> None:
         """Move the source's ``length`` bytes to the end of the target (at
-        ``target_offset``): its chunks, and the range below its first chunk
-        (only in tier-2) as a tier-2 origin."""
+        ``target_offset``): its chunks, and the range as a tier-2 origin (the
+        bytes may be only in tier-2, under the source's name)."""
         source = self._segments.pop(source_id, None)
         target = self._segments.get(target_id)
         if target is None:
             target = self._segments[target_id] = _Segment()
-        in_tier2 = source.offsets[0] if source is not None and source.offsets else length
-        if in_tier2 > 0:
-            target.tier2_origins.append((target_offset, in_tier2, source_id))
+        if length > 0:
+            target.tier2_origins.append((target_offset, length, source_id))
         if source is not None:  # ranges the source had merged in itself
             target.tier2_origins += [(target_offset + start, size, origin_id)
                                      for start, size, origin_id in source.tier2_origins]
@@ -255,7 +254,7 @@ class ReadIndex:
                 data = b"" if self.fetch_tier2 is None else \
                     await self.fetch_tier2(segment_id, position, need)
                 if len(data) != need and origin_id != segment_id and self.fetch_tier2:
-                    data = await self.fetch_tier2(origin_id, origin_offset + skip, need)
+                    data = await self._from_sources(segment, position, need)
                 if len(data) == need:
                     base = position
                 else:
@@ -285,6 +284,12 @@ class ReadIndex:
         segment = self._segments.get(segment_id)
         if found or segment is None:
             return found
+        return await self._from_sources(segment, offset, length)
+
+    async def _from_sources(self, segment: _Segment, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` of a range merged into
+        ``segment``, from tier-2 under one of the segments they came from."""
+        assert self.fetch_tier2 is not None
         for start, size, source_id in reversed(segment.tier2_origins):
             if start <= offset < start + size:
                 found = await self.fetch_tier2(source_id, offset - start,
