@@ -20,10 +20,14 @@ Modules, each importing only those listed before it:
   :mod:`~quire.segmentstore.read_index` -- committed data in memory;
   :mod:`~quire.segmentstore.tables` -- table segments' entries and index;
 * :mod:`~quire.segmentstore.container` -- one container;
+* :mod:`~quire.segmentstore.storage_records` -- codecs of the tier-2
+  attribute and index batches and system-journal snapshots;
+* :mod:`~quire.segmentstore.storage_writer` -- a container's flushes to
+  tier-2 in PDP-40's order, and :func:`read_layout` over tier-2 alone;
 * :mod:`~quire.segmentstore.store` -- :class:`SegmentStore`, routing.
 
-Not yet here (see ``docs/internals/segmentstore-status.md``): tier-2,
-table indexes and attributes as segments of their own.
+Not yet here (see ``docs/internals/segmentstore-status.md``): the
+consistency checker and disaster recovery.
 """
 
 from quire.errors import (

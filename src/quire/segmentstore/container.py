@@ -20,6 +20,12 @@ Opening a container takes its log (fencing the previous owner), replays it
 (a checkpoint operation restores the whole metadata; every other operation
 is applied as it was live) and writes a checkpoint, which also proves the
 log is still ours.
+
+With tier-2 (``tier2_read``), the log is truncated below a checkpoint once
+every byte the checkpoint counts is in tier-2 (:meth:`truncate_log`, called
+by the storage writer).  Replay then starts at that checkpoint: bytes below
+it are read from tier-2 (the read index's ``fetch_tier2``), and each table's
+index is rebuilt from its whole data.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -85,6 +91,10 @@ from quire.segmentstore.types import (
 )
 
 T = TypeVar("T")
+Tier2Read = Callable[[int, str, int, int], Awaitable[bytes]]
+"""``tier2_read(segment_id, name, offset, length)``: up to ``length`` bytes of
+the segment from ``offset`` out of tier-2 (b"" where tier-2 has none)."""
+_LAST_ENTRY = (1 << 63) - 1
 MAX_APPEND_BYTES = 16 << 20
 """The largest append: room for the Pravega client's blocks of up to 8 MiB of
 events with their headers.  One larger than a frame is written as part
@@ -159,7 +169,7 @@ class SegmentContainer:
     """One container on its tier-1 log; get one with :meth:`open`."""
 
     def __init__(self, container_id: int, log: DurableDataLog, config: ContainerConfig,
-                 clock_ms: Callable[[], int]) -> None:
+                 clock_ms: Callable[[], int], tier2_read: Tier2Read | None = None) -> None:
         self.container_id = container_id
         self._log = log
         self._config = config
@@ -167,6 +177,16 @@ class SegmentContainer:
         self.committed = ContainerMetadata(container_id)
         self.accepted = self.committed
         self.read_index = ReadIndex(self._fetch, config.read_index_budget_bytes)
+        self.tier2_read = tier2_read
+        """Where bytes no longer in memory or tier-1 are read (None: no tier-2)."""
+        if tier2_read is not None:
+            self.read_index.fetch_tier2 = self.fetch_tier2
+        self.merges: list[tuple[int, int, int, int]] = []
+        """Committed merges ``(target id, source id, target offset, length)``
+        for the storage writer to take (kept only with tier-2)."""
+        self.checkpoints: list[tuple[int, Position, dict[int, int]]] = []
+        """Committed checkpoints still in the log, oldest first: (sequence,
+        address, each live segment's length then): where the log may be cut."""
         self._oplog = OperationLog(log, self._commit, max_frame_bytes=config.max_frame_bytes,
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    cut_ops=config.frame_cut_ops,
@@ -181,18 +201,27 @@ class SegmentContainer:
         return self._log.epoch
 
     @property
+    def clock_ms(self) -> Callable[[], int]:
+        """The container's clock (milliseconds), for timestamps and thresholds."""
+        return self._clock_ms
+
+    @property
     def operation_log(self) -> OperationLog:
         return self._oplog
 
     @classmethod
     async def open(cls, container_id: int, log: DurableDataLog,
                    config: ContainerConfig | None = None, *,
-                   clock_ms: Callable[[], int] = wall_clock_ms) -> SegmentContainer:
-        """Take ``log`` (fencing its previous owner), replay it, checkpoint."""
-        container = cls(container_id, log, config or ContainerConfig(), clock_ms)
+                   clock_ms: Callable[[], int] = wall_clock_ms,
+                   tier2_read: Tier2Read | None = None) -> SegmentContainer:
+        """Take ``log`` (fencing its previous owner), replay it, checkpoint.
+        ``tier2_read`` reads what a truncated log no longer holds."""
+        container = cls(container_id, log, config or ContainerConfig(), clock_ms, tier2_read)
         try:
             await log.initialize()
-            await container._replay()
+            truncated = await container._replay()
+            if truncated:
+                await container._rebuild_tables()
             container.accepted = container.committed.copy()
             container.tables_accepted = {i: t.copy()
                                          for i, t in container.tables_committed.items()}
@@ -205,8 +234,10 @@ class SegmentContainer:
             raise
         return container
 
-    async def _replay(self) -> None:
+    async def _replay(self) -> bool:
+        """Apply the log; True if it starts at a checkpoint after truncation."""
         committed = self.committed
+        started = truncated = False
         assembler: frames.PartAssembler[Position] = frames.PartAssembler()
         async for address, frame in self._log.read(None):
             if frames.is_part(frame):
@@ -220,6 +251,12 @@ class SegmentContainer:
                 raws = list(frames.unpack(frame))
             for raw in raws:
                 op = decode(raw)
+                if not started:
+                    # a truncated log starts in the frame of its first checkpoint
+                    if not isinstance(op, CheckpointOp) and op.sequence != 1:
+                        continue
+                    started = True
+                    truncated = op.sequence != 1
                 if isinstance(op, CheckpointOp):
                     restored = ContainerMetadata.restore(op.checkpoint)
                     if committed.sequence not in (0, restored.sequence):
@@ -228,6 +265,58 @@ class SegmentContainer:
                     self.committed = committed = restored
                 committed.apply(op)
                 self._index(op, address)
+        return truncated
+
+    async def _rebuild_tables(self) -> None:
+        """Each live table's index from its whole data (tier-2, then tier-1)."""
+        for s in self.committed.segments.values():
+            if s.deleted or s.type is not SegmentType.TABLE:
+                continue
+            table = self.tables_committed[s.segment_id] = TableIndex()
+            data = bytearray()
+            while s.start_offset + len(data) < s.length:
+                position = s.start_offset + len(data)
+                piece = await self.read_index.read(s.segment_id, position,
+                                                   min(1 << 20, s.length - position))
+                if not piece:
+                    raise SegmentStoreError(f"table {s.name!r}: bytes at {position} are in "
+                                            "neither tier-1 nor tier-2")
+                data += piece
+            table.apply(bytes(data), s.start_offset)
+
+    async def fetch_tier2(self, segment_id: int, offset: int, length: int) -> bytes:
+        """The read index's way to tier-2 (see :data:`Tier2Read`)."""
+        s = self.committed.segments.get(segment_id)
+        if s is None or self.tier2_read is None:
+            return b""
+        return await self.tier2_read(segment_id, s.name, offset, length)
+
+    def add_checkpoint(self) -> asyncio.Future[Any] | None:
+        """Write a checkpoint now, unless nothing was logged since the last
+        one; its future completes when it is durable."""
+        if self.checkpoints and self.checkpoints[-1][0] == self.accepted.sequence:
+            return None
+        self._oplog.check()
+        return self._add_checkpoint()
+
+    async def truncate_log(self, in_tier2: Callable[[int, int], bool]) -> int | None:
+        """Truncate the log below the newest checkpoint whose every segment
+        length ``(segment_id, length)`` is ``in_tier2``; its sequence (None
+        if no checkpoint qualifies).  The checkpoint's own frame stays: a
+        reopen starts there."""
+        for i in range(len(self.checkpoints) - 1, -1, -1):
+            sequence, address, lengths = self.checkpoints[i]
+            if all(in_tier2(sid, length) for sid, length in lengths.items()):
+                break
+        else:
+            return None
+        if address.entry_id > 0:
+            await self._log.truncate(Position(address.ledger_seq, address.entry_id - 1))
+        elif address.ledger_seq > 0:
+            await self._log.truncate(Position(address.ledger_seq - 1, _LAST_ENTRY))
+        # else: the checkpoint is the log's first record, nothing is below it
+        del self.checkpoints[:i]
+        return sequence
 
     async def _checkpoint(self) -> None:
         await self._add_checkpoint()
@@ -260,9 +349,14 @@ class SegmentContainer:
                 self.read_index.append(op.segment_id, op.offset, op.data, address)
         elif isinstance(op, CheckpointOp):
             self.committed.sequence = op.sequence  # the committed state is what it holds
+            self._remember_checkpoint(op, address)
         else:
             self.committed.apply(op)
             self._index(op, address)
+
+    def _remember_checkpoint(self, op: CheckpointOp, address: Position) -> None:
+        self.checkpoints.append((op.sequence, address, {
+            s.segment_id: s.length for s in self.committed.segments.values() if not s.deleted}))
 
     def _index(self, op: Operation, address: Position) -> None:
         if isinstance(op, AppendOp):
@@ -278,9 +372,13 @@ class SegmentContainer:
             self.tables_committed.pop(op.segment_id, None)
             self.read_index.delete(op.segment_id)
         elif isinstance(op, MergeOp):
-            self.read_index.merge(op.target_id, op.source_id, op.target_offset)
+            self.read_index.merge(op.target_id, op.source_id, op.target_offset, op.length)
+            if self.tier2_read is not None:
+                self.merges.append((op.target_id, op.source_id, op.target_offset, op.length))
         elif isinstance(op, SealOp | AttributesOp):
             self.read_index.notify(op.segment_id)
+        elif isinstance(op, CheckpointOp):
+            self._remember_checkpoint(op, address)
 
     @property
     def failure(self) -> BaseException | None:

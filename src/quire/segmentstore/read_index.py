@@ -5,7 +5,10 @@ offset order (a segment's appends in one frame make one chunk); ``address``
 is the tier-1 frame that holds them.  When the cached bytes pass
 ``budget_bytes`` the oldest chunks (in commit order) drop their data but
 keep their place, and a read that needs one fetches it back from tier-1
-through ``fetch`` (part 2 adds tier-2).  Readers at the
+through ``fetch_tier2`` if tier-2 has them, else ``fetch`` from their
+tier-1 frame.  Bytes the index has no chunk for (below a segment's
+first chunk, or in a gap: data committed before the container's tier-1 log
+was truncated, now only in tier-2) come from ``fetch_tier2``.  Readers at the
 tail of a segment wait on :meth:`ReadIndex.changed`, which the container
 completes when the segment grows, is sealed, truncated or deleted.
 """
@@ -23,6 +26,10 @@ Fetch = Callable[[int, int, int, Position], Awaitable[bytes]]
 """``fetch(segment_id, offset, length, address)``: the ``length`` bytes of
 the segment's appends from ``offset`` on in the frame at ``address``."""
 
+FetchTier2 = Callable[[int, int, int], Awaitable[bytes]]
+"""``fetch_tier2(segment_id, offset, length)``: up to ``length`` bytes of the
+segment from ``offset`` out of tier-2 (fewer or none where tier-2 ends)."""
+
 
 class _Segment:
     """One segment's chunks, as parallel lists in offset order.
@@ -34,7 +41,8 @@ class _Segment:
     Lists of ints, bytes and shared frame positions are a handful of
     tracked objects per segment whatever the chunk count."""
 
-    __slots__ = ("addresses", "data", "lengths", "offsets", "origins", "waiters")
+    __slots__ = ("addresses", "data", "lengths", "offsets", "origins", "tier2_origins",
+                 "waiters")
 
     def __init__(self) -> None:
         self.offsets: list[int] = []
@@ -48,6 +56,10 @@ class _Segment:
         """Chunk offset -> (segment id, offset) of its bytes in their frame,
         for the chunks that are not this segment's own (a merged source's)."""
         self.waiters: list[asyncio.Future[None]] = []
+        self.tier2_origins: list[tuple[int, int, int]] = []
+        """(offset, length, source segment id) of merged ranges: where tier-2
+        may hold their bytes under the source (from its offset 0), or under a
+        source it had merged in itself, until the target's own flush."""
 
     def cached(self, i: int) -> bytes | None:
         data = self.data[i]
@@ -59,8 +71,12 @@ class _Segment:
 class ReadIndex:
     """See the module docstring."""
 
-    def __init__(self, fetch: Fetch, budget_bytes: int = 256 << 20) -> None:
+    def __init__(self, fetch: Fetch, budget_bytes: int = 256 << 20,
+                 fetch_tier2: FetchTier2 | None = None) -> None:
         self._fetch = fetch
+        self.fetch_tier2 = fetch_tier2
+        """Where bytes without a chunk here come from (None: nowhere, read as
+        missing; set by the container when it has tier-2)."""
         self.budget_bytes = budget_bytes
         self.cached_bytes = 0
         self._segments: dict[int, _Segment] = {}
@@ -96,12 +112,19 @@ class ReadIndex:
         if segment.waiters:
             self.notify(segment_id)
 
-    def merge(self, target_id: int, source_id: int, target_offset: int) -> None:
-        """Move the source's chunks to the end of the target (at ``target_offset``)."""
+    def merge(self, target_id: int, source_id: int, target_offset: int, length: int) -> None:
+        """Move the source's ``length`` bytes to the end of the target (at
+        ``target_offset``): its chunks, and the range as a tier-2 origin (the
+        bytes may be only in tier-2, under the source's name)."""
         source = self._segments.pop(source_id, None)
         target = self._segments.get(target_id)
         if target is None:
             target = self._segments[target_id] = _Segment()
+        if length > 0:
+            target.tier2_origins.append((target_offset, length, source_id))
+        if source is not None:  # ranges the source had merged in itself
+            target.tier2_origins += [(target_offset + start, size, origin_id)
+                                     for start, size, origin_id in source.tier2_origins]
         if source is not None:
             for offset, length, data, address in zip(source.offsets, source.lengths,
                                                      source.data, source.addresses,
@@ -183,33 +206,68 @@ class ReadIndex:
 
     async def read(self, segment_id: int, offset: int, max_length: int) -> bytes:
         """Up to ``max_length`` committed bytes from ``offset`` (the caller
-        checked that they exist and are not truncated)."""
+        checked that they exist and are not truncated), across runs of
+        chunks here and ranges only in tier-2."""
+        first = await self._read_run(segment_id, offset, max_length)
+        if len(first) == max_length or not first:
+            return first
+        parts = [first]
+        position, want = offset + len(first), max_length - len(first)
+        while want > 0:
+            piece = await self._read_run(segment_id, position, want)
+            if not piece:
+                break
+            parts.append(piece)
+            position += len(piece)
+            want -= len(piece)
+        return b"".join(parts)
+
+    async def _read_run(self, segment_id: int, offset: int, max_length: int) -> bytes:
+        """Bytes from ``offset``: from tier-2 up to the next chunk if no chunk
+        holds ``offset``, else from the chunks up to a gap."""
         segment = self._segments.get(segment_id)
-        if segment is None or max_length <= 0:
+        if max_length <= 0:
             return b""
+        if segment is None:
+            return await self._below(segment_id, offset, max_length)
         offsets = segment.offsets
         i = bisect.bisect_right(offsets, offset) - 1
-        if i < 0:
-            return b""
+        if i < 0 or offsets[i] + segment.lengths[i] <= offset:
+            # no chunk holds ``offset``: only tier-2 has it (up to the next chunk)
+            following = offsets[i + 1] if i + 1 < len(offsets) else None
+            return await self._below(segment_id, offset, max_length if following is None
+                                     else min(max_length, following - offset))
         parts: list[bytes] = []
         want = max_length
         position = offset
         while want > 0 and i < len(offsets):
             chunk_offset = offsets[i]
             if chunk_offset > position:
-                break  # a gap: cannot happen for committed data
+                break  # a gap (bytes only in tier-2): the caller reads on from here
             data = segment.cached(i)
+            base = chunk_offset
             if data is None:
                 origin_id, origin_offset = segment.origins.get(chunk_offset,
                                                                (segment_id, chunk_offset))
-                data = await self._fetch(origin_id, origin_offset, segment.lengths[i],
-                                         segment.addresses[i])
+                skip = position - chunk_offset
+                need = segment.lengths[i] - skip
+                # tier-2 first, from where the read starts (the chunk's head may
+                # be truncated away there, and its frame gone from tier-1)
+                data = b"" if self.fetch_tier2 is None else \
+                    await self.fetch_tier2(segment_id, position, need)
+                if len(data) != need and origin_id != segment_id and self.fetch_tier2:
+                    data = await self._from_sources(segment, position, need)
+                if len(data) == need:
+                    base = position
+                else:
+                    data = await self._fetch(origin_id, origin_offset, segment.lengths[i],
+                                             segment.addresses[i])
                 if segment is not self._segments.get(segment_id) or i >= len(offsets) \
                         or offsets[i] != chunk_offset:
                     # truncated or deleted meanwhile: start again from the current index
-                    return b"".join(parts) + await self.read(segment_id, position, want) \
+                    return b"".join(parts) + await self._read_run(segment_id, position, want) \
                         if segment_id in self._segments else b"".join(parts)
-            start = position - chunk_offset
+            start = position - base
             piece = data[start:start + want]
             if not piece:
                 break
@@ -218,3 +276,26 @@ class ReadIndex:
             want -= len(piece)
             i += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _below(self, segment_id: int, offset: int, length: int) -> bytes:
+        """Bytes without a chunk here: the segment's own in tier-2, or a merged
+        source's there."""
+        if self.fetch_tier2 is None or length <= 0:
+            return b""
+        found = await self.fetch_tier2(segment_id, offset, length)
+        segment = self._segments.get(segment_id)
+        if found or segment is None:
+            return found
+        return await self._from_sources(segment, offset, length)
+
+    async def _from_sources(self, segment: _Segment, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` of a range merged into
+        ``segment``, from tier-2 under one of the segments they came from."""
+        assert self.fetch_tier2 is not None
+        for start, size, source_id in reversed(segment.tier2_origins):
+            if start <= offset < start + size:
+                found = await self.fetch_tier2(source_id, offset - start,
+                                               min(length, start + size - offset))
+                if found:
+                    return found
+        return b""

@@ -33,6 +33,7 @@ from quire.log import DurableDataLog, NamedDataLog, WriterOptions
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
 from quire.segmentstore.names import container_log_name, container_of
+from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig, Tier2Reader
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
     AppendResult,
@@ -42,6 +43,7 @@ from quire.segmentstore.types import (
     SegmentInfo,
     SegmentType,
 )
+from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
 
 T = TypeVar("T")
 CONTAINER_COUNT_KEY = "segmentstore/container_count"
@@ -63,6 +65,8 @@ class SegmentStoreConfig:
     tier1: WriterOptions = field(default_factory=WriterOptions)
     """How the containers' tier-1 logs write their ledgers (ensemble, write
     and ack quorums: E3 W3 A2 by default)."""
+    storage_writer: StorageWriterConfig = field(default_factory=StorageWriterConfig)
+    """Each container's storage writer (when the store has tier-2)."""
 
 
 async def cluster_container_count(metadata: MetadataStore, wanted: int | None) -> int:
@@ -96,25 +100,32 @@ class SegmentStore:
     """
 
     def __init__(self, container_count: int, open_log: OpenLog,
-                 config: SegmentStoreConfig) -> None:
+                 config: SegmentStoreConfig, tier2: ChunkStorage | None = None,
+                 max_chunk_bytes: int = 0) -> None:
         self.container_count = container_count
         self._open_log = open_log
         self._config = config
+        self.tier2 = tier2
+        self._max_chunk_bytes = max_chunk_bytes
         self._containers: dict[int, SegmentContainer] = {}
+        self.writers: dict[int, StorageWriter] = {}
+        """Each hosted container's storage writer (none without tier-2)."""
+        self._writer_tasks: dict[int, asyncio.Task[None]] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
         self._routes: dict[str, int] = {}
 
     @classmethod
     async def open(cls, client: Client | None, container_ids: Iterable[int] = (),
-                   tier2: str | None = None, *, config: SegmentStoreConfig | None = None,
+                   tier2: str | Tier2Config | None = None, *,
+                   config: SegmentStoreConfig | None = None,
                    metadata_store: MetadataStore | None = None,
                    open_log: OpenLog | None = None) -> SegmentStore:
         """A store hosting ``container_ids`` (each opened: fenced, replayed).
         The containers' tier-1 logs are named logs on ``client``'s cluster,
         unless ``open_log`` gives others (tests: the in-memory twin, with
-        ``metadata_store`` and no client)."""
-        if tier2 is not None:
-            raise ConfigError("tier-2 storage comes with segment store part 2; pass tier2=None")
+        ``metadata_store`` and no client).  With ``tier2`` (a URI or a
+        :class:`~quire.tier2.Tier2Config`), each container runs a
+        :class:`~quire.segmentstore.storage_writer.StorageWriter` flushing to it."""
         config = config or SegmentStoreConfig()
         if metadata_store is None:
             if client is None:
@@ -130,7 +141,13 @@ class SegmentStore:
                                     password=LOG_PASSWORD, options=options)
             open_log = open_named
         count = await cluster_container_count(metadata_store, config.container_count)
-        store = cls(count, open_log, config)
+        storage = None
+        max_chunk_bytes = 0
+        if tier2 is not None:
+            tier2_config = Tier2Config(uri=tier2) if isinstance(tier2, str) else tier2
+            storage = await open_chunk_storage(tier2_config)
+            max_chunk_bytes = tier2_config.max_chunk_bytes
+        store = cls(count, open_log, config, storage, max_chunk_bytes)
         try:
             await asyncio.gather(*(store.start_container(c) for c in container_ids))
         except BaseException:
@@ -177,8 +194,21 @@ class SegmentStore:
 
     async def _open(self, container_id: int) -> SegmentContainer:
         try:
+            reader = None if self.tier2 is None else \
+                await Tier2Reader.load(self.tier2, container_id)
             container = await SegmentContainer.open(
-                container_id, self._open_log(container_id), self._config.container)
+                container_id, self._open_log(container_id), self._config.container,
+                tier2_read=None if reader is None else reader.read)
+            if self.tier2 is not None:
+                try:
+                    writer = await StorageWriter.start(container, self.tier2,
+                                                       self._config.storage_writer,
+                                                       max_chunk_bytes=self._max_chunk_bytes)
+                except BaseException:
+                    await container.close()
+                    raise
+                self.writers[container_id] = writer
+                self._writer_tasks[container_id] = asyncio.ensure_future(writer.run())
             self._containers[container_id] = container
             return container
         finally:
@@ -192,6 +222,11 @@ class SegmentStore:
             await asyncio.wait([starting])
             if not starting.cancelled():
                 starting.exception()  # its starter saw it
+        task = self._writer_tasks.pop(container_id, None)
+        self.writers.pop(container_id, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
         container = self._containers.pop(container_id, None)
         if container is not None:
             await container.close()
@@ -199,6 +234,8 @@ class SegmentStore:
     async def close(self) -> None:
         await asyncio.gather(*(self.stop_container(c)
                                for c in {*self._containers, *self._starting}))
+        if self.tier2 is not None:
+            await self.tier2.close()
 
     # --- segments --------------------------------------------------------------
 
