@@ -11,14 +11,13 @@ from), so it follows containers as they move between segment stores.
 from __future__ import annotations
 
 import asyncio
-import gc
-import json
 import logging
-import signal
 from dataclasses import dataclass
+from typing import Any
 
 from quire.controller import Controller, ControllerConfig, NodeAddress
 from quire.errors import ConfigError
+from quire.hosts.process import run
 from quire.metadata import MetadataStore, open_store
 from quire.segmentstore import owner_address
 from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
@@ -100,32 +99,11 @@ class ControllerHost:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-
-async def serve(config: ControllerHostConfig) -> None:
-    """Run the controller until SIGTERM or SIGINT; prints one JSON line
-    ``{"event": "ready", "address": ..., "uri": "tcp://..."}`` once it serves."""
-    host = ControllerHost(config)
-    await host.start()
-    loop = asyncio.get_running_loop()
-    stopping: list[asyncio.Task[None]] = []
-
-    def request_stop() -> None:
-        if not stopping:
-            stopping.append(loop.create_task(host.stop()))
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, request_stop)
-    print(json.dumps({"event": "ready", "address": host.address,
-                      "uri": f"tcp://{host.address}", "metrics": host.metrics_address}),
-          flush=True)
-    await host.wait_stopped()
+    def ready_event(self) -> dict[str, Any]:
+        return {"address": self.address, "uri": f"tcp://{self.address}",
+                "metrics": self.metrics_address}
 
 
 def run_controller(config: ControllerHostConfig) -> None:
     """Blocking entry point of ``quire controller start``."""
-    import uvloop
-
-    gc.freeze()
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvloop.run(serve(config))
+    run(lambda: ControllerHost(config))

@@ -13,11 +13,9 @@ drained) before the server and the session go.
 from __future__ import annotations
 
 import asyncio
-import gc
-import json
 import logging
-import signal
 from dataclasses import dataclass
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -26,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
+from quire.hosts.process import run
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
@@ -187,34 +186,11 @@ class SegmentStoreHost:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-
-async def serve(config: SegmentStoreHostConfig) -> None:
-    """Run one segment store until SIGTERM or SIGINT; prints one JSON line
-    ``{"event": "ready", ...}`` on stdout once it serves."""
-    host = SegmentStoreHost(config)
-    await host.start()
-    loop = asyncio.get_running_loop()
-    stopping: list[asyncio.Task[None]] = []
-
-    def request_stop() -> None:
-        if not stopping:
-            stopping.append(loop.create_task(host.stop()))
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, request_stop)
-    print(json.dumps({"event": "ready", "host_id": host.host_id, "address": host.address,
-                      "metrics": host.metrics_address}),
-          flush=True)
-    await host.wait_stopped()
+    def ready_event(self) -> dict[str, Any]:
+        return {"host_id": self.host_id, "address": self.address,
+                "metrics": self.metrics_address}
 
 
 def run_segment_store(config: SegmentStoreHostConfig) -> None:
     """Blocking entry point of ``quire segmentstore start``."""
-    import uvloop
-
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(config.gc_gen0_threshold_allocations, gen1, gen2)
-    gc.freeze()
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvloop.run(serve(config))
+    run(lambda: SegmentStoreHost(config), config.gc_gen0_threshold_allocations)

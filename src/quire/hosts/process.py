@@ -1,0 +1,57 @@
+"""Running one host as a process: signals, the ready line, the interpreter."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Host(Protocol):
+    """What :func:`serve` runs: started once, stopped once (idempotent)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def wait_stopped(self) -> None: ...
+
+    def ready_event(self) -> dict[str, Any]:
+        """What the JSON ready line says besides ``"event": "ready"``."""
+        ...
+
+
+async def serve(host: Host) -> None:
+    """Start ``host``, print one JSON line ``{"event": "ready", ...}`` on
+    stdout, and run until SIGTERM or SIGINT stops it cleanly."""
+    await host.start()
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def request_stop() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(host.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop)
+    print(json.dumps({"event": "ready", **host.ready_event()}), flush=True)
+    await host.wait_stopped()
+
+
+def run(make_host: Callable[[], Host], gc_gen0_threshold_allocations: int = 0) -> None:
+    """Blocking entry point of a host command: the interpreter's settings
+    (gen-0 GC threshold, frozen start-up objects), logging, then
+    :func:`serve` on uvloop."""
+    import uvloop
+
+    if gc_gen0_threshold_allocations > 0:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(gc_gen0_threshold_allocations, gen1, gen2)
+    gc.freeze()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(serve(make_host()))
