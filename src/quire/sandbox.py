@@ -336,7 +336,7 @@ def stop_all(processes: Sequence[ServiceProcess]) -> None:
 class Sandbox:
     """The whole system on one machine, as ``pravega standalone`` runs it:
     N bookies, M segment stores and the controller on one metadata store,
-    state in ``directory``.
+    state in ``directory`` (tier-2 in ``directory/tier2``).
 
     Names and ports (``bookie-1`` ..., ``segmentstore-1`` ..., the
     controller on 9090 when that is free) are chosen on first start and
@@ -367,6 +367,7 @@ class Sandbox:
             name = f"segmentstore-{i}"
             store = SegmentStoreProcess(directory, self.metadata_uri, name,
                                         port=ports.get(name) or free_port(), metrics_port=0,
+                                        tier2_uri=(directory / "tier2").resolve().as_uri(),
                                         **tier1_quorums(bookies))
             store.ends_with_parent = True
             self.segment_stores.append(store)

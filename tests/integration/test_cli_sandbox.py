@@ -151,6 +151,12 @@ def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxPr
     del writer
     assert sorted(read_stream(manager, "sandbox", "events", "first", 20)) == \
         sorted(f"event-{n}" for n in range(20))
+    # the segment store flushes to tier-2 in the sandbox's directory: the
+    # controller's _system tables are flushed in every iteration (PDP-40)
+    deadline = time.monotonic() + 60
+    while not any((sandbox.directory / "tier2").rglob("*.E*")):
+        assert time.monotonic() < deadline, "nothing reached tier-2"
+        time.sleep(0.1)
 
     assert sandbox.interrupt() == 0
     addresses = {b["bookie_id"]: b["address"] for b in info["bookies"]}

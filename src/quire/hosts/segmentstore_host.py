@@ -60,6 +60,10 @@ class SegmentStoreHostConfig:
     """The metadata session's lease for the embedded drivers (0: the
     driver's default); ZooKeeper uses its session timeout."""
     tail_read_wait_ms: int = 5_000
+    tier2_uri: str = ""
+    """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
+    each container's storage writer flushes there and tier-1 is truncated
+    behind it ("" : none, tier-1 keeps everything)."""
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
@@ -97,6 +101,11 @@ class _StoreCollector(Collector):
                                      "Live segments in the container", labels=["container"])
         stored = GaugeMetricFamily("quire_segmentstore_segment_bytes",
                                    "Bytes of the container's live segments", labels=["container"])
+        backlog = GaugeMetricFamily("quire_segmentstore_tier2_backlog_bytes",
+                                    "Committed bytes not yet in tier-2", labels=["container"])
+        iterations = GaugeMetricFamily("quire_segmentstore_flush_iterations",
+                                       "Storage writer flush iterations since the container "
+                                       "opened", labels=["container"])
         if store is not None:
             ids = store.container_ids
             hosted.add_metric([], len(ids))
@@ -108,9 +117,13 @@ class _StoreCollector(Collector):
                 live = [s for s in container.committed.segments.values() if not s.deleted]
                 segments.add_metric(label, len(live))
                 stored.add_metric(label, sum(s.length - s.start_offset for s in live))
+                writer = store.writers.get(c)
+                if writer is not None:
+                    backlog.add_metric(label, writer.backlog_bytes())
+                    iterations.add_metric(label, writer.iterations)
         ownership = self._host.ownership
         assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
-        yield from (hosted, assigned, frames, operations, segments, stored)
+        yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations)
 
 
 class SegmentStoreHost:
@@ -138,7 +151,7 @@ class SegmentStoreHost:
             self.metadata = await open_store(cfg.metadata_uri, **options)
             self.client = await Client.over(self.metadata, ClientConfig())
             self.segments = await SegmentStore.open(
-                self.client, (), config=SegmentStoreConfig(
+                self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
                     tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
                                         write_quorum_size=cfg.tier1_write_quorum_size,
