@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvloop
 
 from quire.client import Client
-from quire.controller import Controller, ControllerConfig
+from quire.controller import Controller, ControllerConfig, fixed_locator
 from quire.sandbox import BookieProcess, sqlite_uri, start_all, stop_all
 from quire.segmentserver import SegmentServer
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
@@ -53,7 +53,7 @@ async def serve(metadata_uri: str) -> None:
                                     config=SegmentStoreConfig(container_count=CONTAINERS))
     server = SegmentServer(store)
     await server.start("127.0.0.1", 0)
-    controller = Controller(store, ControllerConfig(), lambda: (server.host, server.port))
+    controller = Controller(store, ControllerConfig(), fixed_locator((server.host, server.port)))
     port = await controller.start("127.0.0.1", 0)
     print(f"tcp://127.0.0.1:{port}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.client import Client
-from quire.controller import Controller, ControllerConfig
+from quire.controller import Controller, ControllerConfig, fixed_locator
 from quire.metadata import open_store
 from quire.segmentserver import SegmentServer, SegmentServerConfig
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
@@ -86,7 +86,7 @@ async def start_system(client: Client | None = None) -> StreamSystem:
         return address
     controller_store = RemoteSegmentStore(resolve)
     controller = Controller(controller_store, ControllerConfig(),
-                            lambda: (server.host, server.port))
+                            fixed_locator((server.host, server.port)))
     await controller.start("127.0.0.1", 0)
     return StreamSystem(store, server, controller_store, controller)
 

@@ -274,8 +274,12 @@ class ControllerService:
     async def getURI(self, request: pb.SegmentId) -> pb.NodeUri:
         # any segment, the client's own table segments (<group>_kvtable) too:
         # the owner of the container the segment's name hashes to
-        scope, stream = _names(request.streamInfo)
-        host, port = await self._locate(segment_name(scope, stream, request.segmentId))
+        # (no name rules here: tables such as _system/... are asked about too)
+        info = request.streamInfo
+        if not info.scope or not info.stream:
+            raise ControllerInvalidArgumentError("getURI needs a scope and a stream")
+        host, port = await self._locate(segment_name(info.scope, info.stream,
+                                                     request.segmentId))
         return pb.NodeUri(endpoint=host, port=port)
 
     async def getDelegationToken(self, request: pb.StreamInfo) -> pb.DelegationToken:
