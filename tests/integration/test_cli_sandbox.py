@@ -88,9 +88,7 @@ def read_stream(manager: pravega_client.StreamManager, scope: str, stream: str, 
                 count: int) -> list[str]:
     """``count`` events of the stream, read from its head by a new reader group."""
     reader = manager.create_reader_group(group, scope, stream).create_reader("reader")
-    got = asyncio.run(read_slices(reader, count, time.monotonic() + 60))
-    reader.reader_offline()
-    return got
+    return asyncio.run(read_slices(reader, count, time.monotonic() + 60))
 
 
 @pytest.fixture

@@ -71,17 +71,22 @@ def stack() -> Iterator[Stack]:
 
 
 async def read_slices(reader: pravega_client.StreamReader, at_least: int,
-                      deadline: float) -> list[str]:
-    """Whole slices' events until at least ``at_least`` were read; then the
-    reader goes offline (while the event loop still runs)."""
+                      deadline: float, go_offline: bool = True) -> list[str]:
+    """Whole slices' events until at least ``at_least`` were read; then, unless
+    ``go_offline`` is false, the reader goes offline (while the event loop
+    still runs: outside it, the binding can wait out its 30 s timeout), also
+    when the reading fails."""
     got: list[str] = []
-    while len(got) < at_least:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"read {len(got)} of {at_least} events"
-        piece = await asyncio.wait_for(reader.get_segment_slice_async(), remaining)
-        got += [event.data().decode() for event in piece]
-        reader.release_segment(piece)
-    reader.reader_offline()
+    try:
+        while len(got) < at_least:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"read {len(got)} of {at_least} events"
+            piece = await asyncio.wait_for(reader.get_segment_slice_async(), remaining)
+            got += [event.data().decode() for event in piece]
+            reader.release_segment(piece)
+    finally:
+        if go_offline:
+            reader.reader_offline()
     return got
 
 

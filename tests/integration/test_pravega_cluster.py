@@ -121,7 +121,6 @@ def test_a_writer_survives_kill9_of_a_segment_store_and_every_event_is_read_once
     group = manager.create_reader_group("auditors", "shop", "orders")
     reader = group.create_reader("reader-1")
     got = asyncio.run(read_slices(reader, total, time.monotonic() + 60))
-    reader.reader_offline()
     by_key: dict[str, list[int]] = {}
     for data in got:
         key, number = data.split(":")

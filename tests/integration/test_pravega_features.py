@@ -75,10 +75,7 @@ def read_all(manager: pravega_client.StreamManager, group_name: str, scope: str,
              stream: str, count: int) -> list[str]:
     group = manager.create_reader_group(group_name, scope, stream)
     reader = group.create_reader("reader-1")
-    try:
-        return asyncio.run(read_slices(reader, count, time.monotonic() + 30))
-    finally:
-        reader.reader_offline()
+    return asyncio.run(read_slices(reader, count, time.monotonic() + 30))
 
 
 def test_committed_transactions_are_read_and_aborted_ones_never(stack: Stack) -> None:
@@ -123,10 +120,7 @@ def test_a_reader_group_from_the_tail_sees_only_later_events(stack: Stack) -> No
     for n in range(20):
         writer.write_event(f"new:{n}", routing_key=f"k{n}")
     writer.flush()
-    try:
-        got = asyncio.run(read_slices(reader, 20, time.monotonic() + 30))
-    finally:
-        reader.reader_offline()
+    got = asyncio.run(read_slices(reader, 20, time.monotonic() + 30))
     assert sorted(by_key(got)["new"]) == list(range(20))
     assert set(by_key(got)) == {"new"}
 
@@ -264,7 +258,7 @@ def test_a_stream_scaled_while_written_and_read_keeps_every_event_once_in_order(
     try:
         while next_line(writer, deadline).get("written", 0) < keys * per_key // 3:
             pass
-        got = asyncio.run(read_slices(reader, 1, deadline))  # reading before the split
+        got = asyncio.run(read_slices(reader, 1, deadline, go_offline=False))  # before the split
         ranges = asyncio.run(scale_first_segment(stack.uri, "shop", "orders"))
         assert len(ranges) == 3 and ranges[0][0] == 0.0 and ranges[-1][1] == 1.0
         while "done" not in (line := next_line(writer, deadline)):
@@ -272,7 +266,6 @@ def test_a_stream_scaled_while_written_and_read_keeps_every_event_once_in_order(
         assert line["done"] == keys * per_key
         got += asyncio.run(read_slices(reader, keys * per_key - len(got), deadline))
     finally:
-        reader.reader_offline()
         writer.kill()
         writer.wait()
     # the writer wrote on both sides of the split
