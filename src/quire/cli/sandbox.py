@@ -46,7 +46,9 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
 
     def ready(process: ServiceProcess) -> None:
         if not as_json:
-            click.echo(f"{process.service} {process.name} ready on {process.address} "
+            label = process.service if process.name == process.service \
+                else f"{process.service} {process.name}"
+            click.echo(f"{label} ready on {process.address} "
                        f"(metrics http://{process.metrics_address}/metrics)", err=True)
 
     def announce() -> None:
