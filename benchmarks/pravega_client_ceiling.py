@@ -32,9 +32,12 @@ order:
 Each row reports events/s, p50/p99 (the async rows), events per block at
 the server (the null endpoint's count, or the segment store's
 ``/metrics``, which also give its mean time per block from arrival to
-acknowledgement), the server process's CPU per event, and this process's CPU
+acknowledgement), the server process's CPU per event, this process's CPU
 per event split into the Python thread and the binding's Rust threads
-(``/proc/self/task``).  Each round's rates are divided by that round's
+(``/proc/self/task``), and, with the CPU of every server process (all the
+sandbox's), the rate that much CPU per event allows on this machine's
+cores if nothing else ran: a bound that the load does not move much (the
+GIL makes the real limit lower).  Each round's rates are divided by that round's
 Redis rate; the medians of those ratios are printed, with the verdict:
 whether the null endpoint's best ``write_event_async`` row reaches the
 goal (if not, no server change can).  ``--json`` prints one JSON object.
@@ -150,25 +153,29 @@ def null_endpoint(log_path: Path) -> Iterator[NullEndpoint]:
 
 
 class FullStack:
-    """The sandbox's segment store counters since the last :meth:`take`."""
+    """The sandbox's segment store counters since the last :meth:`take`, and
+    the CPU of the segment store and of all the sandbox's processes
+    (bookies, segment store, controller)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         store = sandbox.segment_stores[0]
         assert store.proc is not None and store.metrics_address is not None
         self.pid = store.proc.pid
+        self.pids = [p.proc.pid for p in sandbox.processes if p.proc is not None]
         self.metrics = store.metrics_address
         self._last = self._now()
 
-    def _now(self) -> tuple[float, float, float, float]:
+    def _now(self) -> tuple[float, float, float, float, float]:
         found = scrape(self.metrics, _APPENDS, _EVENTS, _LATENCY_SUM)
         return (found[_APPENDS], found[_EVENTS], found[_LATENCY_SUM],
-                process_cpu_s(self.pid))
+                process_cpu_s(self.pid), sum(process_cpu_s(pid) for pid in self.pids))
 
     def take(self) -> dict[str, Any]:
         now = self._now()
-        blocks, events, latency_s, cpu = (a - b for a, b in zip(now, self._last, strict=True))
+        blocks, events, latency_s, cpu, stack_cpu = (
+            a - b for a, b in zip(now, self._last, strict=True))
         self._last = now
-        return {"blocks": blocks, "events": events, "cpu_s": cpu,
+        return {"blocks": blocks, "events": events, "cpu_s": cpu, "stack_cpu_s": stack_cpu,
                 "block_ms": latency_s / blocks * 1000 if blocks else None}
 
 
@@ -189,6 +196,12 @@ def measure(name: str, run: Callable[[], dict[str, Any]],
         result["server_cpu_us_per_event"] = taken["cpu_s"] / events * 1e6
         if taken.get("block_ms") is not None:
             result["server_block_ms"] = taken["block_ms"]
+        # every process's CPU per event, and the rate that much CPU allows on
+        # this machine's cores if nothing else ran (a bound, not a forecast)
+        servers_cpu = taken.get("stack_cpu_s", taken["cpu_s"]) / events * 1e6
+        total = sum(result["client_cpu_us_per_event"].values()) + servers_cpu
+        result["all_cpu_us_per_event"] = total
+        result["cpu_bound_events_per_s"] = (os.cpu_count() or 1) / total * 1e6
     result["row"] = name
     result["load_average"] = os.getloadavg()[0]
     return result
@@ -266,6 +279,8 @@ def summarize_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "load_average": [r["load_average"] for r in runs],
         }
         if "server_events_per_block" in runs[0]:
+            row["all_cpu_us_per_event"] = median_of("all_cpu_us_per_event")
+            row["cpu_bound_events_per_s"] = median_of("cpu_bound_events_per_s")
             row["server_events_per_block"] = median_of("server_events_per_block")
             row["server_cpu_us_per_event"] = median_of("server_cpu_us_per_event")
             row["server_block_ms"] = median_of("server_block_ms")
@@ -332,6 +347,9 @@ def main() -> None:
                  if "server_events_per_block" in row else "")
         if row.get("server_block_ms") is not None:
             block += f", {row['server_block_ms']:.1f} ms each"
+        if "cpu_bound_events_per_s" in row:
+            block += (f"; all processes {row['all_cpu_us_per_event']:.1f} us/ev, "
+                      f"<= {row['cpu_bound_events_per_s']:,.0f}/s on {os.cpu_count()} cores")
         runs = " ".join(f"{x:.2f}" for x in row["runs_ratio_to_redis"])
         print(f"{name:<20} {row['entries_per_s']:>9,.0f}/s {row['ratio_to_redis']:5.2f}x "
               f"({runs})  {latency}  client py {cpu['python']:5.1f} + rust "

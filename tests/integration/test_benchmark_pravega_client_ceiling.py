@@ -38,6 +38,9 @@ def test_tiny_run_reports_the_null_endpoint_the_full_stack_and_redis() -> None:
         if name.startswith(("null/", "full/")):
             # the server saw the events, in blocks of at least one
             assert run["server_events_per_block"] >= 1, name
+            assert run["cpu_bound_events_per_s"] == (
+                os.cpu_count() or 1) / run["all_cpu_us_per_event"] * 1e6
+            assert run["all_cpu_us_per_event"] >= sum(run["client_cpu_us_per_event"].values())
         if "/async/" in name:
             assert run["p99_ms"] >= run["p50_ms"] > 0, name
     assert only["null/write_event"]["p50_ms"] is None
