@@ -25,6 +25,10 @@ order:
   ``max_inflight_events=--outstanding`` (no Python future per event);
 - ``full/async/asyncio``, ``full/async/uvloop``: ``write_event_async`` on the
   full stack;
+- with ``--await-variants``, two more ways to await on the null endpoint
+  (uvloop): ``.../each-timed``, a latency callback on every future (as
+  ``pravega_write.py`` did before), and ``.../gather``, whole windows
+  handed out then gathered;
 - ``redis``: XADD to a fresh ``redis-server`` (``--appendfsync always``),
   redis-py + hiredis, one pipeline of ``--outstanding``
   (``benchmarks.write_vs_redis.bench_redis``).
@@ -43,13 +47,15 @@ whether the null endpoint's best ``write_event_async`` row reaches the
 goal (if not, no server change can).  ``--json`` prints one JSON object.
 
     .venv/bin/python benchmarks/pravega_client_ceiling.py [--seconds 5] [--rounds 3]
-        [--outstanding 1024] [--event-bytes 100] [--segments 3] [--json] [--quiet]
+        [--outstanding 1024] [--event-bytes 100] [--segments 3] [--await-variants]
+        [--json] [--quiet]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -58,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -71,18 +78,24 @@ from benchmarks._common import Progress, redis_server, scrape
 from benchmarks.pravega_write import (
     GOAL,
     GOAL_REDIS_CLIENT,
+    LATENCY_SAMPLE_EVERY,
+    ROUTING_KEY_NAMES,
+    ROUTING_KEYS,
     SCOPE,
     STREAM,
     real_client_inflight_writes,
     real_client_writes,
 )
 from benchmarks.write_vs_redis import bench_redis
+from quire.bench import summarize
 from quire.sandbox import Sandbox
 
 NULL_SERVER = Path(__file__).resolve().parent / "_pravega_null.py"
 ROWS = ("null/async/asyncio", "null/async/uvloop", "null/write_event",
         "full/async/asyncio", "full/async/uvloop", "redis")
-ASYNC_NULL_ROWS = ("null/async/asyncio", "null/async/uvloop")
+AWAIT_VARIANT_ROWS = ("null/async/uvloop/each-timed", "null/async/uvloop/gather")
+"""With ``--await-variants``, after the null endpoint's rows: other ways to
+await the same futures."""
 _TICKS = os.sysconf("SC_CLK_TCK")
 _APPENDS = "quire_segmentstore_append_latency_seconds_count"
 _EVENTS = "quire_segmentstore_events_appended_total"
@@ -207,6 +220,58 @@ def measure(name: str, run: Callable[[], dict[str, Any]],
     return result
 
 
+async def each_timed_writes(manager: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The rolling window as ``benchmarks/pravega_write.py`` ran it before:
+    a latency callback on every future and a routing key formatted per
+    event (the Python thread's cost per event, against the sampled one)."""
+    writer = manager.create_writer(SCOPE, STREAM, args.outstanding)
+    payload = "p" * args.event_bytes
+    latencies: list[float] = []
+    window: collections.deque[asyncio.Future[None]] = collections.deque()
+    clock = time.perf_counter
+    started = clock()
+    deadline = started + args.seconds
+    i = 0
+    while clock() < deadline:
+        if len(window) >= args.outstanding:
+            await window.popleft()
+        t0 = clock()
+        future = writer.write_event_async(payload, f"key-{i % ROUTING_KEYS}")
+        future.add_done_callback(lambda _f, t0=t0: latencies.append((clock() - t0) * 1000.0))
+        window.append(future)
+        i += 1
+    await asyncio.gather(*window)
+    return summarize(latencies, clock() - started, args.event_bytes)
+
+
+async def gathered_writes(manager: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Whole windows: ``args.outstanding`` futures handed out, then all
+    gathered, then the next window (every 16th event timed)."""
+    writer = manager.create_writer(SCOPE, STREAM, args.outstanding)
+    write = writer.write_event_async
+    payload = "p" * args.event_bytes
+    latencies: list[float] = []
+    clock = time.perf_counter
+    started = clock()
+    deadline = started + args.seconds
+    i = 0
+    while clock() < deadline:
+        window = []
+        for _ in range(args.outstanding):
+            future = write(payload, ROUTING_KEY_NAMES[i % ROUTING_KEYS])
+            if i % LATENCY_SAMPLE_EVERY == 0:
+                t0 = clock()
+                future.add_done_callback(
+                    lambda _f, t0=t0: latencies.append((clock() - t0) * 1000.0))
+            window.append(future)
+            i += 1
+        await asyncio.gather(*window)
+    elapsed = clock() - started
+    result = summarize(latencies, elapsed, args.event_bytes)
+    result.update(entries=i, entries_per_s=i / elapsed)
+    return result
+
+
 def redis_row(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     """XADD on a fresh redis-server (as ``pravega_write.py`` runs it)."""
     redis_args = argparse.Namespace(seconds=args.seconds, outstanding=args.outstanding,
@@ -233,9 +298,16 @@ def one_round(args: argparse.Namespace, null: NullEndpoint, null_manager: Any,
         "full/async/uvloop": (lambda: uvloop.run(real_client_writes(full_manager, args)),
                               full.take),
         "redis": (lambda: redis_row(args, redis_dir), None),
+        "null/async/uvloop/each-timed": (
+            lambda: uvloop.run(each_timed_writes(null_manager, args)), null.take),
+        "null/async/uvloop/gather": (
+            lambda: uvloop.run(gathered_writes(null_manager, args)), null.take),
     }
+    names = list(ROWS)
+    if args.await_variants:
+        names[3:3] = AWAIT_VARIANT_ROWS
     results = {}
-    for name in ROWS:
+    for name in names:
         run, server = runs[name]
         results[name] = measure(name, run, server)
         progress.note(_line(name, results[name]))
@@ -251,7 +323,7 @@ def _line(name: str, r: dict[str, Any]) -> str:
              else "")
     if "server_block_ms" in r:
         block += f" {r['server_block_ms']:5.1f} ms/block"
-    return (f"{name:<20} {r['entries_per_s']:>9,.0f} events/s  {latency}  client "
+    return (f"{name:<28} {r['entries_per_s']:>9,.0f} events/s  {latency}  client "
             f"py {cpu['python']:5.1f} + rust {cpu['rust']:5.1f} us/ev{block}  "
             f"(load {r['load_average']:.1f})")
 
@@ -260,7 +332,7 @@ def summarize_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Per row: the median rate, each round's rate and ratio to that round's
     Redis rate, the median ratio, and medians of the other figures."""
     rows: dict[str, Any] = {}
-    for name in ROWS:
+    for name in rounds[0]:
         runs = [r[name] for r in rounds]
         ratios = [r[name]["entries_per_s"] / r["redis"]["entries_per_s"] for r in rounds]
 
@@ -285,7 +357,8 @@ def summarize_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             row["server_cpu_us_per_event"] = median_of("server_cpu_us_per_event")
             row["server_block_ms"] = median_of("server_block_ms")
         rows[name] = row
-    ceiling = max(rows[name]["ratio_to_redis"] for name in ASYNC_NULL_ROWS)
+    ceiling = max(row["ratio_to_redis"] for name, row in rows.items()
+                  if name.startswith("null/async/"))
     return {"rows": rows, "ceiling_ratio": ceiling, "goal": GOAL,
             "ceiling_reaches_goal": ceiling >= GOAL}
 
@@ -297,6 +370,8 @@ def main() -> None:
     parser.add_argument("--outstanding", type=int, default=1024)
     parser.add_argument("--event-bytes", type=int, default=100)
     parser.add_argument("--segments", type=int, default=3)
+    parser.add_argument("--await-variants", action="store_true",
+                        help="also await the null endpoint's futures in other ways")
     parser.add_argument("--tmpdir", type=Path, default=None)
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -351,7 +426,7 @@ def main() -> None:
             block += (f"; all processes {row['all_cpu_us_per_event']:.1f} us/ev, "
                       f"<= {row['cpu_bound_events_per_s']:,.0f}/s on {os.cpu_count()} cores")
         runs = " ".join(f"{x:.2f}" for x in row["runs_ratio_to_redis"])
-        print(f"{name:<20} {row['entries_per_s']:>9,.0f}/s {row['ratio_to_redis']:5.2f}x "
+        print(f"{name:<28} {row['entries_per_s']:>9,.0f}/s {row['ratio_to_redis']:5.2f}x "
               f"({runs})  {latency}  client py {cpu['python']:5.1f} + rust "
               f"{cpu['rust']:5.1f} us/ev{block}")
     loads = [x for row in summary["rows"].values() for x in row["load_average"]]
