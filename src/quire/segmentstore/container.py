@@ -52,7 +52,7 @@ from quire.errors import (
 from quire.log import DurableDataLog, LogFencedError, Position
 from quire.segmentstore import frames
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
-from quire.segmentstore.operation_log import OperationLog, read_frame
+from quire.segmentstore.operation_log import OperationLog, Pending, read_frame
 from quire.segmentstore.operations import (
     APPEND,
     PLAIN_APPEND_HEAD,
@@ -191,7 +191,8 @@ class SegmentContainer:
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    cut_ops=config.frame_cut_ops,
                                    cut_bytes=config.frame_cut_bytes,
-                                   on_failure=self._failed)
+                                   on_failure=self._failed,
+                                   on_frame_committed=self._commit_frame)
         self._bytes_since_checkpoint = 0
         self.tables_accepted: dict[int, TableIndex] = {}
         self.tables_committed: dict[int, TableIndex] = {}
@@ -329,6 +330,31 @@ class SegmentContainer:
         return self._oplog.add(op)
 
     # --- the committed side -------------------------------------------------
+
+    def _commit_frame(self, batch: list[Pending], address: Position) -> None:
+        """Each operation of a durable frame, in order (see :meth:`_commit`);
+        a run of plain appends is applied inline."""
+        committed = self.committed
+        segments = committed.segments
+        index_append = self.read_index.append
+        commit = self._commit
+        for pending in batch:
+            op = pending[0]
+            if type(op) is not AppendOp:
+                commit(op, address)
+                continue
+            s = segments.get(op.segment_id)
+            if s is None or s.deleted or s.sealed or op.offset != s.length \
+                    or op.sequence != committed.sequence + 1 or s.type is SegmentType.TABLE:
+                commit(op, address)
+                continue
+            data = op.data
+            s.length += len(data)
+            if op.attributes:
+                s.attributes.update(op.attributes)
+            s.last_modified_ms = op.timestamp_ms
+            committed.sequence = op.sequence
+            index_append(op.segment_id, op.offset, data, address)
 
     def _commit(self, op: Operation, address: Position) -> None:
         if type(op) is AppendOp:  # the hot path: committed.apply(op) inline

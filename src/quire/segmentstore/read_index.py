@@ -93,11 +93,13 @@ class ReadIndex:
         segment = self._segments.get(segment_id)
         if segment is None:
             segment = self._segments[segment_id] = _Segment()
-        if data:
+        size = len(data)
+        if size:
             offsets = segment.offsets
+            addresses = segment.addresses
             # one frame's appends share one address object (the log's answer,
             # or replay's record): identity says "the same frame" cheaply
-            if offsets and segment.addresses[-1] is address \
+            if addresses and addresses[-1] is address \
                     and offsets[-1] + segment.lengths[-1] == offset \
                     and segment.data[-1] is not None \
                     and (not segment.origins or offsets[-1] not in segment.origins):
@@ -106,15 +108,15 @@ class ReadIndex:
                     last.append(data)
                 else:
                     segment.data[-1] = [last, data]  # type: ignore[list-item]
-                segment.lengths[-1] += len(data)
+                segment.lengths[-1] += size
             else:
                 offsets.append(offset)
-                segment.lengths.append(len(data))
+                segment.lengths.append(size)
                 segment.data.append(data)
-                segment.addresses.append(address)
+                addresses.append(address)
                 self._age_ids.append(segment_id)
                 self._age_offsets.append(offset)
-            self.cached_bytes += len(data)
+            self.cached_bytes += size
             if self.cached_bytes > self.budget_bytes:
                 self._evict()
         if segment.waiters:
