@@ -91,6 +91,10 @@ from quire.segmentstore.types import (
 )
 
 T = TypeVar("T")
+_TABLE = SegmentType.TABLE
+_pack_plain_append = PLAIN_APPEND_HEAD.pack
+_PLAIN_APPEND_LENGTH = PLAIN_APPEND_HEAD.size - 4
+"""An APPEND's length in a frame without its data (the length prefix not counted)."""
 Tier2Read = Callable[[int, str, int, int], Awaitable[bytes]]
 """``tier2_read(segment_id, name, offset, length)``: up to ``length`` bytes of
 the segment from ``offset`` out of tier-2 (b"" where tier-2 has none)."""
@@ -514,9 +518,9 @@ class SegmentContainer:
             if segment_id is None:
                 raise SegmentNotFoundError(f"no segment {name!r}")
             s = accepted.segments[segment_id]
-            if s.sealed:
-                raise SegmentSealedError(f"segment {name!r} is sealed")
-            if s.type is SegmentType.TABLE:
+            if s.sealed or s.type is _TABLE:
+                if s.sealed:
+                    raise SegmentSealedError(f"segment {name!r} is sealed")
                 raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
             if type(data) is not bytes:
                 data = bytes(data)
@@ -525,6 +529,25 @@ class SegmentContainer:
                 raise SegmentStoreError(f"an append is at most {MAX_APPEND_BYTES} bytes, "
                                         f"got {size}")
             offset = s.length
+            if writer is None and not attribute_updates:  # the plainest: no attributes
+                if expected_offset is not None and expected_offset != offset:
+                    raise BadOffsetError(f"segment {name!r}: expected offset "
+                                         f"{expected_offset}, length is {offset}",
+                                         expected_offset, offset)
+                sequence = accepted.sequence + 1
+                now = self._clock_ms()
+                s.length = end = offset + size
+                s.last_modified_ms = now
+                accepted.sequence = sequence
+                future = oplog.add_encoded(
+                    AppendOp(sequence, now, segment_id, offset, data),
+                    _pack_plain_append(_PLAIN_APPEND_LENGTH + size, APPEND, sequence, now,
+                                       segment_id, offset, 0, size) + data,
+                    AppendResult(end))
+                self._bytes_since_checkpoint += size + 64
+                if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
+                    self._add_checkpoint().add_done_callback(_retrieve)
+                return future
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None
             if writer is not None:

@@ -123,6 +123,22 @@ class OperationLog:
             loop.call_soon(self._flush)
         return future
 
+    def add_encoded(self, op: Operation, raw: bytes, result: object) -> asyncio.Future[Any]:
+        """:meth:`add` for a caller that has ``op``'s encoding with its length
+        in front (``raw``) and has just checked that the log is usable
+        (:meth:`check`): the appends' hot path."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queue = self._queue
+        queue.append((op, raw, future, result))
+        self._last = future
+        self._queued_bytes += len(raw)
+        if len(queue) >= self._cut_ops or self._queued_bytes >= self._cut_bytes:
+            self._flush(full_only=True)
+        if queue and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
         """A future that gets ``result`` once every operation added so far is
         committed (or the failure, if one of them fails)."""
