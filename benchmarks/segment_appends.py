@@ -12,7 +12,18 @@ everything written, as part 1 never truncates tier-1).
     .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
         [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
         [--frames-in-flight N] [--frame-cut-ops N] [--frame-cut-bytes N]
-        [--reopen-gib G] [--json]
+        [--reopen-gib G] [--warmup N] [--gc-gen0-threshold N] [--json]
+
+Fairness: the rows run in one order for every size, single events first
+(raw, then 1, 10 and 1,000 segments), and the blocks of 100 events of every
+size only after all of them, so that no single-event row (nor a raw one)
+follows the 100 MB of block writes the bookies are still flushing; a short
+unrecorded warm-up of both kinds of append comes first (the first row of a
+run used to pay for the container's first frames and the bookies' first
+ledger).  The process runs with the segment store host's interpreter
+settings (``quire.hosts.process.tune_interpreter``: gen-0 threshold 50,000,
+start-up objects frozen), raw rows included; ``--gc-gen0-threshold -1``
+keeps Python's defaults.
 
 ``--reopen-gib 1`` fills tier-1 to 1 GiB (appends of 512 KiB to one more
 segment, with checkpoints every 2 GiB so that all of it is since the last
@@ -37,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvloop
 
 from quire.client import Client
+from quire.hosts import SegmentStoreHostConfig
+from quire.hosts.process import tune_interpreter
 from quire.sandbox import BookieProcess, sqlite_uri, start_all, stop_all
 from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
 
@@ -84,6 +97,18 @@ async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstand
             "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000}
 
 
+async def warm_up(client: Client, store: SegmentStore, args: argparse.Namespace) -> None:
+    """Unrecorded appends of both kinds (raw entries, then single events to
+    one segment), so that no measured row pays for first times."""
+    event = b"w" * min(args.sizes)
+    ledger = await client.create_ledger(3, 3, 2, password=b"bench")
+    await drive(lambda i: ledger.append(event), args.warmup, args.outstanding)
+    await ledger.close()
+    name = "bench/warmup/0"
+    await store.create_segment(name)
+    await drive(lambda i: store.append(name, event), args.warmup, args.outstanding)
+
+
 async def fill(store: SegmentStore, gib: float) -> dict[str, Any]:
     """Append blocks of 512 KiB to one segment until the container's segments
     hold ``gib`` GiB (for the reopen figure); the write rate."""
@@ -113,13 +138,16 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 checkpoint_every_bytes=max(64 << 20, int(args.reopen_gib * (1 << 31))),
                 frame_cut_ops=args.frame_cut_ops, frame_cut_bytes=args.frame_cut_bytes)))
         try:
+            if args.warmup:
+                await warm_up(client, store, args)
+            bases: dict[int, float] = {}
             for size in args.sizes:
                 event = b"e" * size
                 ledger = await client.create_ledger(3, 3, 2, password=b"bench")
                 raw = await drive(lambda i, ledger=ledger, event=event: ledger.append(event),
                                   args.appends, args.outstanding)
                 await ledger.close()
-                base = raw["per_s"]
+                base = bases[size] = raw["per_s"]
                 results.append({"what": f"raw ledger.append, {size} B", **raw,
                                 "events_per_s": raw["per_s"], "x_raw_events": 1.0,
                                 "mb_per_s": raw["per_s"] * size / 1e6})
@@ -134,16 +162,20 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                                     "events_per_s": single["per_s"],
                                     "x_raw_events": single["per_s"] / base,
                                     "mb_per_s": single["per_s"] * size / 1e6})
-                    if size <= 1024:
-                        block = event * 100
-                        grouped = await drive(
-                            lambda i, names=names, block=block: store.append(
-                                names[i % len(names)], block, writer=(1 + i % len(names), i)),
-                            max(1, args.appends // 20), args.outstanding)
-                        results.append({"what": f"{count} segment(s), 100 events of {size} B",
-                                        **grouped, "events_per_s": grouped["per_s"] * 100,
-                                        "x_raw_events": grouped["per_s"] * 100 / base,
-                                        "mb_per_s": grouped["per_s"] * len(block) / 1e6})
+            for size in args.sizes:
+                if size > 1024:
+                    continue
+                block = b"e" * size * 100
+                for count in args.segments:
+                    names = [f"bench/{size}/{count}/{i}" for i in range(count)]
+                    grouped = await drive(
+                        lambda i, names=names, block=block: store.append(
+                            names[i % len(names)], block, writer=(1 + i % len(names), i)),
+                        max(1, args.appends // 20), args.outstanding)
+                    results.append({"what": f"{count} segment(s), 100 events of {size} B",
+                                    **grouped, "events_per_s": grouped["per_s"] * 100,
+                                    "x_raw_events": grouped["per_s"] * 100 / bases[size],
+                                    "mb_per_s": grouped["per_s"] * len(block) / 1e6})
             container = store.container(0)
             if args.reopen_gib:
                 results.append(await fill(store, args.reopen_gib))
@@ -180,6 +212,12 @@ def main() -> None:
     parser.add_argument("--reopen-gib", type=float, default=0.0,
                         help="before the reopen, fill tier-1 to this many GiB since the "
                              "container's last checkpoint (1 for the issue's figure)")
+    parser.add_argument("--warmup", type=int, default=2_000,
+                        help="unrecorded appends of each kind before the rows (0: none)")
+    parser.add_argument("--gc-gen0-threshold", type=int,
+                        default=SegmentStoreHostConfig().gc_gen0_threshold_allocations,
+                        help="the process's gen-0 GC threshold, as the segment store host "
+                             "sets it (-1: Python's defaults, nothing frozen)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:
@@ -188,6 +226,8 @@ def main() -> None:
         bookies = [BookieProcess(root, uri, f"bench-{i}", port=0) for i in range(3)]
         start_all(bookies)
         try:
+            if args.gc_gen0_threshold >= 0:
+                tune_interpreter(args.gc_gen0_threshold)
             results = uvloop.run(run(uri, args))
         finally:
             stop_all(bookies)

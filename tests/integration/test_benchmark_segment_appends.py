@@ -16,11 +16,19 @@ REPO = Path(__file__).resolve().parents[2]
 def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "segment_appends.py"), "--appends", "300",
-         "--sizes", "100,1024", "--segments", "1,10", "--reopen-gib", "0.005", "--json"],
+         "--sizes", "100,1024", "--segments", "1,10", "--reopen-gib", "0.005", "--warmup", "200",
+         "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=100,
         env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {r["what"]: r for r in json.loads(done.stdout)}
+    results = json.loads(done.stdout)
+    rows = {r["what"]: r for r in results}
+    # single events of every size (each after its raw row), then the blocks
+    order = [r["what"] for r in results]
+    assert order[:6] == ["raw ledger.append, 100 B", "1 segment(s), 1 event of 100 B",
+                         "10 segment(s), 1 event of 100 B", "raw ledger.append, 1024 B",
+                         "1 segment(s), 1 event of 1024 B", "10 segment(s), 1 event of 1024 B"]
+    assert all("100 events" in w for w in order[6:10])
     for size in (100, 1024):
         assert rows[f"raw ledger.append, {size} B"]["x_raw_events"] == 1.0
         for count in (1, 10):

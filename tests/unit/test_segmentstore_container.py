@@ -4,6 +4,7 @@ tier-1 log twin (quire.testing.memory_data_log)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -237,6 +238,40 @@ async def test_replay_restores_from_checkpoints_and_reads_evicted_data_from_tier
         {i: s.info() for i, s in before.segments.items()}
     assert (await c.read(S, 100, 1 << 20)).data == b"".join(chunks)[100:]
     assert (await c.get_info("other")).start_offset == 1
+    await c.close()
+
+
+async def test_a_frame_is_one_chunk_per_segment_and_appends_leave_no_tracked_objects(
+        logs: MemoryDataLogs) -> None:
+    """Appends to many segments interleaved in one frame: each segment's make
+    one read-index chunk (the frame's appends share its address object), and
+    a chunk leaves no object for the garbage collector (the eviction order is
+    kept as ints, not a pair per chunk: with 1,000 segments every append is a
+    chunk, and those pairs made the collections that set the appends' p99)."""
+    c = await reopen(logs, frame_cut_ops=100_000)
+    names = [f"sc/st/{i}" for i in range(300)]
+    await asyncio.gather(*(c.create_segment(n) for n in names))
+    ids = [c.committed.by_name[n] for n in names]
+    await asyncio.gather(*(c.append(n, b"a") for _ in range(3) for n in names))
+    assert [c.read_index.chunk_count(i) for i in ids] == [1] * len(names)
+    gc.disable()
+    try:
+        made = []
+        for _ in range(2):
+            for _ in range(3):
+                await asyncio.sleep(0)  # what the last frame's completions made is gone
+            gc.collect()
+            before = len(gc.get_objects())
+            await asyncio.gather(*(c.append(n, b"b") for n in names))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            made.append(len(gc.get_objects()) - before)
+    finally:
+        gc.enable()
+    assert [c.read_index.chunk_count(i) for i in ids] == [3] * len(names)
+    assert max(made) < len(names) // 4
+    for n in names:
+        assert (await c.read(n, 0, 10)).data == b"aaabb"
     await c.close()
 
 

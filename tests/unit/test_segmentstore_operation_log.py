@@ -8,7 +8,7 @@ import asyncio
 
 from quire.log import Position
 from quire.segmentstore import frames
-from quire.segmentstore.operation_log import OperationLog
+from quire.segmentstore.operation_log import OperationLog, Pending
 from quire.segmentstore.operations import AppendOp, Operation, decode, encode
 
 
@@ -67,6 +67,34 @@ async def test_a_burst_is_cut_into_pipelined_frames_acknowledged_in_order() -> N
     assert [decode(raw) for f in log.frames for raw in frames.unpack(f)] == \
         [op(i) for i in range(1, 41)]
     assert oplog.frames_written == 4 and oplog.operations_written == 40
+
+
+async def test_a_frame_committer_gets_each_durable_frame_once_before_its_futures() -> None:
+    log = HeldLog()
+    calls: list[tuple[list[int], Position, list[bool]]] = []
+
+    def commit_frame(batch: list[Pending], at: Position) -> None:
+        calls.append(([p[0].sequence for p in batch], at, [p[2].done() for p in batch]))
+
+    def commit(o: Operation, at: Position) -> None:
+        raise AssertionError("on_committed is not called when on_frame_committed is given")
+
+    oplog = OperationLog(log, commit, max_frames_in_flight=4, cut_ops=4,  # type: ignore[arg-type]
+                         on_frame_committed=commit_frame)
+    futures = [oplog.add(op(i), i) for i in range(1, 11)]
+    await asyncio.sleep(0)
+    assert [len(frames.unpack(f)) for f in log.frames] == [4, 4, 2]
+    log.release(1)
+    await asyncio.sleep(0)
+    assert calls == []  # frame 1 waits for frame 0
+    log.release(0)
+    await asyncio.sleep(0)
+    assert calls == [([1, 2, 3, 4], Position(0, 0), [False] * 4),
+                     ([5, 6, 7, 8], Position(0, 1), [False] * 4)]
+    assert all(f.done() for f in futures[:8]) and not any(f.done() for f in futures[8:])
+    log.release(2)
+    assert await asyncio.gather(*futures) == list(range(1, 11))
+    assert [c[0] for c in calls] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
 
 
 async def test_frames_are_also_cut_by_bytes_and_alone_an_operation_waits_for_the_loop() -> None:

@@ -42,16 +42,28 @@ async def serve(host: Host) -> None:
     await host.wait_stopped()
 
 
-def run(make_host: Callable[[], Host], gc_gen0_threshold_allocations: int = 0) -> None:
-    """Blocking entry point of a host command: the interpreter's settings
-    (gen-0 GC threshold, frozen start-up objects), logging, then
-    :func:`serve` on uvloop."""
-    import uvloop
-
+def tune_interpreter(gc_gen0_threshold_allocations: int = 0) -> None:
+    """A host process's garbage-collector settings: the gen-0 threshold
+    (0: Python's default) and the objects made so far (imports, start-up)
+    frozen out of every collection.  A process that hosts containers makes a
+    few short-lived objects per append and a few hundred appends are in
+    flight at once, so the default threshold (700) collects every few
+    bursts, promoting what is in flight; the promotions then trigger full
+    collections that walk every object the process holds (tens of ms, all
+    outstanding appends waiting).  Benchmarks standing in for a host call
+    this too."""
     if gc_gen0_threshold_allocations > 0:
         _, gen1, gen2 = gc.get_threshold()
         gc.set_threshold(gc_gen0_threshold_allocations, gen1, gen2)
     gc.freeze()
+
+
+def run(make_host: Callable[[], Host], gc_gen0_threshold_allocations: int = 0) -> None:
+    """Blocking entry point of a host command: the interpreter's settings
+    (:func:`tune_interpreter`), logging, then :func:`serve` on uvloop."""
+    import uvloop
+
+    tune_interpreter(gc_gen0_threshold_allocations)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvloop.run(serve(make_host()))

@@ -52,7 +52,7 @@ from quire.errors import (
 from quire.log import DurableDataLog, LogFencedError, Position
 from quire.segmentstore import frames
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
-from quire.segmentstore.operation_log import OperationLog, read_frame
+from quire.segmentstore.operation_log import OperationLog, Pending, read_frame
 from quire.segmentstore.operations import (
     APPEND,
     PLAIN_APPEND_HEAD,
@@ -91,6 +91,10 @@ from quire.segmentstore.types import (
 )
 
 T = TypeVar("T")
+_TABLE = SegmentType.TABLE
+_pack_plain_append = PLAIN_APPEND_HEAD.pack
+_PLAIN_APPEND_LENGTH = PLAIN_APPEND_HEAD.size - 4
+"""An APPEND's length in a frame without its data (the length prefix not counted)."""
 Tier2Read = Callable[[int, str, int, int], Awaitable[bytes]]
 """``tier2_read(segment_id, name, offset, length)``: up to ``length`` bytes of
 the segment from ``offset`` out of tier-2 (b"" where tier-2 has none)."""
@@ -191,7 +195,8 @@ class SegmentContainer:
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    cut_ops=config.frame_cut_ops,
                                    cut_bytes=config.frame_cut_bytes,
-                                   on_failure=self._failed)
+                                   on_failure=self._failed,
+                                   on_frame_committed=self._commit_frame)
         self._bytes_since_checkpoint = 0
         self.tables_accepted: dict[int, TableIndex] = {}
         self.tables_committed: dict[int, TableIndex] = {}
@@ -329,6 +334,31 @@ class SegmentContainer:
         return self._oplog.add(op)
 
     # --- the committed side -------------------------------------------------
+
+    def _commit_frame(self, batch: list[Pending], address: Position) -> None:
+        """Each operation of a durable frame, in order (see :meth:`_commit`);
+        a run of plain appends is applied inline."""
+        committed = self.committed
+        segments = committed.segments
+        index_append = self.read_index.append
+        commit = self._commit
+        for pending in batch:
+            op = pending[0]
+            if type(op) is not AppendOp:
+                commit(op, address)
+                continue
+            s = segments.get(op.segment_id)
+            if s is None or s.deleted or s.sealed or op.offset != s.length \
+                    or op.sequence != committed.sequence + 1 or s.type is SegmentType.TABLE:
+                commit(op, address)
+                continue
+            data = op.data
+            s.length += len(data)
+            if op.attributes:
+                s.attributes.update(op.attributes)
+            s.last_modified_ms = op.timestamp_ms
+            committed.sequence = op.sequence
+            index_append(op.segment_id, op.offset, data, address)
 
     def _commit(self, op: Operation, address: Position) -> None:
         if type(op) is AppendOp:  # the hot path: committed.apply(op) inline
@@ -488,9 +518,9 @@ class SegmentContainer:
             if segment_id is None:
                 raise SegmentNotFoundError(f"no segment {name!r}")
             s = accepted.segments[segment_id]
-            if s.sealed:
-                raise SegmentSealedError(f"segment {name!r} is sealed")
-            if s.type is SegmentType.TABLE:
+            if s.sealed or s.type is _TABLE:
+                if s.sealed:
+                    raise SegmentSealedError(f"segment {name!r} is sealed")
                 raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
             if type(data) is not bytes:
                 data = bytes(data)
@@ -499,6 +529,25 @@ class SegmentContainer:
                 raise SegmentStoreError(f"an append is at most {MAX_APPEND_BYTES} bytes, "
                                         f"got {size}")
             offset = s.length
+            if writer is None and not attribute_updates:  # the plainest: no attributes
+                if expected_offset is not None and expected_offset != offset:
+                    raise BadOffsetError(f"segment {name!r}: expected offset "
+                                         f"{expected_offset}, length is {offset}",
+                                         expected_offset, offset)
+                sequence = accepted.sequence + 1
+                now = self._clock_ms()
+                s.length = end = offset + size
+                s.last_modified_ms = now
+                accepted.sequence = sequence
+                future = oplog.add_encoded(
+                    AppendOp(sequence, now, segment_id, offset, data),
+                    _pack_plain_append(_PLAIN_APPEND_LENGTH + size, APPEND, sequence, now,
+                                       segment_id, offset, 0, size) + data,
+                    AppendResult(end))
+                self._bytes_since_checkpoint += size + 64
+                if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
+                    self._add_checkpoint().add_done_callback(_retrieve)
+                return future
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None
             if writer is not None:

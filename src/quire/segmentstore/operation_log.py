@@ -38,9 +38,10 @@ from quire.log import DurableDataLog, LogFencedError, Position
 from quire.segmentstore import frames
 from quire.segmentstore.operations import Operation, decode, encode
 
-_Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
+Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
 """An operation, its bytes as they sit in a frame (length first), its future
 and the value the future gets."""
+_Pending = Pending
 _InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Position] | None"]
 """A frame's append, the operations it completes, and for the last part
 frame of an operation written in parts, the append of its first part (the
@@ -54,7 +55,15 @@ class OperationLog:
                  *, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
                  max_frames_in_flight: int = 8, cut_ops: int = 64,
                  cut_bytes: int = 256 << 10,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_frame_committed: Callable[[list[Pending], Position], None] | None = None,
+                 ) -> None:
+        """``on_committed(op, address)`` applies one committed operation;
+        ``on_frame_committed(batch, address)``, if given, is called instead
+        with a durable frame's operations (:data:`Pending`, in log order;
+        it only reads them) and must apply each of them in order, as
+        ``on_committed`` would: one call per frame, not one per operation.
+        Futures are completed after either."""
         if cut_ops < 1 or cut_bytes < 1:
             raise ValueError("cut_ops and cut_bytes are at least 1")
         self._log = log
@@ -62,6 +71,7 @@ class OperationLog:
         self._cut_bytes = cut_bytes
         self._queued_bytes = 0
         self._on_committed = on_committed
+        self._on_frame_committed = on_frame_committed
         self._on_failure = on_failure
         self._max_frame_bytes = max_frame_bytes
         self._max_in_flight = max_frames_in_flight
@@ -111,6 +121,22 @@ class OperationLog:
         if queue and not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
+        return future
+
+    def add_encoded(self, op: Operation, raw: bytes, result: object) -> asyncio.Future[Any]:
+        """:meth:`add` for a caller that has ``op``'s encoding with its length
+        in front (``raw``) and has just checked that the log is usable
+        (:meth:`check`): the appends' hot path."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queue = self._queue
+        queue.append((op, raw, future, result))
+        self._last = future
+        self._queued_bytes += len(raw)
+        if len(queue) >= self._cut_ops or self._queued_bytes >= self._cut_bytes:
+            self._flush(full_only=True)
+        if queue and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
         return future
 
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
@@ -220,11 +246,17 @@ class OperationLog:
                 self._reject(batch)
                 continue
             address = (first or appended).result()
-            commit = self._on_committed
-            for op, _raw, future, result in batch:
-                commit(op, address)
-                if not future.done():
-                    future.set_result(result)
+            if self._on_frame_committed is not None:
+                self._on_frame_committed(batch, address)
+                for _op, _raw, future, result in batch:
+                    if not future.done():
+                        future.set_result(result)
+            else:
+                commit = self._on_committed
+                for op, _raw, future, result in batch:
+                    commit(op, address)
+                    if not future.done():
+                        future.set_result(result)
             self.frames_written += 1
             self.operations_written += len(batch)
         if self._queue and not self._flush_scheduled and self._failure is None:

@@ -80,33 +80,43 @@ class ReadIndex:
         self.budget_bytes = budget_bytes
         self.cached_bytes = 0
         self._segments: dict[int, _Segment] = {}
-        self._age: collections.deque[tuple[int, int]] = collections.deque()
-        """(segment id, chunk offset) in commit order, for eviction; an entry
-        whose chunk was since truncated, deleted or merged away is skipped."""
+        self._age_ids: collections.deque[int] = collections.deque()
+        self._age_offsets: collections.deque[int] = collections.deque()
+        """(segment id, chunk offset) of each chunk in commit order, for
+        eviction (two deques of ints, not a deque of pairs: a pair per chunk
+        would be a garbage-collected object per append with many segments,
+        and its collections the appends' p99); an entry whose chunk was since
+        truncated, deleted or merged away is skipped."""
 
     def append(self, segment_id: int, offset: int, data: bytes, address: Position) -> None:
         """Committed data of one append (offsets increase per segment)."""
         segment = self._segments.get(segment_id)
         if segment is None:
             segment = self._segments[segment_id] = _Segment()
-        if data:
+        size = len(data)
+        if size:
             offsets = segment.offsets
-            if offsets and offsets[-1] + segment.lengths[-1] == offset \
-                    and (segment.addresses[-1] is address or segment.addresses[-1] == address) \
-                    and segment.data[-1] is not None and offsets[-1] not in segment.origins:
+            addresses = segment.addresses
+            # one frame's appends share one address object (the log's answer,
+            # or replay's record): identity says "the same frame" cheaply
+            if addresses and addresses[-1] is address \
+                    and offsets[-1] + segment.lengths[-1] == offset \
+                    and segment.data[-1] is not None \
+                    and (not segment.origins or offsets[-1] not in segment.origins):
                 last = segment.data[-1]  # the same frame: one chunk
                 if type(last) is list:
                     last.append(data)
                 else:
                     segment.data[-1] = [last, data]  # type: ignore[list-item]
-                segment.lengths[-1] += len(data)
+                segment.lengths[-1] += size
             else:
                 offsets.append(offset)
-                segment.lengths.append(len(data))
+                segment.lengths.append(size)
                 segment.data.append(data)
-                segment.addresses.append(address)
-                self._age.append((segment_id, offset))
-            self.cached_bytes += len(data)
+                addresses.append(address)
+                self._age_ids.append(segment_id)
+                self._age_offsets.append(offset)
+            self.cached_bytes += size
             if self.cached_bytes > self.budget_bytes:
                 self._evict()
         if segment.waiters:
@@ -136,16 +146,17 @@ class ReadIndex:
                 target.data.append(data)
                 target.addresses.append(address)
                 if data is not None:
-                    self._age.append((target_id, moved))
+                    self._age_ids.append(target_id)
+                    self._age_offsets.append(moved)
             for waiter in source.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
         self.notify(target_id)
 
     def _evict(self) -> None:
-        age, segments = self._age, self._segments
-        while self.cached_bytes > self.budget_bytes and age:
-            segment_id, offset = age.popleft()
+        ids, offsets, segments = self._age_ids, self._age_offsets, self._segments
+        while self.cached_bytes > self.budget_bytes and ids:
+            segment_id, offset = ids.popleft(), offsets.popleft()
             segment = segments.get(segment_id)
             if segment is None:
                 continue
@@ -192,6 +203,11 @@ class ReadIndex:
     def notify_all(self) -> None:
         for segment_id in list(self._segments):
             self.notify(segment_id)
+
+    def chunk_count(self, segment_id: int) -> int:
+        """How many chunks the segment has (cached or evicted)."""
+        segment = self._segments.get(segment_id)
+        return 0 if segment is None else len(segment.offsets)
 
     def changed(self, segment_id: int) -> asyncio.Future[None]:
         """A future completed at the segment's next change."""
