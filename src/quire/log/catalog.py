@@ -189,11 +189,15 @@ class LogCatalog:
 
     # --- changing ------------------------------------------------------------------
 
-    async def create(self, name: str, *, exist_ok: bool = False) -> bool:
+    async def create(self, name: str, *, exist_ok: bool = False, epoch: int = 0) -> bool:
         """Create an empty log; True if this call created it.  LogExistsError
         if it exists (unless ``exist_ok``: then False).  ValueError for a bad
-        name (see ``records.check_name``)."""
-        head = HeadRecord(name=rec.check_name(name), created_ms=self.now_ms())
+        name (see ``records.check_name``).  ``epoch``: the head's epoch, so
+        its first writer takes ``epoch + 1`` (a log made again after a
+        disaster starts above every epoch its lost predecessor gave out)."""
+        if epoch < 0:
+            raise ValueError(f"log {name!r}: epoch {epoch} is negative")
+        head = HeadRecord(name=rec.check_name(name), created_ms=self.now_ms(), epoch=epoch)
         try:
             await self._store.create_record(rec.head_key(name), rec.encode_head(head))
         except MetadataExistsError:

@@ -23,9 +23,11 @@ Byte layout (big-endian, no padding)::
     index_batch     := magic:u32 (0x51495842 "QIXB") | count:u32
                        | (key_length:u32 | key | version:i64){count}
                        | indexed_length:u64                (version -1: removed)
-    layout_record   := segment_id:u64 | layout
+    layout_record   := segment_id:u64 | segment_type:u8 | layout
                        (a storage-metadata table value: whose layout it is, so a
-                       name deleted and created again is told apart)
+                       name deleted and created again is told apart, and that
+                       segment's SegmentType, so disaster recovery brings it
+                       back as the kind it was; 0: not known)
     journal         := magic:u32 (0x51534a53 "QSJS") | version:u8 (1)
                        | container:u32 | epoch:u64 | count:u32
                        | (layout_length:u32 | layout){count}
@@ -53,6 +55,7 @@ _BATCH_HEAD = struct.Struct(">II")
 _ATTRIBUTE = struct.Struct(">QQq")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_U8 = struct.Struct(">B")
 _I64 = struct.Struct(">q")
 _JOURNAL_HEAD = struct.Struct(">IBIQI")
 
@@ -154,15 +157,23 @@ def decode_index_batches(data: bytes) -> list[IndexBatch]:
     return out
 
 
-def encode_layout_record(segment_id: int, layout: SegmentLayout) -> bytes:
-    return _U64.pack(segment_id) + encode_layout(layout)
+def encode_layout_record(segment_id: int, layout: SegmentLayout,
+                         segment_type: int = 0) -> bytes:
+    return _U64.pack(segment_id) + _U8.pack(segment_type) + encode_layout(layout)
+
+
+def decode_typed_layout_record(data: bytes) -> tuple[int, int, SegmentLayout]:
+    """``(segment_id, segment_type, layout)`` of :func:`encode_layout_record`'s bytes."""
+    if len(data) < _U64.size + _U8.size:
+        raise ValueError(f"a layout record of {len(data)} bytes is cut short")
+    return (_U64.unpack_from(data, 0)[0], data[_U64.size],
+            decode_layout(data[_U64.size + _U8.size:]))
 
 
 def decode_layout_record(data: bytes) -> tuple[int, SegmentLayout]:
     """``(segment_id, layout)`` of :func:`encode_layout_record`'s bytes."""
-    if len(data) < _U64.size:
-        raise ValueError(f"a layout record of {len(data)} bytes is cut short")
-    return _U64.unpack_from(data, 0)[0], decode_layout(data[_U64.size:])
+    segment_id, _segment_type, layout = decode_typed_layout_record(data)
+    return segment_id, layout
 
 
 def encode_journal(snapshot: JournalSnapshot) -> bytes:
