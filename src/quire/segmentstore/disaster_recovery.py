@@ -189,6 +189,7 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
         if existing:
             raise RecoveryError(f"tier-1 logs exist already: {', '.join(existing)}; recovery "
                                 "rebuilds onto fresh logs (delete these first)")
+        await _probe(client, config)
         chunks = await storage.list_chunks("")
         floor = _highest_epoch(chunks)
         recorded = {cid: await read_records(storage, cid)
@@ -228,6 +229,22 @@ async def _container_count(metadata: MetadataStore, storage: ChunkStorage,
     if fallback is not None and fallback != count:
         raise RecoveryError(f"asked for {fallback} containers; the cluster has {count}")
     return count
+
+
+async def _probe(client: Client, config: SegmentStoreConfig) -> None:
+    """Write one entry to a ledger as the containers' logs will, and delete
+    it: a cluster that cannot take the logs fails here, before any is made."""
+    options = config.tier1
+    handle = await client.create_ledger(options.ensemble_size, options.write_quorum_size,
+                                        options.ack_quorum_size,
+                                        ledger_type=options.ledger_type,
+                                        digest_type=options.digest_type,
+                                        password=LOG_PASSWORD)
+    try:
+        await handle.append(b"quire recovery probe")
+    finally:
+        await handle.close()
+        await client.delete_ledger(handle.ledger_id)
 
 
 async def _log_exists(catalog: LogCatalog, name: str) -> bool:
