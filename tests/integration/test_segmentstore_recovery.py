@@ -228,6 +228,23 @@ async def test_recover_from_file_tier2_with_the_command(
         assert report["orphans"] == [{"chunk": ORPHAN, "bytes": 23}]
         client = await connect(fresh)
         await assert_recovered(client, uri, names, expected)
+        # the metadata store still has the logs (only the bookies were lost,
+        # or a second run): refused, unless they are to be replaced
+        args = ("segmentstore", "recover", "--tier2", uri, "--metadata", fresh.metadata_uri)
+        status, out, err = await quire(*args, "--json")
+        assert status == 1 and "tier-1 logs exist already" in json.loads(out)["error"]
+        status, out, err = await quire(*args, "--replace-logs", "--json")
+        assert status == 0, err
+        again = json.loads(out)
+        assert again["segments"] == report["segments"]
+        assert all(c2["epoch"] > c1["epoch"] for c1, c2 in
+                   zip(report["containers"], again["containers"], strict=True))
+        store = await SegmentStore.open(client, range(3), uri, config=CONFIG)
+        try:
+            got = (await snapshot(store, ["sc/st/u3"]))["sc/st/u3"]
+            assert got[5] == expected["sc/st/u3"][5] + b"after recovery"
+        finally:
+            await store.close()
         await client.close()
     finally:
         fresh.close()

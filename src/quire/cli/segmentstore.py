@@ -51,14 +51,17 @@ def start(config_path: str | None, **kwargs: Any) -> None:
               help="Recover only this container (repeatable; default: all).")
 @click.option("--container-count", type=int, default=None,
               help="Only if neither the metadata store nor tier-2 records it.")
+@click.option("--replace-logs", is_flag=True,
+              help="Drop the containers' tier-1 logs if the metadata store still has them "
+                   "(their ledgers are not read; a running owner is fenced).")
 @json_option
 def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
-            container_count: int | None, as_json: bool) -> None:
+            container_count: int | None, replace_logs: bool, as_json: bool) -> None:
     """Rebuild every container from tier-2 alone onto fresh tier-1 logs.
 
     For a lost bookie cluster and/or a lost metadata store: --metadata names
     the (new) cluster, whose bookies must run and which must not hold the
-    containers' tier-1 logs yet.  Every segment tier-2 records comes back
+    containers' tier-1 logs yet (or pass --replace-logs).  Every segment tier-2 records comes back
     with its recorded length, start offset, sealed state, attributes and
     table contents; chunks no record names are listed as orphans and left
     in place.  Ends with a summary."""
@@ -83,7 +86,8 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
         with bar:
             return await run_recover(client, tier2,
                                      container_ids=container_ids or None,
-                                     progress=progress, container_count=container_count)
+                                     progress=progress, container_count=container_count,
+                                     replace_logs=replace_logs)
 
     report = with_client(metadata_uri, go)
     if as_json:

@@ -40,7 +40,11 @@ The container count comes from the metadata store if it has one, else from
 tier-2 (:data:`~quire.segmentstore.store.CONTAINER_COUNT_CHUNK`), else from
 the ``container_count`` argument; it is then stored in the metadata store.
 Recovery refuses (:class:`~quire.errors.RecoveryError`, before writing
-anything) when a container's tier-1 log exists already.
+anything) when a container's tier-1 log exists already, unless asked to
+replace it (``replace_logs``): then the log's records are dropped from the
+metadata store (its ledgers are not read, so lost bookies do not matter; a
+process still owning the container is fenced) and the log is made again
+above its old epoch too.
 """
 
 from __future__ import annotations
@@ -162,16 +166,19 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
                   container_ids: Iterable[int] | None = None,
                   progress: Progress | None = None,
                   container_count: int | None = None,
-                  config: SegmentStoreConfig | None = None) -> RecoveryReport:
+                  config: SegmentStoreConfig | None = None,
+                  replace_logs: bool = False) -> RecoveryReport:
     """Rebuild containers (all, or ``container_ids``) from ``tier2`` alone
     onto fresh tier-1 logs on ``client``'s cluster (see the module
     docstring).  ``container_count`` is used only if neither the metadata
     store nor tier-2 records one; ``config`` gives the tier-1 logs' writer
     options and the container settings of the check-open (defaults:
     :class:`SegmentStoreConfig`'s).  Raises
-    :class:`~quire.errors.RecoveryError` for existing tier-1 logs or records
-    that do not fit; a failure part-way leaves the logs made so far (delete
-    them to start over) and never touches tier-2."""
+    :class:`~quire.errors.RecoveryError` for existing tier-1 logs (unless
+    ``replace_logs``: their records are dropped, their ledgers left
+    unread, and a process still owning a container is fenced) or records
+    that do not fit; a failure part-way leaves the logs made so far (run
+    again with ``replace_logs``) and never touches tier-2."""
     started = time.monotonic()
     config = config or SegmentStoreConfig()
     storage = await open_chunk_storage(Tier2Config(uri=tier2) if isinstance(tier2, str)
@@ -186,12 +193,16 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
         catalog = LogCatalog(metadata)
         existing = [container_log_name(cid) for cid in ids
                     if await _log_exists(catalog, container_log_name(cid))]
-        if existing:
+        if existing and not replace_logs:
             raise RecoveryError(f"tier-1 logs exist already: {', '.join(existing)}; recovery "
-                                "rebuilds onto fresh logs (delete these first)")
+                                "rebuilds onto fresh logs (replace_logs / --replace-logs "
+                                "drops them)")
         await _probe(client, config)
         chunks = await storage.list_chunks("")
         floor = _highest_epoch(chunks)
+        for name in existing:
+            head, _ledgers = await catalog.discard(name)
+            floor = max(floor, head.epoch)
         recorded = {cid: await read_records(storage, cid)
                     for cid in sorted(set(await journal_containers(storage)) | set(ids))}
         plans = [await _plan(cid, recorded[cid], storage, count) for cid in ids]
