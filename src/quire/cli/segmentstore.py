@@ -53,7 +53,7 @@ def start(config_path: str | None, **kwargs: Any) -> None:
               help="Only if neither the metadata store nor tier-2 records it.")
 @click.option("--replace-logs", is_flag=True,
               help="Drop the containers' tier-1 logs if the metadata store still has them "
-                   "(their ledgers are not read; a running owner is fenced).")
+                   "(their ledgers are not read; stop the segment stores first).")
 @json_option
 def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
             container_count: int | None, replace_logs: bool, as_json: bool) -> None:

@@ -329,8 +329,10 @@ class LogCatalog:
         transaction: for disaster recovery, when its ledgers are lost or are
         to be abandoned.  Returns the head as it was (its epoch: a log made
         again must start above it) and the ids of the ledgers it named, left
-        untouched.  A writer still holding it is fenced (its next change
-        finds no head).  LogNotFoundError if there is no such log."""
+        untouched.  A writer still holding it fails at its next metadata
+        change (a roll, a truncation, its close), but appends to its open
+        ledger go on succeeding until then: stop the writer first.
+        LogNotFoundError if there is no such log."""
         for _ in range(MAX_ATTEMPTS):
             head = await self.read_head(name)
             ledger_ids, ops = await self._record_removals(name)

@@ -42,9 +42,10 @@ the ``container_count`` argument; it is then stored in the metadata store.
 Recovery refuses (:class:`~quire.errors.RecoveryError`, before writing
 anything) when a container's tier-1 log exists already, unless asked to
 replace it (``replace_logs``): then the log's records are dropped from the
-metadata store (its ledgers are not read, so lost bookies do not matter; a
-process still owning the container is fenced) and the log is made again
-above its old epoch too.
+metadata store (its ledgers are not read, so lost bookies do not matter;
+stop the segment stores first: an owner still running could go on
+appending to its open ledger) and the log is made again above its old
+epoch too.
 """
 
 from __future__ import annotations
@@ -175,8 +176,9 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
     options and the container settings of the check-open (defaults:
     :class:`SegmentStoreConfig`'s).  Raises
     :class:`~quire.errors.RecoveryError` for existing tier-1 logs (unless
-    ``replace_logs``: their records are dropped, their ledgers left
-    unread, and a process still owning a container is fenced) or records
+    ``replace_logs``: their records are dropped and their ledgers left
+    unread; stop every segment store first, as an owner still running is
+    not fenced at its open ledger) or records
     that do not fit; a failure part-way leaves the logs made so far (run
     again with ``replace_logs``) and never touches tier-2."""
     started = time.monotonic()
