@@ -226,6 +226,9 @@ async def test_recover_from_file_tier2_with_the_command(
         assert [c["container"] for c in report["containers"]] == [0, 1, 2]
         assert report["segments"] == len(set(names))
         assert report["orphans"] == [{"chunk": ORPHAN, "bytes": 23}]
+        assert sum(c["tables"] for c in report["containers"]) >= 4  # ours, the controller's
+        assert all(c["index_mismatches"] == [] and c["dangling"] == []
+                   for c in report["containers"])
         client = await connect(fresh)
         await assert_recovered(client, uri, names, expected)
         # the metadata store still has the logs (only the bookies were lost,
@@ -284,6 +287,7 @@ async def test_recover_from_s3_tier2(connect: Callable[..., Awaitable[Client]],
         assert report.segments == len(set(names))
         assert report.bytes == sum(v[0] - v[1] for v in expected.values())
         assert [o.name for o in report.orphans] == [ORPHAN]
+        assert all(not c.index_mismatches and not c.dangling for c in report.containers)
         assert seen[0] == (0, report.segments) and seen[-1] == (report.segments,) * 2
         with pytest.raises(RecoveryError, match="exist already"):
             await recover(client, uri)

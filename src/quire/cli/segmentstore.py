@@ -106,6 +106,9 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
         for name in c.dangling:
             out.print(f"container {c.container_id}: {name} names no live data segment "
                       "(left as is)")
+        for name in c.index_mismatches:
+            out.print(f"container {c.container_id}: table {name}: its $index in tier-2 "
+                      "disagrees with its data (the data wins)")
     for orphan in report.orphans:
         out.print(f"orphan chunk (no record names it, left in place): {orphan.name} "
                   f"({orphan.length:,} bytes)")

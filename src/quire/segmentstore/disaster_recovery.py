@@ -30,7 +30,9 @@ each container:
    storage writer then loads the layouts from the storage-metadata table
    and goes on appending to the same tier-2 segments;
 4. the container is opened once that way (which also proves every table
-   reads back) and closed; its segments are compared with the records.
+   reads back) and closed; its segments are compared with the records, and
+   each table's index rebuilt from its data with its ``$index`` segment in
+   tier-2 (:attr:`RecoveredContainer.index_mismatches`).
 
 Chunks that no record names (a crash between a chunk write and the record
 naming it, chunks dropped from a layout and not yet deleted) are listed as
@@ -69,7 +71,7 @@ from quire.segmentstore.names import (
     container_of,
 )
 from quire.segmentstore.operations import CheckpointOp, encode
-from quire.segmentstore.storage_records import decode_attribute_batches
+from quire.segmentstore.storage_records import decode_attribute_batches, decode_index_batches
 from quire.segmentstore.storage_writer import (
     StorageRecords,
     Tier2Reader,
@@ -120,6 +122,10 @@ class RecoveredContainer:
     dangling: tuple[str, ...] = ()
     """``$attributes``/``$index`` layouts whose data segment tier-2 does not
     record as live (left as they are)."""
+    index_mismatches: tuple[str, ...] = ()
+    """Tables whose ``$index`` in tier-2 disagrees with the index rebuilt
+    from their data (the data wins; the next flush writes the whole index
+    again).  Empty for a tier-2 PDP-40 kept consistent."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,9 @@ class RecoveryReport:
             "container_count": self.container_count,
             "containers": [{"container": c.container_id, "epoch": c.epoch,
                             "segments": c.segments, "tables": c.tables, "bytes": c.bytes,
-                            "dangling": list(c.dangling)} for c in self.containers],
+                            "dangling": list(c.dangling),
+                            "index_mismatches": list(c.index_mismatches)}
+                           for c in self.containers],
             "segments": self.segments, "bytes": self.bytes,
             "orphans": [{"chunk": o.name, "bytes": o.length} for o in self.orphans],
             "elapsed_s": round(self.elapsed_s, 3),
@@ -381,12 +389,47 @@ async def _rebuild(client: Client, catalog: LogCatalog, storage: ChunkStorage, p
                     want.attributes):
                 raise RecoveryError(f"container {cid}: {want.name!r} did not come back as "
                                     "recorded")
+        mismatches = [want.name for want in plan.segments
+                      if want.type is SegmentType.TABLE and not await _index_agrees(
+                          storage, records, want, container)]
     finally:
         await container.close()
     return RecoveredContainer(
         cid, epoch, len(plan.segments),
         sum(1 for s in plan.segments if s.type is SegmentType.TABLE),
-        sum(s.length - s.start_offset for s in plan.segments), tuple(plan.dangling))
+        sum(s.length - s.start_offset for s in plan.segments), tuple(plan.dangling),
+        tuple(mismatches))
+
+
+async def _index_agrees(storage: ChunkStorage, records: StorageRecords, table: SegmentMetadata,
+                        container: SegmentContainer) -> bool:
+    """Whether the table's ``$index`` in tier-2 (its batches folded, as of
+    their last ``indexed_length`` L) agrees with the index the container
+    rebuilt from the table's data: every live key at a version below L has
+    that version in the ``$index``, and no key the ``$index`` holds is at
+    another version below L.  A table without an ``$index`` record, or
+    truncated, is not compared."""
+    name = table.name + INDEX_SUFFIX
+    layout = records.layouts.get(name)
+    if layout is None or layout.deleted or records.owners.get(name) != table.segment_id \
+            or table.start_offset != 0:
+        return True
+    indexed = 0
+    folded: dict[bytes, int] = {}
+    for batch in decode_index_batches(await _read_all(storage, layout)):
+        for key, version in batch.versions:
+            if version < 0:
+                folded.pop(key, None)
+            else:
+                folded[key] = version
+        indexed = batch.indexed_length
+    rebuilt = container.tables_committed.get(table.segment_id)
+    entries = {} if rebuilt is None else {k: v[0] for k, v in rebuilt.entries.items()}
+    if any(version < indexed and folded.get(key) != version
+           for key, version in entries.items()):
+        return False
+    return all(key not in entries or entries[key] == version or entries[key] >= indexed
+               for key, version in folded.items())
 
 
 def _orphans(chunks: list[ChunkInfo], recorded: dict[int, StorageRecords]) -> list[ChunkInfo]:
