@@ -52,8 +52,9 @@ epoch too.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,8 @@ from quire.tier2 import (
     read_segment,
 )
 
+_READS_IN_FLIGHT = 32
+"""``$attributes`` segments read at once (one S3 GET or file read each)."""
 SEED_SEQUENCE = 2
 """The seed checkpoint's sequence: not 1, so the log reads as truncated."""
 
@@ -294,6 +297,8 @@ async def _plan(container_id: int, records: StorageRecords, storage: ChunkStorag
     metadata = ContainerMetadata(container_id)
     plan = _Plan(container_id, records, metadata)
     now = wall_clock_ms()
+    reads: list[Coroutine[Any, Any, None]] = []
+    limit = asyncio.Semaphore(_READS_IN_FLIGHT)
     for name, layout in sorted(layouts.items()):
         if name not in owners or layout.deleted:
             continue
@@ -304,23 +309,23 @@ async def _plan(container_id: int, records: StorageRecords, storage: ChunkStorag
                 plan.dangling.append(name)
             continue
         if container_of(name, count) != container_id:
+            for read in reads:
+                read.close()  # never started
             raise RecoveryError(f"container {container_id} records {name!r}, which belongs to "
                                 f"container {container_of(name, count)} of {count}: is the "
                                 "container count right?")
-        attributes: dict[int, int] = {}
         attribute_layout = layouts.get(name + ATTRIBUTES_SUFFIX)
-        if attribute_layout is not None and not attribute_layout.deleted \
-                and owners.get(name + ATTRIBUTES_SUFFIX) == owners[name]:
-            for batch in decode_attribute_batches(await _read_all(storage, attribute_layout)):
-                attributes.update(batch.values)
         segment_type = _segment_type(name, records)
         s = SegmentMetadata(owners[name], name, segment_type, length=layout.length,
                             start_offset=layout.start_offset, sealed=layout.sealed,
-                            storage_length=layout.length, last_modified_ms=now,
-                            attributes=attributes)
+                            storage_length=layout.length, last_modified_ms=now)
+        if attribute_layout is not None and not attribute_layout.deleted \
+                and owners.get(name + ATTRIBUTES_SUFFIX) == owners[name]:
+            reads.append(_fold_attributes(storage, attribute_layout, s, limit))
         plan.segments.append(s)
         metadata.segments[s.segment_id] = s
         metadata.by_name[name] = s.segment_id
+    await asyncio.gather(*reads)
     meta_id = max(owners.values(), default=0) + 1
     table = storage_metadata_name(container_id)
     table_layout = layouts.get(table)
@@ -333,6 +338,15 @@ async def _plan(container_id: int, records: StorageRecords, storage: ChunkStorag
     metadata.next_segment_id = meta_id + 1
     metadata.sequence = SEED_SEQUENCE - 1
     return plan
+
+
+async def _fold_attributes(storage: ChunkStorage, layout: SegmentLayout,
+                           segment: SegmentMetadata, limit: asyncio.Semaphore) -> None:
+    """The segment's attributes: its ``$attributes`` batches, in order."""
+    async with limit:
+        data = await _read_all(storage, layout)
+    for batch in decode_attribute_batches(data):
+        segment.attributes.update(batch.values)
 
 
 def _segment_type(name: str, records: StorageRecords) -> SegmentType:
