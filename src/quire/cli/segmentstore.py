@@ -100,7 +100,7 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     for c in report.containers:
         table.add_row(str(c.container_id), str(c.epoch), f"{c.segments:,}", f"{c.tables:,}",
                       f"{c.bytes:,}")
-    out = Console()
+    out = Console(soft_wrap=True)  # long names stay on one line
     out.print(table)
     for c in report.containers:
         for name in c.dangling:
