@@ -784,8 +784,6 @@ class StorageRecords:
     ``$attributes``/``$index`` layout: its data segment's)."""
     types: dict[str, int]
     """For the table's layouts: that segment's ``SegmentType`` (0: not known)."""
-    journal_epoch: int | None
-    """The epoch of the owner that wrote the journal snapshot read (None: none)."""
 
 
 async def read_records(storage: ChunkStorage, container_id: int) -> StorageRecords:
@@ -810,7 +808,7 @@ async def _read_records(storage: ChunkStorage, container_id: int
 async def _read_records_once(storage: ChunkStorage, container_id: int) -> StorageRecords:
     snapshot = await read_journal(storage, container_id)
     if snapshot is None:
-        return StorageRecords({}, {}, {}, None)
+        return StorageRecords({}, {}, {})
     layouts = {layout.segment: layout for layout in snapshot.layouts}
     table = layouts.get(storage_metadata_name(container_id))
     found: dict[str, SegmentLayout] = {}
@@ -828,7 +826,7 @@ async def _read_records_once(storage: ChunkStorage, container_id: int) -> Storag
             else:
                 owners[name], types[name], found[name] = decode_typed_layout_record(value)
     found.update(layouts)
-    return StorageRecords(found, owners, types, snapshot.epoch)
+    return StorageRecords(found, owners, types)
 
 
 async def read_storage_metadata(storage: ChunkStorage, container_id: int
