@@ -1,7 +1,8 @@
 """Disaster recovery's choices, on in-process fake bookies and memory://
 tier-2: where the container count comes from (the metadata store, else
 tier-2, else the caller; refused when they disagree or nobody knows),
-recovering some containers only, and an empty tier-2.  Recovery of every
+recovering some containers only, an empty tier-2, and a table whose
+``$index`` disagrees with its data.  Recovery of every
 kind of segment runs on real bookies in
 ``tests/integration/test_segmentstore_recovery.py``."""
 
@@ -16,11 +17,13 @@ import pytest
 from quire.client import Client
 from quire.errors import RecoveryError
 from quire.log import LogCatalog
-from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore import SegmentStore, SegmentStoreConfig, SegmentType
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import container_log_name
-from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.storage_records import decode_index_batches, encode_index_batch
+from quire.segmentstore.storage_writer import StorageWriterConfig, read_layout
 from quire.segmentstore.store import cluster_container_count
+from quire.tier2 import open_chunk_storage
 from tests.support.fake_bookie import FakeCluster
 
 FLUSH = StorageWriterConfig(flush_threshold_bytes=1, flush_threshold_ms=0,
@@ -50,15 +53,20 @@ async def written(client: Client, uri: str, count: int) -> dict[str, bytes]:
         for name, value in data.items():
             await store.create_segment(name)
             await store.append(name, value)
-        start = {cid: w.iterations for cid, w in store.writers.items()}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while any(w.iterations < start[cid] + 2 for cid, w in store.writers.items()):
-            assert loop.time() < deadline
-            await asyncio.sleep(0.01)  # polling the condition, with a deadline
+        await iterated(store)
     finally:
         await store.close()
     return data
+
+
+async def iterated(store: SegmentStore) -> None:
+    """Every writer ran 2 whole iterations after now: all is in tier-2."""
+    start = {cid: w.iterations for cid, w in store.writers.items()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while any(w.iterations < start[cid] + 2 for cid, w in store.writers.items()):
+        assert loop.time() < deadline
+        await asyncio.sleep(0.01)  # polling the condition, with a deadline
 
 
 async def test_the_container_count_comes_from_tier2_when_the_metadata_store_is_lost(
@@ -109,3 +117,36 @@ async def test_some_containers_only(clusters: Callable[[], asyncio.Future[Client
     assert 0 < report.segments < len(data)
     assert await LogCatalog(fresh.metadata_store).names() == [container_log_name(1)]
     assert report.orphans == ()  # container 0's chunks are recorded, not orphans
+
+
+async def test_a_table_index_that_disagrees_with_its_data_is_reported(
+        clusters: Callable[[], asyncio.Future[Client]]) -> None:
+    uri = f"memory://{uuid.uuid4().hex}"
+    client = await clusters()
+    store = await SegmentStore.open(client, range(1), uri, config=SegmentStoreConfig(
+        container_count=1, storage_writer=FLUSH))
+    try:
+        await store.create_segment("sc/st/table", SegmentType.TABLE)
+        await store.table_put("sc/st/table", [(b"a", b"1", None), (b"b", b"2", None)])
+        await iterated(store)
+    finally:
+        await store.close()
+    assert (await recover(await clusters(), uri)).containers[0].index_mismatches == ()
+    # rewrite the $index's first chunk (same length): key a at b's version
+    storage = await open_chunk_storage(uri)
+    try:
+        layout = await read_layout(storage, "sc/st/table$index")
+        assert layout is not None
+        chunk = layout.chunks[0]
+        raw = await storage.read(chunk.name, 0, chunk.length)
+        (batch,) = decode_index_batches(raw)
+        versions = dict(batch.versions)
+        forged = encode_index_batch({b"a": versions[b"b"], b"b": versions[b"b"]},
+                                    batch.indexed_length)
+        assert len(forged) == len(raw)
+        await storage.delete(chunk.name)
+        await storage.write_chunk(chunk.name, forged)
+    finally:
+        await storage.close()
+    report = await recover(await clusters(), uri)
+    assert report.containers[0].index_mismatches == ("sc/st/table",)
