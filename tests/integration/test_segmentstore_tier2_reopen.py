@@ -35,7 +35,9 @@ from tests.support.segment_driver import TIER2_ENV
 
 NAMES = [f"sc/k9/{i}" for i in range(4)]
 TABLE = "sc/k9/table"
-ROUNDS = 30
+LAST_ROUNDS = 400
+"""The last burst: 2,000 requests, more than the pipe holds, so the kill
+always finds some unread, let alone answered."""
 
 
 def piece(name: str, round_: int) -> bytes:
@@ -101,9 +103,9 @@ async def test_reopen_after_kill9_from_tier1_and_tier2_loses_no_acknowledged_ope
             await until(flushed_and_truncated, "flushed to tier-2 and tier-1 truncated")
         finally:
             await storage.close()
-        last = burst(range(rounds, rounds + 2 * ROUNDS))
+        last = burst(range(rounds, rounds + LAST_ROUNDS))
         pending = set(last)
-        while len(last) - len(pending) < len(last) // 3:
+        while len(last) - len(pending) < len(last) // 10:
             _done, pending = await asyncio.wait(pending, timeout=60,
                                                 return_when=asyncio.FIRST_COMPLETED)
             assert _done, "no answer in 60 s"
@@ -115,6 +117,7 @@ async def test_reopen_after_kill9_from_tier1_and_tier2_loses_no_acknowledged_ope
     assert await check(uri) == []
     store = await SegmentStore.open(client, range(2), uri,
                                     config=SegmentStoreConfig(container_count=2))
+    landed = 0
     try:
         for i, name in enumerate(NAMES):
             sent_rounds = [r for n, r, _f in sent if n == name]
@@ -128,8 +131,10 @@ async def test_reopen_after_kill9_from_tier1_and_tier2_loses_no_acknowledged_ope
                     b"".join(piece(name, r) for r in sent_rounds[:present + 1])):
                 present += 1
             assert data == b"".join(piece(name, r) for r in sent_rounds[:present]), name
-            assert present >= len(acked) and present > rounds, (name, present, len(acked))
+            assert present >= len(acked), (name, present, len(acked))
+            landed += present - rounds
             assert await store.get_attributes(name, [i]) == {i: sent_rounds[present - 1]}
+        assert landed > 0  # some of the last burst came back
         acked_keys = [r for r, f in keys if f.done() and not f.exception()]
         entries = await store.table_get(TABLE, [b"k%d" % r for r in acked_keys])
         assert [e.value if e else None for e in entries] == [b"v%d" % r for r in acked_keys]
