@@ -150,9 +150,10 @@ def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxPr
     assert sorted(read_stream(manager, "sandbox", "events", "first", 20)) == \
         sorted(f"event-{n}" for n in range(20))
     # the segment store flushes to tier-2 in the sandbox's directory: the
-    # controller's _system tables are flushed in every iteration (PDP-40)
+    # controller's _system tables are flushed in every iteration (PDP-40),
+    # and each one ends with a snapshot of its container's system journal
     deadline = time.monotonic() + 60
-    while not any((sandbox.directory / "tier2").rglob("*.E*")):
+    while not any((sandbox.directory / "tier2").rglob("journal_*.E*")):
         assert time.monotonic() < deadline, "nothing reached tier-2"
         time.sleep(0.1)
 
