@@ -16,15 +16,23 @@ runs many kills.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from quire.segmentstore.storage_writer import read_journal, read_storage_metadata
+from quire.segmentstore.tier2_check import check
+from quire.tier2 import open_chunk_storage, parse_chunk_name
 from tests.support.cluster import Cluster
-from tests.support.tier2_chaos import CHAOS_CONFIG, Chaos, KillPoint
+from tests.support.tier2_chaos import CHAOS_CONFIG, Chaos, ChaosOwner, KillPoint
+from tests.support.tier2_workload import generate
 
 EXAMPLES = int(os.environ.get("QUIRE_TIER2_CHAOS_EXAMPLES", "0"))
 KILLS_PER_EXAMPLE = 3
@@ -75,3 +83,114 @@ def test_unordered_owner_killed_between_metadata_and_data_flush_is_reported(
                    for v in report.violations), (seed, report.killed_at, report.violations)
         caught += 1
     assert caught == 3
+
+
+def _acks(lines: list[dict[str, Any]]) -> list[int]:
+    return [got["ack"] for got in lines if "ack" in got]
+
+
+def _available(owner: ChaosOwner, wait_s: float = 0.5) -> list[dict[str, Any]]:
+    """The lines the owner printed (waiting up to ``wait_s`` for each next one)."""
+    lines, owner.events = owner.events, []
+    while (got := owner.line(time.monotonic() + wait_s, quiet=True)):
+        lines.append(got)
+    return lines
+
+
+def _chunks(uri: str) -> set[str]:
+    async def listed() -> set[str]:
+        storage = await open_chunk_storage(uri)
+        try:
+            return {info.name for info in await storage.list_chunks("")}
+        finally:
+            await storage.close()
+    return asyncio.run(listed())
+
+
+def _recorded(uri: str) -> tuple[set[str], int]:
+    """The chunks tier-2's records name, and the epoch of its journal."""
+    async def read() -> tuple[set[str], int]:
+        storage = await open_chunk_storage(uri)
+        try:
+            layouts = await read_storage_metadata(storage, 0)
+            journal = await read_journal(storage, 0)
+            assert journal is not None
+            return {c.name for layout in layouts.values() for c in layout.chunks}, journal.epoch
+        finally:
+            await storage.close()
+    return asyncio.run(read())
+
+
+@pytest.mark.timeout(240)
+def test_a_fenced_owner_paused_across_a_takeover_then_resumed_writes_nothing_harmful(
+        bookies: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Owner A runs the workload; its storage writer is held before a data
+    flush (so the pause falls inside an iteration) and A is stopped with
+    SIGSTOP.  Owner B fences A's log, shows every operation A acknowledged,
+    runs more and flushes.  A is resumed with SIGCONT: its writer writes
+    its chunks (epoch A's names) and fails on tier-1; A's pending and new
+    calls fail with ContainerFencedError.  Then: B's state is still the
+    model's, tier-2 is consistent, no record names a chunk A wrote after
+    the takeover, the journal is B's, and a third owner shows every
+    acknowledged operation."""
+    chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2-paused"), 11)
+    chaos.ops = generate(chaos.seed, 6000, chaos.config["segments"])
+    a = chaos.owner()
+    try:
+        chaos.adopt(a.state())
+        a.send({"op": "run", "from": 0, "to": 4000, "window": chaos.window,
+                "kill": {"kind": "hold"}})
+        chaos.sent = 4000
+        held = a.expect("held")
+        assert held is not None, f"A ended (exit {a.proc.poll()})"
+        a.expect("ack")  # A goes on answering with its writer held
+        a.signal(signal.SIGSTOP)
+        before = _available(a)
+        assert not any("err" in got for got in before), before
+        chaos.acked_up_to = max(_acks(before), default=0) + 1
+        paused_chunks = _chunks(chaos.tier2_uri)
+        epoch_a = a.epoch
+
+        b = chaos.owner()  # fences A's log while A is stopped
+        try:
+            assert b.epoch > epoch_a
+            chaos.adopt(b.state())
+            taken_at = chaos.applied
+            b.send({"op": "run", "from": taken_at, "to": taken_at + 800, "window": chaos.window})
+            done = b.expect("done")
+            assert done is not None and not any("err" in got for got in b.events), b.events
+            chaos.acked_up_to = chaos.sent = taken_at + 800
+            b.events = []
+            b.send({"op": "flushed"})
+            assert b.expect("flushed") is not None
+
+            a.signal(signal.SIGCONT)
+            if any("done" in got for got in before):  # A's calls had ended: new ones
+                a.send({"op": "run", "from": 4000, "to": 4100, "window": chaos.window})
+            a.send({"op": "release"})
+            failed = a.expect("writer_failed")
+            assert failed is not None and failed["writer_failed"] == "ContainerFencedError"
+            after = _available(a)
+            a.kill9()
+            lines = [*after, *a.events]
+            errors = [got["name"] for got in lines if "err" in got]
+            assert errors and set(errors) == {"ContainerFencedError"}, errors
+            # what A acknowledged late had reached its log before the fence: B has it
+            assert all(i < taken_at for i in _acks(lines)), (_acks(lines), taken_at)
+            written_late = {name for name in _chunks(chaos.tier2_uri) - paused_chunks
+                            if parse_chunk_name(name)[1] == epoch_a}
+            assert written_late, "A's writer wrote nothing after the takeover"
+
+            assert chaos.adopt(b.state()) == 0  # B reads as before
+            b.send({"op": "flushed"})
+            assert b.expect("flushed") is not None
+            b.close_cleanly()
+        finally:
+            b.close()
+    finally:
+        a.close()
+    assert asyncio.run(check(chaos.tier2_uri)) == []
+    recorded, journal_epoch = _recorded(chaos.tier2_uri)
+    assert not recorded & written_late
+    assert journal_epoch == b.epoch
+    assert chaos.finish() == 0

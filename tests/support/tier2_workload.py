@@ -130,11 +130,15 @@ def generate(seed: int, count: int, segments: int = 200) -> list[Op]:
     choices = ["append"] * 40 + ["system"] * 10 + ["put"] * 10 + ["remove"] * 3 + \
         ["create"] * 4 + ["seal"] * 2 + ["truncate"] * 4 + ["delete"] * 2 + \
         ["attrs"] * 3 + ["txn"] * 6 + ["txn_append"] * 6
+    shape: tuple[list[str], list[str], list[str]] | None = None
     while len(ops) < count:
         choice = rng.choice(choices)
-        live = [n for n, s in model.segs.items() if s.kind == "user"]
-        open_ = [n for n in live if not model.segs[n].sealed]
-        txns = [n for n, s in model.segs.items() if s.kind == "txn"]
+        if shape is None:  # recomputed only after an operation that changes it
+            shape = ([n for n, s in model.segs.items() if s.kind == "user"],
+                     [n for n, s in model.segs.items() if s.kind == "user" and not s.sealed],
+                     [n for n, s in model.segs.items() if s.kind == "txn"])
+        live, open_, txns = shape
+        emitted = len(ops)
         if choice == "append" and open_:
             counter += 1
             name = rng.choice(open_)
@@ -190,4 +194,6 @@ def generate(seed: int, count: int, segments: int = 200) -> list[Op]:
             if writable:
                 emit({"op": "append", "name": rng.choice(writable),
                       "data": rng.randbytes(rng.randint(20, 400)).hex(), "attrs": []})
+        if len(ops) > emitted and ops[-1]["op"] in ("create", "delete", "seal", "merge"):
+            shape = None
     return ops
