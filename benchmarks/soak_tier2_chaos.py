@@ -91,6 +91,11 @@ def main() -> None:
                     if report.violations:
                         failures.append(f"kill {k} ({kill}, before {report.killed_at!r}): "
                                         f"{[str(v) for v in report.violations[:3]]}")
+                    progress.console.print(
+                        f"kill {k + 1}/{args.kills} ({kill.kind} {kill.match}{kill.n}): "
+                        f"before {report.killed_at or 'an answer'}, {report.acked} acks, "
+                        f"{report.landed} unanswered landed, {len(report.violations)} "
+                        f"violations, {report.seconds:.1f} s")
                     progress.update(task, advance=1, description=(
                         f"pdp40 kills ({sum(r['acked'] for r in rounds):,} acks, "
                         f"{len(failures)} failures)"))
@@ -108,6 +113,9 @@ def main() -> None:
                                           "unordered_seed": seed}, ops_per_round=3000)
                     kill = KillPoint("gap") if gap else draw(rng)
                     report = chaos.round(kill)
+                    progress.console.print(
+                        f"unordered kill {k + 1} ({kill.kind} {kill.match}{kill.n}): before "
+                        f"{report.killed_at or 'an answer'}, {len(report.violations)} violations")
                     unordered.append({"kill": f"{kill.kind}:{kill.match}{kill.n}",
                                       "killed_at": report.killed_at,
                                       "violations": len(report.violations)})
