@@ -349,6 +349,12 @@ class ContainerClosedError(SegmentStoreError):
     unknown outcome (a reopen shows whether it is in the log)."""
 
 
+class RecoveryError(SegmentStoreError):
+    """Disaster recovery refused or could not finish: tier-1 logs that exist
+    already, a container count nobody records, tier-2 records that do not
+    fit together.  What was done before it is said in the message."""
+
+
 # --- controller (quire.controller) ------------------------------------------
 # Each family answers one gRPC status (quire.controller.service), never UNKNOWN.
 

@@ -5,7 +5,8 @@ Opens :class:`~quire.segmentstore.SegmentContainer` 0 on the
 :class:`~quire.log.NamedDataLog` ``LOG_NAME`` (fencing any previous owner,
 replaying its log) -- or, with ``LOG_NAME`` ``store:N``, a
 :class:`~quire.segmentstore.SegmentStore` of ``container_count`` N hosting
-every container (the requests go to it) -- prints ``{"ready": true}``, then reads requests from
+every container (the requests go to it; with ``$QUIRE_DRIVER_TIER2`` set,
+flushing to that tier-2 URI) -- prints ``{"ready": true}``, then reads requests from
 stdin, one JSON object a line, ``{"id": n, "op": ..., ...}``, and calls each
 *as soon as it is read* (so requests are ordered as sent, and many may be in
 flight); each answer is printed when it is known, in any order:
@@ -34,7 +35,7 @@ from typing import Any
 
 from quire.client import Client
 from quire.errors import QuireError
-from quire.log import NamedDataLog
+from quire.log import NamedDataLog, WriterOptions
 from quire.segmentstore import (
     AppendResult,
     AttributeUpdate,
@@ -46,9 +47,17 @@ from quire.segmentstore import (
     SegmentType,
     UpdateType,
 )
+from quire.segmentstore.storage_writer import StorageWriterConfig
 from quire.segmentstore.store import LOG_PASSWORD
 
 OPEN_TIMEOUT_S = 45.0
+TIER2_ENV = "QUIRE_DRIVER_TIER2"
+"""In ``store:N`` mode: a tier-2 URI to flush to (storage writers flushing
+every change every 20 ms, tier-1 ledgers of 4 KiB), if set in the environment."""
+FLUSH_OFTEN = StorageWriterConfig(flush_threshold_bytes=1, flush_threshold_ms=0,
+                                  iteration_interval_ms=20)
+SMALL_LEDGERS = WriterOptions(roll_bytes=4096)
+"""Tier-1 ledgers roll often, so truncation (whole ledgers) happens soon."""
 
 
 def send(message: dict[str, Any]) -> None:
@@ -153,9 +162,12 @@ async def main(uri: str, log_name: str, config: dict[str, int]) -> None:
     try:
         if log_name.startswith("store:"):
             count = int(log_name.removeprefix("store:"))
+            tier2 = os.environ.get(TIER2_ENV) or None
             container = await asyncio.wait_for(SegmentStore.open(
-                client, range(count), config=SegmentStoreConfig(
-                    container_count=count, container=ContainerConfig(**config))),
+                client, range(count), tier2, config=SegmentStoreConfig(
+                    container_count=count, container=ContainerConfig(**config),
+                    **({} if tier2 is None else
+                       {"storage_writer": FLUSH_OFTEN, "tier1": SMALL_LEDGERS}))),
                 OPEN_TIMEOUT_S)
         else:
             container = await asyncio.wait_for(SegmentContainer.open(

@@ -111,6 +111,30 @@ async def test_create_list_delete(logs: LogStore) -> None:
         await logs.info("one")
 
 
+async def test_discard_drops_a_held_log_and_it_is_made_again_above_its_epoch(
+        logs: LogStore) -> None:
+    writer = await logs.open_writer("lost")
+    await writer.append(b"x")
+    with pytest.raises(LogBusyError):
+        await logs.delete("lost")
+    ledger_id = (await logs.info("lost")).ledgers[0].ledger_id
+    head, ledgers = await logs.catalog.discard("lost")
+    assert head.epoch == writer.epoch and ledgers == {ledger_id}
+    assert await logs.list() == []
+    await logs.metadata_store.read_ledger(ledger_id)  # left as it was: never read
+    with pytest.raises((LogFencedError, LogNotFoundError)):
+        await writer.close()  # the holder's next metadata change fails
+    with pytest.raises(LogNotFoundError):
+        await logs.catalog.discard("lost")
+    await logs.catalog.create("lost", epoch=head.epoch + 5)
+    again = await logs.open_writer("lost")
+    assert again.epoch == head.epoch + 6
+    assert await again.append(b"y") == Position(0, 0)
+    await again.close()
+    with pytest.raises(ValueError):
+        await logs.catalog.create("negative", epoch=-1)
+
+
 # --- writer --------------------------------------------------------------------------
 
 

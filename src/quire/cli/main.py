@@ -15,6 +15,7 @@ from quire.cli.log import log
 from quire.cli.sandbox import sandbox
 from quire.cli.segmentstore import segmentstore
 from quire.cli.streams import scope, stream
+from quire.cli.tier2 import tier2
 
 
 @click.group(cls=QuireGroup)
@@ -40,6 +41,7 @@ cli.add_command(segmentstore)
 cli.add_command(controller)
 cli.add_command(scope)
 cli.add_command(stream)
+cli.add_command(tier2)
 bookie.add_command(decommission)
 ledger.add_command(underreplicated)
 

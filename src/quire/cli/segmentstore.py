@@ -1,4 +1,4 @@
-"""``quire segmentstore start``."""
+"""``quire segmentstore start`` and ``quire segmentstore recover``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from quire.cli.common import emit_json, json_option, metadata_option, with_client
 from quire.cli.options import config_options, pick_overrides
 from quire.config import load_config
 from quire.errors import QuireError
@@ -40,3 +41,79 @@ def start(config_path: str | None, **kwargs: Any) -> None:
     except QuireError as e:
         click.echo(f"error: segment store refused to start: {e}", err=True)
         raise SystemExit(2) from e
+
+
+@segmentstore.command("recover")
+@click.option("--tier2", "tier2_uri", required=True,
+              help="Tier-2 URI to recover from (file:///path, s3://bucket/prefix?...).")
+@metadata_option
+@click.option("--container", "container_ids", type=int, multiple=True,
+              help="Recover only this container (repeatable; default: all).")
+@click.option("--container-count", type=int, default=None,
+              help="Only if neither the metadata store nor tier-2 records it.")
+@click.option("--replace-logs", is_flag=True,
+              help="Drop the containers' tier-1 logs if the metadata store still has them "
+                   "(their ledgers are not read; stop the segment stores first).")
+@json_option
+def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
+            container_count: int | None, replace_logs: bool, as_json: bool) -> None:
+    """Rebuild every container from tier-2 alone onto fresh tier-1 logs.
+
+    For a lost bookie cluster and/or a lost metadata store: --metadata names
+    the (new) cluster, whose bookies must run and which must not hold the
+    containers' tier-1 logs yet (or pass --replace-logs).  Every segment tier-2 records comes back
+    with its recorded length, start offset, sealed state, attributes and
+    table contents; chunks no record names are listed as orphans and left
+    in place.  Ends with a summary."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from quire.client import Client
+    from quire.segmentstore.disaster_recovery import RecoveryReport
+    from quire.segmentstore.disaster_recovery import recover as run_recover
+    from quire.tier2 import Tier2Config
+
+    tier2 = Tier2Config(uri=tier2_uri)  # a bad URI fails before anything connects
+    console = Console(stderr=True)
+    bar = Progress("recovering segments", BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, disable=as_json, transient=False)
+
+    async def go(client: Client) -> RecoveryReport:
+        task = bar.add_task("recover", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+        with bar:
+            return await run_recover(client, tier2,
+                                     container_ids=container_ids or None,
+                                     progress=progress, container_count=container_count,
+                                     replace_logs=replace_logs)
+
+    report = with_client(metadata_uri, go)
+    if as_json:
+        emit_json(report.as_json())
+        return
+    from rich.table import Table
+
+    table = Table("container", "epoch", "segments", "tables", "bytes",
+                  title="recovered from tier-2")
+    for c in report.containers:
+        table.add_row(str(c.container_id), str(c.epoch), f"{c.segments:,}", f"{c.tables:,}",
+                      f"{c.bytes:,}")
+    out = Console()
+    out.print(table)
+    for c in report.containers:
+        for name in c.dangling:
+            out.print(f"container {c.container_id}: {name} names no live data segment "
+                      "(left as is)")
+        for name in c.index_mismatches:
+            out.print(f"container {c.container_id}: table {name}: its $index in tier-2 "
+                      "disagrees with its data (the data wins)")
+    for orphan in report.orphans:
+        out.print(f"orphan chunk (no record names it, left in place): {orphan.name} "
+                  f"({orphan.length:,} bytes)")
+    rate = report.segments / report.elapsed_s if report.elapsed_s > 0 else 0.0
+    out.print(f"recovered {len(report.containers)} container(s) of {report.container_count}, "
+              f"{report.segments:,} segment(s), {report.bytes:,} bytes, "
+              f"{len(report.orphans)} orphan chunk(s) in {report.elapsed_s:.1f} s "
+              f"({rate:,.0f} segments/s)")

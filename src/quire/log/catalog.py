@@ -189,11 +189,15 @@ class LogCatalog:
 
     # --- changing ------------------------------------------------------------------
 
-    async def create(self, name: str, *, exist_ok: bool = False) -> bool:
+    async def create(self, name: str, *, exist_ok: bool = False, epoch: int = 0) -> bool:
         """Create an empty log; True if this call created it.  LogExistsError
         if it exists (unless ``exist_ok``: then False).  ValueError for a bad
-        name (see ``records.check_name``)."""
-        head = HeadRecord(name=rec.check_name(name), created_ms=self.now_ms())
+        name (see ``records.check_name``).  ``epoch``: the head's epoch, so
+        its first writer takes ``epoch + 1`` (a log made again after a
+        disaster starts above every epoch its lost predecessor gave out)."""
+        if epoch < 0:
+            raise ValueError(f"log {name!r}: epoch {epoch} is negative")
+        head = HeadRecord(name=rec.check_name(name), created_ms=self.now_ms(), epoch=epoch)
         try:
             await self._store.create_record(rec.head_key(name), rec.encode_head(head))
         except MetadataExistsError:
@@ -320,6 +324,44 @@ class LogCatalog:
             return [r.seq for r in records], [v.value for v in removing]
         raise LogError(f"log {name!r} kept changing; bulk append gave up")
 
+    async def discard(self, name: str) -> tuple[HeadRecord, set[int]]:
+        """Remove every record of a log *whoever holds it*, in one
+        transaction: for disaster recovery, when its ledgers are lost or are
+        to be abandoned.  Returns the head as it was (its epoch: a log made
+        again must start above it) and the ids of the ledgers it named, left
+        untouched.  A writer still holding it fails at its next metadata
+        change (a roll, a truncation, its close), but appends to its open
+        ledger go on succeeding until then: stop the writer first.
+        LogNotFoundError if there is no such log."""
+        for _ in range(MAX_ATTEMPTS):
+            head = await self.read_head(name)
+            ledger_ids, ops = await self._record_removals(name)
+            ops.append(DeleteRecord(rec.head_key(name), head.version))
+            try:
+                await self._store.transaction(ops)
+            except TransactionError:
+                continue  # the log changed meanwhile: look again
+            return head.value, ledger_ids
+        raise LogError(f"log {name!r} kept changing; discarding it gave up")
+
+    async def _record_removals(self, name: str) -> tuple[set[int], list[Op]]:
+        """The ids of the ledgers the log's records name and the deletions of
+        those records (not of its head), children first."""
+        keys = [k for k in await self._store.list_records(rec.log_prefix(name))
+                if k != rec.head_key(name)]
+        ledger_ids: set[int] = set()
+        for key in keys:
+            try:
+                value = (await self._store.read_record(key)).value
+            except MetadataNotFoundError:
+                continue
+            if rec.seq_of_ledger_key(name, key) is not None:
+                ledger_ids.add(rec.decode_ledger(value).ledger_id)
+            elif rec.is_registration_key(name, key):
+                ledger_ids.add(rec.decode_registration(value).ledger_id)
+        # children before parents (ZooKeeper keeps record keys as a tree)
+        return ledger_ids, [DeleteRecord(k, None) for k in sorted(keys, reverse=True)]
+
     async def remove(self, name: str) -> set[int]:
         """Remove every record of a log that no writer holds, in one
         transaction; returns the ids of the ledgers they named (the log's and
@@ -331,20 +373,7 @@ class LogCatalog:
             if head.value.writer is not None:
                 raise LogBusyError(f"log {name!r} is held by a writer (epoch "
                                    f"{head.value.writer.epoch}); close it or recover() first")
-            keys = [k for k in await self._store.list_records(rec.log_prefix(name))
-                    if k != rec.head_key(name)]
-            ledger_ids: set[int] = set()
-            for key in keys:
-                try:
-                    value = (await self._store.read_record(key)).value
-                except MetadataNotFoundError:
-                    continue
-                if rec.seq_of_ledger_key(name, key) is not None:
-                    ledger_ids.add(rec.decode_ledger(value).ledger_id)
-                elif rec.is_registration_key(name, key):
-                    ledger_ids.add(rec.decode_registration(value).ledger_id)
-            # children before parents (ZooKeeper keeps record keys as a tree)
-            ops: list[Op] = [DeleteRecord(k, None) for k in sorted(keys, reverse=True)]
+            ledger_ids, ops = await self._record_removals(name)
             ops.append(DeleteRecord(rec.head_key(name), head.version))
             try:
                 await self._store.transaction(ops)

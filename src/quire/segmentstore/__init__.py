@@ -24,10 +24,10 @@ Modules, each importing only those listed before it:
   attribute and index batches and system-journal snapshots;
 * :mod:`~quire.segmentstore.storage_writer` -- a container's flushes to
   tier-2 in PDP-40's order, and :func:`read_layout` over tier-2 alone;
-* :mod:`~quire.segmentstore.store` -- :class:`SegmentStore`, routing.
-
-Not yet here (see ``docs/internals/segmentstore-status.md``): the
-consistency checker and disaster recovery.
+* :mod:`~quire.segmentstore.store` -- :class:`SegmentStore`, routing;
+* :mod:`~quire.segmentstore.tier2_check` -- PDP-40's consistency check of
+  tier-2 alone; :mod:`~quire.segmentstore.disaster_recovery` -- every
+  container rebuilt from tier-2 alone onto fresh tier-1 logs.
 """
 
 from quire.errors import (

@@ -23,9 +23,14 @@ Byte layout (big-endian, no padding)::
     index_batch     := magic:u32 (0x51495842 "QIXB") | count:u32
                        | (key_length:u32 | key | version:i64){count}
                        | indexed_length:u64                (version -1: removed)
-    layout_record   := segment_id:u64 | layout
+    layout_record   := segment_id:u64 | type_tag:u8 | layout
                        (a storage-metadata table value: whose layout it is, so a
-                       name deleted and created again is told apart)
+                       name deleted and created again is told apart, and that
+                       segment's SegmentType, so disaster recovery brings it
+                       back as the kind it was: type_tag is 0x80 | type.  A
+                       record written before the tag (segment_id:u64 | layout,
+                       whose byte 8 is the layout's version, 1) reads as type 0,
+                       not known)
     journal         := magic:u32 (0x51534a53 "QSJS") | version:u8 (1)
                        | container:u32 | epoch:u64 | count:u32
                        | (layout_length:u32 | layout){count}
@@ -53,6 +58,8 @@ _BATCH_HEAD = struct.Struct(">II")
 _ATTRIBUTE = struct.Struct(">QQq")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_U8 = struct.Struct(">B")
+_TYPE_TAG = 0x80
 _I64 = struct.Struct(">q")
 _JOURNAL_HEAD = struct.Struct(">IBIQI")
 
@@ -154,15 +161,29 @@ def decode_index_batches(data: bytes) -> list[IndexBatch]:
     return out
 
 
-def encode_layout_record(segment_id: int, layout: SegmentLayout) -> bytes:
-    return _U64.pack(segment_id) + encode_layout(layout)
+def encode_layout_record(segment_id: int, layout: SegmentLayout,
+                         segment_type: int = 0) -> bytes:
+    if not 0 <= segment_type < _TYPE_TAG:
+        raise ValueError(f"segment type {segment_type} does not fit a layout record")
+    return _U64.pack(segment_id) + _U8.pack(_TYPE_TAG | segment_type) + encode_layout(layout)
+
+
+def decode_typed_layout_record(data: bytes) -> tuple[int, int, SegmentLayout]:
+    """``(segment_id, segment_type, layout)`` of :func:`encode_layout_record`'s
+    bytes (type 0 for a record written before the type tag)."""
+    if len(data) < _U64.size + _U8.size:
+        raise ValueError(f"a layout record of {len(data)} bytes is cut short")
+    segment_id = _U64.unpack_from(data, 0)[0]
+    tag = data[_U64.size]
+    if not tag & _TYPE_TAG:
+        return segment_id, 0, decode_layout(data[_U64.size:])
+    return segment_id, tag & ~_TYPE_TAG, decode_layout(data[_U64.size + _U8.size:])
 
 
 def decode_layout_record(data: bytes) -> tuple[int, SegmentLayout]:
     """``(segment_id, layout)`` of :func:`encode_layout_record`'s bytes."""
-    if len(data) < _U64.size:
-        raise ValueError(f"a layout record of {len(data)} bytes is cut short")
-    return _U64.unpack_from(data, 0)[0], decode_layout(data[_U64.size:])
+    segment_id, _segment_type, layout = decode_typed_layout_record(data)
+    return segment_id, layout
 
 
 def encode_journal(snapshot: JournalSnapshot) -> bytes:

@@ -11,7 +11,8 @@ One :class:`StorageWriter` per open container.  It runs *flush iterations*
    segment when its unflushed bytes reach ``flush_threshold_bytes``, or its
    oldest unflushed change is ``flush_threshold_ms`` old, or its
    ``$attributes`` segment is eligible by the same rules (requirement 3:
-   both together), or it was sealed, truncated, deleted or merged into; every modified
+   both together), or it is empty and not recorded yet (tier-2 records even
+   an empty segment), or it was sealed, truncated, deleted or merged into; every modified
    system segment (``_system/...``, requirement 1) and container-metadata
    segment (requirement 2) in every iteration;
 3. flushes them bucket by bucket: user, then system (requirements 4-7;
@@ -78,6 +79,7 @@ from quire.segmentstore.storage_records import (
     JournalSnapshot,
     decode_journal,
     decode_layout_record,
+    decode_typed_layout_record,
     encode_attribute_batch,
     encode_index_batch,
     encode_journal,
@@ -303,7 +305,11 @@ class StorageWriter:
                 continue
             flushed = layout.length if layout is not None else 0
             start = layout.start_offset if layout is not None else 0
-            state_changed = s.start_offset > start or (s.sealed and not (
+            # an empty segment tier-2 has no record of yet is recorded (empty):
+            # recovery brings back what tier-2 records, and a stream's new
+            # segments or a controller's tables may stay empty a long time
+            state_changed = (layout is None and s.length == 0) or s.start_offset > start \
+                or (s.sealed and not (
                 layout is not None and layout.sealed)) or sid in self._merges
             if tracked is None:
                 tracked = self._tracked[sid] = _Tracked()
@@ -621,8 +627,12 @@ class StorageWriter:
         """Put the changed layouts in the storage-metadata table (tier-1)."""
         if not self._unrecorded:
             return
-        entries = [(name.encode(), encode_layout_record(self.owners[name], layout), None)
-                   for name, layout in self._unrecorded.items()]
+        segments = self.container.committed.segments
+        entries = []
+        for name, layout in self._unrecorded.items():
+            owner = segments.get(self.owners[name])
+            entries.append((name.encode(), encode_layout_record(
+                self.owners[name], layout, 0 if owner is None else int(owner.type)), None))
         self._unrecorded = {}
         puts = [self.container.table_put(self.metadata_segment,
                                          entries[at:at + _RECORDS_PER_PUT])
@@ -810,12 +820,26 @@ async def journal_containers(storage: ChunkStorage) -> list[int]:
     return sorted(found)
 
 
-async def _read_records(storage: ChunkStorage, container_id: int
-                        ) -> tuple[dict[str, SegmentLayout], dict[str, int]]:
-    """The layouts tier-2 records for the container and, for those in its
-    storage-metadata table, the ids of the segments they belong to.  If a
-    chunk vanishes under the reader (a running writer replaced it and
-    recorded that), the journal is read again."""
+@dataclass(frozen=True)
+class StorageRecords:
+    """What tier-2 alone records for one container (:func:`read_records`)."""
+
+    layouts: dict[str, SegmentLayout]
+    """Every recorded layout by segment name: the journal's (the
+    container-metadata segments) and the flushed storage-metadata table's."""
+    owners: dict[str, int]
+    """For the table's layouts: the id of the segment each belongs to (an
+    ``$attributes``/``$index`` layout: its data segment's)."""
+    types: dict[str, int]
+    """For the table's layouts: that segment's ``SegmentType`` (0: not known)."""
+    journal_epoch: int | None
+    """The epoch of the owner that wrote the journal snapshot read (None: none)."""
+
+
+async def read_records(storage: ChunkStorage, container_id: int) -> StorageRecords:
+    """The records tier-2 holds for container ``container_id``.  If a chunk
+    vanishes under the reader (a running writer replaced it and recorded
+    that), the journal is read again."""
     for _attempt in range(_JOURNAL_READ_ATTEMPTS):
         try:
             return await _read_records_once(storage, container_id)
@@ -825,15 +849,21 @@ async def _read_records(storage: ChunkStorage, container_id: int
                             f"({_JOURNAL_READ_ATTEMPTS} attempts)")
 
 
-async def _read_records_once(storage: ChunkStorage, container_id: int
-                             ) -> tuple[dict[str, SegmentLayout], dict[str, int]]:
+async def _read_records(storage: ChunkStorage, container_id: int
+                        ) -> tuple[dict[str, SegmentLayout], dict[str, int]]:
+    records = await read_records(storage, container_id)
+    return records.layouts, records.owners
+
+
+async def _read_records_once(storage: ChunkStorage, container_id: int) -> StorageRecords:
     snapshot = await read_journal(storage, container_id)
     if snapshot is None:
-        return {}, {}
+        return StorageRecords({}, {}, {}, None)
     layouts = {layout.segment: layout for layout in snapshot.layouts}
     table = layouts.get(storage_metadata_name(container_id))
     found: dict[str, SegmentLayout] = {}
     owners: dict[str, int] = {}
+    types: dict[str, int] = {}
     if table is not None and table.length > table.start_offset:
         data = await read_segment(storage, table, table.start_offset,
                                   table.length - table.start_offset)
@@ -842,10 +872,11 @@ async def _read_records_once(storage: ChunkStorage, container_id: int
             if value is None:
                 found.pop(name, None)
                 owners.pop(name, None)
+                types.pop(name, None)
             else:
-                owners[name], found[name] = decode_layout_record(value)
+                owners[name], types[name], found[name] = decode_typed_layout_record(value)
     found.update(layouts)
-    return found, owners
+    return StorageRecords(found, owners, types, snapshot.epoch)
 
 
 async def read_storage_metadata(storage: ChunkStorage, container_id: int

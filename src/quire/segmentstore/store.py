@@ -23,6 +23,8 @@ from typing import TypeVar
 
 from quire.client import Client
 from quire.errors import (
+    ChunkExistsError,
+    ChunkNotFoundError,
     ConfigError,
     ContainerNotOwnedError,
     MetadataExistsError,
@@ -32,7 +34,7 @@ from quire.errors import (
 from quire.log import DurableDataLog, NamedDataLog, WriterOptions
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
-from quire.segmentstore.names import container_log_name, container_of
+from quire.segmentstore.names import SYSTEM_SCOPE, container_log_name, container_of
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig, Tier2Reader
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
@@ -67,6 +69,38 @@ class SegmentStoreConfig:
     and ack quorums: E3 W3 A2 by default)."""
     storage_writer: StorageWriterConfig = field(default_factory=StorageWriterConfig)
     """Each container's storage writer (when the store has tier-2)."""
+
+
+CONTAINER_COUNT_CHUNK = f"{SYSTEM_SCOPE}/containers/container_count.E0.0"
+"""The tier-2 chunk holding the cluster's container count (ASCII digits),
+written by every store opened with tier-2 (the same bytes each time: a chunk
+write of existing bytes is a no-op), so disaster recovery knows how names
+map to containers when the metadata store is lost too."""
+
+
+async def record_container_count(storage: ChunkStorage, count: int) -> None:
+    """Put ``count`` in tier-2 (:data:`CONTAINER_COUNT_CHUNK`); ConfigError if
+    tier-2 already belongs to a cluster with another count."""
+    try:
+        await storage.write_chunk(CONTAINER_COUNT_CHUNK, str(count).encode())
+    except ChunkExistsError:
+        stored = await read_tier2_container_count(storage)
+        raise ConfigError(f"tier-2 holds the chunks of a cluster of {stored} containers; "
+                          f"this one has {count}") from None
+
+
+async def read_tier2_container_count(storage: ChunkStorage) -> int | None:
+    """The container count tier-2 records (None if it records none)."""
+    try:
+        raw = await storage.read(CONTAINER_COUNT_CHUNK, 0,
+                                 await storage.length(CONTAINER_COUNT_CHUNK))
+    except ChunkNotFoundError:
+        return None
+    try:
+        return int(raw.decode())
+    except ValueError:
+        raise ConfigError(f"tier-2 chunk {CONTAINER_COUNT_CHUNK} holds {raw[:20]!r}, "
+                          "not a container count") from None
 
 
 async def cluster_container_count(metadata: MetadataStore, wanted: int | None) -> int:
@@ -147,6 +181,11 @@ class SegmentStore:
             tier2_config = Tier2Config(uri=tier2) if isinstance(tier2, str) else tier2
             storage = await open_chunk_storage(tier2_config)
             max_chunk_bytes = tier2_config.max_chunk_bytes
+            try:
+                await record_container_count(storage, count)
+            except BaseException:
+                await storage.close()
+                raise
         store = cls(count, open_log, config, storage, max_chunk_bytes)
         try:
             await asyncio.gather(*(store.start_container(c) for c in container_ids))

@@ -24,6 +24,7 @@ owner's tier-2, as recovery does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quire.errors import SegmentTruncatedError
@@ -51,18 +52,21 @@ class Violation:
                 f"{self.reason}")
 
 
-async def check(tier2: ChunkStorage | Tier2Config | str) -> list[Violation]:
+async def check(tier2: ChunkStorage | Tier2Config | str, *,
+                container_ids: Iterable[int] | None = None) -> list[Violation]:
     """Every violation of PDP-40's consistency in ``tier2`` (a storage, or a
-    URI/config to open and close here); empty when consistent."""
+    URI/config to open and close here); empty when consistent.  Checks every
+    container with a system journal, or those of ``container_ids``."""
     if isinstance(tier2, str | Tier2Config):
         storage = await open_chunk_storage(tier2)
         try:
-            return await check(storage)
+            return await check(storage, container_ids=container_ids)
         finally:
             await storage.close()
     violations: list[Violation] = []
     chunk_lengths = {info.name: info.length for info in await tier2.list_chunks("")}
-    for container_id in await journal_containers(tier2):
+    ids = await journal_containers(tier2) if container_ids is None else sorted(container_ids)
+    for container_id in ids:
         layouts = await read_storage_metadata(tier2, container_id)
         guaranteed = {name: _guaranteed_length(layout, chunk_lengths)
                       for name, layout in layouts.items()}
