@@ -8,7 +8,10 @@ attributes, tables, system segments, transactions merged, seals,
 truncates, deletes; small flush thresholds) and is killed with ``kill -9``
 at random points: after n acknowledgements, or before the n-th flush step
 of a kind.  After each kill, PDP-40's check over tier-2 alone must find
-nothing, and the next owner must show every acknowledged operation.  Then
+nothing, disaster recovery from a copy of tier-2 alone onto fresh tier-1
+logs must bring back every recorded segment with its bytes
+(``--recover-every``), and the next owner must show every acknowledged
+operation.  Then
 the same with ``flush_order="unordered"``: ``--unordered-kills`` kills at
 random points (how many the check reports is printed) and as many in the
 window between a metadata flush and the data flush it depends on (each
@@ -20,6 +23,7 @@ must be reported).  Exit status 1 on any failure.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import json
 import random
@@ -35,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tests.support.cluster import Cluster
-from tests.support.tier2_chaos import CHAOS_CONFIG, Chaos, KillPoint
+from tests.support.tier2_chaos import CHAOS_CONFIG, Chaos, KillPoint, recover_and_compare
 
 STEP_KINDS = ["data:", "index:", "attributes:", "metadata", ""]
 
@@ -52,6 +56,8 @@ def main() -> None:
     parser.add_argument("--kills-per-container", type=int, default=10)
     parser.add_argument("--unordered-kills", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--recover-every", type=int, default=1,
+                        help="disaster recovery from tier-2 after every N-th kill (0: never)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -83,7 +89,19 @@ def main() -> None:
                         chaos = None
                         progress.advance(task)
                         continue
+                    recovered = None
+                    if args.recover_every and (k + 1) % args.recover_every == 0 \
+                            and not report.violations:
+                        try:
+                            recovered = asyncio.run(recover_and_compare(
+                                cluster.metadata_uri, chaos.tier2_dir, chaos.model))
+                        except AssertionError as e:
+                            failures.append(f"kill {k}: recovery: {e}")
                     rounds.append({"kill": f"{kill.kind}:{kill.match}{kill.n}",
+                                   "recovered_segments": recovered.segments if recovered else None,
+                                   "recovered_bytes": recovered.bytes if recovered else None,
+                                   "recovery_s": round(recovered.seconds, 2) if recovered
+                                   else None,
                                    "killed_at": report.killed_at.split(":")[0],
                                    "acked": report.acked, "landed": report.landed,
                                    "violations": len(report.violations),
@@ -95,7 +113,10 @@ def main() -> None:
                         f"kill {k + 1}/{args.kills} ({kill.kind} {kill.match}{kill.n}): "
                         f"before {report.killed_at or 'an answer'}, {report.acked} acks, "
                         f"{report.landed} unanswered landed, {len(report.violations)} "
-                        f"violations, {report.seconds:.1f} s")
+                        f"violations, {report.seconds:.1f} s"
+                        + (f"; recovered {recovered.segments} segments, "
+                           f"{recovered.bytes:,} B in {recovered.seconds:.1f} s"
+                           if recovered else ""))
                     progress.update(task, advance=1, description=(
                         f"pdp40 kills ({sum(r['acked'] for r in rounds):,} acks, "
                         f"{len(failures)} failures)"))
@@ -132,6 +153,9 @@ def main() -> None:
         "acked": sum(r["acked"] for r in rounds),
         "landed_unacknowledged": sum(r["landed"] for r in rounds),
         "violations": sum(r["violations"] for r in rounds),
+        "recoveries": sum(1 for r in rounds if r["recovered_segments"] is not None),
+        "recovered_segments": sum(r["recovered_segments"] or 0 for r in rounds),
+        "recovered_bytes": sum(r["recovered_bytes"] or 0 for r in rounds),
         "median_round_s": sorted(r["seconds"] for r in rounds)[len(rounds) // 2] if rounds
         else 0,
         "unordered_random_kills_reported": sum(1 for u in unordered[0::2] if u["violations"]),
@@ -147,6 +171,9 @@ def main() -> None:
               f"{summary['acked']:,} operations acknowledged, all kept; "
               f"{summary['landed_unacknowledged']} unanswered ones landed; "
               f"{summary['violations']} violations; median round {summary['median_round_s']} s")
+        print(f"{summary['recoveries']} disaster recoveries from tier-2 alone: "
+              f"{summary['recovered_segments']:,} recorded segments, "
+              f"{summary['recovered_bytes']:,} B, all back with their bytes")
         print(f"unordered: random kills reported {summary['unordered_random_kills_reported']}"
               f"/{summary['unordered_random_kills']}, kills in the metadata/data window "
               f"reported {summary['unordered_gap_kills_reported']}"

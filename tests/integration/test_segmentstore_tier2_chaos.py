@@ -6,7 +6,9 @@ segments, transactions merged, seals, truncates, deletes) is killed with
 the n-th flush step of a kind.  After each kill PDP-40's check over tier-2
 alone finds nothing, and a new owner (fencing the old log, replaying it
 over tier-2) shows the model after a prefix of the calls that holds every
-acknowledged operation.  Under ``flush_order="unordered"`` the same chaos,
+acknowledged operation; after the last kill, disaster recovery from (a
+copy of) tier-2 alone brings back every recorded segment with its bytes.
+Under ``flush_order="unordered"`` the same chaos,
 with the owner killed between a metadata flush and the data flush it
 depends on, is reported by the check every time.
 
@@ -31,7 +33,13 @@ from quire.segmentstore.storage_writer import read_journal, read_storage_metadat
 from quire.segmentstore.tier2_check import check
 from quire.tier2 import open_chunk_storage, parse_chunk_name
 from tests.support.cluster import Cluster
-from tests.support.tier2_chaos import CHAOS_CONFIG, Chaos, ChaosOwner, KillPoint
+from tests.support.tier2_chaos import (
+    CHAOS_CONFIG,
+    Chaos,
+    ChaosOwner,
+    KillPoint,
+    recover_and_compare,
+)
 from tests.support.tier2_workload import generate
 
 EXAMPLES = int(os.environ.get("QUIRE_TIER2_CHAOS_EXAMPLES", "0"))
@@ -64,6 +72,11 @@ def test_pdp40_owner_killed_under_heavy_flushing_leaves_tier2_consistent_and_los
         report = chaos.round(kill)
         assert report.violations == [], (seed, kill, report.killed_at, report.violations)
         assert report.acked > 0 or kill.kind != "acks"
+    # disaster recovery from tier-2 alone after the last kill: every recorded
+    # segment back with its bytes (onto fresh tier-1 logs, from a copy)
+    recovered = asyncio.run(recover_and_compare(bookies.metadata_uri, chaos.tier2_dir,
+                                                chaos.model))
+    assert recovered.segments > 0 and recovered.compared_with_model > 0
     chaos.finish()
     assert len(set(chaos.epochs)) == KILLS_PER_EXAMPLE + 1  # each owner fenced the last
 
@@ -72,7 +85,7 @@ def test_pdp40_owner_killed_under_heavy_flushing_leaves_tier2_consistent_and_los
 def test_unordered_owner_killed_between_metadata_and_data_flush_is_reported(
         bookies: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     caught = 0
-    for seed in range(3):
+    for seed in range(2):
         chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2-unordered"), seed,
                       config={**CHAOS_CONFIG, "flush_order": "unordered",
                               "unordered_seed": seed}, ops_per_round=3000)
@@ -82,7 +95,7 @@ def test_unordered_owner_killed_between_metadata_and_data_flush_is_reported(
                    and v.recorded_offset > v.guaranteed_length
                    for v in report.violations), (seed, report.killed_at, report.violations)
         caught += 1
-    assert caught == 3
+    assert caught == 2
 
 
 def _acks(lines: list[dict[str, Any]]) -> list[int]:
@@ -125,29 +138,34 @@ def _recorded(uri: str) -> tuple[set[str], int]:
 def test_a_fenced_owner_paused_across_a_takeover_then_resumed_writes_nothing_harmful(
         bookies: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Owner A runs the workload; its storage writer is held before a data
-    flush (so the pause falls inside an iteration) and A is stopped with
-    SIGSTOP.  Owner B fences A's log, shows every operation A acknowledged,
-    runs more and flushes.  A is resumed with SIGCONT: its writer writes
-    its chunks (epoch A's names) and fails on tier-1; A's pending and new
-    calls fail with ContainerFencedError.  Then: B's state is still the
+    flush with bytes to write (so the pause falls inside an iteration) and
+    A is stopped with SIGSTOP.  Owner B fences A's log, shows every
+    operation A acknowledged, runs more and flushes.  A is resumed with
+    SIGCONT and called again: its calls fail with ContainerFencedError,
+    none lands; its writer writes its chunks (epoch A's names) and fails on
+    tier-1 with ContainerFencedError.  Then: B's state is still the
     model's, tier-2 is consistent, no record names a chunk A wrote after
     the takeover, the journal is B's, and a third owner shows every
     acknowledged operation."""
-    chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2-paused"), 11)
-    chaos.ops = generate(chaos.seed, 6000, chaos.config["segments"])
+    chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2-paused"), 11,
+                  # A's writer reads what it flushes from memory after the resume
+                  config={**CHAOS_CONFIG, "read_index_budget_bytes": 64 << 20})
+    chaos.ops = generate(chaos.seed, 3000, chaos.config["segments"])
     a = chaos.owner()
     try:
         chaos.adopt(a.state())
-        a.send({"op": "run", "from": 0, "to": 4000, "window": chaos.window,
+        a.send({"op": "run", "from": 0, "to": 2500, "window": chaos.window,
                 "kill": {"kind": "hold"}})
-        chaos.sent = 4000
+        chaos.sent = 2500
         held = a.expect("held")
         assert held is not None, f"A ended (exit {a.proc.poll()})"
-        a.expect("ack")  # A goes on answering with its writer held
+        if not any("done" in got for got in a.events):  # A answers on, its writer held
+            assert a.expect("done") is not None
         a.signal(signal.SIGSTOP)
         before = _available(a)
         assert not any("err" in got for got in before), before
         chaos.acked_up_to = max(_acks(before), default=0) + 1
+        assert chaos.acked_up_to == 2500
         paused_chunks = _chunks(chaos.tier2_uri)
         epoch_a = a.epoch
 
@@ -156,27 +174,26 @@ def test_a_fenced_owner_paused_across_a_takeover_then_resumed_writes_nothing_har
             assert b.epoch > epoch_a
             chaos.adopt(b.state())
             taken_at = chaos.applied
-            b.send({"op": "run", "from": taken_at, "to": taken_at + 800, "window": chaos.window})
+            b.send({"op": "run", "from": taken_at, "to": taken_at + 400, "window": chaos.window})
             done = b.expect("done")
             assert done is not None and not any("err" in got for got in b.events), b.events
-            chaos.acked_up_to = chaos.sent = taken_at + 800
+            chaos.acked_up_to = chaos.sent = taken_at + 400
             b.events = []
             b.send({"op": "flushed"})
             assert b.expect("flushed") is not None
 
             a.signal(signal.SIGCONT)
-            if any("done" in got for got in before):  # A's calls had ended: new ones
-                a.send({"op": "run", "from": 4000, "to": 4100, "window": chaos.window})
+            a.send({"op": "run", "from": 2500, "to": 2600, "window": chaos.window})
             a.send({"op": "release"})
             failed = a.expect("writer_failed")
-            assert failed is not None and failed["writer_failed"] == "ContainerFencedError"
+            assert failed is not None and failed["writer_failed"] == "ContainerFencedError", \
+                (failed, a.events)
             after = _available(a)
             a.kill9()
             lines = [*after, *a.events]
             errors = [got["name"] for got in lines if "err" in got]
             assert errors and set(errors) == {"ContainerFencedError"}, errors
-            # what A acknowledged late had reached its log before the fence: B has it
-            assert all(i < taken_at for i in _acks(lines)), (_acks(lines), taken_at)
+            assert not _acks(lines), lines  # nothing A called after the takeover landed
             written_late = {name for name in _chunks(chaos.tier2_uri) - paused_chunks
                             if parse_chunk_name(name)[1] == epoch_a}
             assert written_late, "A's writer wrote nothing after the takeover"

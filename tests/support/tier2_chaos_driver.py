@@ -8,8 +8,8 @@ owner, replaying its log) with tier-2 ``TIER2_URI`` and small flush
 thresholds (CONFIG_JSON: ``seed`` and ``segments`` of the workload,
 :mod:`tests.support.tier2_workload`; ``flush_order``, ``unordered_seed``,
 ``flush_threshold_bytes``, ``flush_threshold_ms``, ``iteration_interval_ms``,
-``max_chunk_bytes``, ``checkpoint_every_bytes``), prints ``{"ready": true,
-"epoch": E}`` and reads requests from stdin, one JSON object a line:
+``max_chunk_bytes``, ``checkpoint_every_bytes``, ``read_index_budget_bytes``),
+prints ``{"ready": true, "epoch": E}`` and reads requests from stdin, one JSON object a line:
 
 * ``{"op": "state"}``: ``{"state": {name: rendered}}``, every segment as
   :meth:`~tests.support.tier2_workload.Model.render` shows it (bytes read
@@ -247,7 +247,8 @@ async def main(metadata_uri: str, tier2_uri: str, log_name: str, cfg: dict[str, 
         config = SegmentStoreConfig(
             container_count=1,
             container=ContainerConfig(checkpoint_every_bytes=cfg["checkpoint_every_bytes"],
-                                      read_index_budget_bytes=64 << 10),
+                                      read_index_budget_bytes=cfg.get("read_index_budget_bytes",
+                                                                      64 << 10)),
             storage_writer=StorageWriterConfig(
                 flush_threshold_bytes=cfg["flush_threshold_bytes"],
                 flush_threshold_ms=cfg["flush_threshold_ms"],
