@@ -672,3 +672,35 @@ def test_record_golden_bytes() -> None:
             decode_journal(journal[:cut])
     with pytest.raises(ValueError):
         decode_attribute_batches(index)
+
+
+async def test_the_background_loop_starts_early_once_a_segment_is_well_past_the_threshold(
+        r: Rig) -> None:
+    """With a minute between iterations, a segment 1.5x past the size
+    threshold is flushed within seconds (the loop polls for it); one just
+    past the threshold waits for the interval."""
+    r.writer.config = config(flush_threshold_bytes=100, iteration_interval_ms=60_000)
+    c = r.container
+    await c.create_segment(USER)
+    await c.create_segment(USER_TABLE)
+    task = asyncio.ensure_future(r.writer.run())
+    try:
+        async def flushed(name: str, length: int) -> bool:
+            layout = r.writer.layouts.get(name)
+            return layout is not None and layout.length == length
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while r.writer.iterations < 1:  # the first iteration runs at once
+            assert loop.time() < deadline
+            await asyncio.sleep(0.01)
+        await c.append(USER_TABLE, b"t" * 120)  # past 1x, not 1.5x: waits
+        await c.append(USER, b"u" * 160)  # past 1.5x
+        while r.writer.iterations < 2:
+            assert loop.time() < deadline, "no iteration before the interval's end"
+            await asyncio.sleep(0.01)
+        assert await flushed(USER, 160) and await flushed(USER_TABLE, 120)  # both in it
+        await asyncio.sleep(0.3)  # polling rounds pass: nothing is past 1.5x now
+        assert r.writer.iterations == 2 and r.writer.failure is None
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
