@@ -145,15 +145,26 @@ def spark_session(args: argparse.Namespace, root: Path, cluster: Any) -> Any:
     return spark
 
 
-def measure(spark: Any, uri: str, tier2: str | None) -> tuple[int, int, float]:
-    """(rows, payload bytes, seconds) of one Spark aggregation over the stream."""
-    from pyspark.sql import functions as F
-
+def stream_frame(spark: Any, uri: str, tier2: str | None) -> Any:
     reader = spark.read.format("quire").option("controller", uri).option(
         "stream", f"{SCOPE}/{STREAM}")
     if tier2 is not None:
         reader = reader.option("tier2", tier2)
-    df = reader.load()
+    return reader.load()
+
+
+def warm_up(spark: Any, uri: str, tier2: str) -> None:
+    """JVMs, executors, Python workers, imports and connections, both ways
+    (each task reads its first batch)."""
+    for way in (None, tier2):
+        stream_frame(spark, uri, way).limit(100).collect()
+
+
+def measure(spark: Any, uri: str, tier2: str | None) -> tuple[int, int, float]:
+    """(rows, payload bytes, seconds) of one Spark aggregation over the stream."""
+    from pyspark.sql import functions as F
+
+    df = stream_frame(spark, uri, tier2)
     start = time.perf_counter()
     row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("event")).alias("b")).first()
     return int(row["n"]), int(row["b"] or 0), time.perf_counter() - start
@@ -192,8 +203,7 @@ def main() -> None:
 
                 cluster = SparkStandalone(root / "spark-cluster", workers=2).start()
             spark = spark_session(args, root, cluster)
-            measure(spark, uri, None)  # warm-up: JVMs, Python workers, connections
-            measure(spark, uri, tier2)
+            warm_up(spark, uri, tier2)
             own_rows, own_bytes, own_s = uvloop.run(read_own(uri))
             ss_rows, ss_bytes, ss_s = measure(spark, uri, None)
             t2_rows, t2_bytes, t2_s = measure(spark, uri, tier2)
