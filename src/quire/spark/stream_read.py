@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from quire.errors import ProtocolError, SegmentTruncatedError
+from quire.errors import ProtocolError, SegmentNotFoundError, SegmentTruncatedError
 from quire.spark._runtime import runtime
 from quire.spark.stream_plan import StreamDataLossError
 from quire.spark.tier2_reads import Tier2Layout, reread_layout, tier2_storage
@@ -233,6 +233,11 @@ class _RangeBytes:
                 except SegmentTruncatedError as e:
                     self._lost(f"offsets {at}..{e.start_offset} were truncated", e.start_offset)
                     self.pos = max(at, e.start_offset)
+                    restarted = True
+                    continue
+                except SegmentNotFoundError:
+                    self._lost("the segment was deleted (truncated away)", part.last)
+                    self.pos = part.last
                     restarted = True
                     continue
                 data = r.data
