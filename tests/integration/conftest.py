@@ -74,3 +74,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session = start_spark(tmp_path_factory.mktemp("spark"))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone cluster (a master and two 1-core workers, each its
+    own JVM process) for the session; tests drive it from a child process
+    (:meth:`~tests.support.spark_cluster.SparkStandalone.run_driver`), as one
+    process holds one SparkContext."""
+    pytest.importorskip("pyspark")
+    from tests.support.spark_cluster import SparkStandalone
+
+    cluster = SparkStandalone(tmp_path_factory.mktemp("spark-standalone")).start()
+    yield cluster
+    cluster.close()

@@ -34,6 +34,7 @@ from quire.segmentstore import (
     SegmentStore,
     SegmentStoreConfig,
 )
+from quire.segmentstore.storage_writer import StorageWriterConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ class SegmentStoreHostConfig:
     """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
     each container's storage writer flushes there and tier-1 is truncated
     behind it ("" : none, tier-1 keeps everything)."""
+    tier2_flush_threshold_bytes: int = 4 << 20
+    tier2_flush_threshold_ms: int = 30_000
+    tier2_flush_interval_ms: int = 1_000
+    """The storage writer's flush thresholds and iteration interval (see
+    :class:`~quire.segmentstore.storage_writer.StorageWriterConfig`, whose
+    defaults these are); tests and benchmarks lower them to flush at once."""
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
@@ -153,6 +160,10 @@ class SegmentStoreHost:
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
+                    storage_writer=StorageWriterConfig(
+                        flush_threshold_bytes=cfg.tier2_flush_threshold_bytes,
+                        flush_threshold_ms=cfg.tier2_flush_threshold_ms,
+                        iteration_interval_ms=cfg.tier2_flush_interval_ms),
                     tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
                                         write_quorum_size=cfg.tier1_write_quorum_size,
                                         ack_quorum_size=cfg.tier1_ack_quorum_size)))

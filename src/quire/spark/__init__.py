@@ -14,8 +14,14 @@ or not at all: the top-level module :mod:`pyspark_quire` exports it as
     df.write.format("quire").option("metadata", uri).option("log", "copy") \\
         .mode("append").save()          # writes column payload
 
+Streams (``scope/stream``, through the controller)::
+
+    df = (spark.read.format("quire").option("controller", "tcp://127.0.0.1:9090")
+          .option("stream", "shop/orders").load())  # event, scope, stream, segment_id, offset
+
 See :mod:`quire.spark.source` for the semantics and :mod:`quire.spark.options`
-for the options.
+for the options (streams: :mod:`quire.spark.stream_source`,
+:mod:`quire.spark.stream_options`).
 """
 
 from quire.spark.io import LedgerRange, QuireCommitMessage
@@ -29,9 +35,13 @@ from quire.spark.source import (
     QuireStreamWriter,
     collect_garbage,
 )
+from quire.spark.stream_options import StreamOptions
+from quire.spark.stream_plan import StreamDataLossError
+from quire.spark.stream_source import STREAM_SCHEMA, StreamBatchReader, StreamMicroBatchReader
 
 __all__ = [
     "SCHEMA",
+    "STREAM_SCHEMA",
     "LedgerRange",
     "QuireBatchReader",
     "QuireBatchWriter",
@@ -40,5 +50,9 @@ __all__ = [
     "QuireOptions",
     "QuireStreamReader",
     "QuireStreamWriter",
+    "StreamBatchReader",
+    "StreamDataLossError",
+    "StreamMicroBatchReader",
+    "StreamOptions",
     "collect_garbage",
 ]

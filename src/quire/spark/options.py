@@ -1,4 +1,6 @@
-"""The options of the ``quire`` data source, parsed once into plain data.
+"""The options of the ``quire`` data source over a named log, parsed once into
+plain data.  (Reading a stream, ``option("stream", "scope/stream")``, takes
+the options of :mod:`quire.spark.stream_options`.)
 
 ====================  =======================================================
 option                meaning

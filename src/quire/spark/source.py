@@ -1,5 +1,6 @@
 """The ``quire`` PySpark data source: batch and streaming reads and writes of
-named logs.
+named logs.  With option ``stream`` (``scope/stream``) it reads a Quire
+stream instead: :mod:`quire.spark.stream_source`.
 
 Reading gives one row per log entry::
 
@@ -72,6 +73,14 @@ from quire.spark.io import (
     read_range,
 )
 from quire.spark.options import QuireOptions
+from quire.spark.stream_options import StreamOptions
+from quire.spark.stream_source import (
+    STREAM_SCHEMA,
+    StreamBatchReader,
+    StreamMicroBatchReader,
+    check_stream_schema,
+    is_stream_read,
+)
 from quire.types import LedgerState
 
 if TYPE_CHECKING:
@@ -100,12 +109,17 @@ class QuireDataSource(DataSource):
         return "quire"
 
     def schema(self) -> StructType:
+        if is_stream_read(self.options):
+            return STREAM_SCHEMA
         return SCHEMA
 
     def _options(self) -> QuireOptions:
         return QuireOptions.parse(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if is_stream_read(self.options):
+            return StreamBatchReader(StreamOptions.parse(self.options),
+                                     check_stream_schema(schema))
         return QuireBatchReader(self._options(), _check_read_schema(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
@@ -125,6 +139,9 @@ class QuireDataSource(DataSource):
         return QuireBatchWriter(opts, job, quorums, column, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if is_stream_read(self.options):
+            return StreamMicroBatchReader(StreamOptions.parse(self.options),
+                                          check_stream_schema(schema))
         return QuireStreamReader(self._options(), _check_read_schema(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:

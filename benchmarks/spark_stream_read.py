@@ -1,0 +1,249 @@
+"""Spark reading a Quire stream, against Quire's own stream reader, and
+history read straight from tier-2 against through the segment store.
+
+Starts a sandbox of processes in a temporary directory (3 bookies, one
+segment store flushing to a ``file://`` tier-2 with small thresholds, the
+controller), writes ``--events`` events of ``--size`` bytes with Quire's
+StreamWriter into a stream of ``--segments`` segments and seals it (a
+sealed segment is flushed whole), waits until tier-2 holds every byte, then
+measures, each after a warm-up, in one run:
+
+* Quire's own :class:`~quire.streams.StreamReader` reading the stream from
+  its head (one event loop in this process), rows/s;
+* Spark (``local[--cores]``, or ``--cluster``: a standalone master and two
+  1-core workers from ``tests/support/spark_cluster.py``) computing
+  ``count(*)`` and ``sum(length(event))`` through the segment store, rows/s;
+* the same with option ``tier2``: the executors read the chunks directly;
+
+and prints the ratios: Spark/StreamReader (goal >= 0.5) and
+tier-2/segment store (goal >= 2).
+
+    .venv/bin/python benchmarks/spark_stream_read.py [--events 1000000] [--size 100]
+        [--segments 4] [--cores 2] [--cluster] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvloop
+
+from quire.sandbox import Sandbox
+from quire.segmentstore.storage_writer import read_layout
+from quire.streams import (
+    ControllerClient,
+    RemoteSegmentStore,
+    StreamReader,
+    StreamWriter,
+    controller_resolver,
+)
+from quire.streams.model import segment_name
+from quire.tier2 import open_chunk_storage
+
+SCOPE, STREAM = "bench", "events"
+
+
+async def write(uri: str, events: int, size: int, segments: int) -> tuple[float, int]:
+    """Write and seal the stream; (events/s of the write, total event bytes)."""
+    controller = ControllerClient(uri)
+    store = RemoteSegmentStore(controller_resolver(controller))
+    try:
+        await controller.create_scope(SCOPE)
+        await controller.create_stream(SCOPE, STREAM, segments)
+        writer = StreamWriter(controller, store, SCOPE, STREAM)
+        await writer.start()
+        tail = b"x" * (size - 10)
+        start = time.perf_counter()
+        pending: list[asyncio.Future[None]] = []
+        for i in range(events):
+            pending.append(writer.write_event(b"%010d" % i + tail, routing_key=f"k{i % 64}"))
+            if len(pending) >= 20_000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        await writer.flush()
+        seconds = time.perf_counter() - start
+        await writer.close()
+        await controller.seal_stream(SCOPE, STREAM)
+        return events / seconds, events * size
+    finally:
+        await store.close()
+        await controller.close()
+
+
+async def wait_flushed(uri: str, tier2: str, timeout_s: float = 600.0) -> int:
+    """Until tier-2's layouts hold every segment's bytes; the bytes."""
+    controller = ControllerClient(uri)
+    store = RemoteSegmentStore(controller_resolver(controller))
+    storage = await open_chunk_storage(tier2)
+    try:
+        current = await controller.current_segments(SCOPE, STREAM)
+        names = [segment_name(SCOPE, STREAM, s.id) for s in current]
+        lengths = [(await store.get_info(n)).length for n in names]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            layouts = [await read_layout(storage, n) for n in names]
+            if all(la is not None and la.length == n for la, n in zip(layouts, lengths,
+                                                                       strict=True)):
+                return sum(lengths)
+            if time.monotonic() > deadline:
+                raise TimeoutError("tier-2 did not catch up")
+            await asyncio.sleep(0.2)  # polling the flush, with a deadline
+    finally:
+        await storage.close()
+        await store.close()
+        await controller.close()
+
+
+async def read_own(uri: str) -> tuple[int, int, float]:
+    """(rows, payload bytes, seconds): Quire's StreamReader from the head."""
+    controller = ControllerClient(uri)
+    store = RemoteSegmentStore(controller_resolver(controller))
+    try:
+        start = time.perf_counter()
+        rows = size = 0
+        async for event in StreamReader(controller, store, SCOPE, STREAM).events():
+            rows += 1
+            size += len(event.data)
+        return rows, size, time.perf_counter() - start
+    finally:
+        await store.close()
+        await controller.close()
+
+
+def spark_session(args: argparse.Namespace, root: Path, cluster: Any) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if cluster is not None:
+        from tests.support.spark_cluster import cluster_session
+
+        return cluster_session("quire-stream-bench", cluster.master_url,
+                               {"spark.ui.showConsoleProgress": "false"})
+    spark = (SparkSession.builder.master(f"local[{args.cores}]")
+             .appName("quire-stream-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "2g")
+             .config("spark.sql.shuffle.partitions", str(args.cores))
+             .config("spark.local.dir", str(root / "spark"))
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stream_frame(spark: Any, uri: str, tier2: str | None) -> Any:
+    reader = spark.read.format("quire").option("controller", uri).option(
+        "stream", f"{SCOPE}/{STREAM}")
+    if tier2 is not None:
+        reader = reader.option("tier2", tier2)
+    return reader.load()
+
+
+def warm_up(spark: Any, uri: str, tier2: str) -> None:
+    """JVMs, executors, Python workers, imports and connections, both ways
+    (each task reads its first batch)."""
+    for way in (None, tier2):
+        stream_frame(spark, uri, way).limit(100).collect()
+
+
+def measure(spark: Any, uri: str, tier2: str | None) -> tuple[int, int, float]:
+    """(rows, payload bytes, seconds) of one Spark aggregation over the stream."""
+    from pyspark.sql import functions as F
+
+    df = stream_frame(spark, uri, tier2)
+    start = time.perf_counter()
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("event")).alias("b")).first()
+    return int(row["n"]), int(row["b"] or 0), time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--segments", type=int, default=4)
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--cluster", action="store_true",
+                        help="a Spark standalone cluster (master + 2 workers), not local[N]")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.size < 10 or args.events < 1:
+        parser.error("need --size >= 10 and --events >= 1")
+
+    with tempfile.TemporaryDirectory(prefix="quire-stream-bench-") as tmp:
+        root = Path(tmp)
+        sandbox = Sandbox(root / "sandbox", bookies=3)
+        store = sandbox.segment_stores[0]
+        store.settings.update(container_count=4, tier2_flush_threshold_bytes=4 << 20,
+                              tier2_flush_threshold_ms=2_000, tier2_flush_interval_ms=200)
+        tier2 = str(store.settings["tier2_uri"])
+        cluster = None
+        spark = None
+        sandbox.start()
+        try:
+            assert sandbox.controller is not None
+            uri = sandbox.controller.uri
+            write_rate, _ = uvloop.run(write(uri, args.events, args.size, args.segments))
+            stored = uvloop.run(wait_flushed(uri, tier2))
+            if args.cluster:
+                from tests.support.spark_cluster import SparkStandalone
+
+                cluster = SparkStandalone(root / "spark-cluster", workers=2).start()
+            spark = spark_session(args, root, cluster)
+            warm_up(spark, uri, tier2)
+            own_rows, own_bytes, own_s = uvloop.run(read_own(uri))
+            ss_rows, ss_bytes, ss_s = measure(spark, uri, None)
+            t2_rows, t2_bytes, t2_s = measure(spark, uri, tier2)
+            expected = (args.events, args.events * args.size)
+            for got in ((own_rows, own_bytes), (ss_rows, ss_bytes), (t2_rows, t2_bytes)):
+                assert got == expected, (got, expected)
+            figures = {
+                "events": args.events, "size": args.size, "segments": args.segments,
+                "spark": "standalone 2x1 core" if cluster else f"local[{args.cores}]",
+                "stored_bytes": stored, "write_events_per_s": write_rate,
+                "own_reader_rows_per_s": own_rows / own_s,
+                "spark_segment_store_rows_per_s": ss_rows / ss_s,
+                "spark_tier2_rows_per_s": t2_rows / t2_s,
+                "ratio_spark_vs_own": (ss_rows / ss_s) / (own_rows / own_s),
+                "ratio_tier2_vs_segment_store": ss_s / t2_s,
+                "loadavg_1m": os.getloadavg()[0],
+            }
+            if args.json:
+                print(json.dumps(figures))
+            else:
+                print(f"stream {SCOPE}/{STREAM}: {args.events:,} events of {args.size} B in "
+                      f"{args.segments} segments (write {write_rate:,.0f} events/s), "
+                      f"{stored:,} B flushed to tier-2")
+                print(f"Quire StreamReader           {own_rows / own_s:>12,.0f} rows/s "
+                      f"({own_s:.2f} s)")
+                print(f"Spark {figures['spark']:<22} {ss_rows / ss_s:>12,.0f} rows/s "
+                      f"({ss_s:.2f} s, through the segment store)")
+                print(f"Spark, tier-2 directly       {t2_rows / t2_s:>12,.0f} rows/s "
+                      f"({t2_s:.2f} s)")
+                print(f"ratio Spark/StreamReader {figures['ratio_spark_vs_own']:.2f} "
+                      f"(goal >= 0.5); tier-2/segment store "
+                      f"{figures['ratio_tier2_vs_segment_store']:.2f} (goal >= 2); "
+                      f"load average {figures['loadavg_1m']:.1f}")
+        finally:
+            if spark is not None:
+                spark.stop()
+            if cluster is not None:
+                cluster.close()
+            sandbox.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The options of the ``quire`` data source when it reads a *stream*
+(``option("stream", "scope/stream")``), parsed once into plain data.
+
+=====================  ======================================================
+option                 meaning
+=====================  ======================================================
+stream                 ``scope/stream`` to read (required; selects this reader)
+controller             controller URI ``tcp://host:port`` (default
+                       ``$QUIRE_CONTROLLER``, else ``tcp://127.0.0.1:9090``)
+start_stream_cut       where reading starts: ``earliest`` (default: the
+                       stream's head, after truncation), ``latest`` (its
+                       tail now) or a stream cut in JSON, segment id ->
+                       offset: ``{"0": 0, "4294967297": 4096}``
+end_stream_cut         batch reads: where reading ends: ``latest`` (default:
+                       the tail at planning time), ``unbounded`` (same as
+                       latest for a batch), or a stream cut in JSON;
+                       streaming queries ignore it
+tier2                  tier-2 URI the segment store flushes to, as the
+                       executors reach it (``file:///shared/path``,
+                       ``s3://bucket/prefix?endpoint_url=...``): the ranges
+                       already flushed are read from its chunks, only the
+                       unflushed tail through the segment store.  Unset:
+                       everything through the segment store.  Not
+                       discovered: the segment store's tier-2 path is its
+                       own configuration and may not be the path the
+                       executors mount, so the job says it.
+max_rows_per_trigger   streaming: events per micro-batch at most
+max_bytes_per_trigger  streaming: segment bytes (headers included) per
+                       micro-batch at most (at least one event moves on)
+fail_on_data_loss      data truncated away before it was read (an offset
+                       of the checkpoint or of a planned partition, a tier-2
+                       chunk gone since planning) fails the query
+                       (default ``true``); ``false`` skips it with a warning
+read_bytes             bytes per read request to the segment store or
+                       tier-2 (default 1048576)
+batch_rows             rows per Arrow batch handed to Spark (default 8192)
+=====================  ======================================================
+
+Rows: ``event binary, scope string, stream string, segment_id long,
+offset long`` (``offset``: the segment offset of the event's 8-byte header).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from quire.errors import ConfigError
+from quire.streams.controller import DEFAULT_CONTROLLER_URI, controller_target
+from quire.tier2 import parse_tier2_uri
+
+EARLIEST = "earliest"
+LATEST = "latest"
+UNBOUNDED = "unbounded"
+
+Cut = dict[int, int]
+"""A stream cut: segment id -> offset."""
+
+
+def parse_cut(text: str, name: str) -> Cut:
+    """A stream cut in JSON (``{"<segment id>": offset, ...}``) as a dict;
+    ValueError naming the option if it is not one."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError(f"option {name} must be earliest, latest or a stream cut in JSON "
+                         f"(segment id -> offset), got {text!r}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"option {name}: a stream cut is a non-empty JSON object of segment "
+                         f"id -> offset, got {text!r}")
+    cut: Cut = {}
+    for key, value in raw.items():
+        try:
+            sid = int(key)
+        except ValueError:
+            raise ValueError(f"option {name}: segment id {key!r} is not an integer") from None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0 or sid < 0:
+            raise ValueError(f"option {name}: segment {key} -> {value!r}: ids and offsets "
+                             "are integers >= 0")
+        cut[sid] = value
+    return cut
+
+
+def cut_to_json(cut: Mapping[int, int]) -> dict[str, int]:
+    """A cut as Spark offsets and ``start_stream_cut`` hold it (string keys, sorted)."""
+    return {str(sid): cut[sid] for sid in sorted(cut)}
+
+
+def cut_from_json(offset: Mapping[str, int]) -> Cut:
+    return {int(k): int(v) for k, v in offset.items()}
+
+
+def _bool(text: str, name: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option {name} must be true or false, got {text!r}")
+
+
+def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"option {name} must be an integer > 0, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"option {name} must be > 0, got {text!r}")
+    return value
+
+
+def _cut_option(text: str | None, name: str, default: str,
+                keywords: tuple[str, ...]) -> str | Cut:
+    if text is None:
+        return default
+    word = text.strip().lower()
+    if word in keywords:
+        return LATEST if word == UNBOUNDED else word
+    return parse_cut(text, name)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Parsed options of a stream read (picklable; module docstring)."""
+
+    controller: str
+    scope: str
+    stream: str
+    start: str | Cut = EARLIEST
+    end: str | Cut = LATEST
+    tier2: str | None = None
+    max_rows_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    read_bytes: int = 1 << 20
+    batch_rows: int = 8192
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> StreamOptions:
+        """Parse Spark's (case-insensitive) options; ValueError names the bad one."""
+        get = options.get
+        stream = get("stream") or ""
+        scope, sep, name = stream.partition("/")
+        if not sep or not scope or not name or "/" in name:
+            raise ValueError(f"option stream must be scope/stream, got {stream!r}")
+        controller = get("controller") or os.environ.get("QUIRE_CONTROLLER") \
+            or DEFAULT_CONTROLLER_URI
+        try:
+            controller_target(controller)
+        except ConfigError as e:
+            raise ValueError(f"option controller: {e}") from None
+        tier2 = get("tier2") or None
+        if tier2 is not None:
+            try:
+                parse_tier2_uri(tier2)
+            except ConfigError as e:
+                raise ValueError(f"option tier2: {e}") from None
+        return cls(
+            controller=controller, scope=scope, stream=name,
+            start=_cut_option(get("start_stream_cut"), "start_stream_cut", EARLIEST,
+                              (EARLIEST, LATEST)),
+            end=_cut_option(get("end_stream_cut"), "end_stream_cut", LATEST,
+                            (LATEST, UNBOUNDED)),
+            tier2=tier2,
+            max_rows_per_trigger=_positive(options, "max_rows_per_trigger", None),
+            max_bytes_per_trigger=_positive(options, "max_bytes_per_trigger", None),
+            fail_on_data_loss=_bool(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
+            read_bytes=_positive(options, "read_bytes", 1 << 20) or 1 << 20,
+            batch_rows=_positive(options, "batch_rows", 8192) or 8192,
+        )
