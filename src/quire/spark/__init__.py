@@ -29,6 +29,7 @@ from quire.spark.source import (
     QuireStreamWriter,
     collect_garbage,
 )
+from quire.spark.stream_sink import recover_stream_writes
 
 __all__ = [
     "SCHEMA",
@@ -41,4 +42,5 @@ __all__ = [
     "QuireStreamReader",
     "QuireStreamWriter",
     "collect_garbage",
+    "recover_stream_writes",
 ]
