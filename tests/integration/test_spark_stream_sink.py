@@ -34,7 +34,7 @@ from quire.client import Client
 from quire.log import LogStore
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port
 from quire.spark import recover_stream_writes
-from quire.spark.stream_commits import WRITES_TABLE, StreamCommits
+from quire.spark.stream_commits import StreamCommits
 from quire.streams import ControllerClient, RemoteSegmentStore, controller_resolver, tail_cut
 from tests.integration.test_pravega_client import by_routing_key, read_slices
 from tests.support.cluster import Cluster
@@ -231,7 +231,7 @@ def test_bad_options_and_columns_are_refused(spark: SparkSession, streams: Strea
         save_to(good, "x")
     with pytest.raises(Exception, match="append-only"):
         save_to(good, f"{SCOPE}/orders", "overwrite")
-    with pytest.raises(Exception, match="no stream|NOT_FOUND"):
+    with pytest.raises(Exception, match=r"no stream|NOT_FOUND"):
         save_to(good, f"{SCOPE}/missing")
 
 
