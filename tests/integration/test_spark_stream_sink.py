@@ -260,6 +260,7 @@ def test_a_killed_first_attempt_is_retried_and_written_once(
 # --- the standalone cluster: a plain write, then a driver crash ---------------------------
 
 
+@pytest.mark.timeout(900)  # a driver JVM and two executors start (minutes on a loaded host)
 def test_driver_crash_after_the_commit_record_rolls_forward_exactly_once(
         spark_standalone: SparkStandalone, streams: Streams) -> None:
     create_stream(streams, "plain")
@@ -269,7 +270,7 @@ def test_driver_crash_after_the_commit_record_rolls_forward_exactly_once(
             {"stream": f"{SCOPE}/crash", "rows": crash, "partitions": 2}]
     done = spark_standalone.run_driver(
         REPO / "tests" / "support" / "spark_stream_driver.py", streams.uri, json.dumps(spec),
-        check=False,
+        check=False, timeout_s=800,
         env={"QUIRE_CRASH_AFTER_COMMIT_RECORD": "crash",
              "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support" / "spark_faults"),
                                             spark_standalone.env["PYTHONPATH"]])})
