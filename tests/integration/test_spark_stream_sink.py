@@ -47,7 +47,7 @@ SCOPE = "sink"
 # UDFs defined here run in Spark's Python workers: ship this module by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # Spark JVMs and Python workers start in the first tests
 
 
 # --- the stream system ------------------------------------------------------------------

@@ -377,9 +377,13 @@ class StreamCommits:
             version = await self._put(sink_key(scope, stream, sink_id),
                                       SinkRecord(record.batch_id).to_json(), version)
         except (TableKeyBadVersionError, TableKeyNotFoundError) as e:
-            raise SinkConflictError(f"sink {sink_id} of {scope}/{stream} moved while batch "
-                                    f"{record.batch_id} was finished: two queries with one "
-                                    "sink_id?") from e
+            # a recovery (another write to the stream) may have finished it first
+            now, now_version = await self.sink_progress(scope, stream, sink_id)
+            if now != SinkRecord(record.batch_id):
+                raise SinkConflictError(f"sink {sink_id} of {scope}/{stream} moved while "
+                                        f"batch {record.batch_id} was finished: two queries "
+                                        "with one sink_id?") from e
+            version = now_version
         report.rolled_forward.append(write_id)
         if lost:
             raise StreamWriteIncompleteError(
