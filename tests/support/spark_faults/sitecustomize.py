@@ -7,7 +7,8 @@ the whole process group of the driver (its Python, its JVM, its Python
 workers) is killed with SIGKILL, as a crashed driver host would be.  (PySpark's
 daemon puts the Python workers in a group of their own: the driver's group
 is the one the first process, the driver, finds and hands down in
-``QUIRE_FAULT_DRIVER_PGID``.)"""
+``QUIRE_FAULT_DRIVER_PGID``; the worker then kills its own group, itself
+included.)"""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ if _STREAM:
         if stream == _STREAM:
             def crash() -> None:
                 os.killpg(int(os.environ["QUIRE_FAULT_DRIVER_PGID"]), signal.SIGKILL)
+                os.killpg(os.getpgid(0), signal.SIGKILL)  # PySpark's daemon and this worker
             self.after_record = crash
         return await _record(self, write_id, scope, stream, txns)  # type: ignore[arg-type]
 
