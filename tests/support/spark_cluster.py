@@ -255,15 +255,18 @@ def cluster_session(app_name: str, master: str | None = None,
 
 
 def main() -> None:
-    """``python -m tests.support.spark_cluster [DIR] [--workers N]``: start a
-    cluster, print its URLs as one JSON line, serve until stdin closes or
-    SIGTERM, then stop it."""
+    """``python -m tests.support.spark_cluster [DIR] [--workers N]
+    [--until-signal]``: start a cluster, print its URLs as one JSON line,
+    serve until stdin closes (with --until-signal: until SIGTERM or SIGINT),
+    then stop it."""
     import argparse
     import tempfile
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("dir", nargs="?", type=Path, default=None)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--until-signal", action="store_true",
+                        help="serve until SIGTERM/SIGINT, not until stdin closes")
     args = parser.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="quire-spark-"))
     cluster = SparkStandalone(root, workers=args.workers)
@@ -271,7 +274,11 @@ def main() -> None:
     with cluster:
         print(json.dumps({"master": cluster.master_url, "ui": cluster.ui_url,
                           "dir": str(root), "workers": args.workers}), flush=True)
-        sys.stdin.read()
+        if args.until_signal:
+            while True:
+                signal.pause()
+        else:
+            sys.stdin.read()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from quire.spark.source import (
 )
 from quire.spark.stream_options import StreamOptions
 from quire.spark.stream_plan import StreamDataLossError
+from quire.spark.stream_sink import recover_stream_writes
 from quire.spark.stream_source import STREAM_SCHEMA, StreamBatchReader, StreamMicroBatchReader
 
 __all__ = [
@@ -55,4 +56,5 @@ __all__ = [
     "StreamMicroBatchReader",
     "StreamOptions",
     "collect_garbage",
+    "recover_stream_writes",
 ]

@@ -123,6 +123,10 @@ class QuireDataSource(DataSource):
         return QuireBatchReader(self._options(), _check_read_schema(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        if self.options.get("stream"):  # a stream, not a named log
+            from quire.spark.stream_sink import batch_writer
+
+            return batch_writer(self.options, schema, overwrite)
         opts = self._options()
         column = _payload_column(schema)
 
@@ -145,6 +149,10 @@ class QuireDataSource(DataSource):
         return QuireStreamReader(self._options(), _check_read_schema(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        if self.options.get("stream"):  # a stream, not a named log
+            from quire.spark.stream_sink import stream_writer
+
+            return stream_writer(self.options, schema, overwrite)
         opts = self._options()
         if opts.sink_id is None:
             raise ValueError("a quire stream sink needs option 'sink_id' (stable across "
