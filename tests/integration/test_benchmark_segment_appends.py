@@ -43,3 +43,20 @@ def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
     assert fill["mb_per_s"] > 0
     (reopen,) = [r for w, r in rows.items() if w.startswith("reopen the container")]
     assert reopen["tier1_mb"] >= 0.005 * (1 << 30) / 1e6 and reopen["seconds"] > 0
+
+
+def test_cpu_per_append_tiny_run_reports_every_row() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "segment_append_cpu.py"), "--appends", "300",
+         "--reps", "2", "--sizes", "100,1024", "--segments", "1,10", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=100,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["what"]: r for r in json.loads(done.stdout)}
+    assert set(rows) == {"1 segment(s), 100 B", "10 segment(s), 100 B", "1 segment(s), 1024 B",
+                         "10 segment(s), 1024 B", "the driver alone"}
+    driver = rows.pop("the driver alone")["driver_cpu_us"]
+    assert driver > 0
+    for row in rows.values():
+        # every row includes the driver's own cost
+        assert row["plain_cpu_us"] > 0 and row["writer_cpu_us"] > 0
