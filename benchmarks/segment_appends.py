@@ -56,7 +56,9 @@ from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
 
 async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int
                 ) -> dict[str, float]:
-    """``call(i)`` for i < count with ``outstanding`` in flight; rate and latencies.
+    """``call(i)`` for i < count with ``outstanding`` in flight; rate, latencies
+    and this process's CPU per call (``time.process_time``, the driver's
+    own share included: under a saturated CPU the rate follows it).
 
     Each completion issues the next call from its callback: no task, lock
     or semaphore per call, so the driver's own cost (two clock reads and a
@@ -84,15 +86,17 @@ async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstand
         elif len(latencies) == count and not done.done():
             done.set_result(None)
 
-    start = clock()
+    start, cpu_start = clock(), time.process_time()
     for _ in range(min(outstanding, count)):
         issue()
     await done
     seconds = clock() - start
+    cpu = time.process_time() - cpu_start
     if failures:
         raise failures[0]
     latencies.sort()
     return {"per_s": count / seconds, "seconds": seconds,
+            "client_cpu_us": cpu / count * 1e6,
             "p50_ms": statistics.median(latencies) * 1000,
             "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000}
 
@@ -120,7 +124,7 @@ async def fill(store: SegmentStore, gib: float) -> dict[str, Any]:
     block = b"r" * (512 << 10)
     count = max(0, -(-(target - have) // len(block)))
     written = await drive(lambda i: store.append(name, block), count, 16) if count else \
-        {"per_s": 0.0, "seconds": 0.0, "p50_ms": 0.0, "p99_ms": 0.0}
+        {"per_s": 0.0, "seconds": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "client_cpu_us": 0.0}
     return {"what": f"fill to {gib:g} GiB of tier-1, appends of 512 KiB", **written,
             "events_per_s": written["per_s"], "x_raw_events": None,
             "mb_per_s": written["per_s"] * len(block) / 1e6}
@@ -242,7 +246,8 @@ def main() -> None:
         x = "   -" if r["x_raw_events"] is None else f"{r['x_raw_events']:4.1f}"
         print(f"  {r['what']:<38} {r['per_s']:>8.0f} appends/s {r['events_per_s']:>8.0f} "
               f"events/s ({x}x raw) {r['mb_per_s']:>6.1f} MB/s  "
-              f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms")
+              f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms  "
+              f"client CPU {r['client_cpu_us']:5.1f} us")
 
 
 if __name__ == "__main__":

@@ -31,13 +31,32 @@ def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
     assert all("100 events" in w for w in order[6:10])
     for size in (100, 1024):
         assert rows[f"raw ledger.append, {size} B"]["x_raw_events"] == 1.0
+        assert rows[f"raw ledger.append, {size} B"]["client_cpu_us"] > 0
         for count in (1, 10):
             for shape, events in ((f"1 event of {size} B", 1), (f"100 events of {size} B", 100)):
                 row = rows[f"{count} segment(s), {shape}"]
                 assert row["per_s"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0
                 assert row["events_per_s"] == row["per_s"] * events
                 assert row["mb_per_s"] > 0 and row["x_raw_events"] > 0
+                assert row["client_cpu_us"] > 0
     fill = rows["fill to 0.005 GiB of tier-1, appends of 512 KiB"]
     assert fill["mb_per_s"] > 0
     (reopen,) = [r for w, r in rows.items() if w.startswith("reopen the container")]
     assert reopen["tier1_mb"] >= 0.005 * (1 << 30) / 1e6 and reopen["seconds"] > 0
+
+
+def test_cpu_per_append_tiny_run_reports_every_row() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "segment_append_cpu.py"), "--appends", "300",
+         "--reps", "2", "--sizes", "100,1024", "--segments", "1,10", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=100,
+        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["what"]: r for r in json.loads(done.stdout)}
+    assert set(rows) == {"1 segment(s), 100 B", "10 segment(s), 100 B", "1 segment(s), 1024 B",
+                         "10 segment(s), 1024 B", "the driver alone"}
+    driver = rows.pop("the driver alone")["driver_cpu_us"]
+    assert driver > 0
+    for row in rows.values():
+        # every row includes the driver's own cost
+        assert row["plain_cpu_us"] > 0 and row["writer_cpu_us"] > 0

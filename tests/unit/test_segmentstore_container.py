@@ -13,6 +13,7 @@ from quire.errors import ConfigError
 from quire.log import Position
 from quire.metadata import open_store
 from quire.segmentstore import (
+    AppendResult,
     AttributeUpdate,
     BadAttributeUpdateError,
     BadOffsetError,
@@ -33,7 +34,7 @@ from quire.segmentstore import (
 )
 from quire.segmentstore.metadata import ContainerMetadata
 from quire.segmentstore.names import base_segment_name, container_of
-from quire.segmentstore.operations import AppendOp, SegmentMapOp, encode
+from quire.segmentstore.operations import AppendOp, SegmentMapOp, decode, encode
 from quire.testing.memory_data_log import MemoryDataLogs
 
 S = "sc/st/0.#epoch.0"
@@ -120,6 +121,39 @@ async def test_writer_dedup_survives_a_reopen(logs: MemoryDataLogs) -> None:
     r = await c.append(S, b"e3", writer=(writer, 3))
     assert (r.previous_event_number, r.length, r.duplicate) == (2, 6, False)
     assert (await c.read(S, 0, 100)).data == b"e1e2e3"
+    await c.close()
+
+
+async def test_hot_path_appends_log_what_encode_gives_and_replay_alike(
+        logs: MemoryDataLogs) -> None:
+    """Plain and writer-only appends skip the operation object and pack their
+    bytes in one call: the log must hold exactly the encoding of the
+    operation they stand for, and a reopen must see the same state."""
+    c = await SegmentContainer.open(0, logs.open("c0"), clock_ms=lambda: 1234)
+    writer = (1 << 127) | 0xABCDEF  # both halves of the 128-bit key
+    await c.create_segment(S)
+    sid = c.accepted.by_name[S]
+    pipelined = [c.append(S, b"xxx"), c.append(S, bytearray(b"yy"), writer=(writer, 9)),
+                 c.append(S, b"z", expected_offset=5, writer=(writer, -3)),  # a duplicate
+                 c.append(S, b"z", expected_offset=4, writer=(writer, 10)),  # bad offset
+                 c.append(S, b"w", expected_offset=5, writer=(writer, 10))]
+    outcomes = await asyncio.gather(*pipelined, return_exceptions=True)
+    assert outcomes[:3] == [AppendResult(3), AppendResult(5, 9, None),
+                            AppendResult(5, -3, 9, duplicate=True)]
+    assert isinstance(outcomes[3], BadOffsetError)
+    assert outcomes[4] == AppendResult(6, 10, 9)
+    logged = [decode(raw) async for _, frame in c._log.read(None)
+              for raw in frames.unpack(frame)]
+    appends = [op for op in logged if isinstance(op, AppendOp)]
+    first = appends[0].sequence
+    assert appends == [AppendOp(first, 1234, sid, 0, b"xxx"),
+                       AppendOp(first + 1, 1234, sid, 3, b"yy", ((writer, 9),)),
+                       AppendOp(first + 2, 1234, sid, 5, b"w", ((writer, 10),))]
+    assert c.committed.sequence == c.accepted.sequence == first + 2
+    c = await reopen(logs, c)
+    info = await c.get_info(S)
+    assert (info.length, info.attributes, info.last_modified_ms) == (6, {writer: 10}, 1234)
+    assert (await c.read(S, 0, 10)).data == b"xxxyyw"
     await c.close()
 
 

@@ -56,6 +56,7 @@ from quire.segmentstore.operation_log import OperationLog, Pending, read_frame
 from quire.segmentstore.operations import (
     APPEND,
     PLAIN_APPEND_HEAD,
+    WRITER_APPEND_HEAD,
     AppendOp,
     Attributes,
     AttributesOp,
@@ -63,9 +64,11 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     Operation,
+    PackedAppend,
     SealOp,
     SegmentMapOp,
     TruncateOp,
+    as_operation,
     decode,
 )
 from quire.segmentstore.read_index import ReadIndex
@@ -78,7 +81,10 @@ from quire.segmentstore.tables import (
     encode_batch,
 )
 from quire.segmentstore.types import (
+    ATTRIBUTE_KEY_LIMIT,
     NULL_ATTRIBUTE_VALUE,
+    VALUE_MAX,
+    VALUE_MIN,
     AppendResult,
     AttributeUpdate,
     MergeResult,
@@ -95,6 +101,11 @@ _TABLE = SegmentType.TABLE
 _pack_plain_append = PLAIN_APPEND_HEAD.pack
 _PLAIN_APPEND_LENGTH = PLAIN_APPEND_HEAD.size - 4
 """An APPEND's length in a frame without its data (the length prefix not counted)."""
+_pack_writer_append = WRITER_APPEND_HEAD.pack
+_WRITER_APPEND_LENGTH = WRITER_APPEND_HEAD.size - 4
+"""The same for an APPEND carrying one attribute (a writer's number)."""
+_KEY_LIMIT = ATTRIBUTE_KEY_LIMIT
+_LOW_64 = (1 << 64) - 1
 Tier2Read = Callable[[int, str, int, int], Awaitable[bytes]]
 """``tier2_read(segment_id, name, offset, length)``: up to ``length`` bytes of
 the segment from ``offset`` out of tier-2 (b"" where tier-2 has none)."""
@@ -198,6 +209,7 @@ class SegmentContainer:
                                    on_failure=self._failed,
                                    on_frame_committed=self._commit_frame)
         self._bytes_since_checkpoint = 0
+        self._checkpoint_every_bytes = config.checkpoint_every_bytes
         self.tables_accepted: dict[int, TableIndex] = {}
         self.tables_committed: dict[int, TableIndex] = {}
 
@@ -337,28 +349,33 @@ class SegmentContainer:
 
     def _commit_frame(self, batch: list[Pending], address: Position) -> None:
         """Each operation of a durable frame, in order (see :meth:`_commit`);
-        a run of plain appends is applied inline."""
+        the appends the hot path packed as tuples are applied inline."""
         committed = self.committed
         segments = committed.segments
         index_append = self.read_index.append
         commit = self._commit
+        sequence = committed.sequence
         for pending in batch:
             op = pending[0]
-            if type(op) is not AppendOp:
+            if not isinstance(op, tuple):
+                committed.sequence = sequence
                 commit(op, address)
+                sequence = committed.sequence
                 continue
-            s = segments.get(op.segment_id)
-            if s is None or s.deleted or s.sealed or op.offset != s.length \
-                    or op.sequence != committed.sequence + 1 or s.type is SegmentType.TABLE:
-                commit(op, address)
-                continue
-            data = op.data
-            s.length += len(data)
-            if op.attributes:
-                s.attributes.update(op.attributes)
-            s.last_modified_ms = op.timestamp_ms
-            committed.sequence = op.sequence
-            index_append(op.segment_id, op.offset, data, address)
+            segment_id, offset, data, op_sequence, timestamp_ms, attributes = op
+            s = segments.get(segment_id)
+            sequence += 1
+            if s is None or s.deleted or s.sealed or offset != s.length \
+                    or op_sequence != sequence:
+                committed.sequence = sequence - 1
+                commit(as_operation(op), address)  # raises the error that says what is wrong
+                raise AssertionError(f"operation {op_sequence} does not fit")
+            s.length = offset + len(data)
+            if attributes:
+                s.attributes.update(attributes)
+            s.last_modified_ms = timestamp_ms
+            index_append(segment_id, offset, data, address)
+        committed.sequence = sequence
 
     def _commit(self, op: Operation, address: Position) -> None:
         if type(op) is AppendOp:  # the hot path: committed.apply(op) inline
@@ -465,7 +482,7 @@ class SegmentContainer:
             self._bytes_since_checkpoint += len(op.data) + 64
         else:
             self._bytes_since_checkpoint += 64
-        if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
+        if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
             # its failure, if any, is the log's and reaches every later request
             self._add_checkpoint().add_done_callback(_retrieve)
         return future
@@ -506,9 +523,12 @@ class SegmentContainer:
                writer: tuple[int, int] | None = None) -> asyncio.Future[AppendResult]:
         """Append ``data`` (see :class:`~quire.segmentstore.SegmentStore.append`).
 
-        The hot path: no closure, the accepted state updated in place (what
-        :meth:`ContainerMetadata.apply` would do, its checks having been made
-        here), the operation encoded once."""
+        The hot path, for a plain append and for one carrying only a
+        writer's number (the wire server's): no closure, no operation
+        object (a :data:`~quire.segmentstore.operations.PackedAppend`
+        tuple), the accepted state updated in place (what
+        :meth:`ContainerMetadata.apply` would do, its checks having been
+        made here), the operation encoded with one ``struct`` call."""
         try:
             oplog = self._oplog
             if oplog._failure is not None or oplog._closed:
@@ -529,23 +549,49 @@ class SegmentContainer:
                 raise SegmentStoreError(f"an append is at most {MAX_APPEND_BYTES} bytes, "
                                         f"got {size}")
             offset = s.length
-            if writer is None and not attribute_updates:  # the plainest: no attributes
-                if expected_offset is not None and expected_offset != offset:
-                    raise BadOffsetError(f"segment {name!r}: expected offset "
-                                         f"{expected_offset}, length is {offset}",
-                                         expected_offset, offset)
+            if expected_offset is not None and expected_offset != offset and writer is None:
+                # (with a writer, a duplicate is recognised before the offset is checked)
+                raise BadOffsetError(f"segment {name!r}: expected offset {expected_offset}, "
+                                     f"length is {offset}", expected_offset, offset)
+            if not attribute_updates:
                 sequence = accepted.sequence + 1
                 now = self._clock_ms()
-                s.length = end = offset + size
+                end = offset + size
+                if writer is None:
+                    raw = _pack_plain_append(_PLAIN_APPEND_LENGTH + size, APPEND, sequence, now,
+                                             segment_id, offset, 0, size) + data
+                    queued: PackedAppend = (segment_id, offset, data, sequence, now, ())
+                    result = AppendResult(end)
+                else:
+                    wid, number = writer
+                    if type(wid) is not int or not 0 <= wid < _KEY_LIMIT:
+                        check_key(wid)
+                    if type(number) is not int \
+                            or not VALUE_MIN <= number <= VALUE_MAX:
+                        check_value(number)
+                    attributes = s.attributes
+                    last = attributes.get(wid)
+                    if last is not None and number <= last:
+                        return oplog.barrier(AppendResult(offset, number, last,
+                                                          duplicate=True))
+                    if expected_offset is not None and expected_offset != offset:
+                        raise BadOffsetError(f"segment {name!r}: expected offset "
+                                             f"{expected_offset}, length is {offset}",
+                                             expected_offset, offset)
+                    raw = _pack_writer_append(_WRITER_APPEND_LENGTH + size, APPEND, sequence,
+                                              now, segment_id, offset, 1, wid >> 64,
+                                              wid & _LOW_64, number, size) + data
+                    queued = (segment_id, offset, data, sequence, now,
+                              ((wid, number),))
+                    attributes[wid] = number
+                    result = AppendResult(end, number, last)
+                s.length = end
                 s.last_modified_ms = now
                 accepted.sequence = sequence
-                future = oplog.add_encoded(
-                    AppendOp(sequence, now, segment_id, offset, data),
-                    _pack_plain_append(_PLAIN_APPEND_LENGTH + size, APPEND, sequence, now,
-                                       segment_id, offset, 0, size) + data,
-                    AppendResult(end))
+                future = oplog.add_encoded(queued, raw, result)
                 self._bytes_since_checkpoint += size + 64
-                if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
+                if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
+                    # its failure, if any, is the log's and reaches every later request
                     self._add_checkpoint().add_done_callback(_retrieve)
                 return future
             extra: tuple[tuple[int, int], ...] = ()
@@ -562,24 +608,19 @@ class SegmentContainer:
             if expected_offset is not None and expected_offset != offset:
                 raise BadOffsetError(f"segment {name!r}: expected offset {expected_offset}, "
                                      f"length is {offset}", expected_offset, offset)
-            resolved = resolve_updates(s.attributes, attribute_updates, extra) \
-                if attribute_updates else extra
+            resolved = resolve_updates(s.attributes, attribute_updates, extra)
             sequence = accepted.sequence + 1
             now = self._clock_ms()
             op = AppendOp(sequence, now, segment_id, offset, data, resolved)
-            raw = None if resolved else \
-                PLAIN_APPEND_HEAD.pack(PLAIN_APPEND_HEAD.size - 4 + size, APPEND, sequence, now,
-                                       segment_id, offset, 0, size) + data
             # accepted.apply(op), its checks made above
             s.length = offset + size
             if resolved:
                 s.attributes.update(resolved)
             s.last_modified_ms = now
             accepted.sequence = sequence
-            future = oplog.add(op, AppendResult(offset + size, event_number, previous), raw)
+            future = oplog.add(op, AppendResult(offset + size, event_number, previous))
             self._bytes_since_checkpoint += size + 64
-            if self._bytes_since_checkpoint >= self._config.checkpoint_every_bytes:
-                # its failure, if any, is the log's and reaches every later request
+            if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
                 self._add_checkpoint().add_done_callback(_retrieve)
             return future
         except QuireError as e:

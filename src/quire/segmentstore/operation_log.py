@@ -36,11 +36,12 @@ from typing import Any
 from quire.errors import ContainerClosedError, ContainerFencedError, QueueFullError
 from quire.log import DurableDataLog, LogFencedError, Position
 from quire.segmentstore import frames
-from quire.segmentstore.operations import Operation, decode, encode
+from quire.segmentstore.operations import Operation, Queued, as_operation, decode, encode
 
-Pending = tuple[Operation, bytes, "asyncio.Future[Any]", object]
-"""An operation, its bytes as they sit in a frame (length first), its future
-and the value the future gets."""
+Pending = tuple[Queued, bytes, "asyncio.Future[Any]", object]
+"""An operation (or an append packed as a tuple, see
+:data:`~quire.segmentstore.operations.PackedAppend`), its bytes as they sit
+in a frame (length first), its future and the value the future gets."""
 _Pending = Pending
 _InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Position] | None"]
 """A frame's append, the operations it completes, and for the last part
@@ -123,10 +124,13 @@ class OperationLog:
             loop.call_soon(self._flush)
         return future
 
-    def add_encoded(self, op: Operation, raw: bytes, result: object) -> asyncio.Future[Any]:
+    def add_encoded(self, op: Queued, raw: bytes, result: object) -> asyncio.Future[Any]:
         """:meth:`add` for a caller that has ``op``'s encoding with its length
         in front (``raw``) and has just checked that the log is usable
-        (:meth:`check`): the appends' hot path."""
+        (:meth:`check`): the appends' hot path.  ``op`` may be an append
+        packed as a tuple (:data:`~quire.segmentstore.operations.PackedAppend`):
+        ``on_frame_committed`` gets it as it is, ``on_committed`` as an
+        operation."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         queue = self._queue
         queue.append((op, raw, future, result))
@@ -254,7 +258,7 @@ class OperationLog:
             else:
                 commit = self._on_committed
                 for op, _raw, future, result in batch:
-                    commit(op, address)
+                    commit(as_operation(op), address)
                     if not future.done():
                         future.set_result(result)
             self.frames_written += 1

@@ -50,6 +50,12 @@ PLAIN_APPEND_HEAD = struct.Struct(">IBQQQQII")
 (its length first): (length of the operation, APPEND, sequence, timestamp_ms,
 segment_id, offset, 0, data length); its data follows."""
 
+WRITER_APPEND_HEAD = struct.Struct(">IBQQQQIQQqI")
+"""An APPEND with exactly one attribute (a writer's event number) up to its
+data, as it sits in a data frame: (length of the operation, APPEND,
+sequence, timestamp_ms, segment_id, offset, 1, key high, key low, value,
+data length); its data follows.  The same bytes :func:`encode` gives."""
+
 SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE = range(1, 9)
 _MERGE = struct.Struct(">QQQQ")
 
@@ -142,6 +148,24 @@ class MergeOp:
 
 Operation = (SegmentMapOp | AppendOp | SealOp | TruncateOp | DeleteOp | AttributesOp
              | CheckpointOp | MergeOp)
+
+PackedAppend = tuple[int, int, bytes, int, int, Attributes]
+"""An append as a container's hot path queues it: ``(segment_id, offset,
+data, sequence, timestamp_ms, attributes)``, the fields of an
+:class:`AppendOp` without building one (a tuple costs a tenth of the
+object, and an append is queued, committed and forgotten without anyone
+asking for it).  :func:`as_operation` gives the object."""
+
+Queued = Operation | PackedAppend
+"""What an operation log queues: an operation, or an append packed as a tuple."""
+
+
+def as_operation(queued: Queued) -> Operation:
+    """The operation ``queued`` stands for (an :class:`AppendOp` for a packed one)."""
+    if isinstance(queued, tuple):
+        segment_id, offset, data, sequence, timestamp_ms, attributes = queued
+        return AppendOp(sequence, timestamp_ms, segment_id, offset, data, attributes)
+    return queued
 
 
 def _attributes(attributes: Attributes) -> bytes:
