@@ -122,7 +122,8 @@ def _report_failure(outcome: Outcome, bug: str, lines: int, faults: frozenset[st
 
 
 class _Progress:
-    """A rich progress bar on stderr: seeds done of all, failures so far."""
+    """Progress on stderr: a rich bar on a terminal, else a line per 1% of
+    the seeds (a soak's log); seeds done of all, failures so far."""
 
     def __init__(self, total: int) -> None:
         from rich.console import Console
@@ -134,19 +135,31 @@ class _Progress:
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
-        self._bar = Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
-                             TimeRemainingColumn(), console=Console(stderr=True))
-        self._task = self._bar.add_task("seeds", total=total, failed=0)
-        self._failed = 0
-        self._bar.start()
+        console = Console(stderr=True)
+        self._total = total
+        self._done = self._failed = 0
+        self._started = time.monotonic()
+        self._every = max(1, total // 100)
+        self._bar: Progress | None = None
+        if console.is_terminal:
+            self._bar = Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=console)
+            self._task = self._bar.add_task("seeds", total=total, failed=0)
+            self._bar.start()
 
     def advance(self, ok: bool) -> None:
+        self._done += 1
         self._failed += not ok
-        self._bar.update(self._task, advance=1, failed=self._failed)
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, failed=self._failed)
+        elif self._done % self._every == 0 or self._done == self._total:
+            print(f"{self._done}/{self._total} seeds, {self._failed} failed, "
+                  f"{time.monotonic() - self._started:.0f} s", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
-        self._bar.stop()
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def main(argv: list[str]) -> int:
