@@ -253,6 +253,7 @@ def _digest(output: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.timeout(600)
 def test_the_same_seed_gives_the_same_run_byte_for_byte() -> None:
     first, second = simulate("--seed", "11"), simulate("--seed", "11")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -264,10 +265,11 @@ def test_the_same_seed_gives_the_same_run_byte_for_byte() -> None:
     assert _digest(simulate("--seed", "12").stdout) != _digest(first.stdout)
 
 
+@pytest.mark.timeout(900)  # (about 100 CPU s on 2 cores; the machine may be shared)
 def test_the_ci_seeds_hold_every_invariant() -> None:
     """CI's seeds, every fault on (each drawn per run).  Its CPU time is in
     the summary line; docs/performance.md has the figures."""
-    result = simulate("--seeds", str(CI_SEEDS))
+    result = simulate("--seeds", str(CI_SEEDS), timeout_s=850)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert f"{CI_SEEDS} seeds from 0: {CI_SEEDS} ok, 0 failed" in result.stdout
     assert re.search(r"\(\d+\.\d CPU s in the runs\)", result.stdout)
@@ -295,11 +297,12 @@ def test_seeds_that_found_a_recovery_closing_a_ledger_short_hold(seed: str) -> N
                       "entry-unreadable"}),
     ("lac-backwards", {"lac-moved-back"}),
 ])
+@pytest.mark.timeout(900)
 def test_a_seeded_bug_is_caught_within_the_ci_seeds(bug: str, invariants: set[str]) -> None:
     """The run stops at the first failing seed; the failure names one of
     the invariants the bug breaks, and replaying that seed fails the same
     way (and holds with the bug off)."""
-    result = simulate("--seeds", str(CI_SEEDS), "--bug", bug, "--until-failure")
+    result = simulate("--seeds", str(CI_SEEDS), "--bug", bug, "--until-failure", timeout_s=850)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     failed = re.search(r"FAILED seed (\d+)", result.stdout)
     assert failed, result.stdout[-3000:]

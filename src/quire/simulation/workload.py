@@ -367,8 +367,9 @@ def check(history: History) -> list[Violation]:
     for lid, (e, w, a, kind) in sorted(history.ledgers.items()):
         if lid not in history.final:
             limbo = history.limbo.get(lid, 0)
-            if kind is LedgerType.PD_JOURNAL and limbo < a:
-                add(Violation("liveness", f"L{lid} (PD E{e} W{w} A{a}) could not be recovered "
+            if limbo < a:
+                add(Violation("liveness", f"L{lid} ({kind.name[:2]} E{e} W{w} A{a}) could not "
+                                          f"be recovered "
                                           f"once faults stopped ({limbo} bookies of a write set "
                                           f"in limbo): {history.unrecovered[lid]}"))
             continue
