@@ -86,6 +86,17 @@ class SimLoop(asyncio.BaseEventLoop):
         node's clock) keeps its time.  One loop clock cannot run at two
         speeds; moving the node's deadlines is what a jump does to it.
         Returns how many timers moved."""
+        now = self._now_s
+        return self._move_timers(node, lambda when: max(now, when - seconds))
+
+    def hold_timers(self, node: str, seconds: float) -> int:
+        """Node ``node`` hangs for ``seconds`` (a stopped process): none of
+        its timers fires before then (with the network's pause of the
+        node, nothing of it runs).  Returns how many timers moved."""
+        until = self._now_s + seconds
+        return self._move_timers(node, lambda when: max(until, when))
+
+    def _move_timers(self, node: str, new_when: Callable[[float], float]) -> int:
         moved = 0
         for handle in self._scheduled:  # type: ignore[attr-defined]
             context = handle._context  # (asyncio's: the context the timer runs in)
@@ -93,7 +104,7 @@ class SimLoop(asyncio.BaseEventLoop):
                 continue
             if getattr(handle._callback, "__self__", None) is self.network:
                 continue
-            handle._when = max(self._now_s, handle._when - seconds)
+            handle._when = new_when(handle._when)
             moved += 1
         heapq.heapify(self._scheduled)  # type: ignore[attr-defined]
         return moved

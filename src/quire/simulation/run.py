@@ -214,9 +214,15 @@ class _Nemesis:
             await bookie.start()
 
     async def _client_pause(self) -> None:
-        """A client hangs (BP-46's "C1 hangs"): nothing it sends or is sent
-        moves for a long while; its own timers still run."""
-        self._network.pause(self._rng.choice(self._clients), self._rng.uniform(2.0, 15.0))
+        """A client hangs (BP-46's "C1 hangs"): for a long while nothing it
+        sends or is sent moves and none of its timers fires; then it goes
+        on where it stopped (a writer that missed a recovery, say)."""
+        client, seconds = self._rng.choice(self._clients), self._rng.uniform(2.0, 15.0)
+        self._network.pause(client, seconds)
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, SimLoop)
+        held = loop.hold_timers(client, seconds)
+        self._trace.event(f"{client} hangs ({held} timers held)")
 
     async def quiesce(self) -> None:
         """Faults over: heal, every bookie up, the network fast again."""
