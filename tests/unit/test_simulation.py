@@ -5,11 +5,13 @@ its own forked process under PYTHONHASHSEED=0, as CI runs them)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -273,6 +275,16 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert f"{CI_SEEDS} seeds from 0: {CI_SEEDS} ok, 0 failed" in result.stdout
     assert re.search(r"\(\d+\.\d CPU s in the runs\)", result.stdout)
+
+
+def test_the_soak_script_runs_its_seeds_with_progress() -> None:
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([str(root / "scripts" / "soak-simulation"), "2", "7", "--workers", "1"],
+                            capture_output=True, text=True, timeout=300, check=False,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 seeds from 7: 2 ok, 0 failed" in result.stdout
+    assert "2/2 seeds, 0 failed" in result.stderr  # (the progress lines, off a terminal)
 
 
 @pytest.mark.parametrize("seed", ["5702", "188", "581", "927"])
