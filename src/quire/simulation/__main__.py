@@ -5,6 +5,8 @@
     python -m quire.simulation --seeds 500            # seeds 0..499, on every core
     python -m quire.simulation --seed 24               # replay one, print its trace
     python -m quire.simulation --seeds 50 --bug skip-fencing   # show the invariants bite
+    python -m quire.simulation --seeds 10000 --first 100000 --progress   # a soak
+    python -m quire.simulation --seed 5702 --faults classic    # only the first faults
 
 Every seed runs in its own process forked from this one before any run
 (``multiprocessing`` with ``maxtasksperchild=1``), under
@@ -23,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from quire.simulation.bugs import BUGS
-from quire.simulation.run import run_seed
+from quire.simulation.run import CLASSIC, FAULT_NAMES, run_seed
 
 HASH_SEED = "0"
 
@@ -42,15 +44,37 @@ class Outcome:
     virtual_s: float
     faults: str
     trace: tuple[str, ...]
+    cpu_s: float
+    """CPU time the run took in its worker (``time.process_time``)."""
 
 
-def _run(job: tuple[int, str, bool]) -> Outcome:
-    seed, bug, keep_trace = job
-    result = run_seed(seed, bug=bug)
+Job = tuple[int, str, bool, frozenset[str]]
+"""(seed, bug, keep the trace, faults enabled)."""
+
+
+def _run(job: Job) -> Outcome:
+    seed, bug, keep_trace, faults = job
+    started = time.process_time()
+    result = run_seed(seed, bug=bug, faults_enabled=faults)
     failures = tuple(map(str, result.violations)) + ((result.error,) if result.error else ())
     return Outcome(seed, result.ok, failures, result.digest, result.ledgers, result.acked,
                    result.virtual_s, result.faults,
-                   tuple(result.trace) if keep_trace or not result.ok else ())
+                   tuple(result.trace) if keep_trace or not result.ok else (),
+                   time.process_time() - started)
+
+
+def parse_faults(text: str) -> frozenset[str]:
+    """``all``, ``classic`` or a comma-separated list of :data:`FAULT_NAMES`."""
+    if text == "all":
+        return frozenset(FAULT_NAMES)
+    if text == "classic":
+        return CLASSIC
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - set(FAULT_NAMES))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown faults {', '.join(unknown)} (known: all, classic, {', '.join(FAULT_NAMES)})")
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,7 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--first", type=int, default=0, help="first seed of --seeds")
     parser.add_argument("--bug", choices=BUGS, default="",
                         help="switch a seeded bug on (the invariants must catch it)")
+    parser.add_argument("--faults", type=parse_faults, default=frozenset(FAULT_NAMES),
+                        help="faults a run may draw: all (default), classic, or a list of "
+                             + ", ".join(FAULT_NAMES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--progress", action="store_true",
+                        help="show a progress bar (seeds done, failures) on stderr")
     parser.add_argument("--until-failure", action="store_true",
                         help="stop at the first failing seed")
     parser.add_argument("--digests", action="store_true",
@@ -72,7 +101,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _report_failure(outcome: Outcome, bug: str, lines: int) -> None:
+def _faults_flag(faults: frozenset[str]) -> str:
+    """The ``--faults`` that selects ``faults`` ("" for all of them)."""
+    if faults == frozenset(FAULT_NAMES):
+        return ""
+    return " --faults " + ("classic" if faults == CLASSIC else
+                           ",".join(f for f in FAULT_NAMES if f in faults))
+
+
+def _report_failure(outcome: Outcome, bug: str, lines: int, faults: frozenset[str]) -> None:
     print(f"\nFAILED seed {outcome.seed} ({outcome.faults})")
     for failure in outcome.failures:
         print(f"  violated: {failure}")
@@ -81,7 +118,48 @@ def _report_failure(outcome: Outcome, bug: str, lines: int) -> None:
     for line in trace:
         print(f"    {line}")
     print(f"  replay: python -m quire.simulation --seed {outcome.seed}"
-          + (f" --bug {bug}" if bug else ""))
+          + (f" --bug {bug}" if bug else "") + _faults_flag(faults))
+
+
+class _Progress:
+    """Progress on stderr: a rich bar on a terminal, else a line per 1% of
+    the seeds (a soak's log); seeds done of all, failures so far."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        console = Console(stderr=True)
+        self._total = total
+        self._done = self._failed = 0
+        self._started = time.monotonic()
+        self._every = max(1, total // 100)
+        self._bar: Progress | None = None
+        if console.is_terminal:
+            self._bar = Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=console)
+            self._task = self._bar.add_task("seeds", total=total, failed=0)
+            self._bar.start()
+
+    def advance(self, ok: bool) -> None:
+        self._done += 1
+        self._failed += not ok
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, failed=self._failed)
+        elif self._done % self._every == 0 or self._done == self._total:
+            print(f"{self._done}/{self._total} seeds, {self._failed} failed, "
+                  f"{time.monotonic() - self._started:.0f} s", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def main(argv: list[str]) -> int:
@@ -90,7 +168,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     if args.seed is not None:
         with context.Pool(1, maxtasksperchild=1) as pool:
-            outcome = pool.apply(_run, ((args.seed, args.bug, True),))
+            outcome = pool.apply(_run, ((args.seed, args.bug, True, args.faults),))
         print("\n".join(outcome.trace))
         print(f"seed {outcome.seed}: {'ok' if outcome.ok else 'FAILED'}; {outcome.ledgers} "
               f"ledgers, {outcome.acked} entries acknowledged, {outcome.virtual_s:.1f} virtual s; "
@@ -101,25 +179,31 @@ def main(argv: list[str]) -> int:
     seeds = range(args.first, args.first + args.seeds)
     failed: list[Outcome] = []
     ran = acked = 0
-    virtual_s = 0.0
+    virtual_s = cpu_s = 0.0
+    progress = _Progress(len(seeds)) if args.progress else None
     with context.Pool(max(1, args.workers), maxtasksperchild=1) as pool:
-        for outcome in pool.imap(_run, [(seed, args.bug, False) for seed in seeds]):
+        for outcome in pool.imap(_run, [(seed, args.bug, False, args.faults) for seed in seeds]):
             ran += 1
+            cpu_s += outcome.cpu_s
+            if progress is not None:
+                progress.advance(outcome.ok)
             if args.digests:
                 print(f"seed {outcome.seed}: trace sha256 {outcome.digest}")
             acked += outcome.acked
             virtual_s += outcome.virtual_s
             if not outcome.ok:
                 failed.append(outcome)
-                _report_failure(outcome, args.bug, args.trace_lines)
+                _report_failure(outcome, args.bug, args.trace_lines, args.faults)
                 if args.until_failure:
                     pool.terminate()
                     break
+    if progress is not None:
+        progress.stop()
     print(f"\n{ran} seeds from {args.first}" + (f" with bug {args.bug}" if args.bug else "")
           + f": {ran - len(failed)} ok, {len(failed)} failed"
           + (f" (seeds {', '.join(str(o.seed) for o in failed)})" if failed else "")
           + f"; {acked} entries acknowledged, {virtual_s:.0f} virtual s "
-          f"in {time.monotonic() - started:.1f} s")
+          f"in {time.monotonic() - started:.1f} s ({cpu_s:.1f} CPU s in the runs)")
     return 1 if failed else 0
 
 

@@ -2,8 +2,11 @@
 
 Each is switched on for one run by :func:`seeded_bug` (``--bug NAME`` on the
 command line) and undone afterwards; they exist to show that the
-invariants have teeth, and are never on in the product (which never
-imports this package).
+invariants have teeth.  Every one is a patch of a product function for the
+duration of the run, or a switch read by the simulation's own bookie
+assembly (:mod:`~quire.simulation.cluster`): the product has no switch and
+no check on any path, so its speed is untouched, and it never imports this
+package.
 
 * ``unknown-as-no``: recovery reads count every failed answer (timeout,
   lost connection, UNKNOWN) as NO_SUCH_ENTRY, so a recovery that cannot
@@ -12,21 +15,42 @@ imports this package).
 * ``skip-fencing``: recovery's "fencing" reads do not fence, so the old
   writer keeps adding, and being acknowledged, past the end recovery
   closes the ledger at.
+* ``ack-before-fsync``: a bookie answers a journaled add as soon as it is
+  in the journal's buffer, without waiting for (or asking for) the fsync
+  covering it, which comes with the next sync anything else asks for or
+  the next checkpoint; a power loss before that takes back acknowledged
+  PD entries.
+* ``forget-limbo``: a bookie that boots with an empty disk (or after a
+  crash without the journal) skips BP-46 phase one: it neither fences its
+  ledgers nor puts them in limbo, so it answers "no such entry" for
+  entries it acknowledged, and two such noes close a ledger short.
+* ``lac-backwards``: a reader's READ_LAC keeps only this round's highest
+  answer, forgetting what the handle knew, so a round in which the
+  up-to-date bookies do not answer moves the LAC back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from quire.bookie.connection import BookieConnection
+from quire.bookie.durability import AfterFsync, StoredAdd
 from quire.client import reads
-from quire.errors import QuireError
+from quire.client.ledger import ReadHandle
+from quire.errors import BookieUnavailableError, QuireError
 from quire.peer import BookieClient
 from quire.peer.connection import ReadHandler
 from quire.protocol import LAST_ENTRY_ID, ReadRequest, ReadResponse
+from quire.types import LedgerState
 
-BUGS = ("unknown-as-no", "skip-fencing")
+BUGS = ("unknown-as-no", "skip-fencing", "ack-before-fsync", "forget-limbo", "lac-backwards")
+
+active: str = ""
+"""The bug switched on now ("" : none); the simulation's bookie assembly
+reads it for ``forget-limbo``."""
 
 
 def _read_without_fencing(self: BookieClient, ledger_id: int, master_key: bytes,
@@ -35,22 +59,59 @@ def _read_without_fencing(self: BookieClient, ledger_id: int, master_key: bytes,
                   handler, token)
 
 
+def _run_answered_at_once(self: AfterFsync, conn: BookieConnection,
+                          request_ids: tuple[int, ...], ledger_id: int, entry_ids: list[int],
+                          last_seq: int, started: float, held: int) -> None:
+    conn.pending_bytes += held
+    self.run_durable((conn, request_ids, ledger_id, entry_ids, started, held), None)
+
+
+def _adds_answered_at_once(self: AfterFsync, conn: BookieConnection, stored: list[StoredAdd],
+                           started: float, held: int) -> None:
+    conn.pending_bytes += held
+    self.adds_durable((conn, stored, started, held), None)
+
+
+async def _lac_of_this_round(self: ReadHandle) -> int:
+    md = self._versioned.value
+    if md.state is LedgerState.CLOSED:
+        return self._lac
+    answers = await asyncio.gather(*(self._read_lac_from(b) for b in md.last_ensemble))
+    known = [lac for lac in answers if isinstance(lac, int)]
+    if not known:
+        raise BookieUnavailableError(f"ledger {self._ledger_id}: no READ_LAC answer")
+    self._lac = max(known)  # the bug: not max(self._lac, ...)
+    return self._lac
+
+
 @contextlib.contextmanager
 def seeded_bug(name: str) -> Iterator[None]:
     """Switch bug ``name`` on inside the block ("" : none)."""
+    global active
     if not name:
         yield
         return
     if name not in BUGS:
         raise ValueError(f"unknown seeded bug {name!r} (known: {', '.join(BUGS)})")
     names = vars(reads)  # (the module's globals: its reads look the name up there)
-    negatives, fence_read = names["EXPLICIT_NEGATIVES"], BookieClient.fence_read
+    saved = (names["EXPLICIT_NEGATIVES"], BookieClient.fence_read, AfterFsync.run,
+             AfterFsync.adds, ReadHandle.read_last_add_confirmed)
     if name == "unknown-as-no":
         names["EXPLICIT_NEGATIVES"] = (QuireError,)
-    else:
+    elif name == "skip-fencing":
         BookieClient.fence_read = _read_without_fencing  # type: ignore[method-assign]
+    elif name == "ack-before-fsync":
+        AfterFsync.run = _run_answered_at_once  # type: ignore[method-assign]
+        AfterFsync.adds = _adds_answered_at_once  # type: ignore[method-assign]
+    elif name == "lac-backwards":
+        ReadHandle.read_last_add_confirmed = _lac_of_this_round  # type: ignore[method-assign]
+    active = name
     try:
         yield
     finally:
-        names["EXPLICIT_NEGATIVES"] = negatives
-        BookieClient.fence_read = fence_read  # type: ignore[method-assign]
+        active = ""
+        names["EXPLICIT_NEGATIVES"] = saved[0]
+        BookieClient.fence_read = saved[1]  # type: ignore[method-assign]
+        AfterFsync.run = saved[2]  # type: ignore[method-assign]
+        AfterFsync.adds = saved[3]  # type: ignore[method-assign]
+        ReadHandle.read_last_add_confirmed = saved[4]  # type: ignore[method-assign]

@@ -1,72 +1,149 @@
-"""Simulated bookies: the real server and storage engine over a simulated disk.
+"""Simulated bookies: the real server, storage engine and BP-46 boot over a simulated disk.
 
-A :class:`SimBookie` is what ``quire.node`` assembles in a bookie process,
-minus the process: the REAL :class:`~quire.bookie.storage.BookieStorage`
-(opened with :meth:`~quire.bookie.storage.BookieStorage.open_over` on the
-twins of :mod:`quire.simulation.disk`), a real
-:class:`~quire.bookie.group_commit.GroupCommitter` that syncs on the loop
-(its fsync thread is never started), and the real
-:class:`~quire.bookie.server.BookieServer` whose connections are the
-network's (:mod:`quire.simulation.network`).  Its background services
-(periodic checkpoints, GC, disk watch) are not started: the simulation
-checkpoints at times the seed picks (:meth:`SimBookie.checkpoint`).
+A :class:`SimBookie` is what :class:`~quire.node.bookie_node.BookieNode`
+assembles in a bookie process, minus the process, in the same order:
 
-A crash is a power loss: the listener goes, every connection resets, the
-engine is abandoned and the disk keeps only what was synced
-(:meth:`~quire.simulation.disk.SimDisk.power_loss`).  A restart opens a new
-engine and server over the same disk.  (A bookie that reboots with an empty
-disk needs the node's cookie check and BP-46 limbo, which run in
-``quire.node``, not here: without them an emptied bookie answers "no such
-entry" for entries it acknowledged, which no protocol survives.)
+1. the cookie check: a disk that lost its cookie (:meth:`SimBookie.crash`
+   with ``wipe``: the bookie reboots with an empty disk) while metadata
+   has the bookie's cookie fails it (the real check reads files; here the
+   disk's ``cookie`` flag stands for them);
+2. the REAL :class:`~quire.bookie.storage.BookieStorage`, opened with
+   :meth:`~quire.bookie.storage.BookieStorage.open_over` on the twins of
+   :mod:`quire.simulation.disk` (journal replay, the running mark), and a
+   :class:`SimCommitter`: the real
+   :class:`~quire.bookie.group_commit.GroupCommitter`, syncing on the loop
+   (its fsync thread is never started), after a virtual delay when the
+   disk is slow;
+3. BP-46 phase one, the REAL :func:`~quire.node.integrity.protect_if_needed`:
+   after a failed cookie check, or a crash while running without the
+   journal (``journal_write_data=false``, ``data_integrity_checking=true``),
+   the bookie's ledgers are fenced and the open ones put in limbo before
+   anything is served;
+4. the REAL :class:`~quire.bookie.server.BookieServer`, listening on the
+   network (:mod:`quire.simulation.network`);
+5. BP-46 phase two, the REAL :class:`~quire.node.repair.LedgerRepair`
+   (recovery through a real client of this node, copies through the real
+   :class:`~quire.node.entry_copier.EntryCopier`) in the background.
+
+Its background services (GC, disk watch) are not started; checkpoints run
+at times the seed picks (:meth:`SimBookie.checkpoint`, and periodically on
+a bookie without the journal, whose adds only a checkpoint makes durable).
+
+A crash is a power loss: the listener and every connection of the node go,
+the engine is abandoned and the disk keeps only what was synced
+(:meth:`~quire.simulation.disk.SimDisk.power_loss`); with ``wipe`` the disk
+is replaced by an empty one.  What a crash took is recorded in
+:attr:`Losses` (the invariants excuse what the protocol allows to be lost).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections import defaultdict
 from pathlib import Path
+
+from prometheus_client import CollectorRegistry
 
 from quire.bookie.config import BookieConfig
 from quire.bookie.durability import SyncCursors
-from quire.bookie.group_commit import GroupCommitter
+from quire.bookie.group_commit import GroupCommitter, SyncableJournal
 from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.client import Client, ClientConfig
+from quire.client.context import ClientContext
+from quire.client.placement import RandomPlacement
 from quire.metadata import BookieInfo, MetadataStore
+from quire.node.entry_copier import EntryCopier
+from quire.node.integrity import protect_if_needed
+from quire.node.repair import (
+    ClientRecoverer,
+    LedgerRepair,
+    LocalSink,
+    RepairMetrics,
+    RepairSettings,
+)
+from quire.peer import BookiePool
+from quire.simulation import bugs
 from quire.simulation.disk import SimDisk, SimJournal, SimLedgerStorage
-from quire.simulation.network import SimNetwork
+from quire.simulation.network import SimNetwork, current_node
 from quire.simulation.trace import Trace
 from quire.types import BookieState
 
 LOOP_SYNC_ALWAYS_MS = 1e12
 """``journal_sync_on_loop_max_ms`` that keeps every journal sync on the loop."""
+REPAIR_CLIENT_CONFIG = ClientConfig(add_entry_timeout_ms=4000, read_timeout_ms=3000,
+                                    speculative_read_timeout_ms=500,
+                                    explicit_lac_interval_ms=0, connect_timeout_ms=2000)
+REPAIR_SETTINGS = RepairSettings(start_delay_ms=0, retry_interval_ms=1000, parallel_ledgers=2,
+                                 progress_every_ledgers=1000)
+
+Losses = dict[int, dict[str, set[int]]]
+"""ledger id -> bookie id -> entries that bookie held and a crash took."""
 
 
 def bookie_config(bookie_id: str, *, journal_write_data: bool) -> BookieConfig:
     """The settings of one simulated bookie (paths are names only: nothing
-    is opened)."""
+    is opened).  Without the journal, data integrity checking is on (BP-46)."""
     base = Path("/simulated") / bookie_id
     return BookieConfig(
         metadata_uri="memory://", bookie_id=bookie_id, host=bookie_id, port=3181,
         journal_sync_on_loop_max_ms=LOOP_SYNC_ALWAYS_MS,
+        data_integrity_checking=not journal_write_data,
+        data_integrity_stamp_missing_cookies=True,
         storage=StorageConfig(journal_dirs=(base / "journal",), ledger_dirs=(base / "ledgers",),
                               journal_write_data=journal_write_data,
                               write_cache_max_bytes=1 << 20))
+
+
+class SimCommitter(GroupCommitter):
+    """The real group committer; on a slow disk each loop sync starts a
+    virtual delay after it was asked for (and covers what was appended
+    until then), so acknowledgements wait and a crash meanwhile loses the
+    records written but not yet synced."""
+
+    def __init__(self, journal: SyncableJournal, rng: random.Random,
+                 slow_sync_ms: float) -> None:
+        super().__init__(journal, loop_sync_max_ms=LOOP_SYNC_ALWAYS_MS)
+        self._rng = rng
+        self._slow_sync_ms = slow_sync_ms
+
+    def _sync_on_loop(self) -> None:
+        if self._slow_sync_ms <= 0:
+            super()._sync_on_loop()
+            return
+        delay_s = self._rng.uniform(0.0, self._slow_sync_ms) / 1000.0
+        self._loop.call_later(delay_s, GroupCommitter._sync_on_loop, self)
 
 
 class SimBookie:
     """One bookie of the simulated cluster (see the module docstring)."""
 
     def __init__(self, bookie_id: str, network: SimNetwork, store: MetadataStore,
-                 rng: random.Random, trace: Trace, *, journal_write_data: bool = True) -> None:
+                 rng: random.Random, trace: Trace, losses: Losses, *,
+                 journal_write_data: bool = True, slow_sync_ms: float = 0.0) -> None:
         self.bookie_id = bookie_id
         self.address = f"{bookie_id}:3181"
         self.config = bookie_config(bookie_id, journal_write_data=journal_write_data)
+        self.journal_write_data = journal_write_data
         self.disk = SimDisk()
         self.server: BookieServer | None = None
         self.boots = 0
+        self.wipes = 0
+        self._slow_sync_ms = slow_sync_ms
         self._network = network
         self._store = store
         self._rng = rng
         self._trace = trace
+        self._losses = losses
+        self._held: dict[int, set[int]] = {}
+        """What the engine held when it crashed (until the restart compares)."""
+        self._repair_client: Client | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._abandoned: list[BookieServer] = []
+        """Servers of earlier boots: kept so that their tasks, stuck on a
+        committer that will never sync again, are cancelled at the end of
+        the run rather than collected while pending."""
 
     @property
     def up(self) -> bool:
@@ -77,31 +154,119 @@ class SimBookie:
         self._trace.event(f"{self.bookie_id} is {state.value}")
 
     async def start(self) -> None:
-        """Open the engine over the disk, serve, and (first boot) register."""
-        storage_config = self.config.storage
-        storage = BookieStorage.open_over(storage_config, SimJournal(self.disk),
-                                          SimLedgerStorage(self.disk, storage_config), [])
-        committer = GroupCommitter(storage.journal, loop_sync_max_ms=LOOP_SYNC_ALWAYS_MS)
-        self.server = BookieServer(self.config, storage, committer, self._store, self,
-                                   SyncCursors.load(storage))
-        self._network.listen(self.bookie_id, self.address, self.server.new_connection)
+        """Boot as the node does (module docstring), as this node."""
+        token = current_node.set(self.bookie_id)
+        try:
+            await self._boot()
+        finally:
+            current_node.reset(token)
+
+    async def _boot(self) -> None:
+        disk, storage_config = self.disk, self.config.storage
+        self._network.node_up(self.bookie_id)
+        cookie_failed = self.boots > 0 and not disk.cookie
+        storage = BookieStorage.open_over(storage_config, SimJournal(disk),
+                                          SimLedgerStorage(disk, storage_config), [])
+        committer = SimCommitter(storage.journal, self._rng, self._slow_sync_ms)
+        self._count_losses(storage)
+        protection = None
+        if bugs.active != "forget-limbo":
+            protection = await protect_if_needed(
+                self._store, storage, self.bookie_id, cookie_failed=cookie_failed,
+                data_integrity_checking=self.config.data_integrity_checking)
+        disk.cookie = True
+        self.server = server = BookieServer(self.config, storage, committer, self._store, self,
+                                            SyncCursors.load(storage))
+        self._network.listen(self.bookie_id, self.address, server.new_connection)
         if self.boots == 0:
             await self._store.register_bookie(
                 BookieInfo(self.bookie_id, self.address, BookieState.WRITABLE, None))
         self.boots += 1
-        self._trace.event(f"{self.bookie_id} up (boot {self.boots}, "
-                          f"{len(storage.list_ledgers())} ledgers)")
+        self._trace.event(
+            f"{self.bookie_id} up (boot {self.boots}, {len(storage.list_ledgers())} ledgers"
+            + ("" if protection is None else
+               f"; phase one fenced {protection.fenced}, {protection.limbo} in limbo") + ")")
+        loop = asyncio.get_running_loop()
+        if self.config.data_integrity_checking or storage.limbo_ledgers():
+            self._tasks.append(loop.create_task(self._phase_two(server)))
+        if not self.journal_write_data:
+            self._tasks.append(loop.create_task(self._checkpoints()))
 
-    def crash(self) -> None:
-        """Power loss (see the module docstring)."""
+    def _count_losses(self, storage: BookieStorage) -> None:
+        """Compare what the engine holds after a restart with what it held
+        when it crashed; record the difference if the crash may lose data
+        (an emptied disk, a write cache without the journal; a journaled
+        bookie loses only what it never acknowledged as durable)."""
+        held, self._held = self._held, {}
+        for ledger_id, entries in held.items():
+            now = storage.stored_entry_ids(ledger_id, 0, max(entries))
+            lost = entries - now
+            if lost:
+                self._losses.setdefault(ledger_id, defaultdict(set))[self.bookie_id] |= lost
+
+    async def _phase_two(self, server: BookieServer) -> None:
+        storage = server.storage
+        pool = await BookiePool.open(self._store, REPAIR_CLIENT_CONFIG.peer_config())
+        ctx = ClientContext(self._store, pool, REPAIR_CLIENT_CONFIG, RandomPlacement(self._rng))
+        self._repair_client = client = Client(ctx, owns_store=False)
+        copier = EntryCopier(pool, timeout_ms=3000, chunk_max_bytes=1 << 20,
+                             batch_max_bytes=1 << 20)
+        metrics = RepairMetrics(CollectorRegistry(), lambda: len(storage.limbo_ledgers()))
+        repair = LedgerRepair(self.bookie_id, self._store, storage, ClientRecoverer(client),
+                              copier, LocalSink(storage, server.services.covering),
+                              server.committer.wait_durable, REPAIR_SETTINGS, metrics)
+        self._trace.event(f"{self.bookie_id} phase two starts "
+                          f"({len(storage.limbo_ledgers())} in limbo)")
+        await repair.run(everything_first=self.config.data_integrity_checking)
+        self._trace.event(f"{self.bookie_id} phase two done: {metrics.entries_copied} entries "
+                          f"copied, {metrics.ledgers_repaired} ledgers repaired")
+
+    async def _checkpoints(self) -> None:
+        """Without the journal only checkpoints make adds durable: one now
+        and then, as ``flush_interval_ms`` does."""
+        while True:
+            await asyncio.sleep(self._rng.uniform(0.2, 2.0))
+            await self.checkpoint()
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether the bookie holds journal records not yet synced, or
+        (without the journal) adds no checkpoint wrote out."""
+        server = self.server
+        if server is None:
+            return False
+        storage = server.storage
+        if not self.journal_write_data:
+            return storage.write_cache_bytes > 0
+        return storage.journal.append_seq > server.committer.durable_seq
+
+    def crash(self, *, wipe: bool = False) -> None:
+        """Power loss (see the module docstring); ``wipe``: the disk comes
+        back empty."""
         server, self.server = self.server, None
         if server is None:
             return
+        storage = server.storage
+        self._held = {} if self.journal_write_data and not wipe else {
+            lid: ids for lid in storage.list_ledgers()
+            if (ids := storage.stored_entry_ids(lid, 0, storage.last_entry_id(lid)))}
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
         self._network.unlisten(self.address)
-        server.storage.abandon()
+        self._network.node_down(self.bookie_id)
+        if self._repair_client is not None:
+            client, self._repair_client = self._repair_client, None
+            asyncio.get_running_loop().create_task(client.close())
+        storage.abandon()
         server.committer.close()
+        self._abandoned.append(server)
         lost = self.disk.power_loss(self._rng)
-        self._trace.event(f"{self.bookie_id} crashed, lost {lost} unsynced journal records")
+        if wipe:
+            self.disk = SimDisk()
+            self.wipes += 1
+        self._trace.event(f"{self.bookie_id} crashed, lost {lost} unsynced journal records"
+                          + (", rebooting with an empty disk" if wipe else ""))
 
     async def checkpoint(self) -> None:
         if self.server is not None:

@@ -23,7 +23,9 @@ fails its checksum and ends replay, which is the same as losing it).
 
 Not simulated: entry-log GC and compaction (``gc_entry_logs`` finds
 nothing to remove; the simulated bookie never runs ``compact_entry_logs``),
-disk usage, slow fsyncs (a sync takes no virtual time).
+disk usage.  Slow fsyncs are the committer's
+(:class:`~quire.simulation.cluster.SimCommitter`): a sync here takes no
+virtual time.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class SimDisk:
         self.running: bool | None = None
         self.formatted = False
         """False until an index was created on this disk."""
+        self.cookie = False
+        """The bookie's cookie is stamped on this disk (a new or emptied
+        disk has none; the boot stamps it, after phase one if due)."""
 
     @property
     def journal_end(self) -> int:

@@ -24,8 +24,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
+
+from quire.simulation.network import current_node
 
 if TYPE_CHECKING:
     from quire.simulation.network import SimNetwork
@@ -74,6 +77,37 @@ class SimLoop(asyncio.BaseEventLoop):
     def advance(self, seconds: float) -> None:
         """Move virtual time forward (the selector does, when idle)."""
         self._now_s += seconds
+
+    def jump_clock(self, node: str, seconds: float) -> int:
+        """Node ``node``'s clock jumps ``seconds`` ahead: each of its timers
+        (those scheduled in its context: timeouts, sleeps, retries) falls
+        due up to ``seconds`` earlier, never before now, while the rest of
+        the cluster (and the network's deliveries, which belong to no
+        node's clock) keeps its time.  One loop clock cannot run at two
+        speeds; moving the node's deadlines is what a jump does to it.
+        Returns how many timers moved."""
+        now = self._now_s
+        return self._move_timers(node, lambda when: max(now, when - seconds))
+
+    def hold_timers(self, node: str, seconds: float) -> int:
+        """Node ``node`` hangs for ``seconds`` (a stopped process): none of
+        its timers fires before then (with the network's pause of the
+        node, nothing of it runs).  Returns how many timers moved."""
+        until = self._now_s + seconds
+        return self._move_timers(node, lambda when: max(until, when))
+
+    def _move_timers(self, node: str, new_when: Callable[[float], float]) -> int:
+        moved = 0
+        for handle in self._scheduled:  # type: ignore[attr-defined]
+            context = handle._context  # (asyncio's: the context the timer runs in)
+            if handle.cancelled() or context is None or context.get(current_node) != node:
+                continue
+            if getattr(handle._callback, "__self__", None) is self.network:
+                continue
+            handle._when = new_when(handle._when)
+            moved += 1
+        heapq.heapify(self._scheduled)  # type: ignore[attr-defined]
+        return moved
 
     # --- what BaseEventLoop leaves to its subclasses --------------------------------
 

@@ -179,6 +179,8 @@ class SimNetwork:
         self._paused_until: dict[str, float] = {}
         """Node -> loop time its pause ends."""
         self._contexts: dict[str, contextvars.Context] = {}
+        self._down: set[str] = set()
+        """Crashed nodes: they open no connection."""
 
     def _context_of(self, node: str) -> contextvars.Context:
         """A context whose ``current_node`` is ``node``: what arrives at a
@@ -206,6 +208,17 @@ class SimNetwork:
         for conn in list(self._connections):
             if conn.server_node == entry[0]:
                 self.sever(conn, ConnectionResetError("bookie went away"))
+
+    def node_down(self, node: str) -> None:
+        """``node`` crashed: every connection from or to it is reset, and it
+        opens none until :meth:`node_up`."""
+        self._down.add(node)
+        for conn in list(self._connections):
+            if node in (conn.client_node, conn.server_node):
+                self.sever(conn, ConnectionResetError(f"{node} went away"))
+
+    def node_up(self, node: str) -> None:
+        self._down.discard(node)
 
     # --- faults ------------------------------------------------------------------
 
@@ -255,7 +268,7 @@ class SimNetwork:
         node = current_node.get()
         await asyncio.sleep(self._delay_s())
         entry = self._listeners.get(address)
-        if entry is None or self._blocked(node, entry[0]):
+        if entry is None or self._blocked(node, entry[0]) or node in self._down:
             raise ConnectionRefusedError(f"{node} cannot reach {address}")
         server_node, server_factory = entry
         self._next_id += 1

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from quire.metadata.memory import open_memory
 from quire.simulation.bugs import seeded_bug
-from quire.simulation.cluster import SimBookie
+from quire.simulation.cluster import Losses, SimBookie
 from quire.simulation.loop import SimLoop
-from quire.simulation.network import NetworkConfig, SimNetwork, current_node
+from quire.simulation.metadata import SimMetadataStore
+from quire.simulation.network import NetworkConfig, SimNetwork
 from quire.simulation.trace import Trace
 from quire.simulation.workload import Violation, Workload, check
 
@@ -30,10 +31,22 @@ MAX_DOWN = 2
 FINAL_RECOVERY_ATTEMPTS = 5
 
 
+FAULT_NAMES = ("resets", "crashes", "partitions", "pauses", "checkpoints", "slow-network",
+               "wipes", "no-journal", "slow-disks", "clock-jumps", "client-pauses",
+               "metadata-races", "outages")
+"""What ``--faults`` may name (default: all)."""
+CLASSIC = frozenset(FAULT_NAMES[:6])
+"""The faults of the simulator's first version: a run with only these draws
+from the run's rng exactly as that version did, so its seeds replay the
+schedules they were stored for."""
+
+
 @dataclass(frozen=True)
 class Faults:
     """This run's faults: each on with some probability per run, then how
-    often the nemesis picks it (weights) and how slow the network is."""
+    often the nemesis picks it (weights) and how strong it is.  The classic
+    ones are drawn from the run's rng, the later ones from a second rng of
+    the seed (see :data:`CLASSIC`)."""
 
     resets: float
     crashes: float
@@ -42,22 +55,55 @@ class Faults:
     checkpoints: float
     slow_probability: float
     max_delay_ms: float
+    wipe_probability: float = 0.0
+    """Chance that a crash empties the bookie's disk (it reboots empty)."""
+    journal_off: int = 0
+    """Bookies running without the journal (BP-46, data integrity checking on)."""
+    slow_sync_ms: float = 0.0
+    """A journal sync starts up to this long after it was asked for."""
+    clock_jumps: float = 0.0
+    client_pauses: float = 0.0
+    metadata_delay_probability: float = 0.0
+    metadata_max_delay_ms: float = 0.0
+    outages: float = 0.0
+    """Weight of a power outage: several bookies lose power at once."""
 
     @classmethod
-    def draw(cls, rng: random.Random) -> Faults:
-        def maybe(weight: float, chance: float) -> float:
-            return weight if rng.random() < chance else 0.0
-        return cls(resets=maybe(3.0, 0.6), crashes=maybe(2.0, 0.6),
-                   partitions=maybe(1.0, 0.4), pauses=maybe(1.0, 0.4),
-                   checkpoints=maybe(2.0, 0.7),
-                   slow_probability=maybe(rng.choice((0.01, 0.05)), 0.5),
-                   max_delay_ms=rng.choice((1.0, 5.0, 30.0)))
+    def draw(cls, rng: random.Random, extra: random.Random,
+             enabled: frozenset[str] = frozenset(FAULT_NAMES)) -> Faults:
+        def maybe(name: str, weight: float, chance: float, source: random.Random) -> float:
+            hit = source.random() < chance
+            return weight if hit and name in enabled else 0.0
+        classic = cls(resets=maybe("resets", 3.0, 0.6, rng),
+                      crashes=maybe("crashes", 2.0, 0.6, rng),
+                      partitions=maybe("partitions", 1.0, 0.4, rng),
+                      pauses=maybe("pauses", 1.0, 0.4, rng),
+                      checkpoints=maybe("checkpoints", 2.0, 0.7, rng),
+                      slow_probability=maybe("slow-network", rng.choice((0.01, 0.05)), 0.5, rng),
+                      max_delay_ms=rng.choice((1.0, 5.0, 30.0)))
+        return dataclasses.replace(
+            classic,
+            wipe_probability=maybe("wipes", extra.choice((0.2, 0.5)), 0.5, extra),
+            journal_off=int(maybe("no-journal", extra.randint(1, BOOKIES), 0.35, extra)),
+            slow_sync_ms=maybe("slow-disks", extra.choice((20.0, 100.0, 400.0)), 0.3, extra),
+            clock_jumps=maybe("clock-jumps", 1.0, 0.3, extra),
+            client_pauses=maybe("client-pauses", 1.0, 0.3, extra),
+            metadata_delay_probability=maybe("metadata-races", extra.choice((0.2, 0.6)), 0.4,
+                                             extra),
+            metadata_max_delay_ms=extra.choice((20.0, 200.0)),
+            outages=maybe("outages", 1.0, 0.4, extra))
 
     def describe(self) -> str:
-        return (f"resets={self.resets} crashes={self.crashes} partitions={self.partitions} "
+        text = (f"resets={self.resets} crashes={self.crashes} partitions={self.partitions} "
                 f"pauses={self.pauses} "
                 f"checkpoints={self.checkpoints} slow={self.slow_probability} "
                 f"max_delay_ms={self.max_delay_ms}")
+        extras = [("wipes", self.wipe_probability), ("journal_off", self.journal_off),
+                  ("slow_sync_ms", self.slow_sync_ms), ("clock_jumps", self.clock_jumps),
+                  ("client_pauses", self.client_pauses),
+                  ("metadata_delays", self.metadata_delay_probability),
+                  ("outages", self.outages)]
+        return " ".join([text, *(f"{name}={value}" for name, value in extras if value)])
 
 
 @dataclass
@@ -95,7 +141,8 @@ class _Nemesis:
         f = self._faults
         actions = [(f.resets, self._reset), (f.crashes, self._crash_or_restart),
                    (f.partitions, self._partition_or_heal), (f.pauses, self._pause),
-                   (f.checkpoints, self._checkpoint)]
+                   (f.checkpoints, self._checkpoint), (f.clock_jumps, self._clock_jump),
+                   (f.client_pauses, self._client_pause), (f.outages, self._outage)]
         actions = [(w, act) for w, act in actions if w > 0]
         while self.running and actions:
             await asyncio.sleep(self._rng.uniform(0.05, 0.6))
@@ -114,7 +161,9 @@ class _Nemesis:
         if down and (len(down) >= MAX_DOWN or self._rng.random() < 0.5):
             await self._rng.choice(down).start()
         elif up:
-            self._rng.choice(up).crash()
+            wipe = bool(self._faults.wipe_probability) \
+                and self._rng.random() < self._faults.wipe_probability
+            self._rng.choice(up).crash(wipe=wipe)
 
     async def _partition_or_heal(self) -> None:
         if self._rng.random() < 0.5:
@@ -132,6 +181,49 @@ class _Nemesis:
         if up:
             await self._rng.choice(up).checkpoint()
 
+    async def _clock_jump(self) -> None:
+        """One node's clock jumps ahead: its timers (timeouts, retries,
+        pauses between passes) fire up to that much early, before anything
+        more reaches it (see :meth:`SimLoop.jump_clock`)."""
+        nodes = [b.bookie_id for b in self._bookies] + list(self._clients)
+        node, seconds = self._rng.choice(nodes), self._rng.uniform(0.5, 10.0)
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, SimLoop)
+        moved = loop.jump_clock(node, seconds)
+        self._trace.event(f"clock of {node} jumps {seconds:.3f} s ahead ({moved} timers)")
+
+    async def _outage(self) -> None:
+        """A power outage: two or more bookies lose power at the same
+        moment (their unsynced writes all gone together), mostly at a
+        moment some disk has writes not yet synced, and come back a
+        little later (only the bookies that were up: MAX_DOWN still holds
+        for the rest of the run)."""
+        for _ in range(100):  # mostly at a moment a disk has writes in flight
+            if any(b.unsynced for b in self._bookies) or self._rng.random() < 0.05:
+                break
+            await asyncio.sleep(self._rng.uniform(0.001, 0.02))
+        up = [b for b in self._bookies if b.up]
+        if len(up) < 2:
+            return
+        hit = self._rng.sample(up, self._rng.randint(2, len(up)))
+        self._trace.event(f"power outage: {', '.join(b.bookie_id for b in hit)}")
+        for bookie in hit:
+            bookie.crash()
+        await asyncio.sleep(self._rng.uniform(0.05, 1.5))
+        for bookie in hit:
+            await bookie.start()
+
+    async def _client_pause(self) -> None:
+        """A client hangs (BP-46's "C1 hangs"): for a long while nothing it
+        sends or is sent moves and none of its timers fires; then it goes
+        on where it stopped (a writer that missed a recovery, say)."""
+        client, seconds = self._rng.choice(self._clients), self._rng.uniform(2.0, 15.0)
+        self._network.pause(client, seconds)
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, SimLoop)
+        held = loop.hold_timers(client, seconds)
+        self._trace.event(f"{client} hangs ({held} timers held)")
+
     async def quiesce(self) -> None:
         """Faults over: heal, every bookie up, the network fast again."""
         self.running = False
@@ -144,15 +236,16 @@ class _Nemesis:
 
 
 async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
-                    faults: Faults, result: RunResult) -> None:
-    store = await open_memory("memory://", lease_ms=1 << 40, poll_interval_ms=200)
-    bookies = [SimBookie(f"b{i}", network, store, rng, trace) for i in range(1, BOOKIES + 1)]
+                    faults: Faults, extra: random.Random, result: RunResult) -> None:
+    store = SimMetadataStore(rng, delay_probability=faults.metadata_delay_probability,
+                             max_delay_ms=faults.metadata_max_delay_ms)
+    without_journal = set(extra.sample(range(1, BOOKIES + 1), faults.journal_off))
+    losses: Losses = {}
+    bookies = [SimBookie(f"b{i}", network, store, rng, trace, losses,
+                         journal_write_data=i not in without_journal,
+                         slow_sync_ms=faults.slow_sync_ms) for i in range(1, BOOKIES + 1)]
     for bookie in bookies:
-        token = current_node.set(bookie.bookie_id)
-        try:
-            await bookie.start()
-        finally:
-            current_node.reset(token)
+        await bookie.start()
     workload = Workload(rng, trace, store, clients=3, ledgers_per_client=2,
                         max_entries=60, vd_probability=0.25)
     await workload.connect()
@@ -161,14 +254,34 @@ async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
     await workload.run()
     await nemesis.quiesce()
     await nemesis_task
-    workload.history.crashed = any(b.boots > 1 for b in bookies)
+    history = workload.history
+    history.crashed = any(b.boots > 1 for b in bookies)
     trace.event("faults over: final recovery")
     await workload.finish(FINAL_RECOVERY_ATTEMPTS)
+    history.losses = {lid: {b: set(ids) for b, ids in by.items()} for lid, by in losses.items()}
+    for lid in sorted(history.unrecovered):
+        history.limbo[lid] = await _limbo_write_sets(store, bookies, lid)
     await workload.close()
-    result.violations = check(workload.history)
-    result.ledgers = len(workload.history.ledgers)
-    result.acked = sum(map(len, workload.history.acked.values()))
+    result.violations = check(history)
+    result.ledgers = len(history.ledgers)
+    result.acked = sum(map(len, history.acked.values()))
     await store.close()
+
+
+async def _limbo_write_sets(store: SimMetadataStore, bookies: list[SimBookie],
+                            ledger_id: int) -> int:
+    """The most bookies of one write set of the ledger that keep it in
+    limbo (BP-46: they answer UNKNOWN for what they lack)."""
+    metadata = (await store.read_ledger(ledger_id)).value
+    in_limbo = {b.bookie_id for b in bookies
+                if b.server is not None and b.server.storage.is_limbo(ledger_id)}
+    size, quorum = metadata.ensemble_size, metadata.write_quorum_size
+    most = 0
+    for _first, ensemble in metadata.ensembles:
+        for start in range(size):
+            members = {ensemble[(start + k) % size] for k in range(quorum)}
+            most = max(most, len(members & in_limbo))
+    return most
 
 
 class _ToTrace(logging.Handler):
@@ -203,11 +316,14 @@ def _product_logs(trace: Trace) -> Iterator[None]:
         client.propagate = saved[2]
 
 
-def run_seed(seed: int, *, bug: str = "") -> RunResult:
-    """Run one seed (with ``bug`` switched on, see :mod:`quire.simulation.bugs`)."""
+def run_seed(seed: int, *, bug: str = "",
+             faults_enabled: frozenset[str] = frozenset(FAULT_NAMES)) -> RunResult:
+    """Run one seed (with ``bug`` switched on, see :mod:`quire.simulation.bugs`;
+    with only the faults named in ``faults_enabled``)."""
     rng = random.Random(seed)
+    extra = random.Random(f"faults of seed {seed}")
     trace = Trace()
-    faults = Faults.draw(rng)
+    faults = Faults.draw(rng, extra, faults_enabled)
     network = SimNetwork(rng, trace, NetworkConfig(max_delay_ms=faults.max_delay_ms,
                                                    slow_probability=faults.slow_probability))
     result = RunResult(seed, [], [], "", faults=faults.describe())
@@ -216,12 +332,12 @@ def run_seed(seed: int, *, bug: str = "") -> RunResult:
     try:
         with _product_logs(trace), seeded_bug(bug):
             try:
-                loop.run_until_complete(_simulate(rng, trace, network, faults, result))
+                loop.run_until_complete(_simulate(rng, trace, network, faults, extra, result))
             except Exception as e:  # reported as the run's failure, with its trace
                 result.error = f"{type(e).__name__}: {e}"
                 trace.event(f"run ended by {result.error}")
             result.virtual_s = loop.time()
-            _cancel_all(loop)
+            cancel_all(loop)
     finally:
         loop.close()
     result.trace = trace.lines
@@ -229,7 +345,7 @@ def run_seed(seed: int, *, bug: str = "") -> RunResult:
     return result
 
 
-def _cancel_all(loop: SimLoop) -> None:
+def cancel_all(loop: SimLoop) -> None:
     """Cancel what is still scheduled (pollers, watches, stuck tasks)."""
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in tasks:
