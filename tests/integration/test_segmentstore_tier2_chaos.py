@@ -44,6 +44,7 @@ from tests.support.tier2_chaos import (
     KillPoint,
     file_tier2,
     recover_and_compare,
+    remove_tier2,
 )
 from tests.support.tier2_workload import generate
 
@@ -65,12 +66,13 @@ kill_points = st.one_of(
 
 
 def _pdp40_chaos(bookies: Cluster, tier2_uri: str, seed: int, kills: list[KillPoint],
-                 ops_per_round: int = 1500) -> None:
+                 ops_per_round: int = 1500, segments: int = CHAOS_CONFIG["segments"]) -> None:
     """The kills, each followed by a clean check and a new owner showing every
     acknowledged operation; then disaster recovery from (a copy of) tier-2
     alone onto fresh tier-1 logs brings back every recorded segment with its
     bytes; then a last owner."""
-    chaos = Chaos(bookies.metadata_uri, tier2_uri, seed, ops_per_round=ops_per_round)
+    chaos = Chaos(bookies.metadata_uri, tier2_uri, seed, ops_per_round=ops_per_round,
+                  config={**CHAOS_CONFIG, "segments": segments})
     for kill in kills:
         report = chaos.round(kill)
         assert report.violations == [], (seed, kill, report.killed_at, report.violations)
@@ -93,7 +95,7 @@ def test_pdp40_owner_killed_under_heavy_flushing_leaves_tier2_consistent_and_los
     _pdp40_chaos(bookies, file_tier2(tmp_path_factory.mktemp("tier2")), seed, kills)
 
 
-S3_OPS_PER_ROUND = 800
+S3_OPS_PER_ROUND = 600
 s3_kill_points = st.one_of(
     st.builds(KillPoint, st.just("acks"), st.integers(1, S3_OPS_PER_ROUND - 50)),
     st.builds(KillPoint, st.just("step"), st.integers(1, 60),
@@ -104,19 +106,23 @@ s3_kill_points = st.one_of(
 @settings(max_examples=EXAMPLES or 2, deadline=None, database=None, print_blob=True,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1), kills=st.lists(s3_kill_points, min_size=1, max_size=2),
-       last_metadata_step=st.integers(10, 40))
+       last_metadata_step=st.integers(8, 25))
 def test_pdp40_owner_killed_under_heavy_flushing_to_s3_leaves_tier2_consistent_and_loses_no_ack(
         bookies: Cluster, s3_endpoint: S3Endpoint, seed: int, kills: list[KillPoint],
         last_metadata_step: int) -> None:
     """The chaos above with an ``s3://`` tier-2 on the moto server process
-    (fewer operations a round: moto answers each request in milliseconds):
-    two or three kills, the last one before the metadata flush of the 10th
-    to 40th iteration of its round (so that tier-2 surely records user
+    (100 user segments and fewer operations a round: moto answers each
+    request in milliseconds): two or three kills, the last one before the
+    metadata flush of the 8th to 25th iteration of its round (so that tier-2 surely records user
     segments for the recovery to bring back, which it does from a
     server-side copy of the prefix, see ``tier2_copy``)."""
-    _pdp40_chaos(bookies, s3_endpoint.uri(f"chaos-{uuid.uuid4().hex[:12]}"), seed,
-                 [*kills, KillPoint("step", last_metadata_step, "metadata")],
-                 ops_per_round=S3_OPS_PER_ROUND)
+    uri = s3_endpoint.uri(f"chaos-{uuid.uuid4().hex[:12]}")
+    try:
+        _pdp40_chaos(bookies, uri, seed,
+                     [*kills, KillPoint("step", last_metadata_step, "metadata")],
+                     ops_per_round=S3_OPS_PER_ROUND, segments=100)
+    finally:
+        asyncio.run(remove_tier2(uri))
 
 
 @pytest.mark.timeout(240)

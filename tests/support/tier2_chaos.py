@@ -362,21 +362,12 @@ async def tier2_copy(uri: str) -> AsyncIterator[str]:
             shutil.rmtree(copy, ignore_errors=True)
         return
     assert isinstance(location, S3Location), f"no copy for tier-2 {uri}"
-    from aiobotocore.session import get_session  # only the S3 chaos needs it
-
     parts = urlsplit(uri)
     source = location.key_of("")
     prefix = f"{location.prefix}-recovered-{uuid.uuid4().hex[:8]}"
     target = S3Location(location.bucket, prefix, location.endpoint_url, location.region,
                         location.create_mode)
-    async with get_session().create_client("s3", region_name=location.region,
-                                           endpoint_url=location.endpoint_url) as s3:
-        async def keys(under: str) -> list[str]:
-            return [str(item["Key"]) async for page in
-                    s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket,
-                                                                 Prefix=under)
-                    for item in page.get("Contents", ())]
-
+    async with _s3_client(location) as s3:
         async def copy(key: str) -> None:
             async with requests:
                 await s3.copy_object(Bucket=location.bucket,
@@ -385,13 +376,44 @@ async def tier2_copy(uri: str) -> AsyncIterator[str]:
 
         requests = asyncio.Semaphore(COPY_CONCURRENCY)
         try:
-            await asyncio.gather(*(copy(key) for key in await keys(source)))
+            await asyncio.gather(*(copy(key) for key in await _s3_keys(s3, location)))
             yield urlunsplit(parts._replace(path="/" + prefix))
         finally:
-            left = await keys(target.key_of(""))  # the recovered owner's chunks too
-            for at in range(0, len(left), 1000):  # DeleteObjects takes up to 1000 keys
-                await s3.delete_objects(Bucket=location.bucket, Delete={
-                    "Objects": [{"Key": key} for key in left[at:at + 1000]], "Quiet": True})
+            await _s3_delete_all(s3, target)  # the recovered owner's chunks too
+
+
+def _s3_client(location: S3Location) -> Any:
+    from aiobotocore.session import get_session  # only the S3 chaos needs it
+
+    return get_session().create_client("s3", region_name=location.region,
+                                       endpoint_url=location.endpoint_url)
+
+
+async def _s3_keys(s3: Any, location: S3Location) -> list[str]:
+    return [str(item["Key"]) async for page in
+            s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket,
+                                                         Prefix=location.key_of(""))
+            for item in page.get("Contents", ())]
+
+
+async def _s3_delete_all(s3: Any, location: S3Location) -> None:
+    left = await _s3_keys(s3, location)
+    for at in range(0, len(left), 1000):  # DeleteObjects takes up to 1000 keys
+        await s3.delete_objects(Bucket=location.bucket, Delete={
+            "Objects": [{"Key": key} for key in left[at:at + 1000]], "Quiet": True})
+
+
+async def remove_tier2(uri: str) -> None:
+    """Delete every chunk of tier-2 ``uri`` (an ``s3://`` prefix: the moto
+    server keeps every object in memory, and a long-lived bucket's LIST
+    gets slower with each object in it; a ``file://`` directory)."""
+    location = parse_tier2_uri(uri)
+    if isinstance(location, FileLocation):
+        shutil.rmtree(location.root, ignore_errors=True)
+        return
+    assert isinstance(location, S3Location), f"no removal for tier-2 {uri}"
+    async with _s3_client(location) as s3:
+        await _s3_delete_all(s3, location)
 
 
 async def recover_and_compare(metadata_uri: str, tier2_uri: str, model: Model) -> RecoveryCheck:
