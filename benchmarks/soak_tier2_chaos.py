@@ -1,8 +1,9 @@
 """Tier-2 crash chaos soak: the chaos of
 tests/integration/test_segmentstore_tier2_chaos.py for many kills.
 
-Three real bookie processes; containers (a fresh tier-1 log and ``file://``
-tier-2 each, ``--kills-per-container`` kills each) whose owner process runs
+Three real bookie processes; containers (a fresh tier-1 log and tier-2 each:
+a ``file://`` directory, or with ``--tier2 s3`` a prefix of a bucket on a moto
+server process the script starts, ``--kills-per-container`` kills each) whose owner process runs
 the workload of ``tests/support/tier2_workload.py`` (200 user segments with
 attributes, tables, system segments, transactions merged, seals,
 truncates, deletes; small flush thresholds) and is killed with ``kill -9``
@@ -17,7 +18,7 @@ random points (how many the check reports is printed) and as many in the
 window between a metadata flush and the data flush it depends on (each
 must be reported).  Exit status 1 on any failure.
 
-    .venv/bin/python benchmarks/soak_tier2_chaos.py [--kills 60] [--seed 1] [--json]
+    .venv/bin/python benchmarks/soak_tier2_chaos.py [--kills 60] [--seed 1] [--tier2 s3] [--json]
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -39,7 +42,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tests.support.cluster import Cluster
-from tests.support.tier2_chaos import CHAOS_CONFIG, Chaos, KillPoint, recover_and_compare
+from tests.support.s3_server import CREDENTIALS, MotoS3Server
+from tests.support.tier2_chaos import (
+    CHAOS_CONFIG,
+    Chaos,
+    KillPoint,
+    file_tier2,
+    recover_and_compare,
+)
 
 STEP_KINDS = ["data:", "index:", "attributes:", "metadata", ""]
 
@@ -58,6 +68,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--recover-every", type=int, default=1,
                         help="disaster recovery from tier-2 after every N-th kill (0: never)")
+    parser.add_argument("--tier2", choices=["file", "s3"], default="file",
+                        help="tier-2 driver (s3: a moto server process started here)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -66,8 +78,21 @@ def main() -> None:
     rounds: list[dict[str, Any]] = []
     unordered: list[dict[str, Any]] = []
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="soak-tier2-chaos-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="soak-tier2-chaos-") as tmp, \
+            contextlib.ExitStack() as stack:
         root = Path(tmp)
+        if args.tier2 == "s3":
+            moto = MotoS3Server()
+            moto.start()
+            stack.callback(moto.stop)
+            os.environ.update(CREDENTIALS)  # the owner processes inherit them
+            endpoint = moto.create_bucket("soak-tier2-chaos")
+
+            def tier2(name: str) -> str:
+                return endpoint.uri(name)
+        else:
+            def tier2(name: str) -> str:
+                return file_tier2(root / name)
         cluster = Cluster(root / "cluster", 3).start()
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(),
@@ -79,7 +104,7 @@ def main() -> None:
                     if chaos is None or k % args.kills_per_container == 0:
                         if chaos is not None:
                             chaos.finish()
-                        chaos = Chaos(cluster.metadata_uri, root / f"tier2-{k}",
+                        chaos = Chaos(cluster.metadata_uri, tier2(f"tier2-{k}"),
                                       rng.randrange(1 << 32))
                     kill = draw(rng)
                     try:
@@ -94,7 +119,7 @@ def main() -> None:
                             and not report.violations:
                         try:
                             recovered = asyncio.run(recover_and_compare(
-                                cluster.metadata_uri, chaos.tier2_dir, chaos.model))
+                                cluster.metadata_uri, chaos.tier2_uri, chaos.model))
                         except AssertionError as e:
                             failures.append(f"kill {k}: recovery: {e}")
                     rounds.append({"kill": f"{kill.kind}:{kill.match}{kill.n}",
@@ -129,7 +154,7 @@ def main() -> None:
                 for k in range(2 * args.unordered_kills):
                     gap = k % 2 == 1
                     seed = rng.randrange(1 << 32)
-                    chaos = Chaos(cluster.metadata_uri, root / f"unordered-{k}", seed,
+                    chaos = Chaos(cluster.metadata_uri, tier2(f"unordered-{k}"), seed,
                                   config={**CHAOS_CONFIG, "flush_order": "unordered",
                                           "unordered_seed": seed}, ops_per_round=3000)
                     kill = KillPoint("gap") if gap else draw(rng)
@@ -162,6 +187,7 @@ def main() -> None:
         "unordered_random_kills": len(unordered[0::2]),
         "unordered_gap_kills_reported": sum(1 for u in unordered[1::2] if u["violations"]),
         "unordered_gap_kills": len(unordered[1::2]),
+        "tier2": args.tier2,
         "seconds": round(time.monotonic() - began, 1),
     }
     if args.json:

@@ -1,5 +1,6 @@
 """Crash chaos over tier-2 (``tests/support/tier2_chaos.py``): the process
-owning a container (3 real bookie processes, a ``file://`` tier-2, small
+owning a container (3 real bookie processes, a ``file://`` tier-2 or an
+``s3://`` one on a moto server process, small
 flush thresholds, 200 user segments with attributes, tables, system
 segments, transactions merged, seals, truncates, deletes) is killed with
 ``kill -9`` at hypothesis-drawn points: after n acknowledgements, or before
@@ -8,6 +9,7 @@ alone finds nothing, and a new owner (fencing the old log, replaying it
 over tier-2) shows the model after a prefix of the calls that holds every
 acknowledged operation; after the last kill, disaster recovery from (a
 copy of) tier-2 alone brings back every recorded segment with its bytes.
+The same on the S3 driver (fewer operations a round, 2-3 kills).
 Under ``flush_order="unordered"`` the same chaos,
 with the owner killed between a metadata flush and the data flush it
 depends on, is reported by the check every time.
@@ -22,6 +24,7 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,12 +36,15 @@ from quire.segmentstore.storage_writer import read_journal, read_storage_metadat
 from quire.segmentstore.tier2_check import check
 from quire.tier2 import open_chunk_storage, parse_chunk_name
 from tests.support.cluster import Cluster
+from tests.support.s3_server import S3Endpoint
 from tests.support.tier2_chaos import (
     CHAOS_CONFIG,
     Chaos,
     ChaosOwner,
     KillPoint,
+    file_tier2,
     recover_and_compare,
+    remove_tier2,
 )
 from tests.support.tier2_workload import generate
 
@@ -59,6 +65,25 @@ kill_points = st.one_of(
               st.sampled_from(["data:", "index:", "attributes:", "metadata", ""])))
 
 
+def _pdp40_chaos(bookies: Cluster, tier2_uri: str, seed: int, kills: list[KillPoint],
+                 ops_per_round: int = 1500, segments: int = CHAOS_CONFIG["segments"]) -> None:
+    """The kills, each followed by a clean check and a new owner showing every
+    acknowledged operation; then disaster recovery from (a copy of) tier-2
+    alone onto fresh tier-1 logs brings back every recorded segment with its
+    bytes; then a last owner."""
+    chaos = Chaos(bookies.metadata_uri, tier2_uri, seed, ops_per_round=ops_per_round,
+                  config={**CHAOS_CONFIG, "segments": segments})
+    for kill in kills:
+        report = chaos.round(kill)
+        assert report.violations == [], (seed, kill, report.killed_at, report.violations)
+        assert report.acked > 0 or kill.kind != "acks"
+    recovered = asyncio.run(recover_and_compare(bookies.metadata_uri, chaos.tier2_uri,
+                                                chaos.model))
+    assert recovered.segments > 0 and recovered.compared_with_model > 0
+    chaos.finish()
+    assert len(set(chaos.epochs)) == len(kills) + 1  # each owner fenced the last
+
+
 @pytest.mark.timeout(240 + 120 * EXAMPLES)
 @settings(max_examples=EXAMPLES or 2, deadline=None, database=None, print_blob=True,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
@@ -67,18 +92,37 @@ kill_points = st.one_of(
 def test_pdp40_owner_killed_under_heavy_flushing_leaves_tier2_consistent_and_loses_no_ack(
         bookies: Cluster, tmp_path_factory: pytest.TempPathFactory, seed: int,
         kills: list[KillPoint]) -> None:
-    chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2"), seed)
-    for kill in kills:
-        report = chaos.round(kill)
-        assert report.violations == [], (seed, kill, report.killed_at, report.violations)
-        assert report.acked > 0 or kill.kind != "acks"
-    # disaster recovery from tier-2 alone after the last kill: every recorded
-    # segment back with its bytes (onto fresh tier-1 logs, from a copy)
-    recovered = asyncio.run(recover_and_compare(bookies.metadata_uri, chaos.tier2_dir,
-                                                chaos.model))
-    assert recovered.segments > 0 and recovered.compared_with_model > 0
-    chaos.finish()
-    assert len(set(chaos.epochs)) == KILLS_PER_EXAMPLE + 1  # each owner fenced the last
+    _pdp40_chaos(bookies, file_tier2(tmp_path_factory.mktemp("tier2")), seed, kills)
+
+
+S3_OPS_PER_ROUND = 600
+s3_kill_points = st.one_of(
+    st.builds(KillPoint, st.just("acks"), st.integers(1, S3_OPS_PER_ROUND - 50)),
+    st.builds(KillPoint, st.just("step"), st.integers(1, 60),
+              st.sampled_from(["data:", "index:", "attributes:", "metadata", ""])))
+
+
+@pytest.mark.timeout(180 + 90 * EXAMPLES)
+@settings(max_examples=EXAMPLES or 2, deadline=None, database=None, print_blob=True,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**32 - 1), kills=st.lists(s3_kill_points, min_size=1, max_size=2),
+       last_metadata_step=st.integers(8, 25))
+def test_pdp40_owner_killed_under_heavy_flushing_to_s3_leaves_tier2_consistent_and_loses_no_ack(
+        bookies: Cluster, s3_endpoint: S3Endpoint, seed: int, kills: list[KillPoint],
+        last_metadata_step: int) -> None:
+    """The chaos above with an ``s3://`` tier-2 on the moto server process
+    (100 user segments and fewer operations a round: moto answers each
+    request in milliseconds): two or three kills, the last one before the
+    metadata flush of the 8th to 25th iteration of its round (so that tier-2 surely records user
+    segments for the recovery to bring back, which it does from a
+    server-side copy of the prefix, see ``tier2_copy``)."""
+    uri = s3_endpoint.uri(f"chaos-{uuid.uuid4().hex[:12]}")
+    try:
+        _pdp40_chaos(bookies, uri, seed,
+                     [*kills, KillPoint("step", last_metadata_step, "metadata")],
+                     ops_per_round=S3_OPS_PER_ROUND, segments=100)
+    finally:
+        asyncio.run(remove_tier2(uri))
 
 
 @pytest.mark.timeout(240)
@@ -86,7 +130,8 @@ def test_unordered_owner_killed_between_metadata_and_data_flush_is_reported(
         bookies: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     caught = 0
     for seed in range(2):
-        chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2-unordered"), seed,
+        tier2 = file_tier2(tmp_path_factory.mktemp("tier2-unordered"))
+        chaos = Chaos(bookies.metadata_uri, tier2, seed,
                       config={**CHAOS_CONFIG, "flush_order": "unordered",
                               "unordered_seed": seed}, ops_per_round=3000)
         report = chaos.round(KillPoint("gap"))
@@ -147,7 +192,8 @@ def test_a_fenced_owner_paused_across_a_takeover_then_resumed_writes_nothing_har
     model's, tier-2 is consistent, no record names a chunk A wrote after
     the takeover, the journal is B's, and a third owner shows every
     acknowledged operation."""
-    chaos = Chaos(bookies.metadata_uri, tmp_path_factory.mktemp("tier2-paused"), 11,
+    chaos = Chaos(bookies.metadata_uri, file_tier2(tmp_path_factory.mktemp("tier2-paused")),
+                  11,
                   # A's writer reads what it flushes from memory after the resume
                   config={**CHAOS_CONFIG, "read_index_budget_bytes": 64 << 20})
     chaos.ops = generate(chaos.seed, 3000, chaos.config["segments"])

@@ -6,7 +6,7 @@ Shared by ``tests/integration/test_segmentstore_tier2_chaos.py`` (a few
 kills, hypothesis-drawn) and ``benchmarks/soak_tier2_chaos.py`` (many).
 
 One :class:`Chaos` is one container (its own tier-1 log on a cluster of real
-bookies, its own ``file://`` tier-2) and one workload sequence
+bookies, its own tier-2: any URI, ``file://`` or ``s3://``) and one workload sequence
 (:mod:`tests.support.tier2_workload`).  Each :meth:`Chaos.round` starts a
 new owner process (:mod:`tests.support.tier2_chaos_driver`: it fences the
 previous owner's log and replays it over tier-2), compares its state with
@@ -31,9 +31,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from quire.client import Client
 from quire.sandbox import parent_death_hook
@@ -42,12 +44,15 @@ from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
 from quire.segmentstore.storage_writer import read_storage_metadata
 from quire.segmentstore.tier2_check import Violation, check
-from quire.tier2 import open_chunk_storage, read_segment
+from quire.tier2 import open_chunk_storage, parse_tier2_uri, read_segment
+from quire.tier2.config import FileLocation, S3Location
 from tests.support.tier2_workload import Model, Op, generate
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 90.0
 STEP_GRACE_S = 20.0
+COPY_CONCURRENCY = 16
+"""S3 copies in flight at once when :func:`tier2_copy` copies a prefix."""
 """How long a round waits for its kill step once its operations are all answered."""
 
 CHAOS_CONFIG: dict[str, Any] = {
@@ -189,7 +194,8 @@ class Chaos:
     """One container's chaos (see the module docstring)."""
 
     metadata_uri: str
-    tier2_dir: Path
+    tier2_uri: str
+    """Any tier-2 URI, empty (``file:///dir`` or ``s3://bucket/prefix?...``)."""
     seed: int
     config: dict[str, Any] = field(default_factory=lambda: dict(CHAOS_CONFIG))
     ops_per_round: int = 1500
@@ -197,7 +203,6 @@ class Chaos:
 
     def __post_init__(self) -> None:
         self.log_name = f"tier2-chaos-{uuid.uuid4().hex}"
-        self.tier2_uri = f"file://{self.tier2_dir}"
         self.config = {**self.config, "seed": self.seed}
         self.ops: list[Op] = []
         self.model = Model()
@@ -331,18 +336,101 @@ class RecoveryCheck:
     seconds: float
 
 
-async def recover_and_compare(metadata_uri: str, tier2_dir: Path, model: Model) -> RecoveryCheck:
-    """Disaster recovery from a copy of ``tier2_dir`` alone onto fresh tier-1
-    logs (``container_log_name(0)`` on the same cluster, replaced each time):
-    every live segment tier-2 records must come back with its recorded
-    length, start offset, sealed state and bytes, and those bytes must be
-    the model's where both hold them (a segment's bytes only grow at its
-    end, and names are never reused, so an older or newer prefix agrees)."""
+def file_tier2(path: Path) -> str:
+    """The ``file://`` tier-2 URI of directory ``path``."""
+    return f"file://{path}"
+
+
+@contextlib.asynccontextmanager
+async def tier2_copy(uri: str) -> AsyncIterator[str]:
+    """A copy of tier-2 ``uri`` as it is now, at a fresh location of the same
+    kind; removed on exit.  ``file://``: the directory copied beside it.
+    ``s3://``: every object under the prefix copied server-side
+    (``CopyObject``) to the prefix ``<prefix>-recovered-<hex>`` in the same
+    bucket (credentials and endpoint as the driver's).  A copy, not the
+    original, because recovery and the recovered owner write to the tier-2
+    they recover from (a new journal and chunks at a new epoch) while the
+    chaos goes on with the original."""
+    location = parse_tier2_uri(uri)
+    if isinstance(location, FileLocation):
+        copy = location.root.with_name(location.root.name + "-recovered")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(location.root, copy)
+        try:
+            yield file_tier2(copy)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+        return
+    assert isinstance(location, S3Location), f"no copy for tier-2 {uri}"
+    parts = urlsplit(uri)
+    source = location.key_of("")
+    prefix = f"{location.prefix}-recovered-{uuid.uuid4().hex[:8]}"
+    target = S3Location(location.bucket, prefix, location.endpoint_url, location.region,
+                        location.create_mode)
+    async with _s3_client(location) as s3:
+        async def copy(key: str) -> None:
+            async with requests:
+                await s3.copy_object(Bucket=location.bucket,
+                                     Key=target.key_of(key[len(source):]),
+                                     CopySource={"Bucket": location.bucket, "Key": key})
+
+        requests = asyncio.Semaphore(COPY_CONCURRENCY)
+        try:
+            await asyncio.gather(*(copy(key) for key in await _s3_keys(s3, location)))
+            yield urlunsplit(parts._replace(path="/" + prefix))
+        finally:
+            await _s3_delete_all(s3, target)  # the recovered owner's chunks too
+
+
+def _s3_client(location: S3Location) -> Any:
+    from aiobotocore.session import get_session  # only the S3 chaos needs it
+
+    return get_session().create_client("s3", region_name=location.region,
+                                       endpoint_url=location.endpoint_url)
+
+
+async def _s3_keys(s3: Any, location: S3Location) -> list[str]:
+    return [str(item["Key"]) async for page in
+            s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket,
+                                                         Prefix=location.key_of(""))
+            for item in page.get("Contents", ())]
+
+
+async def _s3_delete_all(s3: Any, location: S3Location) -> None:
+    left = await _s3_keys(s3, location)
+    for at in range(0, len(left), 1000):  # DeleteObjects takes up to 1000 keys
+        await s3.delete_objects(Bucket=location.bucket, Delete={
+            "Objects": [{"Key": key} for key in left[at:at + 1000]], "Quiet": True})
+
+
+async def remove_tier2(uri: str) -> None:
+    """Delete every chunk of tier-2 ``uri`` (an ``s3://`` prefix: the moto
+    server keeps every object in memory, and a long-lived bucket's LIST
+    gets slower with each object in it; a ``file://`` directory)."""
+    location = parse_tier2_uri(uri)
+    if isinstance(location, FileLocation):
+        shutil.rmtree(location.root, ignore_errors=True)
+        return
+    assert isinstance(location, S3Location), f"no removal for tier-2 {uri}"
+    async with _s3_client(location) as s3:
+        await _s3_delete_all(s3, location)
+
+
+async def recover_and_compare(metadata_uri: str, tier2_uri: str, model: Model) -> RecoveryCheck:
+    """Disaster recovery from a copy of tier-2 ``tier2_uri`` (:func:`tier2_copy`)
+    alone onto fresh tier-1 logs (``container_log_name(0)`` on the same
+    cluster, replaced each time): every live segment tier-2 records must
+    come back with its recorded length, start offset, sealed state and
+    bytes, and those bytes must be the model's where both hold them (a
+    segment's bytes only grow at its end, and names are never reused, so an
+    older or newer prefix agrees)."""
     began = time.monotonic()
-    copy = tier2_dir.with_name(tier2_dir.name + "-recovered")
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(tier2_dir, copy)
-    uri = f"file://{copy}"
+    async with tier2_copy(tier2_uri) as uri:
+        return await _recover_and_compare(metadata_uri, uri, model, began)
+
+
+async def _recover_and_compare(metadata_uri: str, uri: str, model: Model,
+                               began: float) -> RecoveryCheck:
     client = await Client.connect(metadata_uri)
     storage = await open_chunk_storage(uri)
     try:
@@ -386,5 +474,4 @@ async def recover_and_compare(metadata_uri: str, tier2_dir: Path, model: Model) 
     finally:
         await storage.close()
         await client.close()
-        shutil.rmtree(copy, ignore_errors=True)
     return RecoveryCheck(len(layouts), total, compared, time.monotonic() - began)
