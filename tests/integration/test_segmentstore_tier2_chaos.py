@@ -88,11 +88,17 @@ def _pdp40_chaos(bookies: Cluster, tier2_uri: str, seed: int, kills: list[KillPo
 @settings(max_examples=EXAMPLES or 2, deadline=None, database=None, print_blob=True,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1),
-       kills=st.lists(kill_points, min_size=KILLS_PER_EXAMPLE, max_size=KILLS_PER_EXAMPLE))
+       kills=st.lists(kill_points, min_size=KILLS_PER_EXAMPLE - 1,
+                      max_size=KILLS_PER_EXAMPLE - 1),
+       last_metadata_step=st.integers(8, 25))
 def test_pdp40_owner_killed_under_heavy_flushing_leaves_tier2_consistent_and_loses_no_ack(
         bookies: Cluster, tmp_path_factory: pytest.TempPathFactory, seed: int,
-        kills: list[KillPoint]) -> None:
-    _pdp40_chaos(bookies, file_tier2(tmp_path_factory.mktemp("tier2")), seed, kills)
+        kills: list[KillPoint], last_metadata_step: int) -> None:
+    """The last kill comes before the metadata flush of a later iteration of
+    its round, so that tier-2 surely records user segments for the recovery
+    to bring back (drawn kills alone may all come before the first one)."""
+    _pdp40_chaos(bookies, file_tier2(tmp_path_factory.mktemp("tier2")), seed,
+                 [*kills, KillPoint("step", last_metadata_step, "metadata")])
 
 
 S3_OPS_PER_ROUND = 600
