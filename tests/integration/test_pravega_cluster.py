@@ -18,12 +18,14 @@ import select
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pravega_client
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from quire.metadata import open_store
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port, start_all, stop_all
@@ -35,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 KEYS = 4
 EVENTS_PER_KEY = 150
 SEGMENT_STORE = {"container_count": 4, "lease_ms": 1500, "rebalance_interval_ms": 100,
-                 "tail_read_wait_ms": 1000}
+                 "tail_read_wait_ms": 1000, "metrics_port": 0}
 
 
 @pytest.fixture
@@ -80,6 +82,43 @@ def next_line(proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
     return event
 
 
+def hosted_containers(process: SegmentStoreProcess) -> int:
+    """The containers a segment store process has open, from its /metrics."""
+    assert process.metrics_address is not None
+    text = urllib.request.urlopen(f"http://{process.metrics_address}/metrics",
+                                  timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "quire_segmentstore_containers_hosted":
+            return int(family.samples[0].value)
+    raise AssertionError("no quire_segmentstore_containers_hosted in /metrics")
+
+
+async def assignment_of(metadata_uri: str) -> dict[int, str]:
+    store = await open_store(metadata_uri)
+    try:
+        assignment, _ = await read_assignment(store)
+        return assignment
+    finally:
+        await store.close()
+
+
+def wait_settled(stores: list[SegmentStoreProcess], metadata_uri: str, deadline: float) -> None:
+    """Until the assignment gives both stores containers and each has all of
+    its own open (a condition with a deadline): the restarted store takes
+    its share back, and the containers moving then answer WrongHost for a
+    while, longer than the real client's reader-group state fetch retries
+    before it gives up."""
+    while True:
+        assignment = asyncio.run(assignment_of(metadata_uri))
+        shares = {s.host_id: sum(1 for h in assignment.values() if h == s.host_id)
+                  for s in stores}
+        if all(shares.values()) and all(hosted_containers(s) == shares[s.host_id]
+                                        for s in stores):
+            return
+        assert time.monotonic() < deadline, f"containers not settled: {assignment}"
+        time.sleep(0.05)  # polling the processes' state until settled (with the deadline)
+
+
 async def owners(metadata_uri: str) -> set[str]:
     store = await open_store(metadata_uri)
     try:
@@ -116,6 +155,7 @@ def test_a_writer_survives_kill9_of_a_segment_store_and_every_event_is_read_once
     finally:
         writer.kill()
         writer.wait()
+    wait_settled(stores, cluster.metadata_uri, time.monotonic() + 60)
 
     total = KEYS * EVENTS_PER_KEY
     group = manager.create_reader_group("auditors", "shop", "orders")
