@@ -50,7 +50,9 @@ def parse_duration_ms(text: str) -> int:
     return int(float(match.group(1)) * _UNITS_MS[match.group(2) or "s"])
 
 
-def _bool(text: str, name: str) -> bool:
+def bool_option(text: str, name: str) -> bool:
+    """``text`` as a boolean option (true/false, 1/0, yes/no); ValueError naming
+    the option otherwise."""
     value = text.strip().lower()
     if value in ("true", "1", "yes"):
         return True
@@ -59,11 +61,16 @@ def _bool(text: str, name: str) -> bool:
     raise ValueError(f"option {name} must be true or false, got {text!r}")
 
 
-def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+def positive_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """Option ``name`` as an integer > 0 (``default`` when unset); ValueError
+    naming the option otherwise.  Shared with the stream options."""
     text = options.get(name)
     if text is None:
         return default
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"option {name} must be an integer > 0, got {text!r}") from None
     if value <= 0:
         raise ValueError(f"option {name} must be > 0, got {text!r}")
     return value
@@ -113,17 +120,17 @@ class QuireOptions:
             start=None if start is None else start.strip().lower()
             if start.strip().lower() in ("earliest", "latest") else start.strip(),
             end=None if end is None else Position.parse(end),
-            partition_entries=_positive(options, "partition_entries", 250_000) or 250_000,
-            batch_entries=_positive(options, "batch_entries", 8192) or 8192,
-            ensemble_size=_positive(options, "ensemble_size", None),
-            write_quorum_size=_positive(options, "write_quorum_size", None),
-            ack_quorum_size=_positive(options, "ack_quorum_size", None),
+            partition_entries=positive_option(options, "partition_entries", 250_000) or 250_000,
+            batch_entries=positive_option(options, "batch_entries", 8192) or 8192,
+            ensemble_size=positive_option(options, "ensemble_size", None),
+            write_quorum_size=positive_option(options, "write_quorum_size", None),
+            ack_quorum_size=positive_option(options, "ack_quorum_size", None),
             job_ttl_ms=parse_duration_ms(get("job_ttl") or "24h"),
             sink_id=None if sink_id is None else check_name(sink_id, "sink_id"),
-            max_rows_per_trigger=_positive(options, "max_rows_per_trigger", None),
-            max_bytes_per_trigger=_positive(options, "max_bytes_per_trigger", None),
-            fail_on_data_loss=_bool(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
-            create=_bool(get("create") or "true", "create"),
+            max_rows_per_trigger=positive_option(options, "max_rows_per_trigger", None),
+            max_bytes_per_trigger=positive_option(options, "max_bytes_per_trigger", None),
+            fail_on_data_loss=bool_option(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
+            create=bool_option(get("create") or "true", "create"),
         )
         return parsed
 

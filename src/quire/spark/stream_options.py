@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from quire.errors import ConfigError
+from quire.spark.options import bool_option, positive_option
 from quire.streams.controller import DEFAULT_CONTROLLER_URI, controller_target
 from quire.tier2 import parse_tier2_uri
 
@@ -90,28 +91,6 @@ def cut_to_json(cut: Mapping[int, int]) -> dict[str, int]:
 
 def cut_from_json(offset: Mapping[str, int]) -> Cut:
     return {int(k): int(v) for k, v in offset.items()}
-
-
-def _bool(text: str, name: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise ValueError(f"option {name} must be true or false, got {text!r}")
-
-
-def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    text = options.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"option {name} must be an integer > 0, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"option {name} must be > 0, got {text!r}")
-    return value
 
 
 def _cut_option(text: str | None, name: str, default: str,
@@ -167,9 +146,9 @@ class StreamOptions:
             end=_cut_option(get("end_stream_cut"), "end_stream_cut", LATEST,
                             (LATEST, UNBOUNDED)),
             tier2=tier2,
-            max_rows_per_trigger=_positive(options, "max_rows_per_trigger", None),
-            max_bytes_per_trigger=_positive(options, "max_bytes_per_trigger", None),
-            fail_on_data_loss=_bool(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
-            read_bytes=_positive(options, "read_bytes", 1 << 20) or 1 << 20,
-            batch_rows=_positive(options, "batch_rows", 8192) or 8192,
+            max_rows_per_trigger=positive_option(options, "max_rows_per_trigger", None),
+            max_bytes_per_trigger=positive_option(options, "max_bytes_per_trigger", None),
+            fail_on_data_loss=bool_option(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
+            read_bytes=positive_option(options, "read_bytes", 1 << 20) or 1 << 20,
+            batch_rows=positive_option(options, "batch_rows", 8192) or 8192,
         )
