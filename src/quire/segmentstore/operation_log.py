@@ -111,18 +111,7 @@ class OperationLog:
             self.check()
         if raw is None:
             raw = frames.framed(encode(op))
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        queue = self._queue
-        queue.append((op, raw, future, result))
-        self._last = future
-        self._queued_bytes += len(raw)
-        if len(queue) >= self._cut_ops or self._queued_bytes >= self._cut_bytes:
-            self._flush(full_only=True)
-        if queue and not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return future
+        return self.add_encoded(op, raw, result)
 
     def add_encoded(self, op: Queued, raw: bytes, result: object) -> asyncio.Future[Any]:
         """:meth:`add` for a caller that has ``op``'s encoding with its length
