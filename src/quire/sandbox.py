@@ -192,8 +192,22 @@ class ServiceProcess:
         return host, int(port)
 
 
+LOCAL_BOOKIE_SETTINGS: dict[str, Any] = {
+    "disk_usage_threshold": 0.999,
+    "disk_usage_lwm_threshold": 0.99,
+    "journal_file_size_bytes": 16 * 1024 * 1024,
+}
+"""What a local bookie (the sandbox's, a test's) changes from BookieConfig's
+production defaults.  It turns read-only only when its disk is really full:
+a laptop's or a build machine's disk is shared with everything else on it and
+is often fuller than the 95% at which a production bookie, on a disk of its
+own, stops taking writes.  And its journal files are preallocated at 16 MiB,
+not 64 MiB: several bookies share one disk, and the sandbox is for trying."""
+
+
 class BookieProcess(ServiceProcess):
-    """One bookie child process; ``settings`` are BookieConfig's flat keys."""
+    """One bookie child process; ``settings`` are BookieConfig's flat keys
+    (over :data:`LOCAL_BOOKIE_SETTINGS`)."""
 
     service = "bookie"
 
@@ -206,6 +220,7 @@ class BookieProcess(ServiceProcess):
             "port": 0,
             "journal_dirs": [str(self.data_dir / "journal")],
             "ledger_dirs": [str(self.data_dir / "ledgers")],
+            **LOCAL_BOOKIE_SETTINGS,
             **settings,
         })
 

@@ -209,7 +209,8 @@ async def test_metrics_endpoint(conn: RawBookieClient, bookie: BookieProcess) ->
 
 async def test_read_only_bookie_refuses_adds_but_serves_fencing_and_recovery(
         tmp_path: Path, metadata_uri: str) -> None:
-    process = BookieProcess(tmp_path, metadata_uri, "ro-bookie", disk_usage_threshold=0.0)
+    process = BookieProcess(tmp_path, metadata_uri, "ro-bookie", disk_usage_threshold=0.0,
+                            disk_usage_lwm_threshold=0.0)
     process.start()
     try:
         client = await RawBookieClient.connect(process.address)

@@ -31,6 +31,9 @@ TEST_SETTINGS: dict[str, Any] = {
     "compaction_disk_usage_threshold": 0.0,  # (a full test disk would run GC at once)
     "registration_lease_ms": 1500,
     "power_loss_tracking": True,
+    "journal_file_size_bytes": 4 * 1024 * 1024,
+    # (each test's bookies preallocate their journal files: at 64 MiB, a
+    # suite run wrote 22 GB of them)
 }
 
 

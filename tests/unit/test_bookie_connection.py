@@ -10,11 +10,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from quire.bookie.config import BookieConfig
 from quire.bookie.connection import BookieConnection, ConnectionHub
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
-from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
 from quire.node import BookieNode
 from quire.protocol import (
@@ -28,6 +26,7 @@ from quire.protocol import (
 )
 from quire.protocol.codec import Decoder
 from quire.types import DigestType
+from tests.support.bookie_node import node_config
 from tests.support.fake_transport import FakeTransport
 
 
@@ -133,11 +132,7 @@ async def served(tmp_path: Path
                  ) -> AsyncIterator[tuple[BookieServer, BookieConnection, FakeTransport]]:
     """A real bookie node (server and storage engine), one connection on a
     fake transport."""
-    config = BookieConfig(bookie_id="b1", port=0, metrics_port=-1,
-                          metadata_uri=f"sqlite:///{tmp_path}/meta.db",
-                          storage=StorageConfig(journal_dirs=(tmp_path / "data",),
-                                                ledger_dirs=(tmp_path / "data",)))
-    node = BookieNode(config)
+    node = BookieNode(node_config(tmp_path))
     await node.start()
     try:
         conn = node.server.new_connection()

@@ -140,6 +140,8 @@ def test_compaction_settings_are_checked() -> None:
         BookieConfig(minor_compaction_threshold=1.5)
     with pytest.raises(ConfigError):
         BookieConfig(major_compaction_interval_ms=-1)
+    with pytest.raises(ConfigError, match="disk_usage_lwm_threshold"):
+        BookieConfig(disk_usage_threshold=0.5, disk_usage_lwm_threshold=0.9)
 
 
 class FakeActions:

@@ -134,6 +134,9 @@ class BookieConfig:
                      "compaction_disk_usage_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be between 0 and 1")
+        if not 0.0 <= self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1.0:
+            raise ConfigError("disk thresholds must be 0 <= disk_usage_lwm_threshold"
+                              " <= disk_usage_threshold <= 1")
         if self.minor_compaction_interval_ms < 0 or self.major_compaction_interval_ms < 0:
             raise ConfigError("compaction intervals must be 0 (off) or positive")
 
