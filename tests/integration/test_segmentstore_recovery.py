@@ -242,6 +242,11 @@ async def test_recover_from_file_tier2_with_the_command(
         assert status == 0, err
         assert f"{report['segments']} segment(s)" in out and "1 orphan chunk(s)" in out, out
         assert f"orphan chunk (no record names it, left in place): {ORPHAN}" in out, out
+        # the replaced logs' ledgers are listed and left (only they may hold
+        # what was acknowledged after the last flush)
+        listed = out.split("the replaced tier-1 logs' ledgers are left as they were: ")[1]
+        abandoned = [int(i) for i in listed.split(" (")[0].split()]
+        assert abandoned and set(abandoned) <= set(await client.metadata_store.list_ledgers())
         catalog = LogCatalog(client.metadata_store)
         for c in report["containers"]:  # made again above the replaced logs' epochs
             head = await catalog.read_head(container_log_name(c["container"]))

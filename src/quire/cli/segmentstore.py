@@ -112,6 +112,11 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     for orphan in report.orphans:
         out.print(f"orphan chunk (no record names it, left in place): {orphan.name} "
                   f"({orphan.length:,} bytes)")
+    if report.abandoned_ledgers:
+        ids = " ".join(str(i) for i in report.abandoned_ledgers)
+        out.print(f"the replaced tier-1 logs' ledgers are left as they were: {ids} (what was "
+                  "acknowledged after their last flush is only there; `quire ledger delete "
+                  "ID` once it is not needed)")
     rate = report.segments / report.elapsed_s if report.elapsed_s > 0 else 0.0
     out.print(f"recovered {len(report.containers)} container(s) of {report.container_count}, "
               f"{report.segments:,} segment(s), {report.bytes:,} bytes, "

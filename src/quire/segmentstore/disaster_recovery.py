@@ -47,7 +47,10 @@ replace it (``replace_logs``): then the log's records are dropped from the
 metadata store (its ledgers are not read, so lost bookies do not matter;
 stop the segment stores first: an owner still running could go on
 appending to its open ledger) and the log is made again above its old
-epoch too.
+epoch too.  Those ledgers are not deleted (a surviving copy is the only
+place the data acknowledged after the last flush may still be): the report
+lists them (:attr:`RecoveryReport.abandoned_ledgers`) for the operator to
+read or delete.
 """
 
 from __future__ import annotations
@@ -140,6 +143,9 @@ class RecoveryReport:
     orphans: tuple[ChunkInfo, ...]
     """Chunks no record names, left in place."""
     elapsed_s: float
+    abandoned_ledgers: tuple[int, ...] = ()
+    """Ledgers of the tier-1 logs ``replace_logs`` dropped, left untouched
+    (their data after the last flush is not in the recovered containers)."""
 
     @property
     def segments(self) -> int:
@@ -159,6 +165,7 @@ class RecoveryReport:
                            for c in self.containers],
             "segments": self.segments, "bytes": self.bytes,
             "orphans": [{"chunk": o.name, "bytes": o.length} for o in self.orphans],
+            "abandoned_ledgers": list(self.abandoned_ledgers),
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -213,9 +220,11 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
         await _probe(client, config)
         chunks = await storage.list_chunks("")
         floor = _highest_epoch(chunks)
+        abandoned: set[int] = set()
         for name in existing:
-            head, _ledgers = await catalog.discard(name)
+            head, ledgers = await catalog.discard(name)
             floor = max(floor, head.epoch)
+            abandoned |= ledgers
         recorded = {cid: await read_records(storage, cid)
                     for cid in sorted(set(await journal_containers(storage)) | set(ids))}
         plans = [await _plan(cid, recorded[cid], storage, count) for cid in ids]
@@ -231,7 +240,8 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
             if progress is not None:
                 progress(done, total)
         orphans = _orphans(chunks, recorded)
-        return RecoveryReport(count, tuple(out), tuple(orphans), time.monotonic() - started)
+        return RecoveryReport(count, tuple(out), tuple(orphans), time.monotonic() - started,
+                              tuple(sorted(abandoned)))
     finally:
         await storage.close()
 
