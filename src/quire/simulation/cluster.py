@@ -47,9 +47,10 @@ from prometheus_client import CollectorRegistry
 
 from quire.bookie.config import BookieConfig
 from quire.bookie.durability import SyncCursors
-from quire.bookie.group_commit import GroupCommitter, SyncableJournal
+from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.bookie.storage.seams import SyncableJournal
 from quire.client import Client, ClientConfig
 from quire.client.context import ClientContext
 from quire.client.placement import RandomPlacement
