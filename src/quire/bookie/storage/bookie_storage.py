@@ -276,9 +276,10 @@ class BookieStorage:
     def open_over(cls, config: StorageConfig, journal: EngineJournal,
                   store: EngineLedgerStorage, lock_fds: list[int]) -> BookieStorage:
         """The engine over an opened (not started) journal and ledger
-        storage: read the states, replay mark and running mark from the
-        index, replay the journal from the mark, start it, drop the files
-        before the mark and commit this run's running mark.  :meth:`open`
+        storage (the seams of :mod:`~quire.bookie.storage.seams`): read the
+        states, replay mark and running mark from the index, replay the
+        journal from the mark, start it, drop the files before the mark and
+        commit this run's running mark.  :meth:`open`
         passes the files it opened; the simulation (``quire.simulation``)
         passes its in-memory twins.  ``lock_fds`` are closed with the engine."""
         states = store.index.load_ledger_states()
