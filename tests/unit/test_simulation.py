@@ -365,6 +365,7 @@ def test_seeds_that_found_a_recovery_closing_a_ledger_short_hold(seed: str) -> N
     ("forget-limbo", {"acknowledged-entry-lost", "dirty-read", "close-divergence",
                       "entry-unreadable"}),
     ("lac-backwards", {"lac-moved-back"}),
+    ("limbo-answers-no", {"limbo-negative"}),
 ])
 @pytest.mark.timeout(900)
 def test_a_seeded_bug_is_caught_within_the_ci_seeds(bug: str, invariants: set[str]) -> None:
