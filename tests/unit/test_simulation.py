@@ -19,10 +19,25 @@ from quire.bookie.storage import BookieStorage
 from quire.client import Client
 from quire.client.context import ClientContext
 from quire.client.placement import RandomPlacement
-from quire.errors import LedgerFencedError, NoSuchEntryError
+from quire.errors import LedgerFencedError, NoSuchEntryError, StatusCode
 from quire.peer import BookiePool
+from quire.protocol import (
+    ErrorResponse,
+    OpCode,
+    ReadLacResponse,
+    ReadResponse,
+    encode_batch_read_records,
+)
+from quire.protocol.codec import encode_add_response
 from quire.simulation.bugs import seeded_bug
-from quire.simulation.cluster import REPAIR_CLIENT_CONFIG, Losses, SimBookie, bookie_config
+from quire.simulation.cluster import (
+    REPAIR_CLIENT_CONFIG,
+    LimboNegatives,
+    Losses,
+    SimBookie,
+    bookie_config,
+    negative_answer,
+)
 from quire.simulation.disk import SimDisk, SimJournal, SimLedgerStorage
 from quire.simulation.loop import SimDeadlock, SimLoop
 from quire.simulation.metadata import SimMetadataStore
@@ -199,10 +214,12 @@ def test_a_power_loss_keeps_a_prefix_of_the_unsynced_records(kept: int) -> None:
 
 # --- BP-46 in the simulated cluster ---------------------------------------------------
 
-def _emptied_bookie_run(bug: str) -> tuple[bool, bool, set[int], str]:
+def _emptied_bookie_run(bug: str, limbo_negatives: LimboNegatives | None = None
+                        ) -> tuple[bool, bool, set[int], str]:
     """b1 of a ledger E3 W3 A2 with three entries reboots with an empty disk
     while the writer is alive; returns (in limbo right after the boot,
-    in limbo at the end, the entries b1 stores at the end, the ledger's state)."""
+    in limbo at the end, the entries b1 stores at the end, the ledger's state).
+    The bookies' negative answers about limbo ledgers go to ``limbo_negatives``."""
     rng = random.Random(3)
     trace = Trace()
     network = SimNetwork(rng, trace, NetworkConfig())
@@ -211,7 +228,8 @@ def _emptied_bookie_run(bug: str) -> tuple[bool, bool, set[int], str]:
     async def main() -> tuple[bool, bool, set[int], str]:
         store = SimMetadataStore(rng, delay_probability=0.0, max_delay_ms=0.0)
         losses: Losses = {}
-        bookies = [SimBookie(f"b{i}", network, store, rng, trace, losses) for i in (1, 2, 3)]
+        bookies = [SimBookie(f"b{i}", network, store, rng, trace, losses,
+                             limbo_negatives=limbo_negatives) for i in (1, 2, 3)]
         for bookie in bookies:
             await bookie.start()
         current_node.set("c1")
@@ -243,8 +261,47 @@ def _emptied_bookie_run(bug: str) -> tuple[bool, bool, set[int], str]:
 
 
 def test_an_emptied_bookie_holds_its_open_ledger_in_limbo_until_phase_two_repaired_it() -> None:
-    assert _emptied_bookie_run("") == (True, False, {0, 1, 2}, "CLOSED")
-    assert _emptied_bookie_run("forget-limbo") == (False, False, set(), "OPEN")
+    negatives: LimboNegatives = {}
+    assert _emptied_bookie_run("", negatives) == (True, False, {0, 1, 2}, "CLOSED")
+    assert negatives == {}  # its recovery read it too: UNKNOWN, not a negative
+    assert _emptied_bookie_run("forget-limbo", negatives) == (False, False, set(), "OPEN")
+    assert negatives == {}  # (no limbo at all: the other invariants catch this bug)
+
+
+def test_a_negative_answer_about_a_limbo_ledger_is_recorded() -> None:
+    """With the limbo rule off in the handlers, the emptied bookie answers
+    its own recovery's reads "no such entry" while in limbo: the watched
+    connection records it (the ledger may then close short, which is
+    what the rule prevents)."""
+    negatives: LimboNegatives = {}
+    _emptied_bookie_run("limbo-answers-no", negatives)
+    assert list(negatives) == [("b1", 1)], negatives
+    assert re.fullmatch(r"b1 answered NO_SUCH_(ENTRY|LEDGER) to (a read of (entry \d+|the last "
+                        r"entry)|a batch read from entry \d+|READ_LAC) of L1 while holding it "
+                        r"in limbo",
+                        negatives["b1", 1]), negatives
+
+
+@pytest.mark.parametrize(("frame", "expected"), [
+    (ReadResponse(7, StatusCode.NO_SUCH_ENTRY, 4, 9).encode(),
+     (4, "answered NO_SUCH_ENTRY to a read of entry 9")),
+    (ReadResponse(7, StatusCode.UNKNOWN, 4, 9).encode(), None),
+    (ReadResponse(7, StatusCode.OK, 4, 9, b"x").encode(), None),
+    (ReadResponse(7, StatusCode.NO_SUCH_LEDGER, 4, -1).encode(),
+     (4, "answered NO_SUCH_LEDGER to a read of the last entry")),
+    (ReadLacResponse(7, StatusCode.OK, 4, -1).encode(),
+     (4, "answered READ_LAC with no LAC (OK, -1)")),
+    (ReadLacResponse(7, StatusCode.NO_SUCH_LEDGER, 4).encode(),
+     (4, "answered NO_SUCH_LEDGER to READ_LAC")),
+    (ReadLacResponse(7, StatusCode.OK, 4, 3).encode(), None),
+    (encode_batch_read_records(7, StatusCode.NO_SUCH_ENTRY, 4, 2, []),
+     (4, "answered NO_SUCH_ENTRY to a batch read from entry 2")),
+    (ErrorResponse(OpCode.READ_ENTRY, 7, StatusCode.NO_SUCH_ENTRY).encode(), None),
+    (encode_add_response(7, StatusCode.NO_SUCH_LEDGER, 4, 1, 0), None),
+])
+def test_the_limbo_watch_tells_negative_answers_from_the_rest(
+        frame: bytes, expected: tuple[int, str] | None) -> None:
+    assert negative_answer(frame) == expected
 
 
 # --- whole runs -----------------------------------------------------------------------
@@ -308,6 +365,7 @@ def test_seeds_that_found_a_recovery_closing_a_ledger_short_hold(seed: str) -> N
     ("forget-limbo", {"acknowledged-entry-lost", "dirty-read", "close-divergence",
                       "entry-unreadable"}),
     ("lac-backwards", {"lac-moved-back"}),
+    ("limbo-answers-no", {"limbo-negative"}),
 ])
 @pytest.mark.timeout(900)
 def test_a_seeded_bug_is_caught_within_the_ci_seeds(bug: str, invariants: set[str]) -> None:
@@ -364,6 +422,9 @@ def _broken(change: str) -> History:
     elif change == "unrecovered":
         del history.final[1]
         history.unrecovered[1] = "recovery kept failing"
+    elif change == "limbo-no":
+        history.limbo_negatives.append("b1 answered NO_SUCH_ENTRY to a read of entry 2 of L1 "
+                                       "while holding it in limbo")
     return history
 
 
@@ -374,6 +435,7 @@ def _broken(change: str) -> History:
     ("dirty-read", "dirty-read"),
     ("lac-back", "lac-moved-back"),
     ("unrecovered", "liveness"),
+    ("limbo-no", "limbo-negative"),
 ])
 def test_each_invariant_catches_what_it_names(change: str, invariant: str) -> None:
     assert [v.invariant for v in check(_broken(change))] == [invariant]

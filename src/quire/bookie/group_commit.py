@@ -38,17 +38,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-
-class SyncableJournal(Protocol):
-    """What group commit needs of the journal (see the storage engine)."""
-
-    def sync(self) -> int:
-        """Write and fsync everything appended so far; return the highest
-        sequence number now durable.  Called on one thread only."""
-        ...
-
+from quire.bookie.storage.seams import SyncableJournal
 
 DurableCallback = Callable[[BaseException | None], None]
 T = TypeVar("T")

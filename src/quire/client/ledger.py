@@ -841,7 +841,7 @@ class WriteHandle(ReadHandle):
         try:
             while waiting and ok < self._ack_quorum:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                for task in sorted(done, key=calls.__getitem__):  # (a set: ensemble order)
                     index = calls[task]
                     error = task.exception()
                     if error is None:

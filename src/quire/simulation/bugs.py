@@ -27,6 +27,11 @@ package.
 * ``lac-backwards``: a reader's READ_LAC keeps only this round's highest
   answer, forgetting what the handle knew, so a round in which the
   up-to-date bookies do not answer moves the LAC back.
+* ``limbo-answers-no``: a bookie's reads answer NO_SUCH_ENTRY /
+  NO_SUCH_LEDGER about ledgers it holds in limbo, as if the limbo were not
+  there (``RequestHandlers.unless_limbo`` passes every status on); the
+  watched connections of :mod:`~quire.simulation.cluster` see the
+  negatives at once (``limbo-negative``).
 """
 
 from __future__ import annotations
@@ -38,15 +43,17 @@ from typing import Any
 
 from quire.bookie.connection import BookieConnection
 from quire.bookie.durability import AfterFsync, StoredAdd
+from quire.bookie.handlers import RequestHandlers
 from quire.client import reads
 from quire.client.ledger import ReadHandle
-from quire.errors import BookieUnavailableError, QuireError
+from quire.errors import BookieUnavailableError, QuireError, StatusCode
 from quire.peer import BookieClient
 from quire.peer.connection import ReadHandler
 from quire.protocol import LAST_ENTRY_ID, ReadRequest, ReadResponse
 from quire.types import LedgerState
 
-BUGS = ("unknown-as-no", "skip-fencing", "ack-before-fsync", "forget-limbo", "lac-backwards")
+BUGS = ("unknown-as-no", "skip-fencing", "ack-before-fsync", "forget-limbo", "lac-backwards",
+        "limbo-answers-no")
 
 active: str = ""
 """The bug switched on now ("" : none); the simulation's bookie assembly
@@ -84,6 +91,10 @@ async def _lac_of_this_round(self: ReadHandle) -> int:
     return self._lac
 
 
+def _status_as_is(self: RequestHandlers, ledger_id: int, status: StatusCode) -> StatusCode:
+    return status  # the bug: not UNKNOWN for a negative about a limbo ledger
+
+
 @contextlib.contextmanager
 def seeded_bug(name: str) -> Iterator[None]:
     """Switch bug ``name`` on inside the block ("" : none)."""
@@ -95,7 +106,7 @@ def seeded_bug(name: str) -> Iterator[None]:
         raise ValueError(f"unknown seeded bug {name!r} (known: {', '.join(BUGS)})")
     names = vars(reads)  # (the module's globals: its reads look the name up there)
     saved = (names["EXPLICIT_NEGATIVES"], BookieClient.fence_read, AfterFsync.run,
-             AfterFsync.adds, ReadHandle.read_last_add_confirmed)
+             AfterFsync.adds, ReadHandle.read_last_add_confirmed, RequestHandlers.unless_limbo)
     if name == "unknown-as-no":
         names["EXPLICIT_NEGATIVES"] = (QuireError,)
     elif name == "skip-fencing":
@@ -105,6 +116,8 @@ def seeded_bug(name: str) -> Iterator[None]:
         AfterFsync.adds = _adds_answered_at_once  # type: ignore[method-assign]
     elif name == "lac-backwards":
         ReadHandle.read_last_add_confirmed = _lac_of_this_round  # type: ignore[method-assign]
+    elif name == "limbo-answers-no":
+        RequestHandlers.unless_limbo = _status_as_is  # type: ignore[method-assign]
     active = name
     try:
         yield
@@ -115,3 +128,4 @@ def seeded_bug(name: str) -> Iterator[None]:
         AfterFsync.run = saved[2]  # type: ignore[method-assign]
         AfterFsync.adds = saved[3]  # type: ignore[method-assign]
         ReadHandle.read_last_add_confirmed = saved[4]  # type: ignore[method-assign]
+        RequestHandlers.unless_limbo = saved[5]  # type: ignore[method-assign]

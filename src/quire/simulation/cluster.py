@@ -25,6 +25,11 @@ assembles in a bookie process, minus the process, in the same order:
    (recovery through a real client of this node, copies through the real
    :class:`~quire.node.entry_copier.EntryCopier`) in the background.
 
+Every answer a bookie sends to a read is watched (:class:`WatchedConnection`):
+a negative (NO_SUCH_ENTRY, NO_SUCH_LEDGER, or READ_LAC's "no LAC") about a
+ledger the bookie holds in limbo breaks BP-46, and is recorded in
+:data:`LimboNegatives` for the ``limbo-negative`` invariant.
+
 Its background services (GC, disk watch) are not started; checkpoints run
 at times the seed picks (:meth:`SimBookie.checkpoint`, and periodically on
 a bookie without the journal, whose adds only a checkpoint makes durable).
@@ -40,19 +45,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+import struct
 from collections import defaultdict
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from quire.bookie.config import BookieConfig
+from quire.bookie.connection import BookieConnection
 from quire.bookie.durability import SyncCursors
-from quire.bookie.group_commit import GroupCommitter, SyncableJournal
+from quire.bookie.group_commit import GroupCommitter
 from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage, StorageConfig
+from quire.bookie.storage.seams import SyncableJournal
 from quire.client import Client, ClientConfig
 from quire.client.context import ClientContext
 from quire.client.placement import RandomPlacement
+from quire.errors import StatusCode
 from quire.metadata import BookieInfo, MetadataStore
 from quire.node.entry_copier import EntryCopier
 from quire.node.integrity import protect_if_needed
@@ -64,6 +73,7 @@ from quire.node.repair import (
     RepairSettings,
 )
 from quire.peer import BookiePool
+from quire.protocol import OpCode
 from quire.simulation import bugs
 from quire.simulation.disk import SimDisk, SimJournal, SimLedgerStorage
 from quire.simulation.network import SimNetwork, current_node
@@ -80,6 +90,60 @@ REPAIR_SETTINGS = RepairSettings(start_delay_ms=0, retry_interval_ms=1000, paral
 
 Losses = dict[int, dict[str, set[int]]]
 """ledger id -> bookie id -> entries that bookie held and a crash took."""
+LimboNegatives = dict[tuple[str, int], str]
+"""(bookie id, ledger id) -> the first negative answer that bookie gave
+about a ledger it held in limbo (BP-46 forbids any), in words."""
+
+_FRAME_HEAD = struct.Struct(">II")  # frame length, version | op | flags
+_READ_ANSWER = struct.Struct(">8xQiqq")  # request id, status, ledger id, entry id (or LAC)
+_BATCH_ANSWER = struct.Struct(">8xiqq")  # status, ledger id, first entry id
+_NEGATIVES = frozenset({StatusCode.NO_SUCH_ENTRY, StatusCode.NO_SUCH_LEDGER})
+
+
+def negative_answer(frame: bytes) -> tuple[int, str] | None:
+    """The ledger id and a description of ``frame`` if it is a negative
+    answer to a read (NO_SUCH_ENTRY or NO_SUCH_LEDGER to a read or batch
+    read or READ_LAC, or READ_LAC's OK with no LAC); None for anything else
+    (a bare error names no ledger)."""
+    _length, header = _FRAME_HEAD.unpack_from(frame)
+    op = (header >> 16) & 0xFF
+    if op in (OpCode.READ_ENTRY, OpCode.READ_LAC) and len(frame) >= _READ_ANSWER.size:
+        _rid, status, ledger_id, number = _READ_ANSWER.unpack_from(frame)
+        if status in _NEGATIVES:
+            what = "READ_LAC" if op == OpCode.READ_LAC else \
+                f"a read of entry {number}" if number >= 0 else "a read of the last entry"
+            return ledger_id, f"answered {StatusCode(status).name} to {what}"
+        if op == OpCode.READ_LAC and status == StatusCode.OK and number < 0:
+            return ledger_id, "answered READ_LAC with no LAC (OK, -1)"
+    elif op == OpCode.BATCH_READ_ENTRY and len(frame) >= _BATCH_ANSWER.size:
+        status, ledger_id, first = _BATCH_ANSWER.unpack_from(frame)
+        if status in _NEGATIVES:
+            return ledger_id, (f"answered {StatusCode(status).name} to a batch read "
+                               f"from entry {first}")
+    return None
+
+
+class WatchedConnection(BookieConnection):
+    """The real connection, whose every answer is first checked against
+    the limbo rule (module docstring).  Checking reads only the frame's
+    head and, for a negative, the engine's limbo flag: it draws nothing
+    from the run's randomness and writes nothing to the trace."""
+
+    def __init__(self, server: BookieServer, bookie_id: str,
+                 limbo_negatives: LimboNegatives) -> None:
+        super().__init__(server.hub, server)
+        self._storage = server.storage
+        self._bookie_id = bookie_id
+        self._limbo_negatives = limbo_negatives
+
+    def send(self, frame: bytes, request_bytes: int = 0) -> None:
+        negative = negative_answer(frame)
+        if negative is not None and self._storage.is_limbo(negative[0]):
+            ledger_id, what = negative
+            self._limbo_negatives.setdefault(
+                (self._bookie_id, ledger_id),
+                f"{self._bookie_id} {what} of L{ledger_id} while holding it in limbo")
+        super().send(frame, request_bytes)
 
 
 def bookie_config(bookie_id: str, *, journal_write_data: bool) -> BookieConfig:
@@ -121,7 +185,8 @@ class SimBookie:
 
     def __init__(self, bookie_id: str, network: SimNetwork, store: MetadataStore,
                  rng: random.Random, trace: Trace, losses: Losses, *,
-                 journal_write_data: bool = True, slow_sync_ms: float = 0.0) -> None:
+                 journal_write_data: bool = True, slow_sync_ms: float = 0.0,
+                 limbo_negatives: LimboNegatives | None = None) -> None:
         self.bookie_id = bookie_id
         self.address = f"{bookie_id}:3181"
         self.config = bookie_config(bookie_id, journal_write_data=journal_write_data)
@@ -136,6 +201,9 @@ class SimBookie:
         self._rng = rng
         self._trace = trace
         self._losses = losses
+        self.limbo_negatives: LimboNegatives = {} if limbo_negatives is None \
+            else limbo_negatives
+        """Where this bookie's negative answers about limbo ledgers go."""
         self._held: dict[int, set[int]] = {}
         """What the engine held when it crashed (until the restart compares)."""
         self._repair_client: Client | None = None
@@ -177,7 +245,8 @@ class SimBookie:
         disk.cookie = True
         self.server = server = BookieServer(self.config, storage, committer, self._store, self,
                                             SyncCursors.load(storage))
-        self._network.listen(self.bookie_id, self.address, server.new_connection)
+        self._network.listen(self.bookie_id, self.address, lambda: WatchedConnection(
+            server, self.bookie_id, self.limbo_negatives))
         if self.boots == 0:
             await self._store.register_bookie(
                 BookieInfo(self.bookie_id, self.address, BookieState.WRITABLE, None))

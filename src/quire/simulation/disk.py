@@ -2,15 +2,22 @@
 
 The bookie's REAL storage engine (:class:`~quire.bookie.storage.BookieStorage`,
 with its write cache, fencing, replay and checkpoints) runs over these, opened
-with :meth:`BookieStorage.open_over`:
+with :meth:`BookieStorage.open_over`.  They implement the engine's seams
+(:mod:`quire.bookie.storage.seams`, whose docstrings are the contract) and
+subclass none of the engine's classes; only the read cache is the engine's
+own :class:`~quire.bookie.storage.ledger_storage.ReadCache`, which is memory
+only.
 
-* :class:`SimJournal` stands in for :class:`~quire.bookie.storage.Journal`:
+* :class:`SimJournal` (an :class:`~quire.bookie.storage.seams.EngineJournal`)
+  stands in for :class:`~quire.bookie.storage.Journal`:
   records are kept whole (type and body, the journal's own record bodies);
   appended records sit in a buffer, ``write_buffered`` moves them to the
   "file" (:attr:`SimDisk.journal`), ``sync`` makes the file durable
   (:attr:`SimDisk.journal_synced`).  A position (``JournalMark``) is
   ``(0, records before it)`` counted from the disk's first record ever.
-* :class:`SimLedgerStorage` stands in for the entry logs and the LMDB index
+* :class:`SimLedgerStorage` (an
+  :class:`~quire.bookie.storage.seams.EngineLedgerStorage`) stands in for
+  the entry logs and the LMDB index
   (:class:`~quire.bookie.storage.ledger_storage.LedgerStorage`): a
   checkpoint's ``flush`` writes entries, ledger states and the replay mark
   in one step that is durable at once (the real one fsyncs the entry log
@@ -22,7 +29,8 @@ that were (the page cache may have written some back; a torn last record
 fails its checksum and ends replay, which is the same as losing it).
 
 Not simulated: entry-log GC and compaction (``gc_entry_logs`` finds
-nothing to remove; the simulated bookie never runs ``compact_entry_logs``),
+nothing to remove, ``compact`` nothing to compact; the simulated bookie
+never runs ``compact_entry_logs``),
 disk usage.  Slow fsyncs are the committer's
 (:class:`~quire.simulation.cluster.SimCommitter`): a sync here takes no
 virtual time.
@@ -34,12 +42,12 @@ import random
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from quire.bookie.storage import Journal, JournalCounters, JournalMark, LedgerState
+from quire.bookie.storage import JournalCounters, JournalMark, LedgerState
+from quire.bookie.storage.compaction import CompactionStats, Exclusive
 from quire.bookie.storage.config import StorageConfig
-from quire.bookie.storage.entry_log import RECORD_PREFIX, EntryLogger
-from quire.bookie.storage.index import LedgerIndex
+from quire.bookie.storage.entry_log import RECORD_PREFIX
 from quire.bookie.storage.journal import REC_ADD_ENTRY, REC_HEADER, JournalRecord
-from quire.bookie.storage.ledger_storage import EntryKey, LedgerStorage, ReadCache
+from quire.bookie.storage.ledger_storage import EntryKey, ReadCache
 
 _ADD_BODY_HEAD = struct.Struct(">QQ")
 """An ADD_ENTRY record body: ledger id, entry id, then the entry."""
@@ -81,11 +89,11 @@ class SimDisk:
         return lost
 
 
-class SimJournal(Journal):
-    """The journal's twin over a :class:`SimDisk` (see the module docstring).
-    Only what the storage engine and the server call is provided."""
+class SimJournal:
+    """The journal's twin over a :class:`SimDisk` (see the module docstring):
+    an :class:`~quire.bookie.storage.seams.EngineJournal`."""
 
-    def __init__(self, disk: SimDisk) -> None:  # (no files: the base's __init__ is not run)
+    def __init__(self, disk: SimDisk) -> None:
         self._disk = disk
         self._buffer: list[tuple[int, bytes]] = []
         self._start_pos = -1
@@ -197,10 +205,10 @@ class SimJournal(Journal):
         self._closed = True
 
 
-class SimIndex(LedgerIndex):
-    """The LMDB index's twin: the parts of it the engine reads and writes."""
+class SimIndex:
+    """The LMDB index's twin: an :class:`~quire.bookie.storage.seams.EngineIndex`."""
 
-    def __init__(self, disk: SimDisk) -> None:  # (no LMDB: the base's __init__ is not run)
+    def __init__(self, disk: SimDisk) -> None:
         self._disk = disk
         self.created = not disk.formatted
         disk.formatted = True
@@ -234,23 +242,30 @@ class SimIndex(LedgerIndex):
         pass
 
 
-class _NoEntryLogs(EntryLogger):
-    """The entry logger's place: the twin keeps entries in the index's dict."""
-
-    def __init__(self) -> None:  # (no files: the base's __init__ is not run)
-        pass
+class _NoEntryLogs:
+    """The entry logger's place: the twin keeps entries in the disk's dict."""
 
     def log_ids(self) -> list[int]:
         return []
 
 
-class SimLedgerStorage(LedgerStorage):
-    """Entry logs + index twin over a :class:`SimDisk` (module docstring)."""
+class _NoCompaction:
+    """The compactor's place: without entry logs there is nothing to compact."""
 
-    def __init__(self, disk: SimDisk, config: StorageConfig) -> None:  # (no files)
+    def compact(self, threshold: float, is_live: Callable[[int], bool],
+                exclusive: Exclusive) -> CompactionStats:
+        return CompactionStats()
+
+
+class SimLedgerStorage:
+    """Entry logs + index twin over a :class:`SimDisk` (module docstring):
+    an :class:`~quire.bookie.storage.seams.EngineLedgerStorage`."""
+
+    def __init__(self, disk: SimDisk, config: StorageConfig) -> None:
         self._disk = disk
         self.index = SimIndex(disk)
         self.entry_logger = _NoEntryLogs()
+        self.compactor = _NoCompaction()
         self.read_cache = ReadCache(config.read_cache_max_bytes)
 
     def read(self, ledger_id: int, entry_id: int) -> bytes | None:

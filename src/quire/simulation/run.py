@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from quire.simulation.bugs import seeded_bug
-from quire.simulation.cluster import Losses, SimBookie
+from quire.simulation.cluster import LimboNegatives, Losses, SimBookie
 from quire.simulation.loop import SimLoop
 from quire.simulation.metadata import SimMetadataStore
 from quire.simulation.network import NetworkConfig, SimNetwork
@@ -241,9 +241,11 @@ async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
                              max_delay_ms=faults.metadata_max_delay_ms)
     without_journal = set(extra.sample(range(1, BOOKIES + 1), faults.journal_off))
     losses: Losses = {}
+    limbo_negatives: LimboNegatives = {}
     bookies = [SimBookie(f"b{i}", network, store, rng, trace, losses,
                          journal_write_data=i not in without_journal,
-                         slow_sync_ms=faults.slow_sync_ms) for i in range(1, BOOKIES + 1)]
+                         slow_sync_ms=faults.slow_sync_ms, limbo_negatives=limbo_negatives)
+               for i in range(1, BOOKIES + 1)]
     for bookie in bookies:
         await bookie.start()
     workload = Workload(rng, trace, store, clients=3, ledgers_per_client=2,
@@ -259,6 +261,7 @@ async def _simulate(rng: random.Random, trace: Trace, network: SimNetwork,
     trace.event("faults over: final recovery")
     await workload.finish(FINAL_RECOVERY_ATTEMPTS)
     history.losses = {lid: {b: set(ids) for b, ids in by.items()} for lid, by in losses.items()}
+    history.limbo_negatives = [limbo_negatives[key] for key in sorted(limbo_negatives)]
     for lid in sorted(history.unrecovered):
         history.limbo[lid] = await _limbo_write_sets(store, bookies, lid)
     await workload.close()

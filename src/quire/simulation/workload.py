@@ -78,6 +78,9 @@ class History:
     limbo: dict[int, int] = field(default_factory=dict)
     """Unrecovered ledgers: the most bookies of one write set keeping it in
     limbo at the end."""
+    limbo_negatives: list[str] = field(default_factory=list)
+    """Negative answers bookies gave about ledgers they held in limbo
+    (the first per bookie and ledger; BP-46 allows none)."""
 
     def lost_everywhere(self, ledger_id: int, entry_id: int) -> bool:
         """Whether at least an ack quorum of bookies lost the entry in
@@ -402,4 +405,6 @@ def check(history: History) -> list[Violation]:
                                         f"({data[:24]!r}); the ledger ended at {final}"))
     for text in history.lac_backwards:
         add(Violation("lac-moved-back", text))
+    for text in history.limbo_negatives:
+        add(Violation("limbo-negative", text))
     return found

@@ -124,6 +124,7 @@ from quire.bookie.storage.journal import (
     encode_set_master_key,
 )
 from quire.bookie.storage.ledger_storage import EntryKey, LedgerStorage
+from quire.bookie.storage.seams import EngineJournal, EngineLedgerStorage
 from quire.bookie.storage.shutdown import LastShutdown
 from quire.bookie.storage.state import LedgerState
 from quire.bookie.storage.sync_tracker import KIND_ENTRY_LOG, KIND_JOURNAL, SyncTracker
@@ -190,14 +191,15 @@ class StorageStats:
 class BookieStorage:
     """See the module docstring.  Create with :meth:`open`."""
 
-    def __init__(self, config: StorageConfig, journal: Journal, store: LedgerStorage,
+    def __init__(self, config: StorageConfig, journal: EngineJournal,
+                 store: EngineLedgerStorage,
                  lock_fds: list[int], states: dict[int, LedgerState],
                  mark: JournalMark | None, last_shutdown: LastShutdown) -> None:
         self.config = config
         self.last_shutdown = last_shutdown
         """How the previous run ended, as found at open (BP-46)."""
-        self.journal = journal
-        self._store = store
+        self.journal: EngineJournal = journal
+        self._store: EngineLedgerStorage = store
         self._lock_fds = lock_fds
         self._lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
@@ -271,12 +273,13 @@ class BookieStorage:
             raise
 
     @classmethod
-    def open_over(cls, config: StorageConfig, journal: Journal, store: LedgerStorage,
-                  lock_fds: list[int]) -> BookieStorage:
+    def open_over(cls, config: StorageConfig, journal: EngineJournal,
+                  store: EngineLedgerStorage, lock_fds: list[int]) -> BookieStorage:
         """The engine over an opened (not started) journal and ledger
-        storage: read the states, replay mark and running mark from the
-        index, replay the journal from the mark, start it, drop the files
-        before the mark and commit this run's running mark.  :meth:`open`
+        storage (the seams of :mod:`~quire.bookie.storage.seams`): read the
+        states, replay mark and running mark from the index, replay the
+        journal from the mark, start it, drop the files before the mark and
+        commit this run's running mark.  :meth:`open`
         passes the files it opened; the simulation (``quire.simulation``)
         passes its in-memory twins.  ``lock_fds`` are closed with the engine."""
         states = store.index.load_ledger_states()
@@ -994,6 +997,6 @@ class BookieStorage:
             entry_logs=len(self._store.entry_logger.log_ids()))
 
     @property
-    def ledger_storage(self) -> LedgerStorage:
+    def ledger_storage(self) -> EngineLedgerStorage:
         """The checkpointed layer (entry logs, index, read cache)."""
         return self._store
