@@ -14,7 +14,7 @@ import shutil
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -24,12 +24,14 @@ pytest.importorskip("pyarrow")
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from quire.client import Client
 from quire.log import LogInfo, LogJobs, LogStore, Position
 from quire.log import records as rec
 from quire.spark import QuireDataSource, collect_garbage
 from tests.support.cluster import Cluster
+from tests.support.spark import run_available_now
 
 T = TypeVar("T")
 
@@ -307,13 +309,12 @@ def test_stream_read_restarts_from_its_checkpoint_exactly(
         seen.append((batch_id, rows_of(batch)))
 
     def run_query() -> None:
-        query = (spark.readStream.format("quire").option("metadata", uri)
-                 .option("log", "events").option("max_rows_per_trigger", "70").load()
-                 .writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        assert query.exception() is None
+        assert run_available_now(
+            lambda: spark.readStream.format("quire").option("metadata", uri)
+            .option("log", "events").option("max_rows_per_trigger", "70").load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start()) is None
 
     run_query()
     first_run = dict(seen)
@@ -388,19 +389,17 @@ def test_stream_read_detects_truncated_offsets(spark: SparkSession, spark_cluste
     def collect(batch: DataFrame, batch_id: int) -> None:
         got.extend(p for _, _, p in rows_of(batch))
 
-    def run_query(**options: str) -> Any:
-        stream = (spark.readStream.format("quire").option("metadata", uri)
-                  .option("log", "lossy"))
-        for key, value in options.items():
-            stream = stream.option(key, value)
-        query = (stream.load().writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination()
-        except Exception as e:
-            return e
-        return None
+    def run_query(**options: str) -> BaseException | None:
+        def start() -> StreamingQuery:
+            stream = (spark.readStream.format("quire").option("metadata", uri)
+                      .option("log", "lossy"))
+            for key, value in options.items():
+                stream = stream.option(key, value)
+            return (stream.load().writeStream.foreachBatch(collect)
+                    .option("checkpointLocation", str(checkpoint))
+                    .trigger(availableNow=True).start())
+
+        return run_available_now(start)
 
     assert run_query() is None and len(got) == 20
     later = write_log(uri, "lossy", [b"b-%06d" % i for i in range(20)], roll_bytes=40)
@@ -422,15 +421,14 @@ def test_stream_write_is_exactly_once(spark: SparkSession, spark_cluster: Cluste
     checkpoint = tmp_path / "checkpoint"
 
     def run_query() -> None:
-        query = (spark.readStream.format("quire").option("metadata", uri)
-                 .option("log", "stream-src").option("max_rows_per_trigger", "100").load()
-                 .select("payload")
-                 .writeStream.format("quire").option("metadata", uri)
-                 .option("log", "stream-dst").option("sink_id", "copy-1")
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        assert query.exception() is None
+        assert run_available_now(
+            lambda: spark.readStream.format("quire").option("metadata", uri)
+            .option("log", "stream-src").option("max_rows_per_trigger", "100").load()
+            .select("payload")
+            .writeStream.format("quire").option("metadata", uri)
+            .option("log", "stream-dst").option("sink_id", "copy-1")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start()) is None
 
     run_query()
     assert payloads_in_log_order(spark, uri, "stream-dst") == source
@@ -457,12 +455,12 @@ def test_stream_sink_needs_a_sink_id(spark: SparkSession, spark_cluster: Cluster
     write_log(uri, "needs-id", [b"x"])
     stream = (spark.readStream.format("quire").option("metadata", uri)
               .option("log", "needs-id").load().select("payload"))
-    with pytest.raises(Exception, match="sink_id"):
-        query = (stream.writeStream.format("quire").option("metadata", uri)
-                 .option("log", "needs-id-dst")
-                 .option("checkpointLocation", str(tmp_path / "cp"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
+    error = run_available_now(
+        lambda: stream.writeStream.format("quire").option("metadata", uri)
+        .option("log", "needs-id-dst")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True).start())
+    assert error is not None and "sink_id" in str(error), error
     shutil.rmtree(tmp_path / "cp", ignore_errors=True)
 
 

@@ -38,6 +38,7 @@ from quire.spark.stream_commits import StreamCommits
 from quire.streams import ControllerClient, RemoteSegmentStore, controller_resolver, tail_cut
 from tests.integration.test_pravega_client import by_routing_key, read_slices
 from tests.support.cluster import Cluster
+from tests.support.spark import run_available_now
 from tests.support.spark_cluster import SparkStandalone
 
 T = TypeVar("T")
@@ -336,16 +337,15 @@ def test_stream_sink_is_exactly_once_across_a_restart_from_its_checkpoint(
     checkpoint = tmp_path / "checkpoint"
 
     def run_query() -> None:
-        query = (spark.readStream.format("quire").option("metadata", metadata)
-                 .option("log", "sink-src").option("max_rows_per_trigger", "100").load()
-                 .selectExpr("payload AS event", "split(cast(payload AS string), ':')[0] "
-                             "AS routing_key")
-                 .writeStream.format("quire").option("controller", streams.uri)
-                 .option("stream", f"{SCOPE}/events").option("sink_id", "copy-1")
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        assert query.exception() is None
+        assert run_available_now(
+            lambda: spark.readStream.format("quire").option("metadata", metadata)
+            .option("log", "sink-src").option("max_rows_per_trigger", "100").load()
+            .selectExpr("payload AS event", "split(cast(payload AS string), ':')[0] "
+                        "AS routing_key")
+            .writeStream.format("quire").option("controller", streams.uri)
+            .option("stream", f"{SCOPE}/events").option("sink_id", "copy-1")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start()) is None
 
     def as_rows(payloads: list[bytes]) -> list[tuple[str, str]]:
         return [(p.decode(), p.decode().split(":")[0]) for p in payloads]

@@ -31,10 +31,12 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from quire.spark import STREAM_SCHEMA, StreamBatchReader, StreamDataLossError, StreamOptions
 from quire.spark.stream_read import SegmentRange
 from tests.support.cluster import Cluster
+from tests.support.spark import run_available_now
 from tests.support.stream_stack import StreamStack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,29 +149,18 @@ def forget_last_commit(checkpoint: Path) -> int:
 
 def run_query(spark: SparkSession, stack: StreamStack, stream: str, checkpoint: Path,
               collect: Any, **options: str) -> BaseException | None:
-    """One ``Trigger.AvailableNow`` run of a query into ``collect``; its error.
-
-    Spark gives a Python worker it starts a fixed 10 s to connect back; on
-    this shared 2-core machine that is sometimes too little (its error says
-    "Python worker failed to connect back").  The query then stops before
-    its first batch, and is started again from its checkpoint (at most
-    four times), as an operator would."""
-    for _attempt in range(5):
+    """One ``Trigger.AvailableNow`` run of a query into ``collect``; its error
+    (restarted only when Spark's Python worker failed to connect back)."""
+    def start() -> StreamingQuery:
         reader = (spark.readStream.format("quire").option("controller", stack.uri)
                   .option("stream", stream))
         for key, value in options.items():
             reader = reader.option(key, value)
-        query = (reader.load().writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination()
-            error = query.exception()
-        except Exception as e:
-            error = e
-        if error is None or "failed to connect back" not in str(error):
-            return error
-    return error
+        return (reader.load().writeStream.foreachBatch(collect)
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True).start())
+
+    return run_available_now(start)
 
 
 def test_streaming_query_restarts_from_its_checkpoint_across_a_scale_exactly_once(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 SPARK_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -53,3 +55,31 @@ def start_spark(tmp: Path) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+CONNECT_BACK = "failed to connect back"
+
+
+def run_available_now(start: Callable[[], StreamingQuery], attempts: int = 5
+                      ) -> BaseException | None:
+    """Start a ``Trigger.AvailableNow`` query (``start``), wait for it to end,
+    and return its error (None: it read everything and stopped).
+
+    Spark gives a Python worker it starts (a streaming source's or sink's
+    driver-side process) a fixed 10 s to connect back, hard-coded in its
+    ``PythonWorkerFactory``; on a loaded 2-core machine that is sometimes
+    too little, and the query stops with "Python worker failed to connect
+    back" before its batch.  Only then is it started again from its
+    checkpoint, as an operator would (at most ``attempts`` runs); any other
+    error is returned at once."""
+    error: BaseException | None = None
+    for _attempt in range(attempts):
+        try:
+            query = start()
+            query.awaitTermination()
+            error = query.exception()
+        except Exception as e:
+            error = e
+        if error is None or CONNECT_BACK not in str(error):
+            return error
+    return error
