@@ -7,7 +7,13 @@ of one container (round robin) of single events (frames pack many per
 entry) and of blocks of 100 events (as the Pravega client sends them),
 counted in events; for 100 B and 1 KiB events.  Prints appends/s,
 events/s, MB/s, p50/p99, and the time to reopen the container (replaying
-everything written, as part 1 never truncates tier-1).
+everything written, as part 1 never truncates tier-1).  Under each segment
+row, the phases its latency is made of: the frames it took (operations
+and KiB per frame) and their tier-1 acknowledgement, append of the frame
+to its ack (p50/p99/max: the bookies' share), and the garbage collections
+during the row (count per generation and the pause in all): an append's
+p99 well above its frames' ack p99 waited in the client (frames in
+flight, CPU), not in tier-1.
 
     .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
         [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -50,8 +57,73 @@ import uvloop
 from quire.client import Client
 from quire.hosts import SegmentStoreHostConfig
 from quire.hosts.process import tune_interpreter
+from quire.log import NamedDataLog, Position
 from quire.sandbox import BookieProcess, sqlite_uri, start_all, stop_all
 from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
+from quire.segmentstore.names import container_log_name
+from quire.segmentstore.store import LOG_PASSWORD
+
+
+class TimedLog(NamedDataLog):
+    """The container's tier-1 log as the store opens it, timing each frame
+    from its append to its acknowledgement (one clock read and a callback
+    per frame, not per append): the tier-1 phase of an append's latency."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.frame_seconds: list[float] = []
+        self.frame_bytes = 0
+
+    def append(self, data: bytes) -> asyncio.Future[Position]:
+        future = super().append(data)
+        seconds, clock = self.frame_seconds, time.perf_counter
+        start = clock()
+        self.frame_bytes += len(data)
+        future.add_done_callback(lambda _f: seconds.append(clock() - start))
+        return future
+
+
+class Phases:
+    """What a segment row's appends waited for besides the driver: the
+    frames' tier-1 acknowledgement (p50/p99, operations and bytes per
+    frame) and the garbage collector (collections and their pause), taken
+    between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.log: TimedLog | None = None
+        self._gc_started = 0.0
+        self.gc_collections = [0, 0, 0]
+        self.gc_seconds = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_collections[info["generation"]] += 1
+            self.gc_seconds += time.perf_counter() - self._gc_started
+
+    def start(self, store: SegmentStore) -> None:
+        self._ops = store.container(0).operation_log.operations_written
+        self.gc_collections = [0, 0, 0]
+        self.gc_seconds = 0.0
+        if self.log is not None:
+            self.log.frame_seconds.clear()
+            self.log.frame_bytes = 0
+
+    def stop(self, store: SegmentStore) -> dict[str, Any]:
+        ops = store.container(0).operation_log.operations_written - self._ops
+        figures: dict[str, Any] = {"gc_collections": list(self.gc_collections),
+                                   "gc_ms": self.gc_seconds * 1000}
+        if self.log is not None and self.log.frame_seconds:
+            acks = sorted(self.log.frame_seconds)
+            figures.update({
+                "frames": len(acks), "ops_per_frame": ops / len(acks),
+                "frame_kib": self.log.frame_bytes / len(acks) / 1024,
+                "frame_ack_p50_ms": statistics.median(acks) * 1000,
+                "frame_ack_p99_ms": acks[max(0, int(len(acks) * 0.99) - 1)] * 1000,
+                "frame_ack_max_ms": acks[-1] * 1000})
+        return figures
 
 
 async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int
@@ -133,8 +205,15 @@ async def fill(store: SegmentStore, gib: float) -> dict[str, Any]:
 async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     client = await Client.connect(uri)
     results: list[dict[str, Any]] = []
+    phases = Phases()
+    config = SegmentStoreConfig()
+
+    def open_log(container_id: int) -> TimedLog:
+        phases.log = TimedLog(client, container_log_name(container_id), password=LOG_PASSWORD,
+                              options=config.tier1)
+        return phases.log
     try:
-        store = await SegmentStore.open(client, [0], config=SegmentStoreConfig(
+        store = await SegmentStore.open(client, [0], open_log=open_log, config=SegmentStoreConfig(
             container_count=1, container=ContainerConfig(
                 max_frame_bytes=args.max_frame_bytes,
                 max_frames_in_flight=args.frames_in_flight,
@@ -158,10 +237,12 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 for count in args.segments:
                     names = [f"bench/{size}/{count}/{i}" for i in range(count)]
                     await asyncio.gather(*(store.create_segment(n) for n in names))
+                    phases.start(store)
                     single = await drive(
                         lambda i, names=names, event=event: store.append(names[i % len(names)],
                                                                          event),
                         args.appends, args.outstanding)
+                    single.update(phases.stop(store))
                     results.append({"what": f"{count} segment(s), 1 event of {size} B", **single,
                                     "events_per_s": single["per_s"],
                                     "x_raw_events": single["per_s"] / base,
@@ -172,10 +253,12 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 block = b"e" * size * 100
                 for count in args.segments:
                     names = [f"bench/{size}/{count}/{i}" for i in range(count)]
+                    phases.start(store)
                     grouped = await drive(
                         lambda i, names=names, block=block: store.append(
                             names[i % len(names)], block, writer=(1 + i % len(names), i)),
                         max(1, args.appends // 20), args.outstanding)
+                    grouped.update(phases.stop(store))
                     results.append({"what": f"{count} segment(s), 100 events of {size} B",
                                     **grouped, "events_per_s": grouped["per_s"] * 100,
                                     "x_raw_events": grouped["per_s"] * 100 / bases[size],
@@ -248,6 +331,11 @@ def main() -> None:
               f"events/s ({x}x raw) {r['mb_per_s']:>6.1f} MB/s  "
               f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms  "
               f"client CPU {r['client_cpu_us']:5.1f} us")
+        if "frames" in r:
+            print(f"  {'':<38} frames: {r['frames']} of {r['ops_per_frame']:.0f} ops / "
+                  f"{r['frame_kib']:.0f} KiB, tier-1 ack p50 {r['frame_ack_p50_ms']:.1f} ms "
+                  f"p99 {r['frame_ack_p99_ms']:.1f} ms max {r['frame_ack_max_ms']:.1f} ms; "
+                  f"GC {'/'.join(map(str, r['gc_collections']))} ({r['gc_ms']:.1f} ms)")
 
 
 if __name__ == "__main__":

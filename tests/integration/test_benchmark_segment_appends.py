@@ -39,6 +39,12 @@ def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
                 assert row["events_per_s"] == row["per_s"] * events
                 assert row["mb_per_s"] > 0 and row["x_raw_events"] > 0
                 assert row["client_cpu_us"] > 0
+                # the phases: frames written and acknowledged by tier-1, the collector
+                assert row["frames"] >= 1 and row["frame_kib"] > 0
+                assert 1 <= row["ops_per_frame"] < 310  # 300 appends, a checkpoint or so
+                assert row["frame_ack_max_ms"] >= row["frame_ack_p99_ms"] \
+                    >= row["frame_ack_p50_ms"] > 0
+                assert len(row["gc_collections"]) == 3 and row["gc_ms"] >= 0
     fill = rows["fill to 0.005 GiB of tier-1, appends of 512 KiB"]
     assert fill["mb_per_s"] > 0
     (reopen,) = [r for w, r in rows.items() if w.startswith("reopen the container")]

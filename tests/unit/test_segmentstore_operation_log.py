@@ -145,3 +145,28 @@ async def test_an_operation_larger_than_a_frame_goes_as_part_frames_acked_after_
     log.release(4)
     assert await after == "after"
     assert [s for s, _ in committed] == [1, 2, 3]
+
+
+async def test_a_queue_longer_than_a_frame_is_cut_at_the_frame_limit_in_order() -> None:
+    # the queue holds more than one frame (frames in flight at their limit):
+    # frames of at most max_frame_bytes, in order; the last one, when all that
+    # is left fits, is the whole queue at once
+    log = HeldLog()
+    size = len(frames.framed(encode(op(1, 100))))
+    oplog = OperationLog(log, lambda o, at: None,  # type: ignore[arg-type]
+                         max_frame_bytes=frames.FRAME_OVERHEAD + 3 * size,
+                         max_frames_in_flight=1, cut_ops=1000)
+    futures = [oplog.add(op(i, 100), i) for i in range(1, 9)]
+    await asyncio.sleep(0)
+    assert [len(frames.unpack(f)) for f in log.frames] == [3]
+    for released in range(2):
+        log.release(released)
+        await asyncio.sleep(0)  # committed; the next cut is the loop's next turn
+        await asyncio.sleep(0)
+    assert [len(frames.unpack(f)) for f in log.frames] == [3, 3, 2]
+    assert all(len(f) <= frames.FRAME_OVERHEAD + 3 * size for f in log.frames)
+    log.release(2)
+    assert await asyncio.gather(*futures) == list(range(1, 9))
+    assert [decode(raw) for f in log.frames for raw in frames.unpack(f)] == \
+        [op(i, 100) for i in range(1, 9)]
+    assert oplog.frames_written == 3 and oplog.operations_written == 8

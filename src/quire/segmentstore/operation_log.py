@@ -79,6 +79,10 @@ class OperationLog:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the log runs on, taken at the first :meth:`add_encoded`
+        (``asyncio.get_running_loop()`` costs a ``getpid`` system call on
+        Python 3.11: one per append showed in profiles)."""
         self._last: asyncio.Future[Any] | None = None
         self._failure: BaseException | None = None
         self._closed = False
@@ -120,7 +124,10 @@ class OperationLog:
         packed as a tuple (:data:`~quire.segmentstore.operations.PackedAppend`):
         ``on_frame_committed`` gets it as it is, ``on_committed`` as an
         operation."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         queue = self._queue
         queue.append((op, raw, future, result))
         self._last = future
@@ -129,7 +136,7 @@ class OperationLog:
             self._flush(full_only=True)
         if queue and not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         return future
 
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
@@ -170,17 +177,23 @@ class OperationLog:
             if len(queue[0][1]) > room:  # too large for a frame: part frames of its own
                 self._append_parts(queue.popleft())
                 continue
-            batch: list[_Pending] = []
-            parts: list[bytes] = []
-            frame_bytes = 0
-            while queue:
-                pending = queue[0]
-                size = len(pending[1])
-                if frame_bytes + size > room:
-                    break
-                frame_bytes += size
-                parts.append(pending[1])
-                batch.append(queue.popleft())
+            if self._queued_bytes <= room:  # all of it fits one frame (the usual case)
+                batch = list(queue)
+                queue.clear()
+                parts = [pending[1] for pending in batch]
+                frame_bytes = self._queued_bytes
+            else:
+                batch = []
+                parts = []
+                frame_bytes = 0
+                while queue:
+                    pending = queue[0]
+                    size = len(pending[1])
+                    if frame_bytes + size > room:
+                        break
+                    frame_bytes += size
+                    parts.append(pending[1])
+                    batch.append(queue.popleft())
             frame = frames.join(len(batch), parts)
             self._queued_bytes -= frame_bytes
             try:
@@ -254,7 +267,7 @@ class OperationLog:
             self.operations_written += len(batch)
         if self._queue and not self._flush_scheduled and self._failure is None:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
 
     def _fail(self, error: BaseException) -> None:
         if self._failure is not None:
