@@ -75,6 +75,25 @@ def test_splitter_finds_every_event_whatever_the_pieces() -> None:
         EventSplitter(0).feed(b"\x00\x00\x00\x01\x00\x00\x00\x00")
 
 
+def test_splitter_runs_of_equal_sizes_end_where_the_size_changes() -> None:
+    # runs longer and shorter than a checking window, broken by one odd event
+    sizes = [100] * 40 + [99] + [100] * 1000 + [7] * 17 + [100] + [0] * 300 + [5] * 15
+    payloads = [i.to_bytes(4, "big") * (size // 4) + b"z" * (size % 4)
+                for i, size in enumerate(sizes)]
+    data = b"".join(frame_event(p) for p in payloads)
+    offsets, events = EventSplitter(0).feed(data)
+    assert events.to_pylist() == payloads
+    assert [int(o) for o in offsets][-1] == len(data) - 8 - 5
+
+
+def test_splitter_names_a_bad_header_inside_a_run() -> None:
+    data = bytearray(b"".join(frame_event(b"e" * 100) for _ in range(500)))
+    bad = 300 * 108
+    data[bad:bad + 4] = b"\x00\x00\x00\x09"  # not an event's type
+    with pytest.raises(ProtocolError, match=f"offset {bad + 64} "):
+        EventSplitter(64).feed(bytes(data))
+
+
 # --- planning over an in-memory stream ------------------------------------------------------
 
 

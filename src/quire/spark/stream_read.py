@@ -10,8 +10,9 @@ event boundaries; the flushed length in between is not, so one
 read is on the wire while the current bytes are split and handed over.
 
 Events are split with numpy where a run of events has one size (the usual
-case for fixed-size records: one header check per run instead of one
-Python step per event), one header at a time otherwise.
+case for fixed-size records: their headers checked in windows that double,
+their payloads copied once as one strided copy), one header at a time
+otherwise (a short run costs one window, so mixed sizes stay linear).
 """
 
 from __future__ import annotations
@@ -99,7 +100,11 @@ class EventSplitter:
         self._rest_at = offset
 
     def feed(self, data: bytes) -> tuple[np.ndarray, pa.Array]:
-        """(header offsets int64, payloads as an Arrow binary array)."""
+        """(header offsets int64, payloads as an Arrow binary array).
+
+        The payloads are copied once, straight into the Arrow values
+        buffer: a run of equal-size events as one strided numpy copy, other
+        events as slices of the buffer."""
         import numpy as np
         import pyarrow as pa
 
@@ -107,10 +112,12 @@ class EventSplitter:
         base = self._rest_at
         raw = np.frombuffer(buf, dtype=np.uint8)
         size = len(buf)
-        starts: list[np.ndarray] = []
-        lengths: list[np.ndarray] = []
-        single_starts: list[int] = []
-        single_lengths: list[int] = []
+        pieces: list[tuple[int, int, int]] = []
+        """In order: (header position, count, payload length) of a run of
+        equal-size events, or (position, 0, index in ``singles``) of a group
+        of events not in a run."""
+        singles: list[tuple[list[int], list[int]]] = []
+        """Each group's header positions and payload lengths."""
         unpack = EVENT_HEADER.unpack_from
         header = EVENT_HEADER.size
         pos = 0
@@ -123,47 +130,65 @@ class EventSplitter:
             if pos + stride > size:
                 break
             run = (size - pos) // stride
-            if run >= 16:  # check a run of equal-size events at once
-                at = pos + stride * np.arange(run, dtype=np.int64)
-                heads = raw[at[:, None] + _HEADER_BYTES].view(">i4")
-                same = (heads[:, 0] == EVENT_TYPE) & (heads[:, 1] == length)
-                count = run if bool(same.all()) else int(np.argmin(same))
-                if single_starts:
-                    starts.append(np.array(single_starts, dtype=np.int64))
-                    lengths.append(np.array(single_lengths, dtype=np.int64))
-                    single_starts, single_lengths = [], []
-                starts.append(at[:count])
-                lengths.append(np.full(count, length, dtype=np.int64))
+            if run >= 16 and unpack(buf, pos + stride) == (kind, length):
+                # a run of equal-size events: check their headers at once, in
+                # windows that double (so a short run costs little)
+                count, window = 0, 16
+                while count < run:
+                    w = min(window, run - count)
+                    at = pos + stride * count
+                    heads = raw[at:at + stride * w].reshape(w, stride)[:, :header] \
+                        .copy().view(">i4")
+                    same = (heads[:, 0] == EVENT_TYPE) & (heads[:, 1] == length)
+                    if not bool(same.all()):
+                        count += int(np.argmin(same))
+                        break
+                    count += w
+                    window *= 2
+                pieces.append((pos, count, length))
                 pos += stride * count
                 continue
-            single_starts.append(pos)
-            single_lengths.append(length)
+            if not pieces or pieces[-1][1]:
+                pieces.append((pos, 0, len(singles)))
+                singles.append(([], []))
+            singles[-1][0].append(pos)
+            singles[-1][1].append(length)
             pos += stride
-        if single_starts:
-            starts.append(np.array(single_starts, dtype=np.int64))
-            lengths.append(np.array(single_lengths, dtype=np.int64))
         self._rest = buf[pos:]
         self._rest_at = base + pos
-        if not starts:
-            return np.empty(0, dtype=np.int64), pa.array([], type=pa.binary())
-        head_at = np.concatenate(starts)
-        sizes = np.concatenate(lengths)
-        ends = np.cumsum(sizes)
-        total = int(ends[-1]) if len(ends) else 0
-        value_offsets = np.zeros(len(sizes) + 1, dtype=np.int32)
-        value_offsets[1:] = ends
-        gather = np.arange(total, dtype=np.int64) + np.repeat(
-            head_at + header - (ends - sizes), sizes)
-        values = raw[gather]
-        payloads = pa.Array.from_buffers(pa.binary(), len(sizes), [
+        count = sum(n or len(singles[group][0]) for _, n, group in pieces)
+        head_at = np.empty(count, dtype=np.int64)
+        sizes = np.empty(count, dtype=np.int64)
+        total = sum(n * size_or_group if n else sum(singles[size_or_group][1])
+                    for _, n, size_or_group in pieces)
+        values = np.empty(total, dtype=np.uint8)
+        view = memoryview(buf)
+        row = at = 0
+        for first, n, size_or_group in pieces:
+            if n:
+                length = size_or_group
+                stride = header + length
+                head_at[row:row + n] = np.arange(first, first + stride * n, stride)
+                sizes[row:row + n] = length
+                values[at:at + n * length].reshape(n, length)[:] = \
+                    raw[first:first + stride * n].reshape(n, stride)[:, header:]
+                row += n
+                at += n * length
+                continue
+            starts, lengths = singles[size_or_group]
+            n = len(starts)
+            head_at[row:row + n] = starts
+            sizes[row:row + n] = lengths
+            joined = b"".join([view[p + header:p + header + k]
+                               for p, k in zip(starts, lengths, strict=True)])
+            values[at:at + len(joined)] = np.frombuffer(joined, dtype=np.uint8)
+            row += n
+            at += len(joined)
+        value_offsets = np.zeros(count + 1, dtype=np.int32)
+        np.cumsum(sizes, out=value_offsets[1:])
+        payloads = pa.Array.from_buffers(pa.binary(), count, [
             None, pa.py_buffer(value_offsets), pa.py_buffer(values)])
         return head_at + base, payloads
-
-
-def _header_bytes() -> np.ndarray:
-    import numpy as np
-
-    return np.arange(EVENT_HEADER.size, dtype=np.int64)
 
 
 class _RangeBytes:
@@ -296,6 +321,3 @@ def read_segment_range(part: SegmentRange, schema: pa.Schema) -> Iterator[pa.Rec
                                 f"event cross the planned end {part.last}")
     finally:
         rt.run(source.close())
-
-
-_HEADER_BYTES = _header_bytes()
