@@ -16,11 +16,11 @@ JIT compilation; :func:`warm_up`), then measures, in one run:
   ``count(*)`` and ``sum(length(event))`` through the segment store, rows/s;
 * the same with option ``tier2``: the executors read the chunks directly;
 
-and prints the ratios: Spark/StreamReader (goal >= 0.5) and
-tier-2/segment store (goal >= 2).
+each ``--rounds`` times in turn, and prints each reader's median and the
+ratios: Spark/StreamReader (goal >= 0.5) and tier-2/segment store (goal >= 2).
 
     .venv/bin/python benchmarks/spark_stream_read.py [--events 1000000] [--size 100]
-        [--segments 4] [--cores 2] [--cluster] [--json]
+        [--segments 4] [--cores 2] [--cluster] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -187,6 +188,9 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--cluster", action="store_true",
                         help="a Spark standalone cluster (master + 2 workers), not local[N]")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measure all three readers this many times, in turn; the "
+                             "figures are each reader's median")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     if args.size < 10 or args.events < 1:
@@ -213,12 +217,22 @@ def main() -> None:
                 cluster = SparkStandalone(root / "spark-cluster", workers=2).start()
             spark = spark_session(args, root, cluster)
             warm_s = warm_up(spark, uri, tier2)
-            own_rows, own_bytes, own_s = uvloop.run(read_own(uri))
-            ss_rows, ss_bytes, ss_s = measure(spark, uri, None)
-            t2_rows, t2_bytes, t2_s = measure(spark, uri, tier2)
             expected = (args.events, args.events * args.size)
-            for got in ((own_rows, own_bytes), (ss_rows, ss_bytes), (t2_rows, t2_bytes)):
-                assert got == expected, (got, expected)
+            times: dict[str, list[float]] = {"own": [], "ss": [], "t2": []}
+            for round_no in range(1, max(1, args.rounds) + 1):
+                results = {"own": uvloop.run(read_own(uri)),
+                           "ss": measure(spark, uri, None),
+                           "t2": measure(spark, uri, tier2)}
+                for way, (rows, payload_bytes, seconds) in results.items():
+                    assert (rows, payload_bytes) == expected, (way, rows, payload_bytes)
+                    times[way].append(seconds)
+                if not args.json:
+                    own_s, ss_s, t2_s = (results[w][2] for w in ("own", "ss", "t2"))
+                    print(f"round {round_no}: StreamReader {own_s:.2f} s, Spark via segment "
+                          f"store {ss_s:.2f} s, via tier-2 {t2_s:.2f} s: "
+                          f"{own_s / ss_s:.2f}x, {ss_s / t2_s:.2f}x", flush=True)
+            own_s, ss_s, t2_s = (statistics.median(times[w]) for w in ("own", "ss", "t2"))
+            own_rows = ss_rows = t2_rows = args.events
             figures = {
                 "events": args.events, "size": args.size, "segments": args.segments,
                 "spark": "standalone 2x1 core" if cluster else f"local[{args.cores}]",
@@ -228,7 +242,7 @@ def main() -> None:
                 "spark_tier2_rows_per_s": t2_rows / t2_s,
                 "ratio_spark_vs_own": (ss_rows / ss_s) / (own_rows / own_s),
                 "ratio_tier2_vs_segment_store": ss_s / t2_s,
-                "warm_up_s": warm_s,
+                "warm_up_s": warm_s, "rounds": max(1, args.rounds),
                 "loadavg_1m": os.getloadavg()[0],
             }
             if args.json:
@@ -237,6 +251,7 @@ def main() -> None:
                 print(f"stream {SCOPE}/{STREAM}: {args.events:,} events of {args.size} B in "
                       f"{args.segments} segments (write {write_rate:,.0f} events/s), "
                       f"{stored:,} B flushed to tier-2")
+                print(f"medians of {max(1, args.rounds)} round(s):")
                 print(f"Quire StreamReader           {own_rows / own_s:>12,.0f} rows/s "
                       f"({own_s:.2f} s)")
                 print(f"Spark {figures['spark']:<22} {ss_rows / ss_s:>12,.0f} rows/s "

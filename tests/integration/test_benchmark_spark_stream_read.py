@@ -22,12 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_tiny_run_reports_every_figure() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "spark_stream_read.py"), "--events", "2000",
-         "--segments", "2", "--json"],
+         "--segments", "2", "--rounds", "2", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=580,
         env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["events"] == 2000 and figures["spark"] == "local[2]"
+    assert figures["events"] == 2000 and figures["spark"] == "local[2]" and figures["rounds"] == 2
     assert figures["stored_bytes"] == 2000 * (100 + 8)
     for key in ("own_reader_rows_per_s", "spark_segment_store_rows_per_s",
                 "spark_tier2_rows_per_s", "ratio_spark_vs_own", "ratio_tier2_vs_segment_store"):
