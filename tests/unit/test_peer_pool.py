@@ -10,9 +10,15 @@ from collections.abc import Callable
 import pytest
 
 from quire.client import ClientConfig
-from quire.errors import BookieUnavailableError, ClientTimeoutError, ConfigError
+from quire.errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    ClientTimeoutError,
+    ConfigError,
+)
 from quire.metadata import BookieInfo, Watch
 from quire.peer import BookiePool, PeerConfig
+from quire.peer.connection import BookieClient
 from quire.types import BookieState
 
 
@@ -82,3 +88,26 @@ async def test_a_silent_bookie_times_out_on_the_configured_ticker() -> None:
     finally:
         await pool.close()
         listener.close()
+
+
+async def test_a_client_asked_for_while_the_pool_closes_is_closed() -> None:
+    # Closing a client fails its requests, whose callbacks may ask the pool
+    # for another bookie at once (a write moving on to a new ensemble): the
+    # pool's close must not trip over the client that makes (the 10,000-seed
+    # simulation soak found "dictionary changed size during iteration" there).
+    registry = ScriptedRegistry(BookieInfo("a", "127.0.0.1:1", BookieState.WRITABLE),
+                                BookieInfo("b", "127.0.0.1:2", BookieState.WRITABLE))
+    pool = await BookiePool.open(registry, PeerConfig())
+    first = pool.client("a")
+    asked: list[BookieClient] = []
+    closing = first.close
+
+    def close_and_ask() -> None:
+        closing()
+        asked.append(pool.client("b"))
+
+    first.close = close_and_ask  # type: ignore[method-assign]
+    await pool.close()
+    assert len(asked) == 1
+    with pytest.raises(ClientClosedError):
+        await asyncio.wait_for(asked[0].read_lac(1, 1.0), 5.0)

@@ -50,6 +50,7 @@ class BookiePool:
         self._clients: dict[str, BookieClient] = {}
         self._watch: Watch | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._closed = False
         self._loop = asyncio.get_running_loop()
 
     @classmethod
@@ -85,13 +86,20 @@ class BookiePool:
         return address
 
     def client(self, bookie_id: str) -> BookieClient:
-        """The (cached) client of one bookie; connects on its first request."""
+        """The (cached) client of one bookie; connects on its first request.
+        Once the pool is closing, a closed client, whose requests fail with
+        ClientClosedError (closing a client fails its requests, and their
+        callbacks may ask for another bookie at once)."""
         client = self._clients.get(bookie_id)
         if client is None:
-            client = self._clients[bookie_id] = BookieClient(
+            client = BookieClient(
                 bookie_id, self.address_of,
                 connect_timeout_s=self._config.connect_timeout_ms / 1000.0,
                 max_frame_bytes=self._config.max_frame_bytes)
+            if self._closed:
+                client.close()
+            else:
+                self._clients[bookie_id] = client
         return client
 
     def is_suspect(self, bookie_id: str) -> bool:
@@ -120,6 +128,7 @@ class BookiePool:
     async def close(self) -> None:
         """Stop the watch and the ticker; outstanding requests fail with
         ClientClosedError."""
+        self._closed = True
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -128,6 +137,7 @@ class BookiePool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
             self._ticker = None
-        for client in self._clients.values():
-            client.close()
+        clients = list(self._clients.values())
         self._clients.clear()
+        for client in clients:
+            client.close()
