@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import random
 from collections.abc import Iterator
@@ -332,6 +333,8 @@ def run_seed(seed: int, *, bug: str = "",
     result = RunResult(seed, [], [], "", faults=faults.describe())
     trace.event(f"seed {seed}: {faults.describe()}" + (f" bug={bug}" if bug else ""))
     loop = SimLoop(network)
+    stray: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: stray.append(_stray(context)))
     try:
         with _product_logs(trace), seeded_bug(bug):
             try:
@@ -341,11 +344,24 @@ def run_seed(seed: int, *, bug: str = "",
                 trace.event(f"run ended by {result.error}")
             result.virtual_s = loop.time()
             cancel_all(loop)
+            gc.collect()  # a task that failed unobserved reports it when collected
     finally:
         loop.close()
+    if stray and not result.error:
+        # not in the trace (when a cycle is collected is not the seed's to
+        # decide), but a failure: product code let an exception go unobserved
+        result.error = f"unobserved exception: {stray[0]}"
     result.trace = trace.lines
     result.digest = trace.digest()
     return result
+
+
+def _stray(context: dict[str, object]) -> str:
+    """One line for what the loop's exception handler got (a task's
+    exception nobody retrieved, a callback that raised)."""
+    error = context.get("exception")
+    what = f"{type(error).__name__}: {error}" if error is not None else ""
+    return f"{context.get('message', '')} {what}".strip()
 
 
 def cancel_all(loop: SimLoop) -> None:
