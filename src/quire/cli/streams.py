@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,18 +25,17 @@ if TYPE_CHECKING:  # imported where used: every `quire` command imports this mod
     from quire.streams import ControllerClient, Event, RemoteSegmentStore
 
 T = TypeVar("T")
-CONTROLLER_ENV = "QUIRE_CONTROLLER"
 SCALE_WAIT_S = 30.0
 
 controller_option = click.option(
     "--controller", "controller_uri", default=None, metavar="tcp://HOST:PORT",
-    help=f"Controller URI (default: ${CONTROLLER_ENV}, then tcp://127.0.0.1:9090).")
+    help="Controller URI (default: $QUIRE_CONTROLLER, then tcp://127.0.0.1:9090).")
 
 
 def controller_uri_of(given: str | None) -> str:
-    from quire.streams import DEFAULT_CONTROLLER_URI
+    from quire.streams import controller_uri
 
-    return given or os.environ.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER_URI
+    return controller_uri(given)
 
 
 def with_controller(uri: str | None,

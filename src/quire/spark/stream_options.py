@@ -43,13 +43,12 @@ offset long`` (``offset``: the segment offset of the event's 8-byte header).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from quire.errors import ConfigError
 from quire.spark.options import bool_option, positive_option
-from quire.streams.controller import DEFAULT_CONTROLLER_URI, controller_target
+from quire.streams.controller import controller_target, controller_uri
 from quire.tier2 import parse_tier2_uri
 
 EARLIEST = "earliest"
@@ -127,8 +126,7 @@ class StreamOptions:
         scope, sep, name = stream.partition("/")
         if not sep or not scope or not name or "/" in name:
             raise ValueError(f"option stream must be scope/stream, got {stream!r}")
-        controller = get("controller") or os.environ.get("QUIRE_CONTROLLER") \
-            or DEFAULT_CONTROLLER_URI
+        controller = controller_uri(get("controller"))
         try:
             controller_target(controller)
         except ConfigError as e:

@@ -65,11 +65,11 @@ from quire.spark.stream_commits import (
     sink_batch_write_id,
 )
 from quire.streams import (
-    DEFAULT_CONTROLLER_URI,
     ControllerClient,
     RemoteSegmentStore,
     StreamTransaction,
     controller_resolver,
+    controller_uri,
 )
 from quire.streams.controller import controller_target
 
@@ -78,7 +78,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quire.spark.streams")
 
-CONTROLLER_ENV = "QUIRE_CONTROLLER"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
@@ -99,8 +98,7 @@ class StreamSinkOptions:
         scope, sep, stream = target.partition("/")
         if not sep or not scope or not stream or "/" in stream:
             raise ValueError(f"option stream must be scope/stream, got {target!r}")
-        controller = (options.get("controller") or os.environ.get(CONTROLLER_ENV)
-                      or DEFAULT_CONTROLLER_URI)
+        controller = controller_uri(options.get("controller"))
         try:
             controller_target(controller)
         except QuireError as e:
@@ -163,7 +161,7 @@ def recover_stream_writes(controller: str | None = None, scope: str | None = Non
     their commit (all streams, one scope's, or one stream's), from any
     process; what was done.  Run it within ``txn_lease`` of the crash (a
     later write to the same stream does it too)."""
-    uri = controller or os.environ.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER_URI
+    uri = controller_uri(controller)
 
     async def go() -> RecoveryReport:
         controller_client, segments = await stream_clients(uri)

@@ -41,6 +41,7 @@ from quire.streams.controller import (
     StreamConfiguration,
     Transaction,
     TxnState,
+    controller_uri,
 )
 from quire.streams.model import Segment, frame_event, key_hash, segment_name
 from quire.streams.reader import Event, StreamReader, tail_cut
@@ -66,6 +67,7 @@ __all__ = [
     "TxnState",
     "WriterConfig",
     "controller_resolver",
+    "controller_uri",
     "frame_event",
     "key_hash",
     "metadata_resolver",

@@ -18,6 +18,7 @@ errors of :mod:`quire.errors`:
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,7 +43,15 @@ from quire.streams.model import Segment
 
 T = TypeVar("T")
 DEFAULT_CONTROLLER_URI = "tcp://127.0.0.1:9090"
+CONTROLLER_ENV = "QUIRE_CONTROLLER"
+"""The environment variable naming the controller when none is given."""
 _U64 = (1 << 64) - 1
+
+
+def controller_uri(given: str | None) -> str:
+    """The controller to use: ``given``, else ``$QUIRE_CONTROLLER``, else
+    :data:`DEFAULT_CONTROLLER_URI` (as the CLI and Spark's options do)."""
+    return given or os.environ.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER_URI
 
 _STATUS_ERRORS: dict[grpc.StatusCode, type[ControllerError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: ControllerInvalidArgumentError,
