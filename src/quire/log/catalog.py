@@ -333,16 +333,7 @@ class LogCatalog:
         change (a roll, a truncation, its close), but appends to its open
         ledger go on succeeding until then: stop the writer first.
         LogNotFoundError if there is no such log."""
-        for _ in range(MAX_ATTEMPTS):
-            head = await self.read_head(name)
-            ledger_ids, ops = await self._record_removals(name)
-            ops.append(DeleteRecord(rec.head_key(name), head.version))
-            try:
-                await self._store.transaction(ops)
-            except TransactionError:
-                continue  # the log changed meanwhile: look again
-            return head.value, ledger_ids
-        raise LogError(f"log {name!r} kept changing; discarding it gave up")
+        return await self._remove_records(name, even_if_held=True)
 
     async def _record_removals(self, name: str) -> tuple[set[int], list[Op]]:
         """The ids of the ledgers the log's records name and the deletions of
@@ -368,9 +359,18 @@ class LogCatalog:
         those registered by unfinished jobs), the caller's to delete.
         LogBusyError while a writer holds it; LogNotFoundError if there is no
         such log."""
+        _head, ledger_ids = await self._remove_records(name, even_if_held=False)
+        return ledger_ids
+
+    async def _remove_records(self, name: str, *, even_if_held: bool
+                              ) -> tuple[HeadRecord, set[int]]:
+        """Every record of the log and its head, in one transaction, retried
+        while the log changes; the head as it was and the ledger ids the
+        records named.  LogBusyError if a writer holds it, unless
+        ``even_if_held`` (:meth:`discard`)."""
         for _ in range(MAX_ATTEMPTS):
             head = await self.read_head(name)
-            if head.value.writer is not None:
+            if head.value.writer is not None and not even_if_held:
                 raise LogBusyError(f"log {name!r} is held by a writer (epoch "
                                    f"{head.value.writer.epoch}); close it or recover() first")
             ledger_ids, ops = await self._record_removals(name)
@@ -379,8 +379,9 @@ class LogCatalog:
                 await self._store.transaction(ops)
             except TransactionError:
                 continue  # the log changed meanwhile: look again
-            return ledger_ids
-        raise LogError(f"log {name!r} kept changing; delete gave up")
+            return head.value, ledger_ids
+        raise LogError(f"log {name!r} kept changing; "
+                       f"{'discarding it' if even_if_held else 'delete'} gave up")
 
 
 class LogHold:
