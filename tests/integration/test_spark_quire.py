@@ -31,7 +31,7 @@ from quire.log import LogInfo, LogJobs, LogStore, Position
 from quire.log import records as rec
 from quire.spark import QuireDataSource, collect_garbage
 from tests.support.cluster import Cluster
-from tests.support.spark import run_available_now
+from tests.support.spark import forget_last_commit, run_available_now
 
 T = TypeVar("T")
 
@@ -114,16 +114,6 @@ def save(df: DataFrame, uri: str, name: str, mode: str = "append", **options: st
     writer.mode(mode).save()
 
 
-def forget_last_commit(checkpoint: Path) -> int:
-    """Make the query's last micro-batch look uncommitted (as after a crash
-    between the sink's commit and Spark's commit log): Spark replays it."""
-    commits = checkpoint / "commits"
-    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    (commits / str(last)).unlink()
-    crc = commits / f".{last}.crc"
-    if crc.exists():
-        crc.unlink()
-    return last
 
 
 # --- registration ---------------------------------------------------------------------------

@@ -17,9 +17,9 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -35,13 +35,13 @@ from quire.log import LogStore
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port
 from quire.spark import recover_stream_writes
 from quire.spark.stream_commits import StreamCommits
-from quire.streams import ControllerClient, RemoteSegmentStore, controller_resolver, tail_cut
+from quire.streams import ControllerClient, RemoteSegmentStore, tail_cut
 from tests.integration.test_pravega_client import by_routing_key, read_slices
 from tests.support.cluster import Cluster
-from tests.support.spark import run_available_now
+from tests.support.spark import forget_last_commit, run_available_now
 from tests.support.spark_cluster import SparkStandalone
+from tests.support.stream_stack import with_stream_clients
 
-T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 SCOPE = "sink"
 
@@ -93,24 +93,11 @@ def create_stream(streams: Streams, name: str, segments: int = 3) -> None:
     assert pravega_client.StreamManager(streams.uri).create_stream(SCOPE, name, segments)
 
 
-def with_clients(uri: str, fn: Callable[[ControllerClient, RemoteSegmentStore],
-                                        Awaitable[T]]) -> T:
-    async def go() -> T:
-        controller = ControllerClient(uri)
-        segments = RemoteSegmentStore(controller_resolver(controller))
-        try:
-            return await fn(controller, segments)
-        finally:
-            await segments.close()
-            await controller.close()
-    return asyncio.run(go())
-
-
 def stream_bytes(uri: str, name: str) -> int:
     """Bytes in the stream's segments (events and their 8-byte headers)."""
     async def size(controller: ControllerClient, segments: RemoteSegmentStore) -> int:
         return sum((await tail_cut(controller, segments, SCOPE, name)).values())
-    return with_clients(uri, size)
+    return with_stream_clients(uri, size)
 
 
 def framed(events: list[str]) -> int:
@@ -124,7 +111,7 @@ def table_keys(uri: str) -> list[str]:
         async for entry in StreamCommits(controller, segments)._entries(""):
             found.append(entry.key.decode())
         return found
-    return with_clients(uri, keys)
+    return with_stream_clients(uri, keys)
 
 
 def read_events(uri: str, name: str, count: int) -> list[str]:
@@ -307,16 +294,6 @@ def write_log(metadata: str, name: str, payloads: list[bytes]) -> None:
     asyncio.run(go())
 
 
-def forget_last_commit(checkpoint: Path) -> int:
-    """Make the last micro-batch look uncommitted (a crash between the
-    sink's commit and Spark's commit log): Spark runs it again."""
-    commits = checkpoint / "commits"
-    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    (commits / str(last)).unlink()
-    crc = commits / f".{last}.crc"
-    if crc.exists():
-        crc.unlink()
-    return last
 
 
 def sink_progress(uri: str, name: str, sink_id: str) -> int | None:
@@ -325,7 +302,7 @@ def sink_progress(uri: str, name: str, sink_id: str) -> int | None:
         record, _ = await StreamCommits(controller, segments).sink_progress(SCOPE, name,
                                                                             sink_id)
         return None if record is None else record.batch_id
-    return with_clients(uri, progress)
+    return with_stream_clients(uri, progress)
 
 
 def test_stream_sink_is_exactly_once_across_a_restart_from_its_checkpoint(

@@ -36,7 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 from quire.spark import STREAM_SCHEMA, StreamBatchReader, StreamDataLossError, StreamOptions
 from quire.spark.stream_read import SegmentRange
 from tests.support.cluster import Cluster
-from tests.support.spark import run_available_now
+from tests.support.spark import forget_last_commit, run_available_now
 from tests.support.stream_stack import StreamStack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,16 +135,6 @@ def test_batch_read_between_stream_cuts_of_a_pravega_written_stream(
 # --- streaming -------------------------------------------------------------------------------
 
 
-def forget_last_commit(checkpoint: Path) -> int:
-    """Make the query's last micro-batch look uncommitted (as after a driver
-    crash before Spark's commit log): a restarted query replays it."""
-    commits = checkpoint / "commits"
-    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    (commits / str(last)).unlink()
-    crc = commits / f".{last}.crc"
-    if crc.exists():
-        crc.unlink()
-    return last
 
 
 def run_query(spark: SparkSession, stack: StreamStack, stream: str, checkpoint: Path,

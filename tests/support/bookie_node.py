@@ -16,8 +16,8 @@ from quire.bookie.storage import StorageConfig
 from quire.errors import StatusCode
 from quire.node import BookieNode
 from quire.protocol import AddResponse, Decoder, DigestManager, encode_add_request, master_key
-from quire.sandbox import LOCAL_BOOKIE_SETTINGS
 from quire.types import DigestType
+from tests.support.bookies import TEST_SETTINGS
 from tests.support.fake_transport import FakeTransport
 
 PASSWORD = b"pw"
@@ -30,14 +30,16 @@ def node_config(tmp_path: Path, *, storage: dict[str, Any] | None = None,
                 **bookie: Any) -> BookieConfig:
     """A bookie on a free port with its data and SQLite metadata under
     ``tmp_path``; ``storage`` and ``bookie`` override settings."""
-    # the sandbox's disk thresholds (the test machine's disk may be full)
-    local = {k: v for k, v in LOCAL_BOOKIE_SETTINGS.items() if k.startswith("disk_usage")}
+    # the test bookie processes' disk thresholds (the machine's disk may be
+    # full) and journal file size
+    disk = {k: TEST_SETTINGS[k] for k in ("disk_usage_threshold", "disk_usage_lwm_threshold")}
     return BookieConfig(**{"bookie_id": "b1", "port": 0, "metrics_port": -1,
-                           "metadata_uri": f"sqlite:///{tmp_path}/meta.db", **local, **bookie},
-                        storage=StorageConfig(**{"journal_dirs": (tmp_path / "data",),
-                                                 "ledger_dirs": (tmp_path / "data",),
-                                                 "journal_file_size_bytes": 4 * 1024 * 1024,
-                                                 **(storage or {})}))
+                           "metadata_uri": f"sqlite:///{tmp_path}/meta.db", **disk, **bookie},
+                        storage=StorageConfig(**{
+                            "journal_dirs": (tmp_path / "data",),
+                            "ledger_dirs": (tmp_path / "data",),
+                            "journal_file_size_bytes": TEST_SETTINGS["journal_file_size_bytes"],
+                            **(storage or {})}))
 
 
 @contextlib.asynccontextmanager

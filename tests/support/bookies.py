@@ -22,6 +22,7 @@ from quire.protocol import Decoder, ReadRequest, Request, Response
 from quire.testing.power_loss import emulate_power_loss
 
 TEST_SETTINGS: dict[str, Any] = {
+    **sandbox.LOCAL_BOOKIE_SETTINGS,
     "flush_interval_ms": 200,
     "gc_interval_ms": 600_000,
     # GC off unless a test turns it on: most tests write ledgers that have no

@@ -57,6 +57,19 @@ def start_spark(tmp: Path) -> SparkSession:
     return spark
 
 
+def forget_last_commit(checkpoint: Path) -> int:
+    """Make a query's last micro-batch look uncommitted (as after a crash
+    between the sink's commit and Spark's commit log): a restarted query
+    runs it again.  Returns its batch id."""
+    commits = checkpoint / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    crc = commits / f".{last}.crc"
+    if crc.exists():
+        crc.unlink()
+    return last
+
+
 CONNECT_BACK = "failed to connect back"
 
 

@@ -24,6 +24,23 @@ from quire.tier2 import SegmentLayout, open_chunk_storage
 T = TypeVar("T")
 
 
+def with_stream_clients(uri: str,
+                        fn: Callable[[ControllerClient, RemoteSegmentStore], Awaitable[T]],
+                        timeout_ms: int = 30_000) -> T:
+    """``fn(controller, segments)`` with fresh clients of the controller at
+    ``uri`` (calls time out after ``timeout_ms``), on a fresh loop."""
+    async def go() -> T:
+        controller = ControllerClient(uri, timeout_ms=timeout_ms)
+        segments = RemoteSegmentStore(controller_resolver(controller))
+        try:
+            return await fn(controller, segments)
+        finally:
+            await segments.close()
+            await controller.close()
+
+    return asyncio.run(go())
+
+
 @dataclass
 class StreamStack:
     """The segment store and controller processes over a cluster's bookies."""
@@ -69,16 +86,7 @@ class StreamStack:
 
     def run(self, fn: Callable[[ControllerClient, RemoteSegmentStore], Awaitable[T]]) -> T:
         """``fn(controller, segments)`` with fresh clients, on a fresh loop."""
-        async def go() -> T:
-            controller = ControllerClient(self.uri, timeout_ms=20_000)
-            segments = RemoteSegmentStore(controller_resolver(controller))
-            try:
-                return await fn(controller, segments)
-            finally:
-                await segments.close()
-                await controller.close()
-
-        return asyncio.run(go())
+        return with_stream_clients(self.uri, fn, timeout_ms=20_000)
 
     def create(self, scope: str, stream: str, segments: int) -> None:
         async def create(controller: ControllerClient, _s: RemoteSegmentStore) -> None:
