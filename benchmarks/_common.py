@@ -1,6 +1,6 @@
 """Pieces the benchmark scripts share: the disk's raw fsync rate and latency,
 scraping a bookie's /metrics, a Redis server and redis-py's reply parsers,
-the median of rounds, and a progress line on stderr."""
+the median of rounds, a progress line on stderr, and a local Spark session."""
 
 from __future__ import annotations
 
@@ -204,3 +204,24 @@ async def write_closed_ledgers(uri: str, ledgers: int, entries_per_ledger: int,
         return ledgers * entries_per_ledger / (time.monotonic() - started)
     finally:
         await client.close()
+
+
+def local_spark_session(app: str, cores: int, root: Path) -> Any:
+    """A ``local[cores]`` SparkSession for a benchmark: no UI or progress
+    bar, on loopback, 2 GiB of driver memory, ``cores`` shuffle partitions,
+    scratch under ``root/spark``, Python workers on this interpreter."""
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (SparkSession.builder.master(f"local[{cores}]")
+             .appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "2g")
+             .config("spark.sql.shuffle.partitions", str(cores))
+             .config("spark.local.dir", str(root / "spark"))
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

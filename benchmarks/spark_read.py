@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
+from benchmarks._common import local_spark_session
 from quire.client import Client, ReadHandle
 from quire.errors import QueueFullError
 from quire.log import LogStore
@@ -119,7 +119,6 @@ def main() -> None:
     if args.ledgers < 2 or args.entry_bytes < 12:
         parser.error("need --ledgers >= 2 and --entry-bytes >= 12")
 
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     with tempfile.TemporaryDirectory(prefix="quire-spark-bench-") as tmp:
@@ -133,18 +132,7 @@ def main() -> None:
             print(f"log {LOG}: {args.entries} entries of {args.entry_bytes} B in "
                   f"{args.ledgers} ledgers (raw client write {write_rate:,.0f} entries/s)")
 
-            os.environ["PYSPARK_PYTHON"] = sys.executable
-            spark = (SparkSession.builder.master(f"local[{args.cores}]")
-                     .appName("quire-spark-bench")
-                     .config("spark.ui.enabled", "false")
-                     .config("spark.ui.showConsoleProgress", "false")
-                     .config("spark.driver.host", "127.0.0.1")
-                     .config("spark.driver.bindAddress", "127.0.0.1")
-                     .config("spark.driver.memory", "2g")
-                     .config("spark.sql.shuffle.partitions", str(args.cores))
-                     .config("spark.local.dir", str(root / "spark"))
-                     .getOrCreate())
-            spark.sparkContext.setLogLevel("ERROR")
+            spark = local_spark_session("quire-spark-bench", args.cores, root)
             df = (spark.read.format("quire").option("metadata", uri).option("log", LOG).load())
             df.count()  # warm-up: JVM, Python workers, connections
 

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
 
+from benchmarks._common import local_spark_session
 from quire.sandbox import Sandbox
 from quire.segmentstore.storage_writer import read_layout
 from quire.streams import (
@@ -124,8 +125,6 @@ async def read_own(uri: str) -> tuple[int, int, float]:
 
 
 def spark_session(args: argparse.Namespace, root: Path, cluster: Any) -> Any:
-    from pyspark.sql import SparkSession
-
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if cluster is not None:
@@ -133,18 +132,7 @@ def spark_session(args: argparse.Namespace, root: Path, cluster: Any) -> Any:
 
         return cluster_session("quire-stream-bench", cluster.master_url,
                                {"spark.ui.showConsoleProgress": "false"})
-    spark = (SparkSession.builder.master(f"local[{args.cores}]")
-             .appName("quire-stream-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.memory", "2g")
-             .config("spark.sql.shuffle.partitions", str(args.cores))
-             .config("spark.local.dir", str(root / "spark"))
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_spark_session("quire-stream-bench", args.cores, root)
 
 
 def stream_frame(spark: Any, uri: str, tier2: str | None) -> Any:
@@ -193,8 +181,8 @@ def main() -> None:
                              "figures are each reader's median")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    if args.size < 10 or args.events < 1:
-        parser.error("need --size >= 10 and --events >= 1")
+    if args.size < 10 or args.events < 1 or args.rounds < 1:
+        parser.error("need --size >= 10, --events >= 1 and --rounds >= 1")
 
     with tempfile.TemporaryDirectory(prefix="quire-stream-bench-") as tmp:
         root = Path(tmp)
@@ -219,7 +207,7 @@ def main() -> None:
             warm_s = warm_up(spark, uri, tier2)
             expected = (args.events, args.events * args.size)
             times: dict[str, list[float]] = {"own": [], "ss": [], "t2": []}
-            for round_no in range(1, max(1, args.rounds) + 1):
+            for round_no in range(1, args.rounds + 1):
                 results = {"own": uvloop.run(read_own(uri)),
                            "ss": measure(spark, uri, None),
                            "t2": measure(spark, uri, tier2)}
@@ -232,17 +220,17 @@ def main() -> None:
                           f"store {ss_s:.2f} s, via tier-2 {t2_s:.2f} s: "
                           f"{own_s / ss_s:.2f}x, {ss_s / t2_s:.2f}x", flush=True)
             own_s, ss_s, t2_s = (statistics.median(times[w]) for w in ("own", "ss", "t2"))
-            own_rows = ss_rows = t2_rows = args.events
+            rows = args.events  # every reader read them all (asserted above)
             figures = {
                 "events": args.events, "size": args.size, "segments": args.segments,
                 "spark": "standalone 2x1 core" if cluster else f"local[{args.cores}]",
                 "stored_bytes": stored, "write_events_per_s": write_rate,
-                "own_reader_rows_per_s": own_rows / own_s,
-                "spark_segment_store_rows_per_s": ss_rows / ss_s,
-                "spark_tier2_rows_per_s": t2_rows / t2_s,
-                "ratio_spark_vs_own": (ss_rows / ss_s) / (own_rows / own_s),
+                "own_reader_rows_per_s": rows / own_s,
+                "spark_segment_store_rows_per_s": rows / ss_s,
+                "spark_tier2_rows_per_s": rows / t2_s,
+                "ratio_spark_vs_own": own_s / ss_s,
                 "ratio_tier2_vs_segment_store": ss_s / t2_s,
-                "warm_up_s": warm_s, "rounds": max(1, args.rounds),
+                "warm_up_s": warm_s, "rounds": args.rounds,
                 "loadavg_1m": os.getloadavg()[0],
             }
             if args.json:
@@ -251,12 +239,12 @@ def main() -> None:
                 print(f"stream {SCOPE}/{STREAM}: {args.events:,} events of {args.size} B in "
                       f"{args.segments} segments (write {write_rate:,.0f} events/s), "
                       f"{stored:,} B flushed to tier-2")
-                print(f"medians of {max(1, args.rounds)} round(s):")
-                print(f"Quire StreamReader           {own_rows / own_s:>12,.0f} rows/s "
+                print(f"medians of {args.rounds} round(s):")
+                print(f"Quire StreamReader           {rows / own_s:>12,.0f} rows/s "
                       f"({own_s:.2f} s)")
-                print(f"Spark {figures['spark']:<22} {ss_rows / ss_s:>12,.0f} rows/s "
+                print(f"Spark {figures['spark']:<22} {rows / ss_s:>12,.0f} rows/s "
                       f"({ss_s:.2f} s, through the segment store)")
-                print(f"Spark, tier-2 directly       {t2_rows / t2_s:>12,.0f} rows/s "
+                print(f"Spark, tier-2 directly       {rows / t2_s:>12,.0f} rows/s "
                       f"({t2_s:.2f} s)")
                 print(f"ratio Spark/StreamReader {figures['ratio_spark_vs_own']:.2f} "
                       f"(goal >= 0.5); tier-2/segment store "
