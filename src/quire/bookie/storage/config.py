@@ -86,8 +86,15 @@ class StorageConfig:
     cache (one ``pread``; 0 reads the one entry)."""
     entry_log_max_bytes: int = 512 * _MiB
     """An entry log is closed and a new one started once it would grow past this."""
-    entry_log_write_buffer_bytes: int = 1 * _MiB
-    """Checkpoint writes entry logs in chunks of about this size."""
+    entry_log_write_buffer_bytes: int = 256 * 1024
+    """Checkpoint writes entry logs in chunks of about this size, each one
+    write to the device.  Small enough that a journal write arriving during
+    a checkpoint waits behind little: where the journal shares the disk with
+    the entry logs (or with other bookies), each journal fsync queued behind
+    1 MiB direct writes and flushed them with its own, and took 20-50 ms
+    during every checkpoint where it took 1-2 ms between them; with 256 KiB
+    pieces it stays under 10 ms (``docs/performance.md``, "Checkpoint
+    writes and the journal's tail")."""
     entry_log_remove_pages_from_cache: bool = True
     """After each checkpoint's fsync, advise the kernel to drop the entry-log
     pages it wrote (the partly written last page stays), as BookKeeper's
