@@ -6,8 +6,10 @@ the same payloads with 256 outstanding (E=3 W=3 A=2): raw ``ledger.append``
 of one container (round robin) of single events (frames pack many per
 entry) and of blocks of 100 events (as the Pravega client sends them),
 counted in events; for 100 B and 1 KiB events.  Prints appends/s,
-events/s, MB/s, p50/p99, and the time to reopen the container (replaying
-everything written, as part 1 never truncates tier-1).  Under each segment
+events/s, MB/s, p50/p99, CPU per append of this process (the client and
+the driver) and of the three bookie processes together, and the time to
+reopen the container (replaying everything written, as part 1 never
+truncates tier-1).  Under each segment
 row, the phases its latency is made of: the frames it took (operations
 and KiB per frame) and their tier-1 acknowledgement, append of the frame
 to its ack (p50/p99/max: the bookies' share), and the garbage collections
@@ -42,6 +44,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -126,6 +129,20 @@ class Phases:
         return figures
 
 
+BOOKIE_PIDS: list[int] = []
+"""The bookie processes, whose CPU :func:`drive` reports per call."""
+
+
+def bookies_cpu_s() -> float:
+    """CPU seconds the bookie processes have used (``/proc/<pid>/stat``)."""
+    ticks = 0
+    for pid in BOOKIE_PIDS:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int
                 ) -> dict[str, float]:
     """``call(i)`` for i < count with ``outstanding`` in flight; rate, latencies
@@ -158,17 +175,19 @@ async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstand
         elif len(latencies) == count and not done.done():
             done.set_result(None)
 
-    start, cpu_start = clock(), time.process_time()
+    start, cpu_start, bookies_start = clock(), time.process_time(), bookies_cpu_s()
     for _ in range(min(outstanding, count)):
         issue()
     await done
     seconds = clock() - start
     cpu = time.process_time() - cpu_start
+    bookies_cpu = bookies_cpu_s() - bookies_start
     if failures:
         raise failures[0]
     latencies.sort()
     return {"per_s": count / seconds, "seconds": seconds,
             "client_cpu_us": cpu / count * 1e6,
+            "bookies_cpu_us": bookies_cpu / count * 1e6,
             "p50_ms": statistics.median(latencies) * 1000,
             "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000}
 
@@ -196,7 +215,8 @@ async def fill(store: SegmentStore, gib: float) -> dict[str, Any]:
     block = b"r" * (512 << 10)
     count = max(0, -(-(target - have) // len(block)))
     written = await drive(lambda i: store.append(name, block), count, 16) if count else \
-        {"per_s": 0.0, "seconds": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "client_cpu_us": 0.0}
+        {"per_s": 0.0, "seconds": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "client_cpu_us": 0.0,
+         "bookies_cpu_us": 0.0}
     return {"what": f"fill to {gib:g} GiB of tier-1, appends of 512 KiB", **written,
             "events_per_s": written["per_s"], "x_raw_events": None,
             "mb_per_s": written["per_s"] * len(block) / 1e6}
@@ -312,6 +332,7 @@ def main() -> None:
         uri = sqlite_uri(root / "metadata.db")
         bookies = [BookieProcess(root, uri, f"bench-{i}", port=0) for i in range(3)]
         start_all(bookies)
+        BOOKIE_PIDS[:] = [b.proc.pid for b in bookies if b.proc is not None]
         try:
             if args.gc_gen0_threshold >= 0:
                 tune_interpreter(args.gc_gen0_threshold)
@@ -330,7 +351,7 @@ def main() -> None:
         print(f"  {r['what']:<38} {r['per_s']:>8.0f} appends/s {r['events_per_s']:>8.0f} "
               f"events/s ({x}x raw) {r['mb_per_s']:>6.1f} MB/s  "
               f"p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms  "
-              f"client CPU {r['client_cpu_us']:5.1f} us")
+              f"CPU us: client {r['client_cpu_us']:5.1f}, bookies {r['bookies_cpu_us']:5.1f}")
         if "frames" in r:
             print(f"  {'':<38} frames: {r['frames']} of {r['ops_per_frame']:.0f} ops / "
                   f"{r['frame_kib']:.0f} KiB, tier-1 ack p50 {r['frame_ack_p50_ms']:.1f} ms "

@@ -29,6 +29,10 @@ def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
                          "10 segment(s), 1 event of 100 B", "raw ledger.append, 1024 B",
                          "1 segment(s), 1 event of 1024 B", "10 segment(s), 1 event of 1024 B"]
     assert all("100 events" in w for w in order[6:10])
+    # the bookies' CPU is read in clock ticks (10 ms): a tiny row may show
+    # none, the whole run not
+    assert all(r["bookies_cpu_us"] >= 0 for r in rows.values() if "per_s" in r)
+    assert sum(r.get("bookies_cpu_us", 0) for r in rows.values()) > 0
     for size in (100, 1024):
         assert rows[f"raw ledger.append, {size} B"]["x_raw_events"] == 1.0
         assert rows[f"raw ledger.append, {size} B"]["client_cpu_us"] > 0
