@@ -7,16 +7,14 @@ The ledger client and the names its users need::
     client = await quire.Client.connect("sqlite:////tmp/quire/meta.db")
     ledger = await client.create_ledger(ensemble_size=3, write_quorum_size=3,
                                         ack_quorum_size=2, password=b"secret")
+
+The ledger client's names are loaded on first use (PEP 562): importing a
+module of another layer (``quire.errors``, ``quire.streams``, the Spark data
+source in a fresh Python worker) does not pay for the ledger client.
 """
 
-from quire.client import (
-    Client,
-    ClientConfig,
-    LedgerEntry,
-    ReadHandle,
-    SyncClient,
-    WriteHandle,
-)
+from typing import TYPE_CHECKING, Any
+
 from quire.errors import (
     BookieUnavailableError,
     ClientClosedError,
@@ -39,6 +37,29 @@ from quire.errors import (
     UnauthorizedError,
 )
 from quire.types import DigestType, LedgerState, LedgerType
+
+if TYPE_CHECKING:
+    from quire.client import (
+        Client,
+        ClientConfig,
+        LedgerEntry,
+        ReadHandle,
+        SyncClient,
+        WriteHandle,
+    )
+
+_CLIENT_NAMES = frozenset({"Client", "ClientConfig", "LedgerEntry", "ReadHandle", "SyncClient",
+                           "WriteHandle"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT_NAMES:
+        import quire.client
+
+        value = getattr(quire.client, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'quire' has no attribute {name!r}")
 
 __all__ = [
     "BookieUnavailableError",

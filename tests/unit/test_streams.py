@@ -41,8 +41,7 @@ from quire.pravega_wire import (
 )
 from quire.segmentserver import SegmentServer
 from quire.segmentstore import NOT_EXISTS, SegmentStore, SegmentStoreConfig, SegmentType
-from quire.segmentstore.names import container_of
-from quire.segmentstore.store import CONTAINER_COUNT_KEY
+from quire.segmentstore.names import CONTAINER_COUNT_KEY, container_of
 from quire.streams import (
     ControllerClient,
     RemoteSegmentStore,

@@ -30,6 +30,9 @@ Modules, each importing only those listed before it:
   container rebuilt from tier-2 alone onto fresh tier-1 logs.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from quire.errors import (
     BadAttributeUpdateError,
     BadOffsetError,
@@ -44,9 +47,6 @@ from quire.errors import (
     TableKeyBadVersionError,
     TableKeyNotFoundError,
 )
-from quire.segmentstore.container import ContainerConfig, SegmentContainer
-from quire.segmentstore.ownership import ContainerOwnership, OwnershipSettings, owner_address
-from quire.segmentstore.store import SegmentStore, SegmentStoreConfig
 from quire.segmentstore.tables import NOT_EXISTS, TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
     NULL_ATTRIBUTE_VALUE,
@@ -58,6 +58,31 @@ from quire.segmentstore.types import (
     SegmentType,
     UpdateType,
 )
+
+if TYPE_CHECKING:
+    from quire.segmentstore.container import ContainerConfig, SegmentContainer
+    from quire.segmentstore.ownership import ContainerOwnership, OwnershipSettings, owner_address
+    from quire.segmentstore.store import SegmentStore, SegmentStoreConfig
+
+_LAZY = {
+    "ContainerConfig": "container", "SegmentContainer": "container",
+    "ContainerOwnership": "ownership", "OwnershipSettings": "ownership",
+    "owner_address": "ownership",
+    "SegmentStore": "store", "SegmentStoreConfig": "store",
+}
+"""Names loaded on first use (PEP 562): the container and the store bring in
+the ledger client and the log layer, which a user of the value types (the
+stream client, the Spark data source's planner and tasks) does not need."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'quire.segmentstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"quire.segmentstore.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "NOT_EXISTS",

@@ -70,6 +70,7 @@ from quire.segmentstore.container import SegmentContainer, wall_clock_ms
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.names import (
     ATTRIBUTES_SUFFIX,
+    CONTAINER_COUNT_KEY,
     INDEX_SUFFIX,
     container_log_name,
     container_of,
@@ -86,7 +87,6 @@ from quire.segmentstore.storage_writer import (
 )
 from quire.segmentstore.store import (
     CONTAINER_COUNT_CHUNK,
-    CONTAINER_COUNT_KEY,
     LOG_PASSWORD,
     SegmentStoreConfig,
     cluster_container_count,

@@ -17,6 +17,8 @@ INDEX_SUFFIX = "$index"
 TRANSACTION_DELIMITER = "#transaction."
 TRANSIENT_DELIMITER = "#transient."
 SYSTEM_SCOPE = "_system"
+CONTAINER_COUNT_KEY = "segmentstore/container_count"
+"""The metadata record holding the cluster's container count (fixed once set)."""
 
 
 def base_segment_name(name: str) -> str:

@@ -59,6 +59,7 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from quire.errors import (
     ChunkNotFoundError,
@@ -66,8 +67,6 @@ from quire.errors import (
     SegmentStoreError,
     SegmentTruncatedError,
 )
-from quire.segmentstore.container import SegmentContainer
-from quire.segmentstore.metadata import SegmentMetadata
 from quire.segmentstore.names import (
     ATTRIBUTES_SUFFIX,
     INDEX_SUFFIX,
@@ -96,6 +95,10 @@ from quire.tier2 import (
     read_segment,
 )
 from quire.tier2.config import DEFAULT_MAX_CHUNK_BYTES
+
+if TYPE_CHECKING:  # the container is the writer's input, not needed to read a layout
+    from quire.segmentstore.container import SegmentContainer
+    from quire.segmentstore.metadata import SegmentMetadata
 
 USER, SYSTEM, METADATA = 0, 1, 2
 """Flush priority buckets, flushed in this order."""

@@ -34,7 +34,12 @@ from quire.errors import (
 from quire.log import DurableDataLog, NamedDataLog, WriterOptions
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
-from quire.segmentstore.names import SYSTEM_SCOPE, container_log_name, container_of
+from quire.segmentstore.names import (
+    CONTAINER_COUNT_KEY,
+    SYSTEM_SCOPE,
+    container_log_name,
+    container_of,
+)
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig, Tier2Reader
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.types import (
@@ -48,7 +53,6 @@ from quire.segmentstore.types import (
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
 
 T = TypeVar("T")
-CONTAINER_COUNT_KEY = "segmentstore/container_count"
 DEFAULT_CONTAINER_COUNT = 4
 LOG_PASSWORD = b"quire-segmentstore"
 _ROUTE_CACHE_SIZE = 100_000

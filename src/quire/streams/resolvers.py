@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from quire.errors import ContainerNotOwnedError
 from quire.metadata import MetadataStore
-from quire.segmentstore.names import container_of
-from quire.segmentstore.store import CONTAINER_COUNT_KEY
+from quire.segmentstore.names import CONTAINER_COUNT_KEY, container_of
 from quire.streams.controller import ControllerClient
 from quire.streams.model import parse_segment_name
 from quire.streams.segments import Resolver
