@@ -29,6 +29,7 @@ from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
+    ContainerConfig,
     ContainerOwnership,
     OwnershipSettings,
     SegmentStore,
@@ -71,6 +72,10 @@ class SegmentStoreHostConfig:
     """The storage writer's flush thresholds and iteration interval (see
     :class:`~quire.segmentstore.storage_writer.StorageWriterConfig`, whose
     defaults these are); tests and benchmarks lower them to flush at once."""
+    read_index_budget_bytes: int = 256 << 20
+    """Each container's in-memory data (its read index, Pravega's cache):
+    recent appends are served from it; older data is read back from tier-1,
+    or from tier-2 once flushed there."""
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
@@ -78,6 +83,8 @@ class SegmentStoreHostConfig:
     def __post_init__(self) -> None:
         if self.container_count < 0:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
+        if self.read_index_budget_bytes < 0:
+            raise ConfigError("read_index_budget_bytes must not be negative")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
@@ -160,6 +167,8 @@ class SegmentStoreHost:
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
+                    container=ContainerConfig(
+                        read_index_budget_bytes=cfg.read_index_budget_bytes),
                     storage_writer=StorageWriterConfig(
                         flush_threshold_bytes=cfg.tier2_flush_threshold_bytes,
                         flush_threshold_ms=cfg.tier2_flush_threshold_ms,

@@ -130,6 +130,8 @@ class ContainerConfig:
     frame_cut_bytes: int = 256 << 10
     """... or this many bytes."""
     read_index_budget_bytes: int = 256 << 20
+    """Committed data kept in memory (Pravega's cache); past it the oldest is
+    dropped and read back from tier-1, or tier-2 once flushed there."""
     checkpoint_every_bytes: int = 64 << 20
     """Write a metadata checkpoint after this many bytes of operations."""
 
