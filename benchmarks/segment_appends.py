@@ -20,9 +20,11 @@ flight, CPU), not in tier-1.
     .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
         [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
         [--frames-in-flight N] [--frame-cut-ops N] [--frame-cut-bytes N]
-        [--reopen-gib G] [--warmup N] [--gc-gen0-threshold N] [--json]
+        [--reopen-gib G] [--warmup N] [--lead-in N] [--gc-gen0-threshold N] [--json]
 
-Fairness: the rows run in one order for every size, single events first
+Fairness: before each row the bookies are let finish the previous one's
+checkpoint work (:func:`settle`) and a lead-in of the row's own kind of
+append runs unrecorded (:func:`row`); the rows run in one order for every size, single events first
 (raw, then 1, 10 and 1,000 segments), and the blocks of 100 events of every
 size only after all of them, so that no single-event row (nor a raw one)
 follows the 100 MB of block writes the bookies are still flushing; a short
@@ -143,6 +145,25 @@ def bookies_cpu_s() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+async def settle(idle_fraction: float = 0.05, interval_s: float = 0.1,
+                 timeout_s: float = 15.0) -> float:
+    """Wait until the bookies are idle: below ``idle_fraction`` of a core
+    together over an ``interval_s`` (polled, up to ``timeout_s``); the
+    seconds waited.  A row would otherwise pay for the previous row's
+    checkpoints (the index entries and entry-log writes of 100,000 raw
+    entries take the bookies about a second after the row ends), so the
+    row after the raw one looked slower than the one after it."""
+    start = time.perf_counter()
+    used = bookies_cpu_s()
+    while time.perf_counter() - start < timeout_s:
+        await asyncio.sleep(interval_s)  # a poll of the bookies' CPU, with a deadline
+        now = bookies_cpu_s()
+        if now - used < idle_fraction * interval_s:
+            break
+        used = now
+    return time.perf_counter() - start
+
+
 async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int
                 ) -> dict[str, float]:
     """``call(i)`` for i < count with ``outstanding`` in flight; rate, latencies
@@ -190,6 +211,27 @@ async def drive(call: Callable[[int], asyncio.Future[Any]], count: int, outstand
             "bookies_cpu_us": bookies_cpu / count * 1e6,
             "p50_ms": statistics.median(latencies) * 1000,
             "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000}
+
+
+async def row(call: Callable[[int], asyncio.Future[Any]], count: int, outstanding: int,
+              lead_in: int, phases: Phases | None = None,
+              store: SegmentStore | None = None) -> dict[str, Any]:
+    """One measured row: let the bookies settle, run ``lead_in`` unrecorded
+    calls of the same kind, then :func:`drive` ``count`` recorded ones
+    (numbered on from the lead-in, so writers' event numbers keep rising)
+    and, for a segment row, its phases.  The lead-in is there because the
+    first row of a kind after another kind ran slower (the first segment
+    row after a raw one at about 0.8x the next, whichever segment count it
+    had), with the bookies settled or not."""
+    await settle()
+    if lead_in:
+        await drive(call, lead_in, outstanding)
+    if phases is not None and store is not None:
+        phases.start(store)
+    result = await drive(lambda i: call(lead_in + i), count, outstanding)
+    if phases is not None and store is not None:
+        result.update(phases.stop(store))
+    return result
 
 
 async def warm_up(client: Client, store: SegmentStore, args: argparse.Namespace) -> None:
@@ -244,11 +286,12 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             if args.warmup:
                 await warm_up(client, store, args)
             bases: dict[int, float] = {}
+            lead_in = args.appends // 10 if args.lead_in < 0 else args.lead_in
             for size in args.sizes:
                 event = b"e" * size
                 ledger = await client.create_ledger(3, 3, 2, password=b"bench")
-                raw = await drive(lambda i, ledger=ledger, event=event: ledger.append(event),
-                                  args.appends, args.outstanding)
+                raw = await row(lambda i, ledger=ledger, event=event: ledger.append(event),
+                                args.appends, args.outstanding, lead_in)
                 await ledger.close()
                 base = bases[size] = raw["per_s"]
                 results.append({"what": f"raw ledger.append, {size} B", **raw,
@@ -257,12 +300,10 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 for count in args.segments:
                     names = [f"bench/{size}/{count}/{i}" for i in range(count)]
                     await asyncio.gather(*(store.create_segment(n) for n in names))
-                    phases.start(store)
-                    single = await drive(
+                    single = await row(
                         lambda i, names=names, event=event: store.append(names[i % len(names)],
                                                                          event),
-                        args.appends, args.outstanding)
-                    single.update(phases.stop(store))
+                        args.appends, args.outstanding, lead_in, phases, store)
                     results.append({"what": f"{count} segment(s), 1 event of {size} B", **single,
                                     "events_per_s": single["per_s"],
                                     "x_raw_events": single["per_s"] / base,
@@ -273,12 +314,11 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 block = b"e" * size * 100
                 for count in args.segments:
                     names = [f"bench/{size}/{count}/{i}" for i in range(count)]
-                    phases.start(store)
-                    grouped = await drive(
+                    grouped = await row(
                         lambda i, names=names, block=block: store.append(
                             names[i % len(names)], block, writer=(1 + i % len(names), i)),
-                        max(1, args.appends // 20), args.outstanding)
-                    grouped.update(phases.stop(store))
+                        max(1, args.appends // 20), args.outstanding, lead_in // 20, phases,
+                        store)
                     results.append({"what": f"{count} segment(s), 100 events of {size} B",
                                     **grouped, "events_per_s": grouped["per_s"] * 100,
                                     "x_raw_events": grouped["per_s"] * 100 / bases[size],
@@ -321,6 +361,9 @@ def main() -> None:
                              "container's last checkpoint (1 for the issue's figure)")
     parser.add_argument("--warmup", type=int, default=2_000,
                         help="unrecorded appends of each kind before the rows (0: none)")
+    parser.add_argument("--lead-in", type=int, default=-1,
+                        help="unrecorded appends of a row's own kind before it is measured "
+                             "(-1: a tenth of --appends; blocks: a twentieth of that)")
     parser.add_argument("--gc-gen0-threshold", type=int,
                         default=SegmentStoreHostConfig().gc_gen0_threshold_allocations,
                         help="the process's gen-0 GC threshold, as the segment store host "
