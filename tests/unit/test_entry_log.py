@@ -222,3 +222,40 @@ def test_a_refused_direct_write_goes_on_through_the_page_cache(
                                             rows1.offsets + rows2.offsets, strict=True):
         assert logger.read_run(log_id, 1, [(key[1], offset, len(entry))]) == [(key[1], entry)]
     logger.close()
+
+
+def test_pieces_grow_while_batches_fall_behind_and_shrink_once_they_keep_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch is written in small pieces (a journal sharing the disk waits
+    behind little) until one took more than half the time since the one
+    before (checkpoints falling behind): the next is written in bulk pieces,
+    and the one after that, quick again, in small ones."""
+    times = iter([0.0, 0.1, 1.0, 1.6, 2.0, 2.1])  # (start, end) of three batches
+    logger = EntryLogger(tmp_path, max_bytes=1 << 20, write_buffer_bytes=4096,
+                         bulk_write_buffer_bytes=16384, clock=lambda: next(times))
+    sizes: list[int] = []
+    real = entry_log.pwrite_all
+
+    def pwrite_all(fd: int, data: bytes, offset: int, *args: object, **kwargs: object) -> int:
+        sizes.append(len(data))
+        return real(fd, data, offset, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(entry_log, "pwrite_all", pwrite_all)
+
+    def batch(base: int) -> list[tuple[tuple[int, int], bytes]]:
+        return [((1, base + i), filler_entry(1, base + i, 1000, b"%d %d ")) for i in range(40)]
+
+    assert logger.piece_bytes == 4096
+    logger.write_batch(batch(0))  # nothing before it to compare with
+    assert max(sizes) <= 4096 and logger.piece_bytes == 4096
+    sizes.clear()
+    logger.write_batch(batch(40))  # 0.6 s of the 1.0 s since the last one: behind
+    assert max(sizes) <= 4096 and logger.piece_bytes == 16384
+    sizes.clear()
+    bulk = batch(80)
+    rows, _ = logger.write_batch(bulk)  # in bulk pieces; 0.1 s of 1.0 s: caught up
+    assert 4096 < max(sizes) <= 16384 and logger.piece_bytes == 4096
+    for (key, entry), log_id, offset in zip(bulk, rows.log_ids, rows.offsets, strict=True):
+        assert logger.read_run(log_id, key[0], [(key[1], offset, len(entry))]) == [
+            (key[1], entry)]  # what bulk pieces wrote reads back
+    logger.close()

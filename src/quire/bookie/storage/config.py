@@ -87,14 +87,22 @@ class StorageConfig:
     entry_log_max_bytes: int = 512 * _MiB
     """An entry log is closed and a new one started once it would grow past this."""
     entry_log_write_buffer_bytes: int = 256 * 1024
-    """Checkpoint writes entry logs in chunks of about this size, each one
-    write to the device.  Small enough that a journal write arriving during
-    a checkpoint waits behind little: where the journal shares the disk with
-    the entry logs (or with other bookies), each journal fsync queued behind
-    1 MiB direct writes and flushed them with its own, and took 20-50 ms
-    during every checkpoint where it took 1-2 ms between them; with 256 KiB
-    pieces it stays under 10 ms (``docs/performance.md``, "Checkpoint
-    writes and the journal's tail")."""
+    """Checkpoints write entry logs in pieces of about this size, each one
+    write to the device, while they keep up with the adds.  Small enough that
+    a journal write arriving during a checkpoint waits behind little: where
+    the journal shares the disk with the entry logs (or with other bookies),
+    each journal write (a write and a device cache flush) queued behind 1 MiB
+    pieces and flushed them with its own, and took 20-50 ms during every
+    checkpoint against 1-2 ms between them; with 256 KiB pieces it stays
+    under 10 ms (``docs/performance.md``, "Checkpoints and the journal's
+    tail")."""
+    entry_log_bulk_write_buffer_bytes: int = 1 * _MiB
+    """... and in pieces of this size once a checkpoint took more than half
+    the time since the one before (the checkpoints are falling behind, the
+    write cache fills and adds will wait): larger writes move more bytes per
+    second through a busy device.  With small pieces only, a disk kept full
+    by adds (blocks of 100 KiB at 60-70 MB/s a bookie, three bookies on one
+    disk) fell behind until adds stalled for 3-4 s."""
     entry_log_remove_pages_from_cache: bool = True
     """After each checkpoint's fsync, advise the kernel to drop the entry-log
     pages it wrote (the partly written last page stays), as BookKeeper's
@@ -161,6 +169,9 @@ class StorageConfig:
             raise ConfigError("entry_log_max_bytes must be at least 4096")
         if self.entry_log_write_buffer_bytes <= 0:
             raise ConfigError("entry_log_write_buffer_bytes must be positive")
+        if self.entry_log_bulk_write_buffer_bytes < self.entry_log_write_buffer_bytes:
+            raise ConfigError("entry_log_bulk_write_buffer_bytes must be at least "
+                              "entry_log_write_buffer_bytes")
         if self.compaction_chunk_bytes <= 0:
             raise ConfigError("compaction_chunk_bytes must be positive")
         if self.test_kill_during_compaction not in ("", "copied", "committed"):

@@ -51,8 +51,9 @@ import mmap
 import os
 import struct
 import threading
+import time
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import accumulate, chain, repeat
 from operator import add, itemgetter, sub
@@ -148,8 +149,14 @@ class EntryLogger:
     lookups (any thread)."""
 
     def __init__(self, directory: Path, *, max_bytes: int, write_buffer_bytes: int,
+                 bulk_write_buffer_bytes: int = 0,
                  tracker: SyncTracker | None = None,
-                 remove_pages_from_cache: bool = False, direct_io: bool = False) -> None:
+                 remove_pages_from_cache: bool = False, direct_io: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``write_buffer_bytes``: the size of each write while batches keep
+        up; ``bulk_write_buffer_bytes`` (0: the same): the size once a batch
+        took more than half the time since the one before (see
+        :meth:`write_batch`; ``clock`` times them)."""
         self.directory = Path(directory)
         self._drop_pages = remove_pages_from_cache and CAN_DROP_PAGES
         self._direct = direct_io and _O_DIRECT != 0
@@ -166,7 +173,12 @@ class EntryLogger:
         """Offset of the current log below which writeback was started."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
+        self._small_piece_bytes = write_buffer_bytes
+        self._bulk_piece_bytes = max(write_buffer_bytes, bulk_write_buffer_bytes)
         self._write_buffer_bytes = write_buffer_bytes
+        """The size of each write of the current batch (one of the two above)."""
+        self._last_batch_started: float | None = None
+        self._clock = clock
         self._tracker = tracker
         self._logs = list_entry_logs(self.directory)
         self._next_id = (self._logs[-1] + 1) if self._logs else 1
@@ -176,6 +188,11 @@ class EntryLogger:
         self._fd_lock = threading.Lock()
         self._read_fds: dict[int, int] = {}
         self._closed = False
+
+    @property
+    def piece_bytes(self) -> int:
+        """The size of each write of the next batch (see :meth:`write_batch`)."""
+        return self._write_buffer_bytes
 
     @property
     def current_log_id(self) -> int:
@@ -192,7 +209,15 @@ class EntryLogger:
                     ) -> tuple[IndexRows, dict[int, set[int]]]:
         """Append ``((ledger_id, entry_id), entry)`` items in the given order;
         when it returns, everything written is fsynced.  Returns where each
-        entry went and, per log id written, the set of ledger ids it received."""
+        entry went and, per log id written, the set of ledger ids it received.
+
+        Each batch is written in pieces of ``write_buffer_bytes``, small so
+        that a journal sharing the disk waits behind little; but a batch that
+        took more than half the time since the previous one started (the
+        checkpoints are falling behind their inflow, so the write cache fills
+        and adds will stall) makes the next batch use the bulk pieces, which
+        the device takes faster; it goes back once a batch is quick again."""
+        started = self._clock()
         try:
             return self._write_batch(items)
         except BaseException:
@@ -203,6 +228,11 @@ class EntryLogger:
                 self._cur_fd = -1
                 self._cur_id = 0
             raise
+        finally:
+            last, self._last_batch_started = self._last_batch_started, started
+            behind = last is not None and self._clock() - started > (started - last) / 2
+            self._write_buffer_bytes = self._bulk_piece_bytes if behind \
+                else self._small_piece_bytes
 
     def _write_batch(self, items: Sequence[tuple[tuple[int, int], bytes]]
                      ) -> tuple[IndexRows, dict[int, set[int]]]:
@@ -379,7 +409,7 @@ class EntryLogger:
         try:
             if self._direct:
                 if self._stage is None:  # room for a write piece and a part page
-                    self._stage = mmap.mmap(-1, whole_pages(self._write_buffer_bytes) + 2 * _PAGE)
+                    self._stage = mmap.mmap(-1, whole_pages(self._bulk_piece_bytes) + 2 * _PAGE)
                 self._stage[:len(header)] = header
                 self._stage_base, self._stage_len = 0, len(header)
             else:

@@ -198,7 +198,8 @@ class LedgerStorage:
         try:
             self.entry_logger = EntryLogger(
                 config.entry_log_dir, max_bytes=config.entry_log_max_bytes,
-                write_buffer_bytes=config.entry_log_write_buffer_bytes, tracker=tracker,
+                write_buffer_bytes=config.entry_log_write_buffer_bytes,
+                bulk_write_buffer_bytes=config.entry_log_bulk_write_buffer_bytes, tracker=tracker,
                 remove_pages_from_cache=config.entry_log_remove_pages_from_cache,
                 direct_io=config.entry_log_direct_io)
         except BaseException:
