@@ -20,7 +20,8 @@ flight, CPU), not in tier-1.
     .venv/bin/python benchmarks/segment_appends.py [--appends 20000] [--outstanding 256]
         [--sizes 100,1024] [--segments 1,10,1000] [--max-frame-bytes N]
         [--frames-in-flight N] [--frame-cut-ops N] [--frame-cut-bytes N]
-        [--reopen-gib G] [--warmup N] [--lead-in N] [--gc-gen0-threshold N] [--json]
+        [--reopen-gib G] [--warmup N] [--lead-in N] [--gc-gen0-threshold N]
+        [--rounds N] [--json]
 
 Fairness: before each row the bookies are let finish the previous one's
 checkpoint work (:func:`settle`) and a lead-in of the row's own kind of
@@ -264,7 +265,7 @@ async def fill(store: SegmentStore, gib: float) -> dict[str, Any]:
             "mb_per_s": written["per_s"] * len(block) / 1e6}
 
 
-async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+async def run(uri: str, args: argparse.Namespace, reopen: bool = True) -> list[dict[str, Any]]:
     client = await Client.connect(uri)
     results: list[dict[str, Any]] = []
     phases = Phases()
@@ -323,18 +324,19 @@ async def run(uri: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                                     **grouped, "events_per_s": grouped["per_s"] * 100,
                                     "x_raw_events": grouped["per_s"] * 100 / bases[size],
                                     "mb_per_s": grouped["per_s"] * len(block) / 1e6})
-            container = store.container(0)
-            if args.reopen_gib:
-                results.append(await fill(store, args.reopen_gib))
-            logged = container.committed.checkpoint()
-            tier1_mb = sum(s.length for s in container.committed.segments.values()) / 1e6
-            await store.stop_container(0)
-            start = time.perf_counter()
-            await store.start_container(0)
-            reopen = time.perf_counter() - start
-            results.append({"what": f"reopen the container ({tier1_mb:.0f} MB of tier-1)",
-                            "seconds": reopen, "tier1_mb": tier1_mb,
-                            "checkpoint_bytes": len(logged)})
+            if reopen:
+                container = store.container(0)
+                if args.reopen_gib:
+                    results.append(await fill(store, args.reopen_gib))
+                logged = container.committed.checkpoint()
+                tier1_mb = sum(s.length for s in container.committed.segments.values()) / 1e6
+                await store.stop_container(0)
+                start = time.perf_counter()
+                await store.start_container(0)
+                reopen_s = time.perf_counter() - start
+                results.append({"what": f"reopen the container ({tier1_mb:.0f} MB of tier-1)",
+                                "seconds": reopen_s, "tier1_mb": tier1_mb,
+                                "checkpoint_bytes": len(logged)})
         finally:
             await store.close()
     finally:
@@ -368,8 +370,36 @@ def main() -> None:
                         default=SegmentStoreHostConfig().gc_gen0_threshold_allocations,
                         help="the process's gen-0 GC threshold, as the segment store host "
                              "sets it (-1: Python's defaults, nothing frozen)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every row this many times, each round on fresh bookies "
+                             "(the reopen in the first only), and print each row's median")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds is at least 1")
+    if args.gc_gen0_threshold >= 0:
+        tune_interpreter(args.gc_gen0_threshold)
+    rounds = []
+    for round_no in range(1, args.rounds + 1):
+        results = one_round(args, reopen=round_no == 1)
+        rounds.append(results)
+        if not args.json:
+            if args.rounds > 1:
+                print(f"round {round_no} of {args.rounds}:")
+            print_rows(args, results)
+    if args.json:
+        print(json.dumps(rounds[0] if args.rounds == 1 else
+                         {"rounds": rounds, "medians": medians(rounds)}, indent=2))
+    elif args.rounds > 1:
+        print(f"medians of {args.rounds} rounds (min-max):")
+        for m in medians(rounds):
+            print(f"  {m['what']:<38} {m['x_raw_events']:4.2f}x raw "
+                  f"({m['x_raw_min']:.2f}-{m['x_raw_max']:.2f})  p99 {m['p99_ms']:5.1f} ms "
+                  f"({m['p99_min_ms']:.1f}-{m['p99_max_ms']:.1f})  {m['per_s']:>8.0f} appends/s")
+
+
+def one_round(args: argparse.Namespace, reopen: bool) -> list[dict[str, Any]]:
+    """Every row once, on 3 bookie processes of its own (a fresh directory)."""
     with tempfile.TemporaryDirectory(prefix="quire-segment-bench-") as tmp:
         root = Path(tmp)
         uri = sqlite_uri(root / "metadata.db")
@@ -377,14 +407,30 @@ def main() -> None:
         start_all(bookies)
         BOOKIE_PIDS[:] = [b.proc.pid for b in bookies if b.proc is not None]
         try:
-            if args.gc_gen0_threshold >= 0:
-                tune_interpreter(args.gc_gen0_threshold)
-            results = uvloop.run(run(uri, args))
+            return uvloop.run(run(uri, args, reopen))
         finally:
             stop_all(bookies)
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
+
+
+def medians(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per measured row, its median over the rounds (and the range) of the
+    ratio to raw, p99 and rate."""
+    out = []
+    for r in rounds[0]:
+        if r.get("x_raw_events") is None:
+            continue
+        same = [row for results in rounds for row in results if row["what"] == r["what"]]
+        xs = [row["x_raw_events"] for row in same]
+        p99s = [row["p99_ms"] for row in same]
+        out.append({"what": r["what"], "x_raw_events": statistics.median(xs),
+                    "x_raw_min": min(xs), "x_raw_max": max(xs),
+                    "p99_ms": statistics.median(p99s), "p99_min_ms": min(p99s),
+                    "p99_max_ms": max(p99s),
+                    "per_s": statistics.median(row["per_s"] for row in same)})
+    return out
+
+
+def print_rows(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     print(f"{args.outstanding} outstanding, E=3 W=3 A=2, 3 bookie processes on this machine")
     for r in results:
         if "per_s" not in r:
@@ -400,7 +446,6 @@ def main() -> None:
                   f"{r['frame_kib']:.0f} KiB, tier-1 ack p50 {r['frame_ack_p50_ms']:.1f} ms "
                   f"p99 {r['frame_ack_p99_ms']:.1f} ms max {r['frame_ack_max_ms']:.1f} ms; "
                   f"GC {'/'.join(map(str, r['gc_collections']))} ({r['gc_ms']:.1f} ms)")
-
 
 if __name__ == "__main__":
     main()
