@@ -227,10 +227,10 @@ def test_a_refused_direct_write_goes_on_through_the_page_cache(
 def test_pieces_grow_while_batches_fall_behind_and_shrink_once_they_keep_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch is written in small pieces (a journal sharing the disk waits
-    behind little) until one took more than half the time since the one
-    before (checkpoints falling behind): the next is written in bulk pieces,
-    and the one after that, quick again, in small ones."""
-    times = iter([0.0, 0.1, 1.0, 1.6, 2.0, 2.1])  # (start, end) of three batches
+    behind little) until one took more than four fifths of the time since
+    the one before (checkpoints falling behind): the next is written in bulk
+    pieces, and the one after that, quick again, in small ones."""
+    times = iter([0.0, 0.1, 1.0, 1.9, 2.0, 2.1])  # (start, end) of three batches
     logger = EntryLogger(tmp_path, max_bytes=1 << 20, write_buffer_bytes=4096,
                          bulk_write_buffer_bytes=16384, clock=lambda: next(times))
     sizes: list[int] = []
@@ -249,7 +249,7 @@ def test_pieces_grow_while_batches_fall_behind_and_shrink_once_they_keep_up(
     logger.write_batch(batch(0))  # nothing before it to compare with
     assert max(sizes) <= 4096 and logger.piece_bytes == 4096
     sizes.clear()
-    logger.write_batch(batch(40))  # 0.6 s of the 1.0 s since the last one: behind
+    logger.write_batch(batch(40))  # 0.9 s of the 1.0 s since the last one: behind
     assert max(sizes) <= 4096 and logger.piece_bytes == 16384
     sizes.clear()
     bulk = batch(80)
