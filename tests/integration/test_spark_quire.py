@@ -24,14 +24,13 @@ pytest.importorskip("pyarrow")
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
 
 from quire.client import Client
 from quire.log import LogInfo, LogJobs, LogStore, Position
 from quire.log import records as rec
 from quire.spark import QuireDataSource, collect_garbage
 from tests.support.cluster import Cluster
-from tests.support.spark import forget_last_commit, run_available_now
+from tests.support.spark import forget_last_commit, read_available_now, run_available_now
 
 T = TypeVar("T")
 
@@ -380,16 +379,8 @@ def test_stream_read_detects_truncated_offsets(spark: SparkSession, spark_cluste
         got.extend(p for _, _, p in rows_of(batch))
 
     def run_query(**options: str) -> BaseException | None:
-        def start() -> StreamingQuery:
-            stream = (spark.readStream.format("quire").option("metadata", uri)
-                      .option("log", "lossy"))
-            for key, value in options.items():
-                stream = stream.option(key, value)
-            return (stream.load().writeStream.foreachBatch(collect)
-                    .option("checkpointLocation", str(checkpoint))
-                    .trigger(availableNow=True).start())
-
-        return run_available_now(start)
+        return read_available_now(spark, checkpoint, collect, metadata=uri, log="lossy",
+                                  **options)
 
     assert run_query() is None and len(got) == 20
     later = write_log(uri, "lossy", [b"b-%06d" % i for i in range(20)], roll_bytes=40)

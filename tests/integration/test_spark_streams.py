@@ -31,12 +31,11 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
 
 from quire.spark import STREAM_SCHEMA, StreamBatchReader, StreamDataLossError, StreamOptions
 from quire.spark.stream_read import SegmentRange
 from tests.support.cluster import Cluster
-from tests.support.spark import forget_last_commit, run_available_now
+from tests.support.spark import forget_last_commit, read_available_now
 from tests.support.stream_stack import StreamStack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,16 +140,8 @@ def run_query(spark: SparkSession, stack: StreamStack, stream: str, checkpoint: 
               collect: Any, **options: str) -> BaseException | None:
     """One ``Trigger.AvailableNow`` run of a query into ``collect``; its error
     (restarted only when Spark's Python worker failed to connect back)."""
-    def start() -> StreamingQuery:
-        reader = (spark.readStream.format("quire").option("controller", stack.uri)
-                  .option("stream", stream))
-        for key, value in options.items():
-            reader = reader.option(key, value)
-        return (reader.load().writeStream.foreachBatch(collect)
-                .option("checkpointLocation", str(checkpoint))
-                .trigger(availableNow=True).start())
-
-    return run_available_now(start)
+    return read_available_now(spark, checkpoint, collect, controller=stack.uri, stream=stream,
+                              **options)
 
 
 def test_streaming_query_restarts_from_its_checkpoint_across_a_scale_exactly_once(

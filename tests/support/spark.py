@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -96,3 +96,19 @@ def run_available_now(start: Callable[[], StreamingQuery], attempts: int = 5
         if error is None or CONNECT_BACK not in str(error):
             return error
     return error
+
+
+def read_available_now(spark: SparkSession, checkpoint: Path, collect: Any,
+                       **options: str) -> BaseException | None:
+    """One ``Trigger.AvailableNow`` run of a ``format("quire")`` streaming
+    read with ``options`` (a log's or a stream's) into ``foreachBatch(collect)``,
+    checkpointed at ``checkpoint``: :func:`run_available_now`'s answer."""
+    def start() -> StreamingQuery:
+        reader = spark.readStream.format("quire")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return (reader.load().writeStream.foreachBatch(collect)
+                .option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True).start())
+
+    return run_available_now(start)
