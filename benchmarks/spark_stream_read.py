@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +69,22 @@ from quire.tier2 import open_chunk_storage
 SCOPE, STREAM = "bench", "events"
 
 
-async def write(uri: str, events: int, size: int, segments: int) -> tuple[float, int]:
-    """Write and seal the stream; (events/s of the write, total event bytes)."""
+@contextlib.asynccontextmanager
+async def stream_clients(uri: str) -> AsyncIterator[tuple[ControllerClient, RemoteSegmentStore]]:
+    """A controller client for ``uri`` and a segment store client through it,
+    closed on the way out."""
     controller = ControllerClient(uri)
     store = RemoteSegmentStore(controller_resolver(controller))
     try:
+        yield controller, store
+    finally:
+        await store.close()
+        await controller.close()
+
+
+async def write(uri: str, events: int, size: int, segments: int) -> tuple[float, int]:
+    """Write and seal the stream; (events/s of the write, total event bytes)."""
+    async with stream_clients(uri) as (controller, store):
         await controller.create_scope(SCOPE)
         await controller.create_stream(SCOPE, STREAM, segments)
         writer = StreamWriter(controller, store, SCOPE, STREAM)
@@ -90,20 +103,16 @@ async def write(uri: str, events: int, size: int, segments: int) -> tuple[float,
         await writer.close()
         await controller.seal_stream(SCOPE, STREAM)
         return events / seconds, events * size
-    finally:
-        await store.close()
-        await controller.close()
 
 
 async def wait_flushed(uri: str, tier2: str, timeout_s: float = 600.0) -> int:
     """Until tier-2's layouts hold every segment's bytes; the bytes."""
-    controller = ControllerClient(uri)
-    store = RemoteSegmentStore(controller_resolver(controller))
     storage = await open_chunk_storage(tier2)
     try:
-        current = await controller.current_segments(SCOPE, STREAM)
-        names = [segment_name(SCOPE, STREAM, s.id) for s in current]
-        lengths = [(await store.get_info(n)).length for n in names]
+        async with stream_clients(uri) as (controller, store):
+            current = await controller.current_segments(SCOPE, STREAM)
+            names = [segment_name(SCOPE, STREAM, s.id) for s in current]
+            lengths = [(await store.get_info(n)).length for n in names]
         deadline = time.monotonic() + timeout_s
         while True:
             layouts = [await read_layout(storage, n) for n in names]
@@ -115,24 +124,17 @@ async def wait_flushed(uri: str, tier2: str, timeout_s: float = 600.0) -> int:
             await asyncio.sleep(0.2)  # polling the flush, with a deadline
     finally:
         await storage.close()
-        await store.close()
-        await controller.close()
 
 
 async def read_own(uri: str) -> tuple[int, int, float]:
     """(rows, payload bytes, seconds): Quire's StreamReader from the head."""
-    controller = ControllerClient(uri)
-    store = RemoteSegmentStore(controller_resolver(controller))
-    try:
+    async with stream_clients(uri) as (controller, store):
         start = time.perf_counter()
         rows = size = 0
         async for event in StreamReader(controller, store, SCOPE, STREAM).events():
             rows += 1
             size += len(event.data)
         return rows, size, time.perf_counter() - start
-    finally:
-        await store.close()
-        await controller.close()
 
 
 def spark_session(args: argparse.Namespace, root: Path, cluster: Any) -> Any:
@@ -204,9 +206,7 @@ def rounds(args: argparse.Namespace, spark: Any, uri: str, tier2: str,
 
 async def wait_serving(uri: str, timeout_s: float = 120.0) -> None:
     """Until the (restarted) segment store answers for every segment."""
-    controller = ControllerClient(uri)
-    store = RemoteSegmentStore(controller_resolver(controller))
-    try:
+    async with stream_clients(uri) as (controller, store):
         segments = await controller.current_segments(SCOPE, STREAM)
         deadline = time.monotonic() + timeout_s
         for s in segments:
@@ -218,9 +218,6 @@ async def wait_serving(uri: str, timeout_s: float = 120.0) -> None:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.2)  # the containers are reopening
-    finally:
-        await store.close()
-        await controller.close()
 
 
 def main() -> None:
