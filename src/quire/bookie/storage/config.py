@@ -99,8 +99,8 @@ class StorageConfig:
     entry_log_bulk_write_buffer_bytes: int = 1 * _MiB
     """... and in pieces of this size once a checkpoint took more than four
     fifths of the time since the one before (the checkpoints are falling
-    behind, the write cache fills and adds will wait): larger writes move more bytes per
-    second through a busy device.  With small pieces only, a disk kept full
+    behind, the write cache fills and adds will wait): larger writes move
+    more bytes per second through a busy device.  With small pieces only, a disk kept full
     by adds (blocks of 100 KiB at 60-70 MB/s a bookie, three bookies on one
     disk) fell behind until adds stalled for 3-4 s."""
     entry_log_remove_pages_from_cache: bool = True

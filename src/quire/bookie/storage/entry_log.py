@@ -144,6 +144,12 @@ def _bad_record(log_id: int, offset: int, head: tuple[int, int, int], ledger_id:
                         f"index expected ({ledger_id}, {entry_id}, {length} bytes)")
 
 
+BEHIND_FRACTION = 0.8
+"""A batch that took more than this fraction of the time since the one
+before started shows the checkpoints falling behind (see
+:meth:`EntryLogger.write_batch`)."""
+
+
 class EntryLogger:
     """Appends batches of entries (checkpoint thread) and serves ``pread``
     lookups (any thread)."""
@@ -232,7 +238,8 @@ class EntryLogger:
             raise
         finally:
             last, self._last_batch_started = self._last_batch_started, started
-            behind = last is not None and self._clock() - started > (started - last) * 0.8
+            behind = last is not None \
+                and self._clock() - started > (started - last) * BEHIND_FRACTION
             self._write_buffer_bytes = self._bulk_piece_bytes if behind \
                 else self._small_piece_bytes
 
