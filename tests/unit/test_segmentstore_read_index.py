@@ -55,7 +55,7 @@ async def test_eviction_takes_the_oldest_chunks_across_truncation_and_merge(
     index.budget_bytes = 0
     index.append(1, 1400, b"e" * 100, Position(1, 40))
     assert index.cached_bytes == 0 and not any(cached(index, 1))
-    assert len(index._age_ids) == 0
+    assert len(index._age) == 0
 
 
 async def test_after_a_truncation_the_next_eviction_is_still_the_oldest_chunk() -> None:
@@ -77,3 +77,67 @@ async def test_after_a_truncation_the_next_eviction_is_still_the_oldest_chunk() 
     index.append(2, 500, b"b" * 100, Position(1, 10))
     assert cached(index, 1) == [False, True]  # (segment 1's chunk at 200 came next)
     assert cached(index, 2) == [False, False, False, True, True, True]
+
+
+def _chunk(n: int) -> bytes:
+    return bytes([n % 251]) * 100
+
+
+async def test_evicted_chunks_that_tier2_holds_leave_the_index() -> None:
+    """Without this, every append a container ever took kept a place in
+    its segment's lists.  Evicted chunks below the flushed length go (in
+    batches); their bytes are then read from tier-2, evicted ones above it
+    from their tier-1 frame, and eviction goes on in commit order."""
+    tier1_reads: list[int] = []
+    tier2_reads: list[int] = []
+
+    async def from_tier1(segment_id: int, offset: int, length: int, address: Position) -> bytes:
+        tier1_reads.append(offset)
+        assert address == Position(1, offset // 100)  # the chunk's own frame
+        return _chunk(offset // 100)[:length]
+
+    async def from_tier2(segment_id: int, offset: int, length: int) -> bytes:
+        tier2_reads.append(offset)
+        flushed = 250 * 100 + 50
+        held = b"".join(_chunk(n) for n in range(offset // 100, 251))[offset % 100:]
+        return held[:max(0, min(length, flushed - offset))]
+
+    index = ReadIndex(from_tier1, budget_bytes=100 * 100, fetch_tier2=from_tier2)
+    for n in range(400):
+        index.append(1, n * 100, _chunk(n), Position(1, n))
+    assert index.chunk_count(1) == 400 and index.cached_bytes == 100 * 100
+    index.flushed(1, 250 * 100 + 50)  # chunk 250 only in part: it stays
+    assert index.chunk_count(1) == 150
+    index.flushed(1, 200 * 100)  # a smaller length changes nothing
+    assert index.chunk_count(1) == 150
+    # a read across the dropped chunks and the evicted one still listed
+    assert await index.read(1, 249 * 100 + 10, 200) == (_chunk(249) + _chunk(250) + _chunk(251))[10:210]
+    assert tier2_reads[0] == 249 * 100 + 10  # below the first chunk listed
+    assert tier1_reads == [250 * 100, 251 * 100]  # tier-2 holds only half of 250
+    assert await index.read(1, 399 * 100, 100) == _chunk(399)  # still cached
+    # eviction goes on with the oldest cached chunk (300), then 301
+    index.append(1, 400 * 100, _chunk(400), Position(1, 400))
+    index.append(1, 401 * 100, _chunk(401), Position(1, 401))
+    assert cached(index, 1)[:50] == [False] * 50
+    assert cached(index, 1)[50:52] == [False, False] and cached(index, 1)[52]
+    assert index.cached_bytes == 100 * 100
+
+
+async def test_a_segment_flushed_as_it_goes_keeps_a_bounded_index() -> None:
+    async def unused(*_args: object) -> bytes:
+        raise AssertionError("not read")
+
+    index = ReadIndex(unused, budget_bytes=50 * 100, fetch_tier2=unused)
+    most = 0
+    for n in range(5_000):
+        index.append(7, n * 100, _chunk(n), Position(1, n))
+        if n % 10 == 0:
+            index.flushed(7, n * 100)  # tier-2 a little behind the tail
+        most = max(most, index.chunk_count(7))
+    assert index.cached_bytes == 50 * 100
+    assert most < 4 * 50 + 64 * 2  # cached ones, and dropped batches' worth
+    # truncating past the remaining chunks, then deleting, leaves nothing
+    index.truncate(7, 4_990 * 100)
+    assert index.cached_bytes == 10 * 100
+    index.delete(7)
+    assert index.cached_bytes == 0

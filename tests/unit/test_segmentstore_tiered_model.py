@@ -38,6 +38,8 @@ class TieredContainerMachine(ContainerMachine):
         self.truncations = 0
 
     async def _start_writer(self) -> StorageWriter:
+        # evicted chunks leave the read index as soon as tier-2 holds them
+        self.container.read_index.drop_batch_chunks = 1
         return await StorageWriter.start(self.container, self.storage, StorageWriterConfig(),
                                          max_chunk_bytes=32, clock_ms=lambda: self.clock_ms)
 

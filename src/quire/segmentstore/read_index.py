@@ -11,6 +11,11 @@ first chunk, or in a gap: data committed before the container's tier-1 log
 was truncated, now only in tier-2) come from ``fetch_tier2``.  Readers at the
 tail of a segment wait on :meth:`ReadIndex.changed`, which the container
 completes when the segment grows, is sealed, truncated or deleted.
+
+Evicted chunks that tier-2 holds (below the length the storage writer
+reported through :meth:`ReadIndex.flushed`) are dropped from the lists in
+batches: without that, a long-lived container's index would keep a few
+dozen bytes for every append it ever took.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from quire.log import Position
 Fetch = Callable[[int, int, int, Position], Awaitable[bytes]]
 """``fetch(segment_id, offset, length, address)``: the ``length`` bytes of
 the segment's appends from ``offset`` on in the frame at ``address``."""
+
+DROP_BATCH_CHUNKS = 64
+"""Evicted chunks that tier-2 holds are dropped from a segment's lists at
+least this many at a time (``ReadIndex.drop_batch_chunks``; tests use 1)."""
 
 FetchTier2 = Callable[[int, int, int], Awaitable[bytes]]
 """``fetch_tier2(segment_id, offset, length)``: up to ``length`` bytes of the
@@ -41,8 +50,8 @@ class _Segment:
     Lists of ints, bytes and shared frame positions are a handful of
     tracked objects per segment whatever the chunk count."""
 
-    __slots__ = ("addresses", "data", "lengths", "offsets", "origins", "tier2_origins",
-                 "waiters")
+    __slots__ = ("addresses", "data", "evict_at", "flushed", "lengths", "offsets", "origins",
+                 "stale", "tier2_origins", "waiters")
 
     def __init__(self) -> None:
         self.offsets: list[int] = []
@@ -60,6 +69,25 @@ class _Segment:
         """(offset, length, source segment id) of merged ranges: where tier-2
         may hold their bytes under the source (from its offset 0), or under a
         source it had merged in itself, until the target's own flush."""
+        self.evict_at = 0
+        """Every chunk below this index is evicted (the next eviction of this
+        segment looks from here)."""
+        self.stale = 0
+        """How many of this segment's next entries in the eviction order are
+        for chunks since taken out of the lists (skipped, evicting nothing)."""
+        self.flushed = 0
+        """How many of the segment's bytes tier-2 holds (its evicted chunks
+        below this may be dropped)."""
+
+    def clear(self) -> None:
+        """Drop every chunk (the segment was deleted, or merged away): its
+        entries left in the eviction order then find nothing to evict."""
+        self.offsets.clear()
+        self.lengths.clear()
+        self.data.clear()
+        self.addresses.clear()
+        self.origins.clear()
+        self.evict_at = self.stale = 0
 
     def cached(self, i: int) -> bytes | None:
         data = self.data[i]
@@ -79,14 +107,17 @@ class ReadIndex:
         missing; set by the container when it has tier-2)."""
         self.budget_bytes = budget_bytes
         self.cached_bytes = 0
+        self.drop_batch_chunks = DROP_BATCH_CHUNKS
         self._segments: dict[int, _Segment] = {}
-        self._age_ids: collections.deque[int] = collections.deque()
-        self._age_offsets: collections.deque[int] = collections.deque()
-        """(segment id, chunk offset) of each chunk in commit order, for
-        eviction (two deques of ints, not a deque of pairs: a pair per chunk
-        would be a garbage-collected object per append with many segments,
-        and its collections the appends' p99); an entry whose chunk was since
-        truncated, deleted or merged away is skipped."""
+        self._age: collections.deque[_Segment] = collections.deque()
+        """The segment of each cached chunk, in commit order: the eviction
+        order.  A segment's entries here are, in order, its ``stale`` ones,
+        then one per cached chunk in its lists' order, so an entry evicts the
+        segment's first cached chunk (from ``evict_at``): no offset to look
+        up, and no object per chunk (a pair per chunk would be a
+        garbage-collected object per append with many segments, and its
+        collections the appends' p99).  A deleted or merged-away segment's
+        entries find its lists empty."""
 
     def append(self, segment_id: int, offset: int, data: bytes, address: Position) -> None:
         """Committed data of one append (offsets increase per segment)."""
@@ -114,8 +145,7 @@ class ReadIndex:
                 segment.lengths.append(size)
                 segment.data.append(data)
                 addresses.append(address)
-                self._age_ids.append(segment_id)
-                self._age_offsets.append(offset)
+                self._age.append(segment)
             self.cached_bytes += size
             if self.cached_bytes > self.budget_bytes:
                 self._evict()
@@ -146,23 +176,67 @@ class ReadIndex:
                 target.data.append(data)
                 target.addresses.append(address)
                 if data is not None:
-                    self._age_ids.append(target_id)
-                    self._age_offsets.append(moved)
+                    self._age.append(target)
+            source.clear()  # its bytes are the target's now
             for waiter in source.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
         self.notify(target_id)
 
     def _evict(self) -> None:
-        ids, offsets, segments = self._age_ids, self._age_offsets, self._segments
-        while self.cached_bytes > self.budget_bytes and ids:
-            segment_id, offset = ids.popleft(), offsets.popleft()
-            segment = segments.get(segment_id)
-            if segment is None:
+        age = self._age
+        while self.cached_bytes > self.budget_bytes and age:
+            segment = age.popleft()
+            if segment.stale:
+                segment.stale -= 1
                 continue
-            i = bisect.bisect_left(segment.offsets, offset)
-            if i < len(segment.offsets) and segment.offsets[i] == offset:
-                self._forget(segment, i)
+            data = segment.data
+            i, end = segment.evict_at, len(data)
+            while i < end and data[i] is None:
+                i += 1  # (a merged-in chunk already evicted has no entry)
+            if i == end:
+                continue  # deleted or merged away
+            data[i] = None
+            self.cached_bytes -= segment.lengths[i]
+            segment.evict_at = i + 1
+            if i >= self.drop_batch_chunks and segment.flushed:
+                self._drop_flushed(segment)
+
+    def flushed(self, segment_id: int, length: int) -> None:
+        """Tier-2 holds the segment's bytes below ``length``: its evicted
+        chunks below that no longer need their place here."""
+        segment = self._segments.get(segment_id)
+        if segment is not None and length > segment.flushed:
+            segment.flushed = length
+            self._drop_flushed(segment)
+
+    def _drop_flushed(self, segment: _Segment) -> None:
+        """Drop the leading evicted chunks wholly in tier-2, once there are
+        at least ``drop_batch_chunks`` of them and a quarter of the
+        segment's chunks (so the lists' shift costs a few moves a chunk)."""
+        offsets, lengths = segment.offsets, segment.lengths
+        drop = bisect.bisect_right(offsets, segment.flushed) - 1
+        if drop >= 0 and offsets[drop] + lengths[drop] <= segment.flushed:
+            drop += 1
+        drop = min(drop, segment.evict_at)
+        if drop >= self.drop_batch_chunks and drop * 4 >= len(offsets):
+            self._remove_prefix(segment, drop)
+
+    def _remove_prefix(self, segment: _Segment, count: int) -> None:
+        """Take the first ``count`` chunks out of the segment's lists; each
+        cached one among them leaves a stale entry in the eviction order."""
+        data = segment.data
+        for i in range(segment.evict_at, count):
+            if data[i] is not None:
+                data[i] = None
+                self.cached_bytes -= segment.lengths[i]
+                segment.stale += 1
+        if segment.origins:
+            for offset in segment.offsets[:count]:
+                segment.origins.pop(offset, None)
+        del segment.offsets[:count], segment.lengths[:count], data[:count], \
+            segment.addresses[:count]
+        segment.evict_at = max(0, segment.evict_at - count)
 
     def truncate(self, segment_id: int, start_offset: int) -> None:
         """Drop the chunks wholly below ``start_offset``."""
@@ -170,26 +244,19 @@ class ReadIndex:
         if segment is not None:
             keep = bisect.bisect_right(segment.offsets, start_offset) - 1
             if keep > 0:
-                for i in range(keep):
-                    self._forget(segment, i)
-                    segment.origins.pop(segment.offsets[i], None)
-                del segment.offsets[:keep], segment.lengths[:keep], segment.data[:keep], \
-                    segment.addresses[:keep]
+                self._remove_prefix(segment, keep)
         self.notify(segment_id)
 
     def delete(self, segment_id: int) -> None:
         segment = self._segments.pop(segment_id, None)
         if segment is not None:
-            for i in range(len(segment.offsets)):
-                self._forget(segment, i)
+            for i in range(segment.evict_at, len(segment.data)):
+                if segment.data[i] is not None:
+                    self.cached_bytes -= segment.lengths[i]
+            segment.clear()
             for waiter in segment.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
-
-    def _forget(self, segment: _Segment, i: int) -> None:
-        if segment.data[i] is not None:
-            segment.data[i] = None
-            self.cached_bytes -= segment.lengths[i]
 
     def notify(self, segment_id: int) -> None:
         """Wake the readers waiting on the segment."""

@@ -283,6 +283,7 @@ class StorageWriter:
             found = self.layouts.get(m.name)
             if found is not None and not m.deleted and self.owners[m.name] == m.segment_id:
                 m.storage_length = found.length
+                container.read_index.flushed(m.segment_id, found.length)
 
     # --- planning ---------------------------------------------------------------
 
@@ -559,6 +560,7 @@ class StorageWriter:
             layout = layout.with_sealed()
         self._set_layout(layout, snapshot.segment_id)
         segment.storage_length = layout.length
+        self.container.read_index.flushed(snapshot.segment_id, layout.length)
         tracked = self._tracked.get(snapshot.segment_id)
         if tracked is not None:
             tracked.dirty_since_ms = None
