@@ -692,14 +692,18 @@ class Decoder:
         heads: list[tuple[int, int, int, bytes, int, int]] = []
         entries: list[bytes] = []
         take_head, take_entry = heads.append, entries.append
-        while end - pos >= _ADD_REQ_RUN.size:
-            frame = unpack(buf, pos)
-            stop = pos + 4 + frame[0]
-            if frame[1] & 0xFFFF0000 != head or not min_len <= frame[0] <= max_len or stop > end:
-                break  # not an add, malformed or incomplete: next_message's
-            take_head(frame)
-            take_entry(bytes(buf[pos + _ADD_REQ_ENTRY_AT:stop]))
-            pos = stop
+        # each entry copied once, out of a view (bytes(buf[a:b]) would copy
+        # it twice: a bytearray slice, then bytes of it)
+        with memoryview(buf) as view:
+            while end - pos >= _ADD_REQ_RUN.size:
+                frame = unpack(buf, pos)
+                stop = pos + 4 + frame[0]
+                if frame[1] & 0xFFFF0000 != head or not min_len <= frame[0] <= max_len \
+                        or stop > end:
+                    break  # not an add, malformed or incomplete: next_message's
+                take_head(frame)
+                take_entry(bytes(view[pos + _ADD_REQ_ENTRY_AT:stop]))
+                pos = stop
         if not heads:
             return None
         self._pos = pos
