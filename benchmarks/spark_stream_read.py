@@ -15,9 +15,16 @@ JIT compilation; :func:`warm_up`), then measures, in one run:
   1-core workers from ``tests/support/spark_cluster.py``) computing
   ``count(*)`` and ``sum(length(event))`` through the segment store, rows/s;
 * the same with option ``tier2``: the executors read the chunks directly;
+* Spark's floor: the same aggregation over the same rows (as many, the same
+  columns, payloads of ``--size`` bytes, one partition per segment) from a
+  Python data source that reads nothing (:func:`register_floor`: each task
+  hands over one prepared Arrow batch again and again).  No reading path can
+  be faster than that in this Spark, so ``segment store time / floor time``
+  is the most any tier-2 path could gain over the segment store here;
 
 each ``--rounds`` times in turn, and prints each reader's median and the
-ratios: Spark/StreamReader (goal >= 0.5) and tier-2/segment store (goal >= 2).
+ratios: Spark/StreamReader (goal >= 0.5) and tier-2/segment store (goal >= 2),
+beside that ceiling.
 
 It measures twice.  First with the history still in the segment store's
 memory (just written: the read index keeps 256 MiB a container), which is
@@ -44,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +74,66 @@ from quire.streams.model import segment_name
 from quire.tier2 import open_chunk_storage
 
 SCOPE, STREAM = "bench", "events"
+
+
+def register_floor(spark: Any) -> None:
+    """Register ``format("quire_bench_floor")``: the stream's rows without
+    reading anything.  Options ``events``, ``size``, ``segments``; one
+    partition per segment, each yielding one prepared Arrow batch of 8,192
+    rows of :data:`~quire.spark.stream_source.STREAM_SCHEMA` again and again
+    (sliced for the last)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from quire.spark.stream_source import STREAM_SCHEMA
+
+    class FloorPartition(InputPartition):
+        def __init__(self, segment_id: int, rows: int, size: int) -> None:
+            self.segment_id, self.rows, self.size = segment_id, rows, size
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, options: Mapping[str, str]) -> None:
+            self.events, self.size = int(options["events"]), int(options["size"])
+            self.segments = int(options["segments"])
+
+        def partitions(self) -> list[FloorPartition]:
+            share, extra = divmod(self.events, self.segments)
+            return [FloorPartition(i, share + (i < extra), self.size)
+                    for i in range(self.segments)]
+
+        def read(self, part: InputPartition) -> Any:
+            # (no isinstance: the class arrives pickled by value, maybe twice)
+            partition: Any = part
+            import numpy as np
+            import pyarrow as pa
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            rows = min(8192, partition.rows)
+            size = partition.size
+            offsets = np.arange(rows + 1, dtype=np.int32) * size
+            events = pa.Array.from_buffers(pa.binary(), rows, [
+                None, pa.py_buffer(offsets), pa.py_buffer(b"x" * (rows * size))])
+            batch = pa.RecordBatch.from_arrays([
+                events, pa.repeat(pa.scalar(SCOPE), rows), pa.repeat(pa.scalar(STREAM), rows),
+                pa.array(np.full(rows, partition.segment_id, dtype=np.int64)),
+                pa.array(np.arange(rows, dtype=np.int64) * (size + 8))],
+                schema=to_arrow_schema(STREAM_SCHEMA, timezone="UTC"))
+            left = partition.rows
+            while left > 0:
+                yield batch if left >= rows else batch.slice(0, left)
+                left -= rows
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "quire_bench_floor"
+
+        def schema(self) -> Any:
+            return STREAM_SCHEMA
+
+        def reader(self, schema: Any) -> FloorReader:
+            return FloorReader(self.options)
+
+    spark.dataSource.register(Floor)
 
 
 @contextlib.asynccontextmanager
@@ -156,8 +223,9 @@ def stream_frame(spark: Any, uri: str, tier2: str | None) -> Any:
     return reader.load()
 
 
-def warm_up(spark: Any, uri: str, tier2: str) -> float:
-    """The measured aggregation once each way, untimed; its seconds.
+def warm_up(spark: Any, uri: str, tier2: str, args: argparse.Namespace) -> float:
+    """The measured aggregation once each way (the floor too), untimed; its
+    seconds.
 
     The first full aggregation after the cluster starts pays for the JVMs'
     JIT compilation of the Arrow-to-row and aggregation code (about 8-12 s
@@ -168,14 +236,21 @@ def warm_up(spark: Any, uri: str, tier2: str) -> float:
     start = time.perf_counter()
     for way in (None, tier2):
         measure(spark, uri, way)
+    measure(spark, uri, None, floor=args)  # (its first run took 4x its next ones)
     return time.perf_counter() - start
 
 
-def measure(spark: Any, uri: str, tier2: str | None) -> tuple[int, int, float]:
-    """(rows, payload bytes, seconds) of one Spark aggregation over the stream."""
+def measure(spark: Any, uri: str, tier2: str | None, floor: argparse.Namespace | None = None
+            ) -> tuple[int, int, float]:
+    """(rows, payload bytes, seconds) of one Spark aggregation over the
+    stream, or with ``floor`` (the arguments) over :func:`register_floor`'s source."""
     from pyspark.sql import functions as F
 
-    df = stream_frame(spark, uri, tier2)
+    if floor is None:
+        df = stream_frame(spark, uri, tier2)
+    else:
+        df = spark.read.format("quire_bench_floor").option("events", floor.events).option(
+            "size", floor.size).option("segments", floor.segments).load()
     start = time.perf_counter()
     row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("event")).alias("b")).first()
     return int(row["n"]), int(row["b"] or 0), time.perf_counter() - start
@@ -184,24 +259,29 @@ def measure(spark: Any, uri: str, tier2: str | None) -> tuple[int, int, float]:
 def rounds(args: argparse.Namespace, spark: Any, uri: str, tier2: str,
            expected: tuple[int, int], label: str) -> dict[str, Any]:
     """``--rounds`` rounds of the three readers in turn; each one's median."""
-    times: dict[str, list[float]] = {"own": [], "ss": [], "t2": []}
+    times: dict[str, list[float]] = {"own": [], "ss": [], "t2": [], "floor": []}
     for round_no in range(1, args.rounds + 1):
         results = {"own": uvloop.run(read_own(uri)),
                    "ss": measure(spark, uri, None),
-                   "t2": measure(spark, uri, tier2)}
+                   "t2": measure(spark, uri, tier2),
+                   "floor": measure(spark, uri, None, floor=args)}
         for way, (rows, payload_bytes, seconds) in results.items():
             assert (rows, payload_bytes) == expected, (way, rows, payload_bytes)
             times[way].append(seconds)
         if not args.json:
-            own_s, ss_s, t2_s = (results[w][2] for w in ("own", "ss", "t2"))
+            own_s, ss_s, t2_s, floor_s = (results[w][2] for w in ("own", "ss", "t2", "floor"))
             print(f"{label}, round {round_no}: StreamReader {own_s:.2f} s, Spark via "
-                  f"segment store {ss_s:.2f} s, via tier-2 {t2_s:.2f} s: "
-                  f"{own_s / ss_s:.2f}x, {ss_s / t2_s:.2f}x", flush=True)
-    own_s, ss_s, t2_s = (statistics.median(times[w]) for w in ("own", "ss", "t2"))
+                  f"segment store {ss_s:.2f} s, via tier-2 {t2_s:.2f} s, floor "
+                  f"{floor_s:.2f} s: {own_s / ss_s:.2f}x, {ss_s / t2_s:.2f}x "
+                  f"(ceiling {ss_s / floor_s:.2f}x)", flush=True)
+    own_s, ss_s, t2_s, floor_s = (statistics.median(times[w])
+                                  for w in ("own", "ss", "t2", "floor"))
     rows = expected[0]  # every reader read them all (asserted above)
     return {"label": label, "own_rows_per_s": rows / own_s,
             "segment_store_rows_per_s": rows / ss_s, "tier2_rows_per_s": rows / t2_s,
-            "ratio_spark_vs_own": own_s / ss_s, "ratio_tier2_vs_segment_store": ss_s / t2_s}
+            "floor_rows_per_s": rows / floor_s,
+            "ratio_spark_vs_own": own_s / ss_s, "ratio_tier2_vs_segment_store": ss_s / t2_s,
+            "ratio_floor_vs_segment_store": ss_s / floor_s}
 
 
 async def wait_serving(uri: str, timeout_s: float = 120.0) -> None:
@@ -261,7 +341,8 @@ def main() -> None:
 
                 cluster = SparkStandalone(root / "spark-cluster", workers=2).start()
             spark = spark_session(args, root, cluster)
-            warm_s = warm_up(spark, uri, tier2)
+            register_floor(spark)
+            warm_s = warm_up(spark, uri, tier2, args)
             expected = (args.events, args.events * args.size)
             phases = {"cached": rounds(args, spark, uri, tier2, expected,
                                        "history in the segment store's cache")}
@@ -302,9 +383,13 @@ def main() -> None:
                           f"{medians['segment_store_rows_per_s']:>8,.0f} rows/s")
                     print(f"  Spark, tier-2 directly       {medians['tier2_rows_per_s']:>12,.0f} "
                           f"rows/s")
+                    print(f"  Spark's floor (reads nothing) {medians['floor_rows_per_s']:>11,.0f} "
+                          f"rows/s")
                     print(f"  ratio Spark/StreamReader {medians['ratio_spark_vs_own']:.2f} "
                           f"(goal >= 0.5); tier-2/segment store "
-                          f"{medians['ratio_tier2_vs_segment_store']:.2f} (goal >= 2)")
+                          f"{medians['ratio_tier2_vs_segment_store']:.2f} (goal >= 2; at most "
+                          f"{medians['ratio_floor_vs_segment_store']:.2f} for any path here: "
+                          f"floor/segment store)")
         finally:
             if spark is not None:
                 spark.stop()
