@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -23,19 +25,27 @@ def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
     rows = {r["what"]: r for r in results}
-    # single events of every size (each after its raw row), then the blocks
+    # single events of every size (bracketed by raw rows), then the blocks
     order = [r["what"] for r in results]
-    assert order[:6] == ["raw ledger.append, 100 B", "1 segment(s), 1 event of 100 B",
-                         "10 segment(s), 1 event of 100 B", "raw ledger.append, 1024 B",
-                         "1 segment(s), 1 event of 1024 B", "10 segment(s), 1 event of 1024 B"]
-    assert all("100 events" in w for w in order[6:10])
+    assert order[:8] == [
+        "raw ledger.append, 100 B (before)", "1 segment(s), 1 event of 100 B",
+        "10 segment(s), 1 event of 100 B", "raw ledger.append, 100 B (after)",
+        "raw ledger.append, 1024 B (before)", "1 segment(s), 1 event of 1024 B",
+        "10 segment(s), 1 event of 1024 B", "raw ledger.append, 1024 B (after)"]
+    assert all("100 events" in w for w in order[8:12])
     # the bookies' CPU is read in clock ticks (10 ms): a tiny row may show
     # none, the whole run not
     assert all(r["bookies_cpu_us"] >= 0 for r in rows.values() if "per_s" in r)
     assert sum(r.get("bookies_cpu_us", 0) for r in rows.values()) > 0
     for size in (100, 1024):
-        assert rows[f"raw ledger.append, {size} B"]["x_raw_events"] == 1.0
-        assert rows[f"raw ledger.append, {size} B"]["client_cpu_us"] > 0
+        before, after = (rows[f"raw ledger.append, {size} B ({when})"]
+                         for when in ("before", "after"))
+        # every ratio is to the mean of the two raw rows
+        base = (before["per_s"] + after["per_s"]) / 2
+        assert before["x_raw_events"] + after["x_raw_events"] == pytest.approx(2.0)
+        assert before["client_cpu_us"] > 0 and after["client_cpu_us"] > 0
+        single = rows[f"10 segment(s), 1 event of {size} B"]
+        assert single["x_raw_events"] == pytest.approx(single["per_s"] / base)
         for count in (1, 10):
             for shape, events in ((f"1 event of {size} B", 1), (f"100 events of {size} B", 100)):
                 row = rows[f"{count} segment(s), {shape}"]
