@@ -111,7 +111,8 @@ async def test_evicted_chunks_that_tier2_holds_leave_the_index() -> None:
     index.flushed(1, 200 * 100)  # a smaller length changes nothing
     assert index.chunk_count(1) == 150
     # a read across the dropped chunks and the evicted one still listed
-    assert await index.read(1, 249 * 100 + 10, 200) == (_chunk(249) + _chunk(250) + _chunk(251))[10:210]
+    expected = (_chunk(249) + _chunk(250) + _chunk(251))[10:210]
+    assert await index.read(1, 249 * 100 + 10, 200) == expected
     assert tier2_reads[0] == 249 * 100 + 10  # below the first chunk listed
     assert tier1_reads == [250 * 100, 251 * 100]  # tier-2 holds only half of 250
     assert await index.read(1, 399 * 100, 100) == _chunk(399)  # still cached
