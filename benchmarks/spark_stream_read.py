@@ -258,7 +258,8 @@ def measure(spark: Any, uri: str, tier2: str | None, floor: argparse.Namespace |
 
 def rounds(args: argparse.Namespace, spark: Any, uri: str, tier2: str,
            expected: tuple[int, int], label: str) -> dict[str, Any]:
-    """``--rounds`` rounds of the three readers in turn; each one's median."""
+    """``--rounds`` rounds of the three readers and the floor in turn; each
+    one's median."""
     times: dict[str, list[float]] = {"own": [], "ss": [], "t2": [], "floor": []}
     for round_no in range(1, args.rounds + 1):
         results = {"own": uvloop.run(read_own(uri)),

@@ -199,8 +199,13 @@ class ReadIndex:
             data[i] = None
             self.cached_bytes -= segment.lengths[i]
             segment.evict_at = i + 1
-            if i >= self.drop_batch_chunks and segment.flushed:
-                self._drop_flushed(segment)
+            # every chunk up to this one is evicted now; if tier-2 holds this
+            # one, it holds them all (what it holds above it waits for the
+            # next flushed())
+            flushed = segment.flushed
+            if flushed and i >= self.drop_batch_chunks and (i + 1) * 4 >= end \
+                    and segment.offsets[i] + segment.lengths[i] <= flushed:
+                self._remove_prefix(segment, i + 1)
 
     def flushed(self, segment_id: int, length: int) -> None:
         """Tier-2 holds the segment's bytes below ``length``: its evicted
@@ -250,10 +255,7 @@ class ReadIndex:
     def delete(self, segment_id: int) -> None:
         segment = self._segments.pop(segment_id, None)
         if segment is not None:
-            for i in range(segment.evict_at, len(segment.data)):
-                if segment.data[i] is not None:
-                    self.cached_bytes -= segment.lengths[i]
-            segment.clear()
+            self._remove_prefix(segment, len(segment.offsets))
             for waiter in segment.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
