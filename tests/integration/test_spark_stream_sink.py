@@ -27,6 +27,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 import pravega_client
+import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 
@@ -35,12 +36,13 @@ from quire.log import LogStore
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port
 from quire.spark import recover_stream_writes
 from quire.spark.stream_commits import StreamCommits
-from quire.streams import ControllerClient, RemoteSegmentStore, tail_cut
+from quire.spark.stream_sink import StreamSinkOptions, _write_task
+from quire.streams import ControllerClient, RemoteSegmentStore, TxnState, tail_cut
 from tests.integration.test_pravega_client import by_routing_key, read_slices
 from tests.support.cluster import Cluster
 from tests.support.spark import forget_last_commit, run_available_now
 from tests.support.spark_cluster import SparkStandalone
-from tests.support.stream_stack import with_stream_clients
+from tests.support.stream_stack import wait_for, with_stream_clients
 
 REPO = Path(__file__).resolve().parents[2]
 SCOPE = "sink"
@@ -230,8 +232,39 @@ def test_a_task_killed_on_every_attempt_leaves_nothing_visible(
     with pytest.raises(Exception):  # noqa: B017  (Spark wraps the worker's death)
         save(spark, streams.uri, "doomed", rows, transform=killing_first_batches(None))
     assert stream_bytes(streams.uri, "doomed") == 0
-    # the job's abort aborted every registered attempt, the killed ones too
+    # The job's abort aborted every registered attempt, the killed ones too.
+    # Spark fails the job without waiting for the writers' Python workers: one
+    # may register after the abort listed the registrations, and then aborts
+    # its transaction and removes its registration itself on its way out.
+    wait_for(lambda: table_keys(streams.uri) == [], "every registration gone")
+    assert stream_bytes(streams.uri, "doomed") == 0
+
+
+def test_a_failed_attempt_aborts_its_transaction_and_removes_its_registration(
+        streams: Streams) -> None:
+    """What a writer's Python worker does when its input fails, here in the
+    test's process: what it wrote is discarded and nothing of it is left for
+    the driver's abort (which may already have run) to find."""
+    create_stream(streams, "failed")
+    opts = StreamSinkOptions(SCOPE, "failed", streams.uri)
+    registered: list[list[str]] = []
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        yield pa.record_batch([pa.array([f"f:{n}" for n in range(50)])], names=["event"])
+        registered.append(table_keys(streams.uri))  # the attempt is registered by now
+        raise ConnectionResetError("the task's input went away")
+
+    with pytest.raises(ConnectionResetError):
+        _write_task(opts, "w-failed", "event", None, batches())
+    [[key]] = registered
+    assert key.startswith("txn/w-failed/")
+    txn = int(key.rsplit("/", 1)[1], 16)
     assert table_keys(streams.uri) == []
+
+    async def state(controller: ControllerClient, _s: RemoteSegmentStore) -> TxnState:
+        return await controller.transaction_state(SCOPE, "failed", txn)
+    assert with_stream_clients(streams.uri, state) in (TxnState.ABORTING, TxnState.ABORTED)
+    assert stream_bytes(streams.uri, "failed") == 0
 
 
 def test_a_killed_first_attempt_is_retried_and_written_once(
@@ -242,7 +275,9 @@ def test_a_killed_first_attempt_is_retried_and_written_once(
     save(spark, streams.uri, "retried", rows, transform=killing_first_batches(marker))
     assert marker.read_text() == "0"  # the first attempt of partition 1 died part way
     assert_stream_is(streams.uri, "retried", rows)
-    assert table_keys(streams.uri) == []
+    # the killed attempt's registration: removed by the commit, or by the
+    # attempt itself if its writer registered after the commit listed them
+    wait_for(lambda: table_keys(streams.uri) == [], "every registration gone")
 
 
 # --- the standalone cluster: a plain write, then a driver crash ---------------------------

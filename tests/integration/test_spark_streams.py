@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,7 +35,7 @@ from quire.spark import STREAM_SCHEMA, StreamBatchReader, StreamDataLossError, S
 from quire.spark.stream_read import SegmentRange
 from tests.support.cluster import Cluster
 from tests.support.spark import forget_last_commit, read_available_now
-from tests.support.stream_stack import StreamStack
+from tests.support.stream_stack import StreamStack, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FLUSH_BYTES = 32 * 1024
@@ -226,29 +225,24 @@ def read_here(part: SegmentRange) -> list[bytes]:
     return [bytes(e) for batch in reader.read(part) for e in batch.column(0).to_pylist()]
 
 
-def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # polling the condition, with a deadline
-
-
 def test_flushed_history_is_read_from_tier2_and_the_tail_from_the_segment_store(
         spark: SparkSession, stack: StreamStack) -> None:
     stack.create("t2", "hist", 1)
-    stack.write("t2", "hist", numbered(0, 2000))  # 216 kB: flushes in 32 kB steps
+    stack.write("t2", "hist", numbered(0, 2000))  # 216 kB, past the 32 KiB threshold
     count = 2000
 
-    def split() -> bool:
-        """Some of it flushed, some not (the tail under the threshold stays)."""
+    def unflushed() -> int:
+        """Bytes not in tier-2.  While a flush runs, the layout still has its
+        old length, so this stays at least a threshold until it is done."""
         layout = stack.layout("t2", "hist", 0)
-        return layout is not None and 0 < layout.length < stack.lengths("t2", "hist", [0])[0]
+        return stack.lengths("t2", "hist", [0])[0] - (0 if layout is None else layout.length)
 
-    wait_for(lambda: (stack.layout("t2", "hist", 0) or SimpleNamespace(length=0)).length > 0,
-             "a first flush")
-    while not split():
+    wait_for(lambda: unflushed() < FLUSH_BYTES, "the history flushed (all but a tail)")
+    if unflushed() == 0:
         stack.write("t2", "hist", numbered(count, 20))  # a tail under the flush threshold
         count += 20
+    # that tail stays where it is: time-based flushes are 10 minutes away
+    assert 0 < unflushed() < FLUSH_BYTES
     [part] = planned(stack, "t2/hist")
     assert part.tier2 is not None and 0 < part.tier2.length < part.last  # both sources
     rows = rows_of(read(spark, stack, "t2/hist", tier2=stack.tier2_uri))

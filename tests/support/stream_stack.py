@@ -8,6 +8,7 @@ write and inspect streams from the test's process with Quire's own client.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,14 @@ def with_stream_clients(uri: str,
             await controller.close()
 
     return asyncio.run(go())
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # polling the condition, with a deadline
 
 
 @dataclass

@@ -10,7 +10,8 @@ in a table segment of the segment store (next to the controller's own
 
     _system/_tables/_spark/stream_writes
         txn/<write>/<txn id>      a task attempt's transaction (registered
-                                  before it writes; aborted unless committed)
+                                  before it writes; aborted unless committed;
+                                  a failing attempt aborts and removes its own)
         commit/<write>            a batch write's commit list: once it exists
                                   the write is committed, whoever finishes it
         sink/<scope>/<stream>/<sink id>
@@ -218,6 +219,11 @@ class StreamCommits:
         await self._put(f"txn/{write_id}/{_hex(txn_id)}", json.dumps(
             {"scope": scope, "stream": stream, "task": task, "created_ms": now_ms()}).encode(),
             None)
+
+    async def unregister(self, write_id: str, txn_id: int) -> None:
+        """Forget a task attempt's registration once its transaction is
+        aborted (what the registration was there to make sure of)."""
+        await self._remove([f"txn/{write_id}/{_hex(txn_id)}"])
 
     async def _registered(self, write_id: str) -> list[tuple[str, str, str, int]]:
         """(key, scope, stream, txn id) of the attempts registered for ``write_id``."""

@@ -272,9 +272,19 @@ class _TaskTransaction:
 
     async def _discard(self) -> None:
         await self._stop_pinging()
-        if self.txn is not None:
-            with contextlib.suppress(QuireError):
-                await self.txn.abort()
+        if self.txn is None:
+            return
+        try:
+            await self.txn.abort()
+        except QuireError:
+            return  # the registration stays: the driver's abort or a recovery ends it
+        # Aborted: the registration has done its job.  The driver may already
+        # have aborted the write: Spark fails a job without waiting for every
+        # Python worker, so a worker can register after the driver's abort has
+        # listed the registrations, and only the attempt itself removes that one.
+        with contextlib.suppress(QuireError):
+            commits = await _commits(self.opts)
+            await commits.unregister(self.write_id, self.txn.id)
 
     def discard(self) -> None:
         """Abort the transaction (a failed attempt)."""
