@@ -203,7 +203,7 @@ class ReadIndex:
             # one, it holds them all (what it holds above it waits for the
             # next flushed())
             flushed = segment.flushed
-            if flushed and i >= self.drop_batch_chunks and (i + 1) * 4 >= end \
+            if flushed and self._worth_dropping(i + 1, end) \
                     and segment.offsets[i] + segment.lengths[i] <= flushed:
                 self._remove_prefix(segment, i + 1)
 
@@ -215,16 +215,20 @@ class ReadIndex:
             segment.flushed = length
             self._drop_flushed(segment)
 
+    def _worth_dropping(self, count: int, chunks: int) -> bool:
+        """Whether to drop ``count`` leading chunks of a segment's
+        ``chunks``: at least ``drop_batch_chunks`` of them and a quarter of
+        the segment's chunks (so the lists' shift costs a few moves a chunk)."""
+        return count >= self.drop_batch_chunks and count * 4 >= chunks
+
     def _drop_flushed(self, segment: _Segment) -> None:
-        """Drop the leading evicted chunks wholly in tier-2, once there are
-        at least ``drop_batch_chunks`` of them and a quarter of the
-        segment's chunks (so the lists' shift costs a few moves a chunk)."""
+        """Drop the leading evicted chunks wholly in tier-2, when worth it."""
         offsets, lengths = segment.offsets, segment.lengths
         drop = bisect.bisect_right(offsets, segment.flushed) - 1
         if drop >= 0 and offsets[drop] + lengths[drop] <= segment.flushed:
             drop += 1
         drop = min(drop, segment.evict_at)
-        if drop >= self.drop_batch_chunks and drop * 4 >= len(offsets):
+        if self._worth_dropping(drop, len(offsets)):
             self._remove_prefix(segment, drop)
 
     def _remove_prefix(self, segment: _Segment, count: int) -> None:

@@ -148,6 +148,11 @@ def write_key(write_id: str) -> str:
     return f"commit/{write_id}"
 
 
+def txn_key(write_id: str, txn_id: int) -> str:
+    """The key of a task attempt's registration."""
+    return f"txn/{write_id}/{_hex(txn_id)}"
+
+
 def sink_key(scope: str, stream: str, sink_id: str) -> str:
     return f"sink/{scope}/{stream}/{sink_id}"
 
@@ -216,14 +221,14 @@ class StreamCommits:
         """Record a task attempt's transaction before it writes, so that it
         is aborted unless committed (even if the task dies)."""
         await self.ensure_table()
-        await self._put(f"txn/{write_id}/{_hex(txn_id)}", json.dumps(
+        await self._put(txn_key(write_id, txn_id), json.dumps(
             {"scope": scope, "stream": stream, "task": task, "created_ms": now_ms()}).encode(),
             None)
 
     async def unregister(self, write_id: str, txn_id: int) -> None:
         """Forget a task attempt's registration once its transaction is
         aborted (what the registration was there to make sure of)."""
-        await self._remove([f"txn/{write_id}/{_hex(txn_id)}"])
+        await self._remove([txn_key(write_id, txn_id)])
 
     async def _registered(self, write_id: str) -> list[tuple[str, str, str, int]]:
         """(key, scope, stream, txn id) of the attempts registered for ``write_id``."""
