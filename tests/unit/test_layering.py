@@ -22,6 +22,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 RANKS: dict[str, int] = {
     "quire.errors": 0,
     "quire.types": 0,
+    # wall-clock seam and the event loop thread of blocking callers
+    "quire.clock": 0,
+    "quire.loop_thread": 0,
     "quire.config": 1,
     "quire.protocol": 2,
     "quire.metadata": 2,
