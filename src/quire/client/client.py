@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from types import TracebackType
 
@@ -11,6 +10,7 @@ from quire.client.context import ClientContext
 from quire.client.ledger import ReadHandle, WriteHandle, check_password
 from quire.client.placement import RandomPlacement
 from quire.client.recovery import recover_ledger
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import ClientClosedError, NotEnoughBookiesError
 from quire.metadata import LedgerMetadata, MetadataStore, open_store
 from quire.peer import BookiePool
@@ -104,7 +104,7 @@ class Client:
             ack_quorum_size=ack_quorum_size, ledger_type=ledger_type, digest_type=digest_type,
             password=password, state=LedgerState.OPEN, ensembles=((0, ensemble),),
             custom_metadata=dict(custom_metadata or {}),
-            creation_time_ms=int(time.time() * 1000))
+            creation_time_ms=SYSTEM_CLOCK.wall_ms())
         ledger_id = await ctx.store.new_ledger_id()
         versioned = await ctx.store.create_ledger(ledger_id, metadata)
         handle = WriteHandle(ctx, ledger_id, versioned, password)
