@@ -16,8 +16,9 @@ from types import TracebackType
 
 from quire.client.client import Client
 from quire.client.config import ClientConfig
-from quire.client.ledger import ReadHandle, WriteHandle
+from quire.client.read_handle import ReadHandle
 from quire.client.reads import LedgerEntry
+from quire.client.write_handle import WriteHandle
 from quire.errors import QueueFullError
 from quire.loop_thread import LoopThread
 from quire.metadata import LedgerMetadata
