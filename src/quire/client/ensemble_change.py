@@ -24,15 +24,13 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from quire.client.context import ClientContext
-from quire.client.ledger_metadata import with_fragment
+from quire.client.ledger_metadata import Fragment, with_fragment
 from quire.errors import EnsembleChangeRefusedError, NotEnoughBookiesError
 from quire.metadata import LedgerMetadata, Versioned
 from quire.types import LedgerType
 
 log = logging.getLogger("quire.client")
 
-Fragment = tuple[int, tuple[str, ...]]
-"""(first entry id, ensemble) of one fragment."""
 MetadataUpdate = Callable[[Callable[[LedgerMetadata], LedgerMetadata]],
                           Awaitable[Versioned[LedgerMetadata]]]
 """The writer's compare-and-set of a change to its ledger's metadata."""

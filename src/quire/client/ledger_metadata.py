@@ -19,6 +19,9 @@ from quire.metadata import LedgerMetadata, Versioned
 from quire.metadata.model import Ensembles
 from quire.types import LedgerState
 
+Fragment = tuple[int, tuple[str, ...]]
+"""(first entry id, ensemble) of one fragment."""
+
 
 def with_fragment(ensembles: Ensembles, first: int, bookies: tuple[str, ...]) -> Ensembles:
     """``ensembles`` with a fragment ``bookies`` from ``first`` on (replacing the
@@ -31,7 +34,7 @@ def with_fragment(ensembles: Ensembles, first: int, bookies: tuple[str, ...]) ->
     return (*ensembles, (first, bookies))
 
 
-def closing_change(last: int, length: int, fragments: list[tuple[int, tuple[str, ...]]]
+def closing_change(last: int, length: int, fragments: list[Fragment]
                    ) -> Callable[[LedgerMetadata], LedgerMetadata]:
     """The metadata change that closes the ledger at entry ``last`` with
     ``length`` bytes, recording ``fragments`` (a recovery's ensemble changes,
@@ -45,17 +48,13 @@ def closing_change(last: int, length: int, fragments: list[tuple[int, tuple[str,
     return closed
 
 
-def _never(_md: LedgerMetadata) -> bool:
-    return False
-
-
 async def update_ledger_metadata(
         ctx: ClientContext, ledger_id: int, current: Versioned[LedgerMetadata],
         change: Callable[[LedgerMetadata], LedgerMetadata], *, expected_state: LedgerState,
-        adopt: Callable[[LedgerMetadata], bool] = _never) -> Versioned[LedgerMetadata]:
+        adopt: Callable[[LedgerMetadata], bool] | None = None) -> Versioned[LedgerMetadata]:
     """Compare-and-set ``change(metadata)`` from ``current``.  On a version
-    conflict, re-read: metadata that ``adopt`` accepts is returned as is;
-    metadata that is no longer the writer's (state other than
+    conflict, re-read: metadata that ``adopt`` (if given) accepts is returned
+    as is; metadata that is no longer the writer's (state other than
     ``expected_state``, or fragments changed by someone else) raises
     LedgerFencedError; otherwise retry on the new version.  A store error
     leaves the outcome unknown: re-read and compare before retrying."""
@@ -82,7 +81,7 @@ async def update_ledger_metadata(
                 continue
             if fresh.value == candidate:
                 return fresh  # the write landed before the error
-        if adopt(fresh.value):
+        if adopt is not None and adopt(fresh.value):
             return fresh
         _check_still_ours(ledger_id, fresh.value, current.value, expected_state)
         current = fresh

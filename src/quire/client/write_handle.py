@@ -72,10 +72,6 @@ _ADD_FRAME_OVERHEAD = 4 + 8 + MASTER_KEY_LEN + ENTRY_HEADER_LEN
 """Bytes of an ADD_ENTRY frame (as counted by ``frame_len``) besides digest and payload."""
 
 
-def _never(_md: LedgerMetadata) -> bool:
-    return False
-
-
 class _PendingAdd:
     """One add from append to completion (BookKeeper's PendingAddOp)."""
 
@@ -334,7 +330,6 @@ class WriteHandle(ReadHandle):
         if self._change_task is None:
             self._drained.set()
 
-
     # --- ensemble change (see quire.client.ensemble_change) -------------------
 
     def _bookie_failed(self, index: int, bookie: str, reason: str) -> None:
@@ -392,7 +387,7 @@ class WriteHandle(ReadHandle):
 
     async def _update_metadata(
             self, change: Callable[[LedgerMetadata], LedgerMetadata],
-            adopt: Callable[[LedgerMetadata], bool] = _never,
+            adopt: Callable[[LedgerMetadata], bool] | None = None,
     ) -> Versioned[LedgerMetadata]:
         """Compare-and-set ``change(metadata)`` as this writer (see
         :func:`~quire.client.ledger_metadata.update_ledger_metadata`)."""
