@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from quire.clock import SYSTEM_CLOCK
 from quire.controller import Controller, ControllerConfig, fixed_locator
 from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
 from quire.errors import ContainerClosedError
@@ -61,12 +62,13 @@ class Cluster:
             open_log=lambda c: self.logs.open(f"c{c}"),
             config=SegmentStoreConfig(container_count=CONTAINERS))
         self.faulty = Faulty(self.store)
-        self.controller = Controller(self.faulty, self.config, fixed_locator(URI), self._clock)
+        self.controller = Controller(self.faulty, self.config, fixed_locator(URI), self)
         port = await self.controller.start("127.0.0.1", 0)
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
 
-    def _clock(self) -> int:
-        return int(time.time() * 1000) if self.now_ms is None else self.now_ms
+    def wall_ms(self) -> int:
+        """The controller's clock (a :class:`~quire.clock.Clock`)."""
+        return SYSTEM_CLOCK.wall_ms() if self.now_ms is None else self.now_ms
 
     async def stop(self) -> None:
         if self.channel is not None:

@@ -26,6 +26,7 @@ from quire.log import (
 )
 from quire.log import records as rec
 from quire.metadata import CheckRecord, CreateRecord
+from quire.testing.clock import ManualClock
 from quire.types import LedgerState
 from tests.support.fake_bookie import FakeCluster
 from tests.support.logs import read_all
@@ -349,8 +350,8 @@ async def test_job_commits_only_named_ledgers(logs: LogStore, client: Client) ->
 
 
 async def test_job_abort_and_garbage_collection(logs: LogStore, client: Client) -> None:
-    now = [1_000_000]
-    logs = LogStore(client, password=b"pw", clock_ms=lambda: now[0])
+    clock = ManualClock(1_000_000)
+    logs = LogStore(client, password=b"pw", clock=clock)
     jobs = LogJobs(logs)
     await logs.create("gc")
     aborted = await jobs.begin_job("gc", ttl_ms=1000)
@@ -365,7 +366,7 @@ async def test_job_abort_and_garbage_collection(logs: LogStore, client: Client) 
     assert await jobs.abort_job(aborted) == [ids[0]]
     report = await jobs.collect_garbage()
     assert report.jobs_aborted == []  # not stale yet
-    now[0] += 2000
+    clock.advance(2000)
     report = await jobs.collect_garbage("gc")
     assert report.jobs_aborted == [stale.job_id] and report.ledgers_deleted == [ids[1]]
     with pytest.raises(JobClosedError):
@@ -406,14 +407,14 @@ async def test_sink_batches_commit_exactly_once(logs: LogStore, client: Client) 
 
 
 async def test_sink_registrations_expire(client: Client) -> None:
-    now = [5_000_000]
-    logs = LogStore(client, password=b"pw", clock_ms=lambda: now[0])
+    clock = ManualClock(5_000_000)
+    logs = LogStore(client, password=b"pw", clock=clock)
     jobs = LogJobs(logs)
     job = await jobs.sink_job("sink-gc", "q", ttl_ms=1000)
     ledger = await client.create_ledger(3, 3, 2, password=b"pw")
     await jobs.register_ledger(job, ledger.ledger_id, batch_id=7)
     await ledger.close()
-    now[0] += 5000
+    clock.advance(5000)
     report = await jobs.collect_garbage("sink-gc")
     assert report.ledgers_deleted == [ledger.ledger_id]
     with pytest.raises(JobClosedError):

@@ -35,6 +35,7 @@ from quire.segmentstore import (
 from quire.segmentstore.metadata import ContainerMetadata
 from quire.segmentstore.names import base_segment_name, container_of
 from quire.segmentstore.operations import AppendOp, SegmentMapOp, decode, encode
+from quire.testing.clock import ManualClock
 from quire.testing.memory_data_log import MemoryDataLogs
 
 S = "sc/st/0.#epoch.0"
@@ -129,7 +130,7 @@ async def test_hot_path_appends_log_what_encode_gives_and_replay_alike(
     """Plain and writer-only appends skip the operation object and pack their
     bytes in one call: the log must hold exactly the encoding of the
     operation they stand for, and a reopen must see the same state."""
-    c = await SegmentContainer.open(0, logs.open("c0"), clock_ms=lambda: 1234)
+    c = await SegmentContainer.open(0, logs.open("c0"), clock=ManualClock(1234))
     writer = (1 << 127) | 0xABCDEF  # both halves of the 128-bit key
     await c.create_segment(S)
     sid = c.accepted.by_name[S]

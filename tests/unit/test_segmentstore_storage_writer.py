@@ -46,6 +46,7 @@ from quire.segmentstore.storage_writer import (
     storage_metadata_name,
 )
 from quire.segmentstore.tier2_check import check
+from quire.testing.clock import ManualClock
 from quire.testing.memory_data_log import MemoryDataLogs
 from quire.tier2 import (
     ChunkData,
@@ -106,18 +107,10 @@ class RecordingStorage:
 
 
 @dataclass
-class Clock:
-    now_ms: int = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
-@dataclass
 class Rig:
     logs: MemoryDataLogs
     storage: RecordingStorage
-    clock: Clock
+    clock: ManualClock
     container: SegmentContainer
     writer: StorageWriter
     uri: str
@@ -129,7 +122,7 @@ class Rig:
         reader = await Tier2Reader.load(self.storage, 0)  # tier-2 alone
         self.container = await SegmentContainer.open(0, self.logs.open("c0"),
                                                      self.container_config,
-                                                     clock_ms=self.clock, tier2_read=reader.read)
+                                                     clock=self.clock, tier2_read=reader.read)
         self.opened.append(self.container)
         self.writer = await StorageWriter.start(self.container, self.storage,
                                                 config or self.writer.config,
@@ -148,8 +141,8 @@ async def r(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig
         else f"file://{tmp_path}/tier2"
     storage = RecordingStorage(await open_chunk_storage(uri))
     logs = MemoryDataLogs()
-    clock = Clock()
-    container = await SegmentContainer.open(0, logs.open("c0"), clock_ms=clock)
+    clock = ManualClock(1_000_000)
+    container = await SegmentContainer.open(0, logs.open("c0"), clock=clock)
     writer = await StorageWriter.start(container, storage, config(), max_chunk_bytes=64)
     r = Rig(logs, storage, clock, container, writer, uri, [container])
     yield r
@@ -516,7 +509,7 @@ async def test_a_fenced_owner_still_running_trips_nobody(r: Rig) -> None:
     old_writer = r.writer
     old_epoch_chunks = {name for kind, name in r.storage.ops if kind == "write"}
     reader = await Tier2Reader.load(r.storage, 0)
-    new = await SegmentContainer.open(0, r.logs.open("c0"), clock_ms=r.clock,
+    new = await SegmentContainer.open(0, r.logs.open("c0"), clock=r.clock,
                                       tier2_read=reader.read)  # fences the old owner
     r.opened.append(new)
     new_writer = await StorageWriter.start(new, r.storage, config(flush_threshold_bytes=1),

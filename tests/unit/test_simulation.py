@@ -351,7 +351,7 @@ def test_seeds_that_found_a_recovery_closing_a_ledger_short_hold(seed: str) -> N
     next one read the entries from bookies that never had them and closed
     below acknowledged entries (seed 5702: a VD ledger closed at -1 with
     entries 0 and 1 acknowledged).  The change is now recorded with the
-    close (quire.client.ledger, WriteHandle._replace_failed_bookies).
+    close (quire.client.ensemble_change, EnsembleChange.replace).
     Replayed with the faults of the simulator's version that found them
     (``--faults classic``), which draws exactly the schedules it drew."""
     result = simulate("--seed", seed, "--faults", "classic")

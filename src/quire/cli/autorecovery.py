@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import time
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -18,6 +17,7 @@ from quire.cli.common import (
     metadata_option,
     with_store,
 )
+from quire.clock import SYSTEM_CLOCK
 
 if TYPE_CHECKING:
     from quire.metadata import MetadataStore
@@ -46,7 +46,7 @@ def _print_marks(rows: list[dict[str, Any]]) -> None:
         click.echo("no under-replicated ledgers")
         return
     table = Table("ledger", "lost", "leaving", "marked", "worker")
-    now_ms = time.time() * 1000
+    now_ms = SYSTEM_CLOCK.wall_ms()
     for row in rows:
         table.add_row(str(row["ledger_id"]), ", ".join(row["lost"]), ", ".join(row["leaving"]),
                       f"{(now_ms - row['marked_ms']) / 1000:.0f} s ago", row["worker"] or "")

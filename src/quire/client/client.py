@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from types import TracebackType
 
 from quire.client.config import ClientConfig
 from quire.client.context import ClientContext
-from quire.client.ledger import ReadHandle, WriteHandle, check_password
 from quire.client.placement import RandomPlacement
+from quire.client.read_handle import ReadHandle, check_password
 from quire.client.recovery import recover_ledger
+from quire.client.write_handle import WriteHandle
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import ClientClosedError, NotEnoughBookiesError
 from quire.metadata import LedgerMetadata, MetadataStore, open_store
 from quire.peer import BookiePool
@@ -35,6 +36,8 @@ class Client:
         self._ctx = ctx
         self._owns_store = owns_store
         self._closed = False
+        self._writers: set[WriteHandle] = set()
+        """Write handles not yet closed: shut down with the client."""
 
     @classmethod
     async def connect(cls, metadata_uri: str, config: ClientConfig | None = None) -> Client:
@@ -104,11 +107,12 @@ class Client:
             ack_quorum_size=ack_quorum_size, ledger_type=ledger_type, digest_type=digest_type,
             password=password, state=LedgerState.OPEN, ensembles=((0, ensemble),),
             custom_metadata=dict(custom_metadata or {}),
-            creation_time_ms=int(time.time() * 1000))
+            creation_time_ms=SYSTEM_CLOCK.wall_ms())
         ledger_id = await ctx.store.new_ledger_id()
         versioned = await ctx.store.create_ledger(ledger_id, metadata)
-        handle = WriteHandle(ctx, ledger_id, versioned, password)
-        ctx.writers.add(handle)
+        handle = WriteHandle(ctx, ledger_id, versioned, password,
+                             on_closed=self._writers.discard)
+        self._writers.add(handle)
         return handle
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"",
@@ -147,9 +151,9 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        for handle in list(self._ctx.writers):
+        for handle in list(self._writers):
             handle._shutdown()
-        self._ctx.writers.clear()
+        self._writers.clear()
         await self._ctx.pool.close()
         if self._owns_store:
             await self._ctx.store.close()

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from quire.client.config import ClientConfig
 from quire.client.placement import RandomPlacement
 from quire.metadata import MetadataStore
 from quire.peer import BookiePool
-
-if TYPE_CHECKING:
-    from quire.client.ledger import WriteHandle
 
 
 @dataclass(eq=False)
@@ -20,8 +16,6 @@ class ClientContext:
     pool: BookiePool
     config: ClientConfig
     placement: RandomPlacement
-    writers: set[WriteHandle] = field(default_factory=set)
-    """Handles to shut down with the client (write handles not yet closed)."""
     batch_unsupported: set[str] = field(default_factory=set)
     """Bookies that answered UNSUPPORTED to a batch read (read entry by entry)."""
 

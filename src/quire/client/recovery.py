@@ -27,9 +27,10 @@ import asyncio
 import logging
 
 from quire.client.context import ClientContext
-from quire.client.ledger import WriteHandle, check_password
 from quire.client.placement import write_set_bookies
+from quire.client.read_handle import check_password
 from quire.client.reads import EntryReadOp
+from quire.client.write_handle import WriteHandle
 from quire.errors import (
     EXPLICIT_NEGATIVES,
     DigestMismatchError,

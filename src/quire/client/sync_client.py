@@ -1,68 +1,34 @@
 """A blocking facade over :class:`~quire.client.Client` for scripts,
 notebooks and Spark workers.
 
-:class:`SyncClient` runs a private event loop in a daemon thread; every
-method submits a coroutine to it and blocks for the result, so it works
-whether or not the calling thread has an event loop of its own.  Handles
-returned by it are blocking too; ``append_many`` pipelines a batch.
+:class:`SyncClient` runs a private event loop in a daemon thread (a
+:class:`~quire.loop_thread.LoopThread`); every method submits a coroutine to
+it and blocks for the result, so it works whether or not the calling thread
+has an event loop of its own.  Handles returned by it are blocking too;
+``append_many`` pipelines a batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Awaitable, Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
 
 from quire.client.client import Client
 from quire.client.config import ClientConfig
-from quire.client.ledger import ReadHandle, WriteHandle
+from quire.client.read_handle import ReadHandle
 from quire.client.reads import LedgerEntry
+from quire.client.write_handle import WriteHandle
 from quire.errors import QueueFullError
+from quire.loop_thread import LoopThread
 from quire.metadata import LedgerMetadata
 from quire.types import DigestType, LedgerType
-
-T = TypeVar("T")
-
-
-class _LoopThread:
-    """An event loop running forever in its own daemon thread."""
-
-    def __init__(self) -> None:
-        try:
-            import uvloop
-
-            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        except ImportError:  # pragma: no cover - uvloop is a dependency
-            self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="quire-client-loop", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("a SyncClient cannot be called from its own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 class SyncReadHandle:
     """Blocking :class:`~quire.client.ReadHandle`."""
 
-    def __init__(self, runner: _LoopThread, handle: ReadHandle) -> None:
+    def __init__(self, runner: LoopThread, handle: ReadHandle) -> None:
         self._runner = runner
         self._handle = handle
 
@@ -107,7 +73,7 @@ class SyncWriteHandle(SyncReadHandle):
 
     _handle: WriteHandle
 
-    def __init__(self, runner: _LoopThread, handle: WriteHandle) -> None:
+    def __init__(self, runner: LoopThread, handle: WriteHandle) -> None:
         super().__init__(runner, handle)
 
     @property
@@ -162,7 +128,7 @@ class SyncClient:
     """
 
     def __init__(self, metadata_uri: str, config: ClientConfig | None = None) -> None:
-        self._runner = _LoopThread()
+        self._runner = LoopThread("quire-client-loop", "a SyncClient")
         try:
             self._client = self._runner.run(Client.connect(metadata_uri, config))
         except BaseException:

@@ -27,10 +27,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.controller.metrics import ControllerMetrics
 from quire.controller.model import (
     Epoch,
@@ -99,10 +98,6 @@ class ControllerConfig:
                 raise ConfigError(f"controller: {name} must be positive")
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass(frozen=True)
 class ScaleStarted:
     """A scale done: the segments created and the epoch it started from."""
@@ -113,17 +108,17 @@ class ScaleStarted:
 
 class ControllerCore:
     """The controller's operations (see the module docstring); ``start()``
-    before the first one.  ``clock_ms`` is the wall clock of leases, epochs
+    before the first one.  ``clock`` is the wall clock of leases, epochs
     and retention; ``metrics`` what it counts."""
 
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
-                 clock_ms: Callable[[], int] = wall_clock_ms,
+                 clock: Clock = SYSTEM_CLOCK,
                  metrics: ControllerMetrics | None = None) -> None:
         self.store = store
         self.config = config
         self.metrics = metrics or ControllerMetrics()
         self.state = ControllerState(store)
-        self._clock_ms = clock_ms
+        self._clock_ms = clock.wall_ms
         self._scope_locks: dict[str, asyncio.Lock] = {}
         self._stream_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._txn_streams: set[tuple[str, str]] = set()

@@ -13,7 +13,8 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from prometheus_client import start_http_server
 
-from quire.controller.core import ControllerConfig, ControllerCore, wall_clock_ms
+from quire.clock import SYSTEM_CLOCK, Clock
+from quire.controller.core import ControllerConfig, ControllerCore
 from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
@@ -27,15 +28,15 @@ class Controller:
     ``store`` holds the segments and the controller's own tables (the seam
     :class:`~quire.controller.state.ControllerSegmentStore`);
     ``segment_store_uri()`` gives the ``(host, port)`` getURI answers for
-    every segment; ``clock_ms`` the wall clock of leases and retention.
+    every segment; ``clock`` the wall clock of leases and retention.
     :meth:`start` binds, finishes interrupted scales and starts serving, the
     transaction sweeper and the retention pass; :meth:`close` stops.
     """
 
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
                  locate: SegmentLocator,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
-        self.core = ControllerCore(store, config, clock_ms)
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.core = ControllerCore(store, config, clock)
         self.service = ControllerService(self.core, locate)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -19,11 +19,11 @@ lost the log.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     MetadataError,
     MetadataExistsError,
@@ -54,10 +54,6 @@ from quire.metadata import (
 MAX_ATTEMPTS = 20
 """Compare-and-set retries of one change before it gives up (each retry
 means another process changed the log in between)."""
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)
@@ -117,20 +113,21 @@ class LogCatalog:
     Any number of catalogs in any number of processes may work on the same
     logs: every change is conditional on the head's version and is retried
     (up to :data:`MAX_ATTEMPTS` times) when another process got there first.
-    ``clock_ms`` stamps the records (wall clock, ms).
+    ``clock`` stamps the records (wall time).
     """
 
-    def __init__(self, store: MetadataStore, *,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(self, store: MetadataStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._store = store
-        self._clock_ms = clock_ms
+        self._clock = clock
 
     @property
     def store(self) -> MetadataStore:
         return self._store
 
-    def now_ms(self) -> int:
-        return self._clock_ms()
+    @property
+    def clock(self) -> Clock:
+        """The wall clock that stamps the records."""
+        return self._clock
 
     # --- reading -------------------------------------------------------------------
 
@@ -197,7 +194,7 @@ class LogCatalog:
         disaster starts above every epoch its lost predecessor gave out)."""
         if epoch < 0:
             raise ValueError(f"log {name!r}: epoch {epoch} is negative")
-        head = HeadRecord(name=rec.check_name(name), created_ms=self.now_ms(), epoch=epoch)
+        head = HeadRecord(name=rec.check_name(name), created_ms=self._clock.wall_ms(), epoch=epoch)
         try:
             await self._store.create_record(rec.head_key(name), rec.encode_head(head))
         except MetadataExistsError:
@@ -215,8 +212,8 @@ class LogCatalog:
         for _ in range(MAX_ATTEMPTS):
             current = await self.read_head(name)
             epoch = current.value.epoch + 1
-            head = current.value.with_(
-                epoch=epoch, writer=WriterHold(epoch=epoch, owner=owner, since_ms=self.now_ms()))
+            hold = WriterHold(epoch=epoch, owner=owner, since_ms=self._clock.wall_ms())
+            head = current.value.with_(epoch=epoch, writer=hold)
             try:
                 version = await self._store.write_record(rec.head_key(name),
                                                          rec.encode_head(head), current.version)
@@ -286,7 +283,7 @@ class LogCatalog:
                 raise LogBusyError(f"log {name!r} is held by a writer (epoch "
                                    f"{head.value.writer.epoch}): bulk append refused")
             first_seq = head.value.next_seq
-            now = self.now_ms()
+            now = self._clock.wall_ms()
             new_head = head.value.with_(next_seq=first_seq + len(ledgers))
             removing: list[Versioned[LedgerRecord]] = []
             if replace:

@@ -87,7 +87,7 @@ class LogJobs:
         else:
             await self._logs.read_head(name)
         job = JobRecord(job_id=uuid.uuid4().hex, kind="batch", state="open",
-                        created_ms=self._logs.now_ms(), ttl_ms=ttl_ms)
+                        created_ms=self._logs.clock.wall_ms(), ttl_ms=ttl_ms)
         version = await self._logs.metadata_store.create_record(rec.job_key(name, job.job_id),
                                                           rec.encode_job(job))
         return Job(name, job.job_id, version, "batch")
@@ -104,7 +104,7 @@ class LogJobs:
         store = self._logs.metadata_store
         try:
             version = await store.create_record(key, rec.encode_job(JobRecord(
-                job_id=job_id, kind="sink", state="open", created_ms=self._logs.now_ms(),
+                job_id=job_id, kind="sink", state="open", created_ms=self._logs.clock.wall_ms(),
                 ttl_ms=ttl_ms)))
         except MetadataExistsError:
             version = (await store.read_record(key)).version
@@ -114,7 +114,7 @@ class LogJobs:
                               batch_id: int | None = None) -> None:
         """Register a ledger with the job before writing to it.  JobClosedError
         if the job is no longer open (the caller should delete its ledger)."""
-        reg = Registration(ledger_id=ledger_id, created_ms=self._logs.now_ms(), task=task,
+        reg = Registration(ledger_id=ledger_id, created_ms=self._logs.clock.wall_ms(), task=task,
                            batch_id=batch_id)
         try:
             await self._logs.metadata_store.transaction([
@@ -169,7 +169,7 @@ class LogJobs:
             raise JobClosedError(f"job {job.job_id}: ledgers {missing} are not registered "
                                  "with it (collected?)")
         committed = JobRecord(job_id=job.job_id, kind=job.kind, state="committed",
-                              created_ms=self._logs.now_ms(), ttl_ms=0)
+                              created_ms=self._logs.clock.wall_ms(), ttl_ms=0)
         extra: builtins.list[Op] = [UpdateRecord(rec.job_key(job.log, job.job_id),
                                                  rec.encode_job(committed), job.version)]
         extra += [DeleteRecord(regs[i][0], regs[i][1].version) for i in ledger_ids]
@@ -272,7 +272,7 @@ class LogJobs:
             if missing:
                 raise JobClosedError(f"sink {sink_id}: ledgers {missing} of batch {batch_id} "
                                      "are no longer registered (collected?)")
-            value = rec.encode_sink(SinkRecord(sink_id, batch_id, self._logs.now_ms()))
+            value = rec.encode_sink(SinkRecord(sink_id, batch_id, self._logs.clock.wall_ms()))
             extra: builtins.list[Op] = [
                 CreateRecord(key, value) if found is None
                 else UpdateRecord(key, value, found.version)]
@@ -316,7 +316,7 @@ class LogJobs:
 
         Safe to run at any time, from any process, concurrently with writers.
         """
-        now = self._logs.now_ms() if now_ms is None else now_ms
+        now = self._logs.clock.wall_ms() if now_ms is None else now_ms
         report = GarbageReport()
         names = [name] if name is not None else await self._logs.list()
         store = self._logs.metadata_store

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import builtins
 import hmac
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from quire.client import Client
-from quire.log.catalog import ClosedLedger, LogCatalog, LogInfo, wall_clock_ms
+from quire.clock import SYSTEM_CLOCK, Clock
+from quire.log.catalog import ClosedLedger, LogCatalog, LogInfo
 from quire.log.errors import LogNotFoundError
 from quire.log.ledgers import delete_ledgers
 from quire.log.position import Position
@@ -49,10 +50,10 @@ class LogStore:
     """
 
     def __init__(self, client: Client, *, password: bytes = b"",
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._client = client
         self._password = password
-        self._catalog = LogCatalog(client.metadata_store, clock_ms=clock_ms)
+        self._catalog = LogCatalog(client.metadata_store, clock=clock)
 
     @property
     def client(self) -> Client:
@@ -71,8 +72,10 @@ class LogStore:
     def password(self) -> bytes:
         return self._password
 
-    def now_ms(self) -> int:
-        return self._catalog.now_ms()
+    @property
+    def clock(self) -> Clock:
+        """The wall clock that stamps the logs' records (the system clock unless given)."""
+        return self._catalog.clock
 
     # --- logs ------------------------------------------------------------------
 

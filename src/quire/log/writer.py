@@ -351,7 +351,7 @@ class LogWriter:
             password=self._password,
             custom_metadata={"quire.log": self._name.encode(),
                              "quire.epoch": str(self._epoch).encode()})
-        now = self._catalog.now_ms()
+        now = self._catalog.clock.wall_ms()
         created: list[LedgerRecord] = []
 
         def change(head: HeadRecord) -> tuple[HeadRecord | None, list[Op]]:

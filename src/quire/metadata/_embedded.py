@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple, Protocol, TypeVar
 
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import (
     ConfigError,
     MetadataError,
@@ -221,7 +222,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         _names.check_bookie_id(info.bookie_id)
         # Wait out a registration left by a dead process (its lease runs out).
         deadline = time.monotonic() + 2 * self._lease_ms / 1000
-        while not await self._write(lambda t: self._claim(t, info, _now_ms())):
+        while not await self._write(lambda t: self._claim(t, info, SYSTEM_CLOCK.wall_ms())):
             if time.monotonic() > deadline:
                 raise MetadataExistsError(
                     f"bookie {info.bookie_id} is registered by another live process")
@@ -235,7 +236,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         await self._write(lambda t: t.delete_lease(bookie_id))
 
     async def list_bookies(self) -> list[BookieInfo]:
-        leases = await self._read(lambda t: t.live_leases(_now_ms()))
+        leases = await self._read(lambda t: t.live_leases(SYSTEM_CLOCK.wall_ms()))
         return [deserialize_bookie(lease.data) for lease in leases]
 
     def _claim(self, t: Txn, info: BookieInfo, now_ms: int) -> bool:
@@ -249,7 +250,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
     def _claim_all(self, infos: list[BookieInfo], t: Txn) -> list[str]:
         """Claim every one of ``infos``; returns the ids another owner holds."""
-        now_ms = _now_ms()
+        now_ms = SYSTEM_CLOCK.wall_ms()
         return [info.bookie_id for info in infos if not self._claim(t, info, now_ms)]
 
     def _start_heartbeat(self) -> None:
@@ -288,7 +289,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         """Claim ``infos``; renew ``session`` unless it expired.  Returns the
         bookie ids another owner holds and whether the session lives."""
         lost = self._claim_all(infos, t)
-        now_ms = _now_ms()
+        now_ms = SYSTEM_CLOCK.wall_ms()
         alive = session is not None and self._renew_session(t, session, now_ms)
         t.drop_expired_leases(now_ms)
         return lost, alive
@@ -339,7 +340,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
-        row = await self._read(lambda t: _live_record(t, key, _now_ms()))
+        row = await self._read(lambda t: _live_record(t, key, SYSTEM_CLOCK.wall_ms()))
         if row is None:
             raise MetadataNotFoundError(f"{_name(Table.RECORDS, key)} does not exist")
         return Versioned(*row)
@@ -359,7 +360,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
     async def list_records(self, prefix: str) -> list[str]:
         def live_keys(t: Txn) -> list[str]:
             keys = t.record_keys(prefix)
-            dead = set(t.dead_leased_keys(_now_ms()))
+            dead = set(t.dead_leased_keys(SYSTEM_CLOCK.wall_ms()))
             return [key for key in keys if key not in dead] if dead else keys
 
         return await self._read(live_keys)
@@ -389,7 +390,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
                        t: Txn) -> bool:
         """Create ``key`` leased by ``session`` (creating the session unless
         it was ``confirmed`` before); False if the session has expired."""
-        now_ms = _now_ms()
+        now_ms = SYSTEM_CLOCK.wall_ms()
         if not self._renew_session(t, session, now_ms):
             if confirmed:
                 return False
@@ -467,7 +468,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
     async def _poll_once(self, ledger_ids: list[int], record_keys: list[str],
                          bookies: bool) -> None:
-        now_ms = _now_ms()
+        now_ms = SYSTEM_CLOCK.wall_ms()
         rows, records, leases = await self._read(lambda t: (
             {i: t.get(Table.LEDGERS, i) for i in ledger_ids},
             {k: _live_record(t, k, now_ms) for k in record_keys},
@@ -518,10 +519,6 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 # --- compare-and-set rules ----------------------------------------------------
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _name(table: Table, key: Key) -> str:
     return f"{table.value} {key}"
 
@@ -530,7 +527,7 @@ def _reaping(fn: Callable[[Txn], R]) -> Callable[[Txn], R]:
     """``fn`` preceded by deleting expired leased records, so that record
     writes see them absent as reads do."""
     def run(t: Txn) -> R:
-        t.drop_expired_leases(_now_ms())
+        t.drop_expired_leases(SYSTEM_CLOCK.wall_ms())
         return fn(t)
     return run
 

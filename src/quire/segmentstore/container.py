@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     BadAttributeUpdateError,
     BadOffsetError,
@@ -136,10 +136,6 @@ class ContainerConfig:
     """Write a metadata checkpoint after this many bytes of operations."""
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def resolve_updates(current: Mapping[int, int], updates: Iterable[AttributeUpdate],
                     extra: Iterable[tuple[int, int]] = ()) -> Attributes:
     """The final values ``updates`` give against ``current``, in order
@@ -186,11 +182,11 @@ class SegmentContainer:
     """One container on its tier-1 log; get one with :meth:`open`."""
 
     def __init__(self, container_id: int, log: DurableDataLog, config: ContainerConfig,
-                 clock_ms: Callable[[], int], tier2_read: Tier2Read | None = None) -> None:
+                 clock: Clock, tier2_read: Tier2Read | None = None) -> None:
         self.container_id = container_id
         self._log = log
         self._config = config
-        self._clock_ms = clock_ms
+        self._clock_ms = clock.wall_ms
         self.committed = ContainerMetadata(container_id)
         self.accepted = self.committed
         self.read_index = ReadIndex(self._fetch, config.read_index_budget_bytes)
@@ -221,7 +217,7 @@ class SegmentContainer:
 
     @property
     def clock_ms(self) -> Callable[[], int]:
-        """The container's clock (milliseconds), for timestamps and thresholds."""
+        """The container's wall clock (``Clock.wall_ms``), for timestamps and thresholds."""
         return self._clock_ms
 
     @property
@@ -231,11 +227,12 @@ class SegmentContainer:
     @classmethod
     async def open(cls, container_id: int, log: DurableDataLog,
                    config: ContainerConfig | None = None, *,
-                   clock_ms: Callable[[], int] = wall_clock_ms,
+                   clock: Clock = SYSTEM_CLOCK,
                    tier2_read: Tier2Read | None = None) -> SegmentContainer:
         """Take ``log`` (fencing its previous owner), replay it, checkpoint.
-        ``tier2_read`` reads what a truncated log no longer holds."""
-        container = cls(container_id, log, config or ContainerConfig(), clock_ms, tier2_read)
+        ``clock`` stamps its operations; ``tier2_read`` reads what a
+        truncated log no longer holds."""
+        container = cls(container_id, log, config or ContainerConfig(), clock, tier2_read)
         try:
             await log.initialize()
             truncated = await container._replay()

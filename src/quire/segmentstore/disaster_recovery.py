@@ -62,11 +62,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.client import Client
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import ConfigError, InvalidChunkNameError, MetadataNotFoundError, RecoveryError
 from quire.log import LogCatalog, LogNotFoundError, NamedDataLog
 from quire.metadata import MetadataStore
 from quire.segmentstore import frames
-from quire.segmentstore.container import SegmentContainer, wall_clock_ms
+from quire.segmentstore.container import SegmentContainer
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.names import (
     ATTRIBUTES_SUFFIX,
@@ -306,7 +307,7 @@ async def _plan(container_id: int, records: StorageRecords, storage: ChunkStorag
     layouts, owners = records.layouts, records.owners
     metadata = ContainerMetadata(container_id)
     plan = _Plan(container_id, records, metadata)
-    now = wall_clock_ms()
+    now = SYSTEM_CLOCK.wall_ms()
     reads: list[Coroutine[Any, Any, None]] = []
     limit = asyncio.Semaphore(_READS_IN_FLIGHT)
     for name, layout in sorted(layouts.items()):
@@ -378,7 +379,7 @@ async def _read_all(storage: ChunkStorage, layout: SegmentLayout) -> bytes:
 
 def _seed_records(metadata: ContainerMetadata, max_frame_bytes: int) -> list[bytes]:
     """The tier-1 records holding the seed checkpoint (one frame, or part frames)."""
-    raw = encode(CheckpointOp(SEED_SEQUENCE, wall_clock_ms(), metadata.checkpoint()))
+    raw = encode(CheckpointOp(SEED_SEQUENCE, SYSTEM_CLOCK.wall_ms(), metadata.checkpoint()))
     framed = frames.framed(raw)
     if frames.FRAME_OVERHEAD + len(framed) <= max_frame_bytes:
         return [frames.join(1, [framed])]

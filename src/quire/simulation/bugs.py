@@ -45,7 +45,7 @@ from quire.bookie.connection import BookieConnection
 from quire.bookie.durability import AfterFsync, StoredAdd
 from quire.bookie.handlers import RequestHandlers
 from quire.client import reads
-from quire.client.ledger import ReadHandle
+from quire.client.read_handle import ReadHandle
 from quire.errors import BookieUnavailableError, QuireError, StatusCode
 from quire.peer import BookieClient
 from quire.peer.connection import ReadHandler

@@ -11,48 +11,24 @@ connect).  A forked child gets its own runtime.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from quire.client import Client
 from quire.log import LogStore
+from quire.loop_thread import LoopThread
 
 T = TypeVar("T")
 
 
-class Runtime:
+class Runtime(LoopThread):
     """An event loop thread and the clients connected on it."""
 
     def __init__(self) -> None:
-        try:
-            import uvloop
-
-            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        except ImportError:  # pragma: no cover - uvloop is a dependency
-            self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="quire-spark-loop",
-                                        daemon=True)
-        self._thread.start()
+        super().__init__("quire-spark-loop", "the Quire Spark runtime")
         self._clients: dict[str, Client] = {}
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Start ``coro`` on the loop; its result as a concurrent future."""
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("the Quire Spark runtime cannot be called from its loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for its result."""
-        return self.submit(coro).result()
 
     async def client(self, uri: str) -> Client:
         """The connected client for ``uri`` (call on the loop)."""

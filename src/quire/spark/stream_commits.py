@@ -41,11 +41,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import (
     ControllerPreconditionError,
     QuireError,
@@ -82,10 +82,6 @@ class StreamWriteIncompleteError(StreamWriteError):
 
 class SinkConflictError(StreamWriteError):
     """Another committer moved the sink's record at the same time."""
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _hex(txn_id: int) -> str:
@@ -221,9 +217,9 @@ class StreamCommits:
         """Record a task attempt's transaction before it writes, so that it
         is aborted unless committed (even if the task dies)."""
         await self.ensure_table()
-        await self._put(txn_key(write_id, txn_id), json.dumps(
-            {"scope": scope, "stream": stream, "task": task, "created_ms": now_ms()}).encode(),
-            None)
+        record = {"scope": scope, "stream": stream, "task": task,
+                  "created_ms": SYSTEM_CLOCK.wall_ms()}
+        await self._put(txn_key(write_id, txn_id), json.dumps(record).encode(), None)
 
     async def unregister(self, write_id: str, txn_id: int) -> None:
         """Forget a task attempt's registration once its transaction is
@@ -313,7 +309,7 @@ class StreamCommits:
                 f"write {write_id} to {scope}/{stream}: transactions "
                 f"{', '.join(_hex(t) for t in gone)} were no longer open (lease of "
                 f"{self.lease_ms} ms ran out?); the whole write was aborted")
-        record = CommitRecord(scope, stream, tuple(txns), now_ms())
+        record = CommitRecord(scope, stream, tuple(txns), SYSTEM_CLOCK.wall_ms())
         try:
             await self._put(write_key(write_id), record.to_json(), NOT_EXISTS)
         except TableKeyBadVersionError:  # recorded before (a retried commit): finish that
@@ -459,7 +455,7 @@ class StreamCommits:
                     entry.key.decode().removeprefix("sink/").split("/", 2)
                 await self._finish_sink(sink_scope, sink_stream, sink_id, sink, entry.version,
                                         report)
-        cutoff = now_ms() - (abandoned_after_ms if abandoned_after_ms is not None
+        cutoff = SYSTEM_CLOCK.wall_ms() - (abandoned_after_ms if abandoned_after_ms is not None
                              else 2 * self.lease_ms)
         stale: list[tuple[str, dict[str, Any]]] = []
         async for entry in self._entries("txn/"):

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Collection
 
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import MetadataNotFoundError, QuireError
 from quire.metadata import MetadataStore
 from quire.node.autorecovery.records import AUDITOR_GROUP, UnderReplicated, UnderReplication
@@ -38,7 +39,7 @@ async def mark_ledgers_of(store: MetadataStore, *, lost: Collection[str] = (),
     if not wanted:
         return 0
     marks = UnderReplication(store)
-    now_ms = int(time.time() * 1000)
+    now_ms = SYSTEM_CLOCK.wall_ms()
     slots = asyncio.Semaphore(_READS_IN_FLIGHT)
     marked = 0
 

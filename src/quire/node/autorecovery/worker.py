@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from dataclasses import dataclass
 
 from quire.client.placement import RandomPlacement, write_set
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import MetadataNotFoundError, MetadataVersionError, QuireError
 from quire.metadata import LedgerMetadata, MetadataStore
 from quire.node.autorecovery.records import UnderReplicated, UnderReplication
@@ -121,7 +121,7 @@ class ReplicationWorker:
             await self._marks.unmark(ledger_id)
             return True
         if metadata.state is not LedgerState.CLOSED:
-            if time.time() * 1000 - mark.marked_ms < self._grace_ms:
+            if SYSTEM_CLOCK.wall_ms() - mark.marked_ms < self._grace_ms:
                 return False
             log.info("ledger %d: still open after the grace period: recovering it first",
                      ledger_id)
