@@ -13,7 +13,9 @@ from quire.bookie.storage.bookie_storage import (
     StorageStats,
 )
 from quire.bookie.storage.config import StorageConfig
-from quire.bookie.storage.journal import Journal, JournalCounters, JournalMark, SyncStats
+from quire.bookie.storage.journal import Journal, JournalCounters
+from quire.bookie.storage.journal_format import JournalMark
+from quire.bookie.storage.journal_state import SyncStats
 from quire.bookie.storage.shutdown import LastShutdown, ShutdownKind
 from quire.bookie.storage.state import LedgerState
 

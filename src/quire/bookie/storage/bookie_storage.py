@@ -104,14 +104,14 @@ from quire.bookie.storage.compaction import CompactionStats
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE
 from quire.bookie.storage.files import lock_directory
-from quire.bookie.storage.journal import (
+from quire.bookie.storage.journal import Journal
+from quire.bookie.storage.journal_format import (
     REC_ADD_ENTRY,
     REC_DELETE_LEDGER,
     REC_EXPLICIT_LAC,
     REC_FENCE,
     REC_LEDGER_STATE,
     REC_SET_MASTER_KEY,
-    Journal,
     JournalMark,
     JournalRecord,
     decode_add_entry,
