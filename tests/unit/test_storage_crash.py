@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from quire.bookie.storage import BookieStorage, StorageConfig
 from quire.bookie.storage import entry_log as entry_log_module
-from quire.bookie.storage import journal as journal_module
+from quire.bookie.storage import journal_files as journal_files_module
 from quire.bookie.storage.files import pwrite_all
 from quire.errors import (
     LedgerFencedError,
@@ -81,8 +81,8 @@ def test_power_loss_keeps_exactly_what_sync_acknowledged(
     cfg = make_config(tmp_path, test_skip_journal_fsync=mode == "skip-flag")
     journal_fsync = mode == "fsync"
     if mode == "fsync-removed":
-        monkeypatch.setattr(journal_module, "sync_file", skip_fsync)
-        monkeypatch.setattr(journal_module, "write_synced", write_unsynced)
+        monkeypatch.setattr(journal_files_module, "sync_file", skip_fsync)
+        monkeypatch.setattr(journal_files_module, "write_synced", write_unsynced)
     s = BookieStorage.open(cfg)
     for eid in range(20):
         s.add_entry(1, eid, payload(1, eid), KEY)

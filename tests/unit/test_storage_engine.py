@@ -11,7 +11,7 @@ import pytest
 from quire.bookie.storage import BookieStorage, LedgerState, StorageConfig
 from quire.bookie.storage import entry_log as entry_log_module
 from quire.bookie.storage.entry_log import list_entry_logs
-from quire.bookie.storage.journal import list_journal_files
+from quire.bookie.storage.journal_state import list_journal_files
 from quire.errors import (
     BadRequestError,
     ConfigError,

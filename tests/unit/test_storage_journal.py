@@ -11,21 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from quire.bookie.storage import journal as journal_module
+from quire.bookie.storage import journal_files as journal_files_module
+from quire.bookie.storage import journal_format
 from quire.bookie.storage.files import sync_file as real_sync_file
-from quire.bookie.storage.journal import (
+from quire.bookie.storage.journal import Journal
+from quire.bookie.storage.journal_format import (
     FILE_HEADER_SIZE,
     REC_ADD_ENTRY,
     REC_FENCE,
-    Journal,
     JournalMark,
     decode_add_entry,
     decode_ledger_id,
     encode_fence,
     encode_record,
     journal_file_name,
-    list_journal_files,
 )
+from quire.bookie.storage.journal_state import list_journal_files
 from quire.errors import StorageError
 from tests.support.page_cache import record_dontneed
 
@@ -269,7 +270,7 @@ def test_sync_does_not_hold_the_append_lock_during_fsync(tmp_path: Path,
         assert release.wait(5)
         real(fd, None, name, length)
 
-    monkeypatch.setattr(journal_module, "sync_file", slow_sync)
+    monkeypatch.setattr(journal_files_module, "sync_file", slow_sync)
     j.append_add_entry(1, 0, entry(0))
     result: list[int] = []
     t = threading.Thread(target=lambda: result.append(j.sync()))
@@ -281,7 +282,7 @@ def test_sync_does_not_hold_the_append_lock_during_fsync(tmp_path: Path,
     release.set()
     t.join(5)
     assert result == [1]
-    monkeypatch.setattr(journal_module, "sync_file", real)
+    monkeypatch.setattr(journal_files_module, "sync_file", real)
     assert j.sync() == 2
     j.close()
 
@@ -318,7 +319,7 @@ def test_failed_fsync_poisons_the_journal(tmp_path: Path,
     def failing(fd: int, tracker: object, name: str, length: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(journal_module, "sync_file", failing)
+    monkeypatch.setattr(journal_files_module, "sync_file", failing)
     j.append_add_entry(1, 0, entry(0))
     with pytest.raises(StorageError):
         j.sync()
@@ -470,9 +471,9 @@ def test_reused_files_beyond_the_limit_are_deleted_at_open(tmp_path: Path) -> No
 
 def test_version_1_files_without_salt_still_replay(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(journal_module, "FILE_VERSION", 1)
-    header = journal_module._encode_file_header(1, JournalMark(0, 0))
-    records = [journal_module.encode_record(REC_ADD_ENTRY, struct.pack(">QQ", 5, i) + entry(i))
+    monkeypatch.setattr(journal_format, "FILE_VERSION", 1)
+    header = journal_format.encode_file_header(1, JournalMark(0, 0))
+    records = [journal_format.encode_record(REC_ADD_ENTRY, struct.pack(">QQ", 5, i) + entry(i))
                for i in range(3)]
     (tmp_path / journal_file_name(1)).write_bytes(header + b"".join(records) + bytes(64))
     monkeypatch.undo()
@@ -494,7 +495,7 @@ class SyncCalls:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, refuse_dsync: bool = False) -> None:
         self.fsyncs = 0
         self.dsync_writes = 0
-        real_write_synced = journal_module.write_synced
+        real_write_synced = journal_files_module.write_synced
 
         def sync_file(fd: int, tracker: object, name: str, length: int) -> None:
             self.fsyncs += 1
@@ -508,8 +509,8 @@ class SyncCalls:
             return real_write_synced(fd, data, offset, None, name, synced_length,
                                      pad_to_page=pad_to_page)
 
-        monkeypatch.setattr(journal_module, "sync_file", sync_file)
-        monkeypatch.setattr(journal_module, "write_synced", write_synced)
+        monkeypatch.setattr(journal_files_module, "sync_file", sync_file)
+        monkeypatch.setattr(journal_files_module, "write_synced", write_synced)
 
 
 def test_sync_writes_the_group_with_dsync_unless_earlier_writes_are_unsynced(

@@ -1,19 +1,10 @@
 """The ``zk://`` driver: metadata in a ZooKeeper ensemble, through kazoo.
 
 ``zk://host:port[,host:port...]/chroot``; the chroot is created if missing.
-Layout under the chroot (versions are the znodes' ``stat.version``)::
+The znodes under it: :mod:`quire.metadata._znodes`.
 
-    /ledgers/<ledger id, 10+ digits>   serialized LedgerMetadata
-    /idgen/id-<sequence>               short-lived sequential nodes: ledger ids
-    /bookies/available/<bookie id>     ephemeral, JSON BookieInfo
-    /cookies/<bookie id>               cookie bytes
-    /records/<key>/.value              a record's value; the key's segments are
-                                       nested znodes, so a key may have sub-keys
-                                       and no children list holds a whole log;
-                                       ephemeral for a leased record
-
-kazoo completes requests and fires watches on its own threads; both are
-handed to the event loop with ``call_soon_threadsafe``.  A request with no
+kazoo completes requests and fires watches on its own threads; both reach
+the event loop through :mod:`quire.metadata._kazoo`, and a request with no
 answer within twice the session timeout raises MetadataError (outcome
 unknown).  After a session expires kazoo opens a new one; the store then
 registers its bookies again and re-arms its watches, but leased records stay
@@ -31,14 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import (
-    BadVersionError,
-    KazooException,
-    NodeExistsError,
-    NoNodeError,
-    RolledBackError,
-    RuntimeInconsistency,
-)
+from kazoo.exceptions import NoNodeError, RolledBackError, RuntimeInconsistency
 from kazoo.protocol.states import KazooState
 
 from quire.errors import (
@@ -46,23 +30,19 @@ from quire.errors import (
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
-    MetadataVersionError,
     TransactionError,
 )
 from quire.metadata import _names
+from quire.metadata._kazoo import KazooBridge, Trigger, shutdown
 from quire.metadata._lease import LeaseHolder
 from quire.metadata._watch import Subscription
+from quire.metadata._znodes import VALUE, Znodes, new_version, subject, znode_version
 from quire.metadata.model import (
     BookieInfo,
-    CheckRecord,
-    CreateLedger,
     CreateRecord,
-    DeleteLedger,
     DeleteRecord,
     LedgerMetadata,
     Op,
-    UpdateLedger,
-    UpdateRecord,
     Versioned,
     deserialize,
     deserialize_bookie,
@@ -74,13 +54,8 @@ from quire.metadata.store import LeaseState, Watch
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Trigger = Callable[[Any], None]
-"""A kazoo watch function (called once, on a kazoo thread)."""
 
 SCHEME = "zk://"
-VALUE = ".value"
-"""Name of the znode holding a record's value (key segments never start with '.')."""
-_ANY_VERSION = -1
 
 
 class ZooKeeperStore(LeaseHolder):
@@ -91,50 +66,18 @@ class ZooKeeperStore(LeaseHolder):
         super().__init__()
         self.uri = uri
         self._client = client
-        self._root = root
-        self._loop = asyncio.get_running_loop()
-        self._timeout = 2 * session_timeout_ms / 1000
+        self._kazoo = KazooBridge(uri, client, session_timeout_ms=session_timeout_ms)
+        self._zk = self._kazoo.call  # every request goes through it
+        self._hand_over = self._kazoo.hand_over
+        self._paths = Znodes(root)
         self._registered: dict[str, BookieInfo] = {}
         self._tasks: dict[object, asyncio.Task[None]] = {}  # watch loops, re-registration
         self._wakeups: set[asyncio.Event] = set()
-        self._session_id = self._session()
+        self._session_id = self._kazoo.session()
         self._closed = False
         client.add_listener(self._on_state)
 
-    # --- plumbing --------------------------------------------------------
-
-    def _hand_over(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn(*args)`` on the event loop (called from kazoo threads)."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self._loop.call_soon_threadsafe(fn, *args)
-
-    async def _zk(self, what: str, request: Callable[..., Any], *args: Any,
-                  **kwargs: Any) -> Any:
-        """Await a kazoo ``*_async`` request; kazoo errors become MetadataErrors
-        naming ``what``."""
-        future: asyncio.Future[Any] = self._loop.create_future()
-        try:
-            request(*args, **kwargs).rawlink(
-                lambda result: self._hand_over(_settle, future, result))
-            return await asyncio.wait_for(future, self._timeout)
-        except TimeoutError:
-            raise MetadataError(f"{self.uri}: {what}: no answer within {self._timeout:g} s, "
-                                "outcome unknown") from None
-        except KazooException as e:
-            raise self._error(what, e) from e
-
-    def _error(self, what: str, e: Exception) -> MetadataError:
-        if isinstance(e, NoNodeError):
-            return MetadataNotFoundError(f"{what} does not exist")
-        if isinstance(e, NodeExistsError):
-            return MetadataExistsError(f"{what} already exists")
-        if isinstance(e, BadVersionError):
-            return MetadataVersionError(f"{what}: version mismatch")
-        return MetadataError(f"{self.uri}: {what}: {type(e).__name__} {e}".rstrip())
-
-    def _session(self) -> int | None:
-        client_id = self._client.client_id
-        return None if client_id is None else int(client_id[0])
+    # --- session -------------------------------------------------------
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
@@ -149,12 +92,12 @@ class ZooKeeperStore(LeaseHolder):
             return
         for event in self._wakeups:  # a reconnect may have lost watches: re-arm
             event.set()
-        session = self._session()
+        session = self._kazoo.session()
         if session != self._session_id:
             self._session_id = session
             self._set_lease(LeaseState.EXPIRED)  # if kazoo's LOST was not seen
             key = object()
-            self._tasks[key] = self._loop.create_task(self._register_again(key))
+            self._tasks[key] = self._kazoo.loop.create_task(self._register_again(key))
         self._set_lease(LeaseState.LIVE)
 
     async def _register_again(self, key: object) -> None:
@@ -169,25 +112,10 @@ class ZooKeeperStore(LeaseHolder):
         finally:
             self._tasks.pop(key, None)
 
-    def _ledger_path(self, ledger_id: int) -> str:
-        return f"{self._root}/ledgers/{_names.ledger_name(ledger_id)}"
-
-    def _record_dir(self, key: str) -> str:
-        return f"{self._root}/records/{key}" if key else f"{self._root}/records"
-
-    def _record_path(self, key: str) -> str:
-        return f"{self._record_dir(key)}/{VALUE}"
-
-    def _cookie_path(self, bookie_id: str) -> str:
-        return f"{self._root}/cookies/{bookie_id}"
-
-    def _bookie_path(self, bookie_id: str) -> str:
-        return f"{self._root}/bookies/available/{bookie_id}"
-
     async def _ensure_layout(self) -> None:
         await asyncio.gather(*(
-            self._zk("store layout", self._client.ensure_path_async, f"{self._root}/{path}")
-            for path in ("ledgers", "idgen", "bookies/available", "cookies", "records")))
+            self._zk("store layout", self._client.ensure_path_async, path)
+            for path in self._paths.top_level()))
 
     # --- ledgers ---------------------------------------------------------
 
@@ -195,7 +123,7 @@ class ZooKeeperStore(LeaseHolder):
         # The parent's child counter numbers sequential nodes: unique and
         # increasing for every client.  The node itself is not needed.
         path: str = await self._zk("ledger id", self._client.create_async,
-                                   f"{self._root}/idgen/id-", sequence=True)
+                                   self._paths.ledger_id_prefix, sequence=True)
         with contextlib.suppress(MetadataError):
             await self._zk("ledger id", self._client.delete_async, path)
         return int(path[-10:]) + 1
@@ -203,30 +131,29 @@ class ZooKeeperStore(LeaseHolder):
     async def create_ledger(self, ledger_id: int,
                             metadata: LedgerMetadata) -> Versioned[LedgerMetadata]:
         await self._zk(f"ledger {ledger_id}", self._client.create_async,
-                       self._ledger_path(ledger_id), serialize(metadata))
+                       self._paths.ledger(ledger_id), serialize(metadata))
         return Versioned(metadata, 0)
 
     async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
         data, stat = await self._zk(f"ledger {ledger_id}", self._client.get_async,
-                                    self._ledger_path(ledger_id))
+                                    self._paths.ledger(ledger_id))
         return Versioned(deserialize(data), stat.version)
 
     async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata,
                            expected_version: int) -> Versioned[LedgerMetadata]:
         _names.check_version(expected_version)
         stat = await self._zk(f"ledger {ledger_id}", self._client.set_async,
-                              self._ledger_path(ledger_id), serialize(metadata),
+                              self._paths.ledger(ledger_id), serialize(metadata),
                               expected_version)
         return Versioned(metadata, stat.version)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
         _names.check_optional_version(expected_version)
         await self._zk(f"ledger {ledger_id}", self._client.delete_async,
-                       self._ledger_path(ledger_id), _version(expected_version))
+                       self._paths.ledger(ledger_id), znode_version(expected_version))
 
     async def list_ledgers(self) -> list[int]:
-        names = await self._zk("ledgers", self._client.get_children_async,
-                               f"{self._root}/ledgers")
+        names = await self._zk("ledgers", self._client.get_children_async, self._paths.ledgers)
         return sorted(int(name) for name in names if name.isdigit())
 
     # --- transactions ----------------------------------------------------
@@ -241,11 +168,11 @@ class ZooKeeperStore(LeaseHolder):
             # A multi cannot create parents: make the records' key paths first.
             await asyncio.gather(*(
                 self._zk(f"record {op.key}", self._client.ensure_path_async,
-                         self._record_dir(op.key))
+                         self._paths.record_dir(op.key))
                 for op in ops if isinstance(op, CreateRecord)))
             request = self._client.transaction()
             for op in ops:
-                self._add(request, op)
+                self._paths.add_op(request, op)
             results = await self._zk("transaction", request.commit_async)
             failed = next((i for i, r in enumerate(results) if isinstance(r, Exception)
                            and not isinstance(r, RolledBackError | RuntimeInconsistency)), None)
@@ -257,30 +184,13 @@ class ZooKeeperStore(LeaseHolder):
             for op in ops:  # drop the key paths made for nothing
                 if isinstance(op, CreateRecord):
                     await self._prune(op.key)
-            cause = self._error(_subject(ops[failed]), results[failed])
+            cause = self._kazoo.error(subject(ops[failed]), results[failed])
             raise TransactionError(f"transaction op {failed} ({type(ops[failed]).__name__}) "
                                    f"failed: {cause}", failed, cause)
         for op in ops:
             if isinstance(op, DeleteRecord):
                 await self._prune(op.key)
-        return [_new_version(op, result) for op, result in zip(ops, results, strict=True)]
-
-    def _add(self, request: Any, op: Op) -> None:
-        match op:
-            case CreateLedger(ledger_id=ledger_id, metadata=metadata):
-                request.create(self._ledger_path(ledger_id), serialize(metadata))
-            case UpdateLedger(ledger_id=ledger_id, metadata=metadata, expected_version=expected):
-                request.set_data(self._ledger_path(ledger_id), serialize(metadata), expected)
-            case DeleteLedger(ledger_id=ledger_id, expected_version=expected):
-                request.delete(self._ledger_path(ledger_id), _version(expected))
-            case CreateRecord(key=key, value=value):
-                request.create(self._record_path(key), value)
-            case UpdateRecord(key=key, value=value, expected_version=expected):
-                request.set_data(self._record_path(key), value, expected)
-            case DeleteRecord(key=key, expected_version=expected):
-                request.delete(self._record_path(key), _version(expected))
-            case CheckRecord(key=key, expected_version=expected):
-                request.check(self._record_path(key), expected)
+        return [new_version(op, result) for op, result in zip(ops, results, strict=True)]
 
     # --- bookie registry -------------------------------------------------
 
@@ -293,9 +203,9 @@ class ZooKeeperStore(LeaseHolder):
         """Create the bookie's ephemeral node, or update it if this session owns
         it; wait (up to twice the session timeout) for another session's node
         to expire."""
-        what, path = f"bookie {info.bookie_id}", self._bookie_path(info.bookie_id)
+        what, path = f"bookie {info.bookie_id}", self._paths.bookie(info.bookie_id)
         data = serialize_bookie(info)
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self._kazoo.timeout_s
         while True:
             try:
                 await self._zk(what, self._client.create_async, path, data, ephemeral=True)
@@ -303,7 +213,7 @@ class ZooKeeperStore(LeaseHolder):
             except MetadataExistsError:
                 pass
             stat = await self._zk(what, self._client.exists_async, path)
-            if stat is not None and stat.ephemeralOwner == self._session():
+            if stat is not None and stat.ephemeralOwner == self._kazoo.session():
                 with contextlib.suppress(MetadataNotFoundError):  # else: create again
                     await self._zk(what, self._client.set_async, path, data)
                     return
@@ -318,13 +228,13 @@ class ZooKeeperStore(LeaseHolder):
         self._registered.pop(bookie_id, None)
         with contextlib.suppress(MetadataNotFoundError):
             await self._zk(f"bookie {bookie_id}", self._client.delete_async,
-                           self._bookie_path(bookie_id))
+                           self._paths.bookie(bookie_id))
 
     async def list_bookies(self) -> list[BookieInfo]:
         return await self._live_bookies(None)
 
     async def _live_bookies(self, trigger: Trigger | None) -> list[BookieInfo]:
-        parent = f"{self._root}/bookies/available"
+        parent = self._paths.bookies
         names = await self._zk("bookie registry", self._client.get_children_async,
                                parent, trigger)
         replies = await asyncio.gather(
@@ -344,13 +254,13 @@ class ZooKeeperStore(LeaseHolder):
     async def read_cookie(self, bookie_id: str) -> Versioned[bytes]:
         _names.check_bookie_id(bookie_id)
         data, stat = await self._zk(f"cookie {bookie_id}", self._client.get_async,
-                                    self._cookie_path(bookie_id))
+                                    self._paths.cookie(bookie_id))
         return Versioned(data, stat.version)
 
     async def write_cookie(self, bookie_id: str, data: bytes,
                            expected_version: int | None) -> int:
         _names.check_bookie_id(bookie_id)
-        what, path = f"cookie {bookie_id}", self._cookie_path(bookie_id)
+        what, path = f"cookie {bookie_id}", self._paths.cookie(bookie_id)
         if expected_version is None:
             await self._zk(what, self._client.create_async, path, data)
             return 0
@@ -362,11 +272,11 @@ class ZooKeeperStore(LeaseHolder):
         _names.check_bookie_id(bookie_id)
         _names.check_optional_version(expected_version)
         await self._zk(f"cookie {bookie_id}", self._client.delete_async,
-                       self._cookie_path(bookie_id), _version(expected_version))
+                       self._paths.cookie(bookie_id), znode_version(expected_version))
 
     async def list_cookies(self) -> list[str]:
         names: list[str] = await self._zk("cookies", self._client.get_children_async,
-                                          f"{self._root}/cookies")
+                                          self._paths.cookies)
         return sorted(names)
 
     # --- records ---------------------------------------------------------
@@ -376,7 +286,7 @@ class ZooKeeperStore(LeaseHolder):
         for _ in range(3):  # retry if a concurrent delete prunes the path we made
             with contextlib.suppress(MetadataNotFoundError):
                 await self._zk(f"record {key}", self._client.create_async,
-                               self._record_path(key), value, makepath=True)
+                               self._paths.record(key), value, makepath=True)
                 return 0
         raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
 
@@ -385,28 +295,28 @@ class ZooKeeperStore(LeaseHolder):
         for _ in range(3):  # retry if a concurrent delete prunes the path we made
             with contextlib.suppress(MetadataNotFoundError):
                 await self._zk(f"record {key}", self._client.create_async,
-                               self._record_path(key), value, ephemeral=True, makepath=True)
+                               self._paths.record(key), value, ephemeral=True, makepath=True)
                 return 0
         raise MetadataError(f"{self.uri}: record {key}: its key path kept disappearing")
 
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
         data, stat = await self._zk(f"record {key}", self._client.get_async,
-                                    self._record_path(key))
+                                    self._paths.record(key))
         return Versioned(data, stat.version)
 
     async def write_record(self, key: str, value: bytes, expected_version: int) -> int:
         _names.check_record_key(key)
         _names.check_version(expected_version)
         stat = await self._zk(f"record {key}", self._client.set_async,
-                              self._record_path(key), value, expected_version)
+                              self._paths.record(key), value, expected_version)
         return int(stat.version)
 
     async def delete_record(self, key: str, expected_version: int | None = None) -> None:
         _names.check_record_key(key)
         _names.check_optional_version(expected_version)
         await self._zk(f"record {key}", self._client.delete_async,
-                       self._record_path(key), _version(expected_version))
+                       self._paths.record(key), znode_version(expected_version))
         await self._prune(key)
 
     async def _prune(self, key: str) -> None:
@@ -415,7 +325,7 @@ class ZooKeeperStore(LeaseHolder):
         while segments:
             try:
                 await self._zk("record key path", self._client.delete_async,
-                               self._record_dir("/".join(segments)))
+                               self._paths.record_dir("/".join(segments)))
             except MetadataError:  # not empty, already gone, or unreachable
                 return
             segments.pop()
@@ -452,20 +362,20 @@ class ZooKeeperStore(LeaseHolder):
         """Whether ``key`` is a record, and the next segments of its sub-keys
         (``key`` ``""`` is the top of the namespace)."""
         names: list[str] = await self._zk(f"record {key}", self._client.get_children_async,
-                                          self._record_dir(key))
+                                          self._paths.record_dir(key))
         return VALUE in names, [n for n in names if not n.startswith(".")]
 
     # --- watches ---------------------------------------------------------
 
     def watch_ledger(self, ledger_id: int,
                      callback: Callable[[Versioned[LedgerMetadata] | None], None]) -> Watch:
-        return self._watch_node(f"ledger {ledger_id}", self._ledger_path(ledger_id),
+        return self._watch_node(f"ledger {ledger_id}", self._paths.ledger(ledger_id),
                                 deserialize, callback)
 
     def watch_record(self, key: str,
                      callback: Callable[[Versioned[bytes] | None], None]) -> Watch:
         _names.check_record_key(key)
-        return self._watch_node(f"record {key}", self._record_path(key), bytes, callback)
+        return self._watch_node(f"record {key}", self._paths.record(key), bytes, callback)
 
     def _watch_node(self, what: str, path: str, decode: Callable[[bytes], T],
                     callback: Callable[[Versioned[T] | None], None]) -> Watch:
@@ -494,7 +404,7 @@ class ZooKeeperStore(LeaseHolder):
         if self._closed:
             raise MetadataError(f"{self.uri}: store is closed")
         sub = Subscription(callback, self._stop_watch)
-        self._tasks[sub] = self._loop.create_task(self._run_watch(sub, read))
+        self._tasks[sub] = self._kazoo.loop.create_task(self._run_watch(sub, read))
         return sub.watch
 
     def _stop_watch(self, sub: Subscription[Any]) -> None:
@@ -544,40 +454,7 @@ class ZooKeeperStore(LeaseHolder):
             event.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._client.remove_listener(self._on_state)
-        await asyncio.to_thread(_shutdown, self._client)
-
-
-def _settle(future: asyncio.Future[Any], result: Any) -> None:
-    """Copy a finished kazoo result into ``future`` (on the event loop)."""
-    if future.done():
-        return
-    try:
-        future.set_result(result.get(block=False))
-    except Exception as e:
-        future.set_exception(e)
-
-
-def _shutdown(client: KazooClient) -> None:
-    client.stop()
-    client.close()
-
-
-def _version(expected: int | None) -> int:
-    return _ANY_VERSION if expected is None else expected
-
-
-def _subject(op: Op) -> str:
-    if isinstance(op, CreateLedger | UpdateLedger | DeleteLedger):
-        return f"ledger {op.ledger_id}"
-    return f"record {op.key}"
-
-
-def _new_version(op: Op, result: Any) -> int | None:
-    if isinstance(op, CreateLedger | CreateRecord):
-        return 0
-    if isinstance(op, UpdateLedger | UpdateRecord):
-        return int(result.version)
-    return None
+        await asyncio.to_thread(shutdown, self._client)
 
 
 def _parse(uri: str) -> tuple[str, str]:
@@ -609,7 +486,7 @@ async def open_zookeeper(uri: str, *, session_timeout_ms: int = 6000,
         await asyncio.to_thread(client.start, connect_timeout_ms / 1000)
     except Exception as e:
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(_shutdown, client)
+            await asyncio.to_thread(shutdown, client)
         raise MetadataError(f"{uri}: cannot connect to ZooKeeper: {e}") from e
     store = ZooKeeperStore(uri, client, root, session_timeout_ms=session_timeout_ms)
     try:

@@ -46,7 +46,7 @@ from quire.bookie.storage import JournalCounters, JournalMark, LedgerState
 from quire.bookie.storage.compaction import CompactionStats, Exclusive
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX
-from quire.bookie.storage.journal import REC_ADD_ENTRY, REC_HEADER, JournalRecord
+from quire.bookie.storage.journal_format import REC_ADD_ENTRY, REC_HEADER, JournalRecord
 from quire.bookie.storage.ledger_storage import EntryKey, ReadCache
 
 _ADD_BODY_HEAD = struct.Struct(">QQ")

@@ -6,14 +6,13 @@ contract, and the ``journal``, ``entry_log``, ``index`` and ``state``
 modules for the on-disk byte layouts.
 """
 
-from quire.bookie.storage.bookie_storage import (
-    LAST_ENTRY,
-    BookieStorage,
-    CheckpointStats,
-    StorageStats,
-)
+from quire.bookie.storage.bookie_storage import BookieStorage, StorageStats
 from quire.bookie.storage.config import StorageConfig
-from quire.bookie.storage.journal import Journal, JournalCounters, JournalMark, SyncStats
+from quire.bookie.storage.engine_checkpoints import CheckpointStats
+from quire.bookie.storage.engine_state import LAST_ENTRY
+from quire.bookie.storage.journal import Journal, JournalCounters
+from quire.bookie.storage.journal_format import JournalMark
+from quire.bookie.storage.journal_state import SyncStats
 from quire.bookie.storage.shutdown import LastShutdown, ShutdownKind
 from quire.bookie.storage.state import LedgerState
 

@@ -69,7 +69,7 @@ import lmdb
 
 from quire.bookie.storage import entry_log
 from quire.bookie.storage.entry_log import RECORD_PREFIX_SIZE, IndexRows
-from quire.bookie.storage.journal import JournalMark
+from quire.bookie.storage.journal_format import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.errors import StorageError
 

@@ -34,7 +34,7 @@ from quire.bookie.storage.compaction import Compactor, kill_at
 from quire.bookie.storage.config import StorageConfig
 from quire.bookie.storage.entry_log import RECORD_PREFIX, RECORD_PREFIX_SIZE, EntryLogger
 from quire.bookie.storage.index import LedgerIndex, usage_of_rows
-from quire.bookie.storage.journal import JournalMark
+from quire.bookie.storage.journal_format import JournalMark
 from quire.bookie.storage.state import LedgerState
 from quire.bookie.storage.sync_tracker import SyncTracker
 from quire.errors import StorageError

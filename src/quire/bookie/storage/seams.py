@@ -1,13 +1,15 @@
 """The storage engine's seams: what :class:`~quire.bookie.storage.BookieStorage`
-(and group commit, the add path, services, repair) calls on its journal and
-on its ledger storage (entry logs + index + read cache).
+(its parts, the ``engine_*`` modules; and group commit, the add path,
+services, repair) calls on its journal and on its ledger storage (entry
+logs + index + read cache).
 
 Each is a :class:`typing.Protocol`, checked only by mypy (no ``isinstance``,
 nothing at run time, so the hot paths are the engine classes' own calls);
 the engine's class, then the simulation's twin, of each:
 
 * :class:`EngineJournal` (and its part :class:`SyncableJournal`, all group
-  commit needs): :class:`~quire.bookie.storage.journal.Journal`, ``SimJournal``;
+  commit needs): :class:`~quire.bookie.storage.journal.Journal` (its parts
+  in the ``journal_*`` modules), ``SimJournal``;
 * :class:`EngineLedgerStorage`:
   :class:`~quire.bookie.storage.ledger_storage.LedgerStorage`,
   ``SimLedgerStorage``; its parts :class:`EngineIndex`
@@ -20,7 +22,7 @@ the engine's class, then the simulation's twin, of each:
 (the twins live in :mod:`quire.simulation.disk` and subclass none of these
 classes).  Sequence numbers ("seqs") count the records appended by this
 process, 1, 2, ...; they are not persisted.  A *mark*
-(:class:`~quire.bookie.storage.journal.JournalMark`) is a position in the
+(:class:`~quire.bookie.storage.journal_format.JournalMark`) is a position in the
 journal that survives restarts: the checkpoint commits one as the replay
 start.  Errors are :class:`~quire.errors.StorageError` (or an ``OSError``
 the engine wraps in one); after a write or sync error the journal is failed
@@ -33,7 +35,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from quire.bookie.storage.compaction import CompactionStats, Exclusive
-from quire.bookie.storage.journal import JournalCounters, JournalMark, JournalRecord
+from quire.bookie.storage.journal import JournalCounters
+from quire.bookie.storage.journal_format import JournalMark, JournalRecord
 from quire.bookie.storage.ledger_storage import EntryKey, ReadCache
 from quire.bookie.storage.state import LedgerState
 
