@@ -44,7 +44,8 @@ from quire.segmentstore import (
 )
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import container_log_name
-from quire.segmentstore.storage_writer import StorageWriterConfig, read_layout
+from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.tier2_reader import read_layout
 from quire.tier2 import open_chunk_storage
 from tests.support.cluster import Cluster
 from tests.support.s3_server import S3Endpoint

@@ -32,8 +32,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from quire.segmentstore.storage_writer import read_journal, read_storage_metadata
 from quire.segmentstore.tier2_check import check
+from quire.segmentstore.tier2_reader import read_journal, read_storage_metadata
 from quire.tier2 import open_chunk_storage, parse_chunk_name
 from tests.support.cluster import Cluster
 from tests.support.s3_server import S3Endpoint

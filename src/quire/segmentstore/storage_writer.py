@@ -54,7 +54,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from quire.errors import ConfigError, SegmentStoreError
 from quire.segmentstore.flush_plan import FlushPlanner, Tracked
@@ -170,7 +170,7 @@ class StorageWriter:
     async def start(cls, source: WriterSource, storage: ChunkStorage,
                     config: StorageWriterConfig | None = None, *,
                     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
-                    clock_ms: Callable[[], int] | None = None) -> StorageWriter:
+                    clock_ms: Callable[[], int] | None = None) -> Self:
         """A writer for ``source``'s container: creates its storage-metadata
         segment if missing, loads the recorded layouts (tier-1's table,
         tier-2's journal) and has the container read tier-2 through them."""

@@ -36,8 +36,8 @@ class WriterSource(Protocol):
     deleted segment stays in :attr:`segments` (``deleted`` true) so that the
     writer can delete its tier-2 chunks; it is no longer found by name.
     :meth:`table_entries` is a table segment's committed index, in step with
-    its ``length``.  :meth:`take_merges` hands over each committed merge
-    exactly once, in commit order.
+    its ``length``.  :meth:`take_merges` hands over each merge committed
+    since :meth:`read_from_tier2` exactly once, in commit order.
 
     **Bytes.**  :meth:`read` returns committed bytes of a segment from
     memory, tier-1, or tier-2 through the reader given to
@@ -82,7 +82,8 @@ class WriterSource(Protocol):
         ...
 
     def take_merges(self) -> list[Merge]:
-        """The merges committed since the last call, oldest first."""
+        """The merges committed since the last call (none before
+        :meth:`read_from_tier2`), oldest first."""
         ...
 
     async def read(self, segment_id: int, offset: int, length: int) -> bytes:

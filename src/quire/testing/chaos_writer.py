@@ -58,7 +58,6 @@ class ChaosStorageWriter(StorageWriter):
         async def start(source: WriterSource, storage: ChunkStorage,
                         config: StorageWriterConfig, max_chunk_bytes: int) -> StorageWriter:
             writer = await cls.start(source, storage, config, max_chunk_bytes=max_chunk_bytes)
-            assert isinstance(writer, ChaosStorageWriter)
             if unordered_seed is not None:
                 writer.break_order(unordered_seed)
             return writer

@@ -213,7 +213,8 @@ class MemoryWriterSource:
                      t.length, src.length)
         self._apply(op)
         self.data[t.segment_id] += self.data[src.segment_id]
-        self._merges.append((t.segment_id, src.segment_id, op.target_offset, op.length))
+        if self.tier2_read is not None:  # as a container: only a writer takes them
+            self._merges.append((t.segment_id, src.segment_id, op.target_offset, op.length))
 
     # --- inside ----------------------------------------------------------------------------
 
