@@ -198,7 +198,7 @@ async def assert_recovered(client: Client, uri: str, names: list[str],
             assert all(w.failure is None for w in store.writers.values())
             assert loop.time() < deadline, "not flushed after recovery in 30 s"
             await asyncio.sleep(0.02)  # polling the condition, with a deadline
-        assert all(w.container.epoch > 1 for w in store.writers.values())
+        assert all(w.source.epoch > 1 for w in store.writers.values())
     finally:
         await store.close()
     storage = await open_chunk_storage(uri)
