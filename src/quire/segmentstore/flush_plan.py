@@ -16,7 +16,7 @@ and ``$index`` hold in tier-2, and the committed merges not yet in tier-2.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quire.segmentstore.metadata import SegmentMetadata
@@ -53,7 +53,7 @@ class FlushPlanner:
         self.merge_sources: set[int] = set()
         """Merged sources whose tier-2 bytes their target's flush takes over."""
 
-    def take_merges(self, merges: list[Merge]) -> None:
+    def take_merges(self, merges: Sequence[Merge]) -> None:
         """Remember newly committed merges until their targets are flushed."""
         for target_id, source_id, offset, length in merges:
             self.merges.setdefault(target_id, []).append((source_id, offset, length))

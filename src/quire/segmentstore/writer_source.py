@@ -81,7 +81,7 @@ class WriterSource(Protocol):
         value); empty for a table with no entries (read only)."""
         ...
 
-    def take_merges(self) -> list[Merge]:
+    def take_merges(self) -> Sequence[Merge]:
         """The merges committed since the last call (none before
         :meth:`read_from_tier2`), oldest first."""
         ...
@@ -153,8 +153,10 @@ class ContainerWriterSource:
         table = self._container.tables_committed.get(segment_id)
         return _NO_ENTRIES if table is None else table.entries
 
-    def take_merges(self) -> list[Merge]:
+    def take_merges(self) -> Sequence[Merge]:
         merges = self._container.merges
+        if not merges:
+            return ()  # (asked once per segment flushed)
         taken = list(merges)
         merges.clear()
         return taken

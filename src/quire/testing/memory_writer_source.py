@@ -101,7 +101,7 @@ class MemoryWriterSource:
         table = self.tables.get(segment_id)
         return _NO_ENTRIES if table is None else table.entries
 
-    def take_merges(self) -> list[Merge]:
+    def take_merges(self) -> Sequence[Merge]:
         taken, self._merges = self._merges, []
         return taken
 
