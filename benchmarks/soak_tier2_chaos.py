@@ -13,7 +13,9 @@ nothing, disaster recovery from a copy of tier-2 alone onto fresh tier-1
 logs must bring back every recorded segment with its bytes
 (``--recover-every``), and the next owner must show every acknowledged
 operation.  Then
-the same with ``flush_order="unordered"``: ``--unordered-kills`` kills at
+the same with ``flush_order="unordered"`` (a
+:class:`~quire.testing.chaos_writer.ChaosStorageWriter` breaking PDP-40's
+order): ``--unordered-kills`` kills at
 random points (how many the check reports is printed) and as many in the
 window between a metadata flush and the data flush it depends on (each
 must be reported).  Exit status 1 on any failure.

@@ -62,7 +62,7 @@ import uvloop
 from benchmarks._common import local_spark_session
 from quire.errors import QuireError
 from quire.sandbox import Sandbox
-from quire.segmentstore.storage_writer import read_layout
+from quire.segmentstore.tier2_reader import read_layout
 from quire.streams import (
     ControllerClient,
     RemoteSegmentStore,

@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.tier2_write import raw_write
 from quire.segmentstore import ContainerConfig, SegmentContainer
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
+from quire.segmentstore.writer_source import ContainerWriterSource
 from quire.testing.memory_data_log import MemoryDataLogs
 from quire.tier2 import Tier2Config, open_chunk_storage
 
@@ -52,8 +53,9 @@ async def drain(root: Path, total_bytes: int, segments: int, append_bytes: int,
                 await asyncio.gather(*futures)
                 futures = []
         await asyncio.gather(*futures)
-        writer = await StorageWriter.start(container, storage, StorageWriterConfig(
-            flush_threshold_bytes=1), max_chunk_bytes=max_chunk_bytes)
+        writer = await StorageWriter.start(ContainerWriterSource(container), storage,
+                                           StorageWriterConfig(flush_threshold_bytes=1),
+                                           max_chunk_bytes=max_chunk_bytes)
         start = time.perf_counter()
         iterations = chunks = 0
         while writer.backlog_bytes() > 0:

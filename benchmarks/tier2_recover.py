@@ -44,7 +44,8 @@ from quire.segmentstore import (
     UpdateType,
 )
 from quire.segmentstore.disaster_recovery import recover
-from quire.segmentstore.storage_writer import StorageWriterConfig, read_records
+from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.tier2_reader import read_records
 from quire.testing.memory_data_log import MemoryDataLogs
 from quire.tier2 import open_chunk_storage
 

@@ -44,7 +44,8 @@ from quire.segmentstore import (
 )
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import container_log_name
-from quire.segmentstore.storage_writer import StorageWriterConfig, read_layout
+from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.tier2_reader import read_layout
 from quire.tier2 import open_chunk_storage
 from tests.support.cluster import Cluster
 from tests.support.s3_server import S3Endpoint
@@ -197,7 +198,7 @@ async def assert_recovered(client: Client, uri: str, names: list[str],
             assert all(w.failure is None for w in store.writers.values())
             assert loop.time() < deadline, "not flushed after recovery in 30 s"
             await asyncio.sleep(0.02)  # polling the condition, with a deadline
-        assert all(w.container.epoch > 1 for w in store.writers.values())
+        assert all(w.source.epoch > 1 for w in store.writers.values())
     finally:
         await store.close()
     storage = await open_chunk_storage(uri)

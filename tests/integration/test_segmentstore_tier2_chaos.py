@@ -10,8 +10,9 @@ over tier-2) shows the model after a prefix of the calls that holds every
 acknowledged operation; after the last kill, disaster recovery from (a
 copy of) tier-2 alone brings back every recorded segment with its bytes.
 The same on the S3 driver (fewer operations a round, 2-3 kills).
-Under ``flush_order="unordered"`` the same chaos,
-with the owner killed between a metadata flush and the data flush it
+Under ``flush_order="unordered"`` (the owner's writer a
+:class:`~quire.testing.chaos_writer.ChaosStorageWriter` with PDP-40's order
+broken) the same chaos, with the owner killed between a metadata flush and the data flush it
 depends on, is reported by the check every time.
 
 ``QUIRE_TIER2_CHAOS_EXAMPLES=N`` runs N examples; ``benchmarks/soak_tier2_chaos.py``
@@ -32,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from quire.segmentstore.storage_writer import read_journal, read_storage_metadata
 from quire.segmentstore.tier2_check import check
+from quire.segmentstore.tier2_reader import read_journal, read_storage_metadata
 from quire.tier2 import open_chunk_storage, parse_chunk_name
 from tests.support.cluster import Cluster
 from tests.support.s3_server import S3Endpoint

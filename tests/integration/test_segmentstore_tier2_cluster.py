@@ -19,7 +19,8 @@ from quire.segmentstore import (
     SegmentType,
     UpdateType,
 )
-from quire.segmentstore.storage_writer import StorageWriterConfig, read_layout
+from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.tier2_reader import read_layout
 from tests.support.cluster import Cluster
 
 

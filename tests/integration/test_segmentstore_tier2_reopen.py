@@ -26,8 +26,8 @@ from quire.client import Client
 from quire.log import LogStore, Position
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
 from quire.segmentstore.names import container_log_name
-from quire.segmentstore.storage_writer import read_layout
 from quire.segmentstore.tier2_check import check
+from quire.segmentstore.tier2_reader import read_layout
 from quire.tier2 import open_chunk_storage
 from tests.integration.test_segmentstore_cluster import OwnerGone, OwnerProcess
 from tests.support.cluster import Cluster

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from quire.metadata import open_store
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port, tier1_quorums
 from quire.segmentstore.ownership import read_assignment
-from quire.segmentstore.storage_writer import read_layout
+from quire.segmentstore.tier2_reader import read_layout
 from quire.streams import ControllerClient, RemoteSegmentStore, StreamWriter, controller_resolver
 from quire.streams.model import segment_name
 from quire.tier2 import SegmentLayout, open_chunk_storage

@@ -42,8 +42,8 @@ from quire.sandbox import parent_death_hook
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
-from quire.segmentstore.storage_writer import read_storage_metadata
 from quire.segmentstore.tier2_check import Violation, check
+from quire.segmentstore.tier2_reader import read_storage_metadata
 from quire.tier2 import open_chunk_storage, parse_tier2_uri, read_segment
 from quire.tier2.config import FileLocation, S3Location
 from tests.support.tier2_workload import Model, Op, generate

@@ -6,7 +6,8 @@ Opens a :class:`~quire.segmentstore.SegmentStore` hosting container 0 on
 the :class:`~quire.log.NamedDataLog` ``LOG_NAME`` (fencing any previous
 owner, replaying its log) with tier-2 ``TIER2_URI`` and small flush
 thresholds (CONFIG_JSON: ``seed`` and ``segments`` of the workload,
-:mod:`tests.support.tier2_workload`; ``flush_order``, ``unordered_seed``,
+:mod:`tests.support.tier2_workload`; ``flush_order``: "pdp40", or "unordered"
+for a writer whose order is broken, shuffled by ``unordered_seed``;
 ``flush_threshold_bytes``, ``flush_threshold_ms``, ``iteration_interval_ms``,
 ``max_chunk_bytes``, ``checkpoint_every_bytes``, ``read_index_budget_bytes``),
 prints ``{"ready": true, "epoch": E}`` and reads requests from stdin, one JSON object a line:
@@ -62,6 +63,7 @@ from quire.segmentstore.names import ATTRIBUTES_SUFFIX
 from quire.segmentstore.storage_records import decode_attribute_batches
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
 from quire.segmentstore.store import LOG_PASSWORD
+from quire.testing.chaos_writer import ChaosStorageWriter
 from quire.tier2 import Tier2Config, read_segment
 from tests.support.tier2_workload import Op, digest, generate
 
@@ -132,7 +134,7 @@ async def state(store: SegmentStore) -> dict[str, Any]:
 class Hook:
     """The storage writer's ``before_step`` for the ``kill`` rules."""
 
-    def __init__(self, writer: StorageWriter) -> None:
+    def __init__(self, writer: ChaosStorageWriter) -> None:
         self.writer = writer
         self.rule: dict[str, Any] | None = None
         self.matched = 0
@@ -167,7 +169,7 @@ class Hook:
             await self.release.wait()
 
     def _unflushed(self, name: str) -> bool:
-        s = self.writer.container.committed.get(name)
+        s = self.writer.source.segment(name)
         layout = self.writer.layouts.get(name)
         return s is not None and s.length > (layout.length if layout is not None else 0)
 
@@ -252,12 +254,16 @@ async def main(metadata_uri: str, tier2_uri: str, log_name: str, cfg: dict[str, 
             storage_writer=StorageWriterConfig(
                 flush_threshold_bytes=cfg["flush_threshold_bytes"],
                 flush_threshold_ms=cfg["flush_threshold_ms"],
-                iteration_interval_ms=cfg["iteration_interval_ms"],
-                flush_order=cfg["flush_order"], unordered_seed=cfg.get("unordered_seed", 0)))
+                iteration_interval_ms=cfg["iteration_interval_ms"]))
+        if cfg["flush_order"] not in ("pdp40", "unordered"):
+            raise ValueError(f"flush_order is pdp40 or unordered, got {cfg['flush_order']!r}")
+        unordered = cfg["flush_order"] == "unordered"
         store = await asyncio.wait_for(SegmentStore.open(
             client, [0], Tier2Config(uri=tier2_uri, max_chunk_bytes=cfg["max_chunk_bytes"]),
             config=config,
-            open_log=lambda _cid: NamedDataLog(client, log_name, password=LOG_PASSWORD)),
+            open_log=lambda _cid: NamedDataLog(client, log_name, password=LOG_PASSWORD),
+            start_writer=ChaosStorageWriter.starter(
+                cfg.get("unordered_seed", 0) if unordered else None)),
             OPEN_TIMEOUT_S)
     except BaseException:  # the test sees the exit and this on stderr
         traceback.print_exc()
@@ -266,6 +272,7 @@ async def main(metadata_uri: str, tier2_uri: str, log_name: str, cfg: dict[str, 
     if debug:
         print(f"driver: opened in {time.monotonic() - began:.1f} s", file=sys.stderr)
     writer = store.writers[0]
+    assert isinstance(writer, ChaosStorageWriter)
     hook = Hook(writer)
     writer.before_step = hook
     watcher = asyncio.ensure_future(watch(writer))

@@ -21,8 +21,9 @@ from quire.segmentstore import SegmentStore, SegmentStoreConfig, SegmentType
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import container_log_name
 from quire.segmentstore.storage_records import decode_index_batches, encode_index_batch
-from quire.segmentstore.storage_writer import StorageWriterConfig, read_layout
+from quire.segmentstore.storage_writer import StorageWriterConfig
 from quire.segmentstore.store import cluster_container_count
+from quire.segmentstore.tier2_reader import read_layout
 from quire.tier2 import open_chunk_storage
 from tests.support.fake_bookie import FakeCluster
 

@@ -1,7 +1,9 @@
 """The storage writer (PDP-40): one container on the in-memory tier-1 twin,
 flushing to memory:// or file:// tier-2 through a wrapper that records
 every tier-2 write and delete in order.  Each of PDP-40's nine requirements
-has a test named after it, checked on the order of the writes."""
+has a test named after it, checked on the order of the writes.  The tests
+that need no tier-1 log (:data:`ANY_SOURCE`) run on the container's
+:class:`~quire.testing.memory_writer_source.MemoryWriterSource` twin too."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.errors import ConfigError, ContainerFencedError, SegmentTruncatedError
+from quire.errors import ContainerFencedError, SegmentTruncatedError
 from quire.log import Position
 from quire.metadata import open_store
 from quire.segmentstore import (
@@ -35,19 +37,20 @@ from quire.segmentstore.storage_records import (
     encode_index_batch,
     encode_journal,
 )
-from quire.segmentstore.storage_writer import (
-    IterationReport,
-    StorageWriter,
-    StorageWriterConfig,
+from quire.segmentstore.storage_writer import IterationReport, StorageWriter, StorageWriterConfig
+from quire.segmentstore.tier2_check import check
+from quire.segmentstore.tier2_reader import (
     Tier2Reader,
     journal_name,
     read_layout,
     read_storage_metadata,
     storage_metadata_name,
 )
-from quire.segmentstore.tier2_check import check
+from quire.segmentstore.writer_source import ContainerWriterSource, WriterSource
+from quire.testing.chaos_writer import ChaosStorageWriter
 from quire.testing.clock import ManualClock
 from quire.testing.memory_data_log import MemoryDataLogs
+from quire.testing.memory_writer_source import MemoryWriterSource
 from quire.tier2 import (
     ChunkData,
     ChunkInfo,
@@ -111,21 +114,27 @@ class Rig:
     logs: MemoryDataLogs
     storage: RecordingStorage
     clock: ManualClock
-    container: SegmentContainer
+    container: SegmentContainer | MemoryWriterSource
+    """Where the tests' requests go: the container, or the twin (the writer's source)."""
     writer: StorageWriter
     uri: str
     opened: list[SegmentContainer] = field(default_factory=list)
     container_config: ContainerConfig = field(default_factory=ContainerConfig)
 
+    @property
+    def source(self) -> WriterSource:
+        return self.writer.source
+
     async def reopen(self, config: StorageWriterConfig | None = None) -> None:
+        assert isinstance(self.container, SegmentContainer), "the twin has no log to reopen"
         await self.container.close()
         reader = await Tier2Reader.load(self.storage, 0)  # tier-2 alone
         self.container = await SegmentContainer.open(0, self.logs.open("c0"),
                                                      self.container_config,
                                                      clock=self.clock, tier2_read=reader.read)
         self.opened.append(self.container)
-        self.writer = await StorageWriter.start(self.container, self.storage,
-                                                config or self.writer.config,
+        self.writer = await StorageWriter.start(ContainerWriterSource(self.container),
+                                                self.storage, config or self.writer.config,
                                                 max_chunk_bytes=self.writer.max_chunk_bytes)
 
 
@@ -137,18 +146,30 @@ def config(**kw: object) -> StorageWriterConfig:
 
 @pytest.fixture(params=["memory", "file"])
 async def r(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
-    uri = f"memory://writer-{id(request)}" if request.param == "memory" \
-        else f"file://{tmp_path}/tier2"
+    """A container on the tier-1 twin ("memory", "file": its tier-2), or
+    the twin of a container alone ("twin", memory:// tier-2)."""
+    uri = f"file://{tmp_path}/tier2" if request.param == "file" \
+        else f"memory://writer-{id(request)}"
     storage = RecordingStorage(await open_chunk_storage(uri))
     logs = MemoryDataLogs()
     clock = ManualClock(1_000_000)
-    container = await SegmentContainer.open(0, logs.open("c0"), clock=clock)
-    writer = await StorageWriter.start(container, storage, config(), max_chunk_bytes=64)
-    r = Rig(logs, storage, clock, container, writer, uri, [container])
+    if request.param == "twin":
+        twin = MemoryWriterSource(clock=clock)
+        writer = await StorageWriter.start(twin, storage, config(), max_chunk_bytes=64)
+        r = Rig(logs, storage, clock, twin, writer, uri)
+    else:
+        container = await SegmentContainer.open(0, logs.open("c0"), clock=clock)
+        writer = await StorageWriter.start(ContainerWriterSource(container), storage, config(),
+                                           max_chunk_bytes=64)
+        r = Rig(logs, storage, clock, container, writer, uri, [container])
     yield r
     for c in r.opened:
         await c.close()
     await storage.close()
+
+
+ANY_SOURCE = pytest.mark.parametrize("r", ["memory", "file", "twin"], indirect=True)
+"""A test that needs no tier-1 log: it runs on the twin as well."""
 
 
 async def scenario(r: Rig) -> tuple[IterationReport, list[tuple[str, str]]]:
@@ -181,6 +202,7 @@ def last(ops: list[tuple[str, str]], segment: str) -> int:
 # --- the nine requirements ----------------------------------------------------------
 
 
+@ANY_SOURCE
 async def test_rule_1_modified_system_segments_are_eligible_in_every_iteration(r: Rig) -> None:
     c = r.container
     await c.create_segment(SYSTEM)
@@ -198,6 +220,7 @@ async def test_rule_1_modified_system_segments_are_eligible_in_every_iteration(r
     assert layout is not None and layout.length == 3 and len(layout.chunks) == 3
 
 
+@ANY_SOURCE
 async def test_rule_2_modified_metadata_segments_are_eligible_in_every_iteration(r: Rig) -> None:
     c = r.container
     await c.create_segment(SYSTEM)
@@ -210,6 +233,7 @@ async def test_rule_2_modified_metadata_segments_are_eligible_in_every_iteration
     assert r.storage.take() == []  # nothing modified, the metadata included
 
 
+@ANY_SOURCE
 async def test_rule_3_a_segment_and_its_attribute_segment_are_eligible_together(r: Rig) -> None:
     c = r.container
     r.writer.config = config(flush_threshold_bytes=48)
@@ -236,11 +260,13 @@ async def test_rule_3_a_segment_and_its_attribute_segment_are_eligible_together(
     assert attributes == ({1: 10, 2: 20, 3: 30, 4: 40}, 49)
 
 
+@ANY_SOURCE
 async def test_rule_4_eligible_segments_are_grouped_in_priority_buckets(r: Rig) -> None:
     report, _ops = await scenario(r)
     assert report.buckets == [[USER, USER_TABLE], [SYSTEM, SYSTEM_TABLE], [META]]
 
 
+@ANY_SOURCE
 async def test_rule_5_a_higher_bucket_is_flushed_before_any_lower_one(r: Rig) -> None:
     _report, ops = await scenario(r)
     buckets = [[USER, USER_TABLE], [SYSTEM, SYSTEM_TABLE], [META, JOURNAL]]
@@ -250,6 +276,7 @@ async def test_rule_5_a_higher_bucket_is_flushed_before_any_lower_one(r: Rig) ->
     assert ranks == sorted(ranks) and set(ranks) == {0, 1, 2}
 
 
+@ANY_SOURCE
 async def test_rule_6_user_segments_before_system_segments(r: Rig) -> None:
     _report, ops = await scenario(r)
     users = [USER, USER + "$attributes", USER_TABLE, USER_TABLE + "$index"]
@@ -257,12 +284,14 @@ async def test_rule_6_user_segments_before_system_segments(r: Rig) -> None:
     assert max(last(ops, s) for s in users) < min(first(ops, s) for s in systems)
 
 
+@ANY_SOURCE
 async def test_rule_7_system_segments_before_metadata_segments(r: Rig) -> None:
     _report, ops = await scenario(r)
     systems = [SYSTEM, SYSTEM + "$attributes", SYSTEM_TABLE, SYSTEM_TABLE + "$index"]
     assert max(last(ops, s) for s in systems) < first(ops, META)
 
 
+@ANY_SOURCE
 async def test_rule_8_metadata_segments_are_flushed_last(r: Rig) -> None:
     _report, ops = await scenario(r)
     tail = [segment for _kind, segment in ops[first(ops, META):]]
@@ -277,6 +306,7 @@ async def test_rule_8_metadata_segments_are_flushed_last(r: Rig) -> None:
             assert layouts[name].length == info.length == info.storage_length
 
 
+@ANY_SOURCE
 async def test_rule_9_data_before_its_index_and_attribute_segments(r: Rig) -> None:
     _report, ops = await scenario(r)
     for data, dependent in ((USER, USER + "$attributes"), (USER_TABLE, USER_TABLE + "$index"),
@@ -290,6 +320,7 @@ async def test_rule_9_data_before_its_index_and_attribute_segments(r: Rig) -> No
 # --- delete, truncate, order switch, liveness ----------------------------------------------
 
 
+@ANY_SOURCE
 async def test_delete_and_truncate_take_two_iterations(r: Rig) -> None:
     c = r.container
     r.writer.config = config(flush_threshold_bytes=1)
@@ -322,12 +353,14 @@ async def test_delete_and_truncate_take_two_iterations(r: Rig) -> None:
     assert await read_segment(r.storage, truncated, 130, 62) == b"a" * 62
 
 
+@ANY_SOURCE
 async def test_unordered_deletes_in_one_iteration_and_breaks_the_order(r: Rig) -> None:
     broken_order = False
+    writer = r.writer = await ChaosStorageWriter.start(r.source, r.storage,
+                                                       config(flush_threshold_bytes=1),
+                                                       max_chunk_bytes=64)
     for seed in range(8):
-        r.writer.config = config(flush_threshold_bytes=1, flush_order="unordered",
-                                 unordered_seed=seed)
-        r.writer._random.seed(seed)
+        writer.break_order(seed)
         c = r.container
         name = f"sc/un/{seed}"
         await c.create_segment(name)
@@ -341,8 +374,8 @@ async def test_unordered_deletes_in_one_iteration_and_breaks_the_order(r: Rig) -
         await r.writer.flush_once()
         assert ("delete", name) in r.storage.take()  # in the same iteration
     assert broken_order
-    with pytest.raises(ConfigError):
-        StorageWriterConfig(flush_order="sorted")
+    with pytest.raises(TypeError):  # the product's writer has PDP-40's order only
+        StorageWriterConfig(flush_order="unordered")  # type: ignore[call-arg]
 
 
 async def test_liveness_the_backlog_reaches_zero_once_appends_stop(r: Rig) -> None:
@@ -473,6 +506,7 @@ async def test_merges_move_flushed_chunks_or_copy_the_rest(r: Rig) -> None:
     assert (await r.container.read(target, 0, 180)).data == b"T" * 50 + b"F" * 100 + b"U" * 30
 
 
+@ANY_SOURCE
 async def test_small_chunks_are_concatenated_and_the_old_ones_deleted_a_cycle_later(r: Rig
                                                                                     ) -> None:
     c = r.container
@@ -512,7 +546,8 @@ async def test_a_fenced_owner_still_running_trips_nobody(r: Rig) -> None:
     new = await SegmentContainer.open(0, r.logs.open("c0"), clock=r.clock,
                                       tier2_read=reader.read)  # fences the old owner
     r.opened.append(new)
-    new_writer = await StorageWriter.start(new, r.storage, config(flush_threshold_bytes=1),
+    new_writer = await StorageWriter.start(ContainerWriterSource(new), r.storage,
+                                           config(flush_threshold_bytes=1),
                                            max_chunk_bytes=64)
     with pytest.raises(ContainerFencedError):
         await old_writer.flush_once()  # writes its chunks, cannot record them
@@ -527,8 +562,8 @@ async def test_a_fenced_owner_still_running_trips_nobody(r: Rig) -> None:
     written = {name for kind, name in r.storage.ops if kind == "write"}
     epochs = {parse_chunk_name(name)[1] for name in written - old_epoch_chunks
               if name.startswith(USER + ".E")}
-    assert epochs == {old_writer.container.epoch, new.epoch}  # both wrote, by distinct names
-    assert all(parse_chunk_name(chunk.name)[1] == old_writer.container.epoch
+    assert epochs == {old_writer.source.epoch, new.epoch}  # both wrote, by distinct names
+    assert all(parse_chunk_name(chunk.name)[1] == old_writer.source.epoch
                for chunk in layout.chunks[:1])
 
 
@@ -557,6 +592,7 @@ async def test_reopen_keeps_layouts_and_never_reuses_a_chunk_name(r: Rig) -> Non
     assert len(journals) == 1  # the older owner's snapshot was deleted
 
 
+@ANY_SOURCE
 async def test_a_name_deleted_and_created_again_starts_a_new_layout(r: Rig) -> None:
     c = r.container
     r.writer.config = config(flush_threshold_bytes=1)
@@ -667,6 +703,7 @@ def test_record_golden_bytes() -> None:
         decode_attribute_batches(index)
 
 
+@ANY_SOURCE
 async def test_the_background_loop_starts_early_once_a_segment_is_well_past_the_threshold(
         r: Rig) -> None:
     """With a minute between iterations, a segment 1.5x past the size

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from quire.segmentstore import AttributeUpdate, SegmentContainer, SegmentType, UpdateType
-from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
+from quire.segmentstore.storage_writer import StorageWriterConfig
 from quire.segmentstore.tier2_check import check
+from quire.segmentstore.writer_source import ContainerWriterSource
+from quire.testing.chaos_writer import ChaosStorageWriter
 from quire.testing.memory_data_log import MemoryDataLogs
 from quire.tier2 import ChunkStorage, open_chunk_storage
 
@@ -38,12 +39,10 @@ async def run(uri: str, order: str, kill_at: KillAt, seed: int = 0
     storage = await open_chunk_storage(uri)
     container = await SegmentContainer.open(0, MemoryDataLogs().open("c0"))
     try:
-        config = StorageWriterConfig(flush_threshold_bytes=1, flush_order=order,
-                                     unordered_seed=seed)
+        config = StorageWriterConfig(flush_threshold_bytes=1)
         # the first iteration in order, so that tier-2 records all of round 0
-        writer = await StorageWriter.start(container, storage,
-                                           replace(config, flush_order="pdp40"),
-                                           max_chunk_bytes=64)
+        writer = await ChaosStorageWriter.start(ContainerWriterSource(container), storage,
+                                                config, max_chunk_bytes=64)
         for name in [*STREAMS, DOOMED]:
             await container.create_segment(name)
         await container.create_segment(TABLE, SegmentType.TABLE)
@@ -59,7 +58,8 @@ async def run(uri: str, order: str, kill_at: KillAt, seed: int = 0
                 await container.table_remove(TABLE, [(b"k0.1", None)])
             if round_ == 0:
                 await writer.flush_once()
-        writer.config = config
+        if order == "unordered":
+            writer.break_order(seed)
         steps: list[str] = []
 
         async def hook(step: str) -> None:

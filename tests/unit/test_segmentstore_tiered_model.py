@@ -14,13 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from quire.segmentstore import SegmentContainer
-from quire.segmentstore.storage_writer import (
-    StorageWriter,
-    StorageWriterConfig,
-    Tier2Reader,
-    storage_metadata_name,
-)
+from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
 from quire.segmentstore.tier2_check import check
+from quire.segmentstore.tier2_reader import Tier2Reader, storage_metadata_name
+from quire.segmentstore.writer_source import ContainerWriterSource
 from quire.tier2 import ChunkStorage, open_chunk_storage
 from tests.support.segment_model import TABLE
 from tests.unit.test_segmentstore_model import ContainerMachine
@@ -40,7 +37,8 @@ class TieredContainerMachine(ContainerMachine):
     async def _start_writer(self) -> StorageWriter:
         # evicted chunks leave the read index as soon as tier-2 holds them
         self.container.read_index.drop_batch_chunks = 1
-        return await StorageWriter.start(self.container, self.storage, StorageWriterConfig(),
+        return await StorageWriter.start(ContainerWriterSource(self.container), self.storage,
+                                         StorageWriterConfig(),
                                          max_chunk_bytes=32, clock_ms=lambda: self.clock_ms)
 
     def teardown(self) -> None:

@@ -26,9 +26,9 @@ def check(uri: str, container_ids: tuple[int, ...], as_json: bool) -> None:
     attribute batch's data length, an index's key version) that tier-2 does
     not hold.  Exits 1 if it finds any, 0 if tier-2 is consistent."""
     from quire.errors import Tier2Error
-    from quire.segmentstore.storage_writer import journal_containers
     from quire.segmentstore.tier2_check import Violation
     from quire.segmentstore.tier2_check import check as run_check
+    from quire.segmentstore.tier2_reader import journal_containers
     from quire.tier2 import Tier2Config, open_chunk_storage
     from quire.tier2.config import FileLocation
 

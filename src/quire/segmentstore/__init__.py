@@ -22,8 +22,15 @@ Modules, each importing only those listed before it:
 * :mod:`~quire.segmentstore.container` -- one container;
 * :mod:`~quire.segmentstore.storage_records` -- codecs of the tier-2
   attribute and index batches and system-journal snapshots;
+* :mod:`~quire.segmentstore.tier2_reader` -- what tier-2 alone records
+  (:func:`read_layout`, :func:`read_records`, :class:`Tier2Reader`);
+* :mod:`~quire.segmentstore.writer_source` -- :class:`WriterSource`, all a
+  storage writer sees of its container;
+  :mod:`~quire.segmentstore.recorded_layouts` -- the layouts a writer
+  records, its system journal;
+  :mod:`~quire.segmentstore.flush_plan` -- which segments an iteration takes;
 * :mod:`~quire.segmentstore.storage_writer` -- a container's flushes to
-  tier-2 in PDP-40's order, and :func:`read_layout` over tier-2 alone;
+  tier-2 in PDP-40's order;
 * :mod:`~quire.segmentstore.store` -- :class:`SegmentStore`, routing;
 * :mod:`~quire.segmentstore.tier2_check` -- PDP-40's consistency check of
   tier-2 alone; :mod:`~quire.segmentstore.disaster_recovery` -- every

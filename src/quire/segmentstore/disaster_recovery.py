@@ -5,7 +5,7 @@ For a lost bookie cluster, a lost metadata store, or both.  Call::
     report = await recover(client, "file:///data/tier2")
 
 with a :class:`~quire.client.Client` of the (new) cluster.  What tier-2
-records is read with :func:`~quire.segmentstore.storage_writer.read_records`
+records is read with :func:`~quire.segmentstore.tier2_reader.read_records`
 (each container's system journal, then its storage-metadata table), and for
 each container:
 
@@ -78,20 +78,20 @@ from quire.segmentstore.names import (
 )
 from quire.segmentstore.operations import CheckpointOp, encode
 from quire.segmentstore.storage_records import decode_attribute_batches, decode_index_batches
-from quire.segmentstore.storage_writer import (
-    StorageRecords,
-    Tier2Reader,
-    journal_containers,
-    journal_name,
-    read_records,
-    storage_metadata_name,
-)
 from quire.segmentstore.store import (
     CONTAINER_COUNT_CHUNK,
     LOG_PASSWORD,
     SegmentStoreConfig,
     cluster_container_count,
     read_tier2_container_count,
+)
+from quire.segmentstore.tier2_reader import (
+    StorageRecords,
+    Tier2Reader,
+    journal_containers,
+    journal_name,
+    read_records,
+    storage_metadata_name,
 )
 from quire.segmentstore.types import SegmentType
 from quire.tier2 import (

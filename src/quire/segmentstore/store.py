@@ -17,7 +17,7 @@ its previous owner through the tier-1 log's epoch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -40,8 +40,9 @@ from quire.segmentstore.names import (
     container_log_name,
     container_of,
 )
-from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig, Tier2Reader
+from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
+from quire.segmentstore.tier2_reader import Tier2Reader
 from quire.segmentstore.types import (
     AppendResult,
     AttributeUpdate,
@@ -50,6 +51,7 @@ from quire.segmentstore.types import (
     SegmentInfo,
     SegmentType,
 )
+from quire.segmentstore.writer_source import ContainerWriterSource, WriterSource
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
 
 T = TypeVar("T")
@@ -60,6 +62,17 @@ _ROUTE_CACHE_SIZE = 100_000
 
 OpenLog = Callable[[int], DurableDataLog]
 """``open_log(container_id)``: a new, uninitialized instance on the container's log."""
+StartWriter = Callable[[WriterSource, ChunkStorage, StorageWriterConfig, int],
+                       Awaitable[StorageWriter]]
+"""``start_writer(source, tier2, config, max_chunk_bytes)``: a started storage
+writer for a container (:meth:`StorageWriter.start`, unless a test gives another)."""
+
+
+async def start_storage_writer(source: WriterSource, storage: ChunkStorage,
+                               config: StorageWriterConfig,
+                               max_chunk_bytes: int) -> StorageWriter:
+    """The :data:`StartWriter` of a store: PDP-40's :class:`StorageWriter`."""
+    return await StorageWriter.start(source, storage, config, max_chunk_bytes=max_chunk_bytes)
 
 
 @dataclass(frozen=True)
@@ -139,12 +152,14 @@ class SegmentStore:
 
     def __init__(self, container_count: int, open_log: OpenLog,
                  config: SegmentStoreConfig, tier2: ChunkStorage | None = None,
-                 max_chunk_bytes: int = 0) -> None:
+                 max_chunk_bytes: int = 0,
+                 start_writer: StartWriter = start_storage_writer) -> None:
         self.container_count = container_count
         self._open_log = open_log
         self._config = config
         self.tier2 = tier2
         self._max_chunk_bytes = max_chunk_bytes
+        self._start_writer = start_writer
         self._containers: dict[int, SegmentContainer] = {}
         self.writers: dict[int, StorageWriter] = {}
         """Each hosted container's storage writer (none without tier-2)."""
@@ -157,13 +172,15 @@ class SegmentStore:
                    tier2: str | Tier2Config | None = None, *,
                    config: SegmentStoreConfig | None = None,
                    metadata_store: MetadataStore | None = None,
-                   open_log: OpenLog | None = None) -> SegmentStore:
+                   open_log: OpenLog | None = None,
+                   start_writer: StartWriter = start_storage_writer) -> SegmentStore:
         """A store hosting ``container_ids`` (each opened: fenced, replayed).
         The containers' tier-1 logs are named logs on ``client``'s cluster,
         unless ``open_log`` gives others (tests: the in-memory twin, with
         ``metadata_store`` and no client).  With ``tier2`` (a URI or a
         :class:`~quire.tier2.Tier2Config`), each container runs a
-        :class:`~quire.segmentstore.storage_writer.StorageWriter` flushing to it."""
+        :class:`~quire.segmentstore.storage_writer.StorageWriter` flushing to it
+        (``start_writer`` starts it: tests give a writer of their own)."""
         config = config or SegmentStoreConfig()
         if metadata_store is None:
             if client is None:
@@ -190,7 +207,7 @@ class SegmentStore:
             except BaseException:
                 await storage.close()
                 raise
-        store = cls(count, open_log, config, storage, max_chunk_bytes)
+        store = cls(count, open_log, config, storage, max_chunk_bytes, start_writer)
         try:
             await asyncio.gather(*(store.start_container(c) for c in container_ids))
         except BaseException:
@@ -244,9 +261,9 @@ class SegmentStore:
                 tier2_read=None if reader is None else reader.read)
             if self.tier2 is not None:
                 try:
-                    writer = await StorageWriter.start(container, self.tier2,
-                                                       self._config.storage_writer,
-                                                       max_chunk_bytes=self._max_chunk_bytes)
+                    writer = await self._start_writer(
+                        ContainerWriterSource(container), self.tier2,
+                        self._config.storage_writer, self._max_chunk_bytes)
                 except BaseException:
                     await container.close()
                     raise

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from quire.errors import SegmentTruncatedError
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
 from quire.segmentstore.storage_records import decode_attribute_batches, decode_index_batches
-from quire.segmentstore.storage_writer import journal_containers, read_storage_metadata
+from quire.segmentstore.tier2_reader import journal_containers, read_storage_metadata
 from quire.tier2 import ChunkStorage, SegmentLayout, Tier2Config, open_chunk_storage, read_segment
 
 

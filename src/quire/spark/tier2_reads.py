@@ -3,7 +3,7 @@
 The segment store's storage writer flushes each segment's bytes into
 tier-2 chunks and records the segment's :class:`~quire.tier2.SegmentLayout`
 (which chunks hold which bytes) in tier-2 itself, so tier-2 alone can be
-read back (:func:`quire.segmentstore.storage_writer.read_layout`).  The
+read back (:func:`quire.segmentstore.tier2_reader.read_layout`).  The
 planner (on the driver) reads each planned segment's layout once and ships
 it inside the input partition (:class:`Tier2Layout`, plain data); the
 executor reads the chunks it names directly (``file://`` on a path every
@@ -28,7 +28,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quire.segmentstore.storage_writer import read_layout
+from quire.segmentstore.tier2_reader import read_layout
 from quire.tier2 import ChunkRef, ChunkStorage, SegmentLayout, open_chunk_storage
 
 _storages: dict[tuple[int, str], ChunkStorage] = {}

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from quire.errors import ChunkTooLargeError, InvalidChunkNameError
+from quire.errors import ChunkNotFoundError, ChunkTooLargeError, InvalidChunkNameError
 
 ChunkData = bytes | bytearray | memoryview
 """What a chunk is written from (it must not change until the write returns)."""
@@ -129,6 +129,18 @@ def check_chunk_size(name: str, size: int, max_chunk_bytes: int) -> None:
 def check_read_arguments(offset: int, length: int) -> None:
     if offset < 0 or length < 0:
         raise ValueError(f"read: offset ({offset}) and length ({length}) must not be negative")
+
+
+async def exists_by_length(storage: ChunkStorage, name: str) -> bool:
+    """:meth:`ChunkStorage.exists` for a driver with no cheaper way to ask:
+    the chunk exists if :meth:`ChunkStorage.length` finds it (a stat, a
+    HEAD), and not if that raises :class:`~quire.errors.ChunkNotFoundError`
+    (every other failure is raised)."""
+    try:
+        await storage.length(name)
+    except ChunkNotFoundError:
+        return False
+    return True
 
 
 async def concat_chunks(storage: ChunkStorage, target: str, sources: list[str]) -> int:

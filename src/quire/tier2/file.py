@@ -42,6 +42,7 @@ from .chunk_storage import (
     check_chunk_name,
     check_chunk_size,
     check_read_arguments,
+    exists_by_length,
 )
 from .config import Tier2Config
 from .sync_tracking import SyncTracker
@@ -225,11 +226,7 @@ class FileChunkStorage:
             self._fail(name, "stat of", e)
 
     async def exists(self, name: str) -> bool:
-        try:
-            await self.length(name)
-        except ChunkNotFoundError:
-            return False
-        return True
+        return await exists_by_length(self, name)
 
     async def delete(self, name: str) -> None:
         check_chunk_name(name)

@@ -48,6 +48,7 @@ from .chunk_storage import (
     check_chunk_name,
     check_chunk_size,
     check_read_arguments,
+    exists_by_length,
 )
 from .config import S3Location, Tier2Config
 
@@ -178,11 +179,7 @@ class S3ChunkStorage:
             return int(response["ContentLength"])
 
     async def exists(self, name: str) -> bool:
-        try:
-            await self.length(name)
-        except ChunkNotFoundError:
-            return False
-        return True
+        return await exists_by_length(self, name)
 
     async def delete(self, name: str) -> None:
         check_chunk_name(name)

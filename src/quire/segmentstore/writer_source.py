@@ -1,0 +1,188 @@
+"""What a storage writer sees of its container: the :class:`WriterSource` seam.
+
+The storage writer (:mod:`~quire.segmentstore.storage_writer`) flushes one
+container's committed segments to tier-2.  Everything it needs of the
+container goes through a :class:`WriterSource` (Pravega's
+``WriterDataSource`` plays this part): :class:`ContainerWriterSource` is the
+one over a live :class:`~quire.segmentstore.container.SegmentContainer`,
+:class:`quire.testing.memory_writer_source.MemoryWriterSource` its
+in-memory twin for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from quire.segmentstore.metadata import SegmentMetadata
+from quire.segmentstore.types import SegmentType
+
+if TYPE_CHECKING:  # the adapter only holds a container: importing one is the caller's
+    from quire.segmentstore.container import SegmentContainer, Tier2Read
+
+Merge = tuple[int, int, int, int]
+"""A committed merge: (target id, source id, offset in the target, length)."""
+_NO_ENTRIES: Mapping[bytes, tuple[int, bytes]] = {}
+
+
+class WriterSource(Protocol):
+    """A container as its storage writer sees it.
+
+    **The committed state.**  :attr:`segments` and :meth:`segment` show the
+    container's *committed* segments (operations whose tier-1 frame is
+    durable), live: each call sees the state of that instant, and nothing
+    changes between two calls without an ``await`` between them (one event
+    loop).  The writer only reads them, except through :meth:`flushed`.  A
+    deleted segment stays in :attr:`segments` (``deleted`` true) so that the
+    writer can delete its tier-2 chunks; it is no longer found by name.
+    :meth:`table_entries` is a table segment's committed index, in step with
+    its ``length``.  :meth:`take_merges` hands over each merge committed
+    since :meth:`read_from_tier2` exactly once, in commit order.
+
+    **Bytes.**  :meth:`read` returns committed bytes of a segment from
+    memory, tier-1, or tier-2 through the reader given to
+    :meth:`read_from_tier2`.
+
+    **Recording.**  :meth:`create_segment` and :meth:`table_put` are the
+    container's own requests (their futures fail with the container's
+    typed errors: :class:`~quire.errors.ContainerFencedError` once another
+    owner took the log, and so on); the writer keeps its storage-metadata
+    table with them.  :meth:`add_checkpoint` and :meth:`truncate_log` cut
+    tier-1 below what tier-2 holds.
+
+    Every error is a :class:`~quire.errors.QuireError`.
+    """
+
+    @property
+    def container_id(self) -> int:
+        """The container's id."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the container took on its tier-1 log (names the writer's chunks)."""
+        ...
+
+    def now_ms(self) -> int:
+        """The container's clock, in milliseconds."""
+        ...
+
+    @property
+    def segments(self) -> Mapping[int, SegmentMetadata]:
+        """Every committed segment by id, deleted ones included (read only)."""
+        ...
+
+    def segment(self, name: str) -> SegmentMetadata | None:
+        """The live committed segment called ``name``, or None."""
+        ...
+
+    def table_entries(self, segment_id: int) -> Mapping[bytes, tuple[int, bytes]]:
+        """Table segment ``segment_id``'s committed index: key -> (version,
+        value); empty for a table with no entries (read only)."""
+        ...
+
+    def take_merges(self) -> Sequence[Merge]:
+        """The merges committed since the last call (none before
+        :meth:`read_from_tier2`), oldest first."""
+        ...
+
+    async def read(self, segment_id: int, offset: int, length: int) -> bytes:
+        """Up to ``length`` committed bytes of the segment from ``offset``
+        (the caller knows they exist); fewer, or b"", only where the segment
+        was truncated or deleted meanwhile."""
+        ...
+
+    def flushed(self, segment_id: int, length: int) -> None:
+        """Tier-2 holds the segment's bytes below ``length`` now: its
+        ``storage_length`` says so, and memory may let them go."""
+        ...
+
+    def read_from_tier2(self, read: Tier2Read) -> None:
+        """From now on, read what neither memory nor tier-1 holds through ``read``."""
+        ...
+
+    def create_segment(self, name: str, segment_type: SegmentType) -> Awaitable[None]:
+        """Create a segment (the container's request: it fails if the name is taken)."""
+        ...
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> Awaitable[list[int]]:
+        """Put entries in table segment ``name`` (the container's request);
+        its result is each entry's new version, once durable in tier-1."""
+        ...
+
+    def add_checkpoint(self) -> Awaitable[object] | None:
+        """Write a checkpoint of the accepted state to tier-1 now; what to
+        await for it to be durable, or None if nothing needs one (nothing
+        logged since the last) or it is durable already."""
+        ...
+
+    async def truncate_log(self, in_tier2: Callable[[int, int], bool]) -> int | None:
+        """Cut tier-1 below the newest durable checkpoint whose every
+        segment length ``(segment_id, length)`` is ``in_tier2``; that
+        checkpoint's sequence, or None if none qualifies (nothing is cut)."""
+        ...
+
+
+class ContainerWriterSource:
+    """The :class:`WriterSource` of a live container (through its public
+    attributes and requests only)."""
+
+    def __init__(self, container: SegmentContainer) -> None:
+        self._container = container
+
+    @property
+    def container_id(self) -> int:
+        return self._container.container_id
+
+    @property
+    def epoch(self) -> int:
+        return self._container.epoch
+
+    def now_ms(self) -> int:
+        return self._container.clock_ms()
+
+    @property
+    def segments(self) -> Mapping[int, SegmentMetadata]:
+        return self._container.committed.segments
+
+    def segment(self, name: str) -> SegmentMetadata | None:
+        return self._container.committed.get(name)
+
+    def table_entries(self, segment_id: int) -> Mapping[bytes, tuple[int, bytes]]:
+        table = self._container.tables_committed.get(segment_id)
+        return _NO_ENTRIES if table is None else table.entries
+
+    def take_merges(self) -> Sequence[Merge]:
+        merges = self._container.merges
+        if not merges:
+            return ()  # (asked once per segment flushed)
+        taken = list(merges)
+        merges.clear()
+        return taken
+
+    async def read(self, segment_id: int, offset: int, length: int) -> bytes:
+        return await self._container.read_index.read(segment_id, offset, length)
+
+    def flushed(self, segment_id: int, length: int) -> None:
+        container = self._container
+        container.committed.segments[segment_id].storage_length = length
+        container.read_index.flushed(segment_id, length)
+
+    def read_from_tier2(self, read: Tier2Read) -> None:
+        container = self._container
+        container.tier2_read = read
+        container.read_index.fetch_tier2 = container.fetch_tier2
+
+    def create_segment(self, name: str, segment_type: SegmentType) -> Awaitable[None]:
+        return self._container.create_segment(name, segment_type)
+
+    def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
+                  ) -> Awaitable[list[int]]:
+        return self._container.table_put(name, entries)
+
+    def add_checkpoint(self) -> Awaitable[object] | None:
+        return self._container.add_checkpoint()
+
+    async def truncate_log(self, in_tier2: Callable[[int, int], bool]) -> int | None:
+        return await self._container.truncate_log(in_tier2)
