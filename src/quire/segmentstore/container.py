@@ -59,7 +59,7 @@ from quire.segmentstore import frames
 from quire.segmentstore.container_tables import ContainerTables
 from quire.segmentstore.futures import call_as_future, failed_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
-from quire.segmentstore.operation_log import OperationLog, Pending, read_frame
+from quire.segmentstore.operation_log import OperationLog, Pending, read_frame, read_operations
 from quire.segmentstore.operations import (
     APPEND,
     PLAIN_APPEND_HEAD,
@@ -76,7 +76,6 @@ from quire.segmentstore.operations import (
     SegmentMapOp,
     TruncateOp,
     as_operation,
-    decode,
 )
 from quire.segmentstore.read_index import ReadIndex
 from quire.segmentstore.tables import TableIndex
@@ -247,19 +246,8 @@ class SegmentContainer:
         """Apply the log; True if it starts at a checkpoint after truncation."""
         committed = self.committed
         started = truncated = False
-        assembler: frames.PartAssembler[Position] = frames.PartAssembler()
-        async for address, frame in self._log.read(None):
-            if frames.is_part(frame):
-                whole = assembler.add(frame, address)
-                if whole is None:
-                    continue
-                raws: list[bytes | memoryview] = [whole[0]]
-                address = whole[1]  # an operation in parts is read back from its first
-            else:
-                assembler.abandon()  # parts cut short were never acknowledged
-                raws = list(frames.unpack(frame))
-            for raw in raws:
-                op = decode(raw)
+        async for address, ops in read_operations(self._log):
+            for op in ops:
                 if not started:
                     # a truncated log starts in the frame of its first checkpoint
                     if not isinstance(op, CheckpointOp) and op.sequence != 1:

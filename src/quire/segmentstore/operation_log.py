@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from quire.errors import (
@@ -355,32 +355,43 @@ class OperationLog:
         await self._log.close()
 
 
-
 def _nothing() -> None:
     pass
+
+
+async def read_operations(log: DurableDataLog, from_address: Position | None = None
+                          ) -> AsyncGenerator[tuple[Position, list[Operation]], None]:
+    """The log's operations from ``from_address`` on, in log order: each data
+    frame's with its address, and each operation written as part frames with
+    the address of its first part (one whose parts stop short is skipped: it
+    was never acknowledged).  CorruptRecordError for a record that does not
+    decode."""
+    records = log.read(from_address)
+    assembler: frames.PartAssembler[Position] = frames.PartAssembler()
+    try:
+        async for address, frame in records:
+            if frames.is_part(frame):
+                whole = assembler.add(frame, address)
+                if whole is not None:
+                    yield whole[1], [decode(whole[0])]
+            else:
+                assembler.abandon()  # parts cut short were never acknowledged
+                yield address, [decode(raw) for raw in frames.unpack(frame)]
+    finally:
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
     """The operations of the frame at ``address``: a data frame's, or the one
     operation whose first part frame is there (CorruptRecordError if it is gone)."""
-    records = log.read(address)
-    assembler: frames.PartAssembler[Position] = frames.PartAssembler()
+    operations = read_operations(log, address)
     try:
-        async for at, frame in records:
-            if not assembler.pending:
-                if at != address:
-                    break
-                if not frames.is_part(frame):
-                    return [decode(raw) for raw in frames.unpack(frame)]
-            elif not frames.is_part(frame):
-                break
-            whole = assembler.add(frame, at)
-            if whole is not None:
-                return [decode(whole[0])]
-            if not assembler.pending:
-                break
+        async for at, ops in operations:
+            if at == address:
+                return ops
+            break
     finally:
-        aclose = getattr(records, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await operations.aclose()
     raise CorruptRecordError(f"no data frame at {address} in the tier-1 log")
