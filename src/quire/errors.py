@@ -349,6 +349,15 @@ class ContainerClosedError(SegmentStoreError):
     unknown outcome (a reopen shows whether it is in the log)."""
 
 
+class CorruptRecordError(SegmentStoreError):
+    """Bytes the segment store wrote and reads back that do not decode, or an
+    operation that does not fit the state it is applied to: a tier-1 frame,
+    an operation, a container checkpoint, a table entry, a tier-2 attribute
+    or index batch, a layout record or a journal snapshot.  Unlike the other
+    segment store errors it refuses no request: the record is corrupt (or a
+    defect wrote it), and the message says which and where."""
+
+
 class RecoveryError(SegmentStoreError):
     """Disaster recovery refused or could not finish: tier-1 logs that exist
     already, a container count nobody records, tier-2 records that do not
@@ -456,3 +465,18 @@ class ControllerUnavailableError(ControllerError):
 
 class StreamSealedError(ControllerError):
     """A write to a stream whose segments are all sealed (no successors)."""
+
+
+# --- helpers ------------------------------------------------------------------
+
+
+def fresh_copy(error: BaseException) -> BaseException:
+    """A new instance of ``error`` to raise, with its cause (one exception
+    object raised in many places would pile up tracebacks); ``error`` itself
+    if its class cannot be built again from its ``args``."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__
+    return copy

@@ -95,12 +95,12 @@ async def state(container: SegmentContainer) -> dict[str, Any]:
                                "attrs": attributes(dict(info.attributes)),
                                "data": data.hex()}
         if s.type is SegmentType.TABLE:
-            table = container.tables_committed.get(s.segment_id)
+            table = container.tables.committed.get(s.segment_id)
             keys = sorted(table.entries) if table is not None else []
-            got = await container.table_get(name, keys)
+            got = await container.tables.get(name, keys)
             seg["table"] = [[e.key.hex(), e.version, (e.value or b"").hex()]
                             for e in got if e is not None]
-            delta = await container.table_read_delta(name, 0, 1000)
+            delta = await container.tables.read_delta(name, 0, 1000)
             seg["delta"] = [[e.key.hex(), e.version] for e in delta.entries]
             seg["delta_end"] = delta.last_position
         out[name] = seg
@@ -129,11 +129,14 @@ def call(container: SegmentContainer | SegmentStore, r: dict[str, Any]) -> async
     if op == "update_attributes":
         return container.update_attributes(r["name"], updates(r["updates"]))
     if op == "table_put":
-        return container.table_put(r["name"], [(bytes.fromhex(k), bytes.fromhex(v), e)
-                                               for k, v, e in r["entries"]])
+        put = container.tables.put if isinstance(container, SegmentContainer) \
+            else container.table_put
+        return put(r["name"], [(bytes.fromhex(k), bytes.fromhex(v), e)
+                               for k, v, e in r["entries"]])
     if op == "table_remove":
-        return container.table_remove(r["name"], [(bytes.fromhex(k), e)
-                                                  for k, e in r["keys"]])
+        remove = container.tables.remove if isinstance(container, SegmentContainer) \
+            else container.table_remove
+        return remove(r["name"], [(bytes.fromhex(k), e) for k, e in r["keys"]])
     if op == "read":
         async def read() -> Any:
             got = await container.read(r["name"], r["offset"], r["size"])

@@ -83,8 +83,8 @@ from quire.pravega_wire import (
 )
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
 from quire.segmentstore import SegmentExistsError, SegmentStore, SegmentStoreConfig
-from quire.segmentstore.container import MAX_APPEND_BYTES
 from quire.segmentstore.names import container_of
+from quire.segmentstore.types import MAX_APPEND_BYTES
 from quire.testing.memory_data_log import MemoryDataLog, MemoryDataLogs
 from tests.support.fake_transport import FakeTransport
 from tests.support.pravega_wire_client import WireClient, block, event, events_of

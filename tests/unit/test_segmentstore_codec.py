@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quire.errors import CorruptRecordError
 from quire.segmentstore import frames
 from quire.segmentstore.operations import (
     AppendOp,
@@ -54,18 +55,18 @@ def test_golden_bytes(op: Operation, golden: str) -> None:
 def test_every_cut_and_extension_is_refused(op: Operation, golden: str) -> None:
     raw = bytes.fromhex(golden)
     for n in range(len(raw)):
-        with pytest.raises(ValueError):
+        with pytest.raises(CorruptRecordError):
             decode(raw[:n])
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptRecordError):
         decode(raw + b"\0")
 
 
 def test_unknown_kind_and_segment_type_are_refused() -> None:
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(CorruptRecordError, match="kind"):
         decode(bytes([9]) + bytes(16))
     raw = bytearray(bytes.fromhex(GOLDEN[0][1]))
     raw[25] = 99  # the segment type
-    with pytest.raises(ValueError, match="segment type"):
+    with pytest.raises(CorruptRecordError, match="segment type"):
         decode(bytes(raw))
 
 
@@ -118,7 +119,7 @@ def test_frame_builder_size_and_malformed_frames() -> None:
     assert frame == b"QSF1\0\0\0\x01\0\0\0\x32" + b"x" * 50
     assert len(builder) == 0 and builder.build() == b"QSF1\0\0\0\0"
     for bad in (b"", b"QSF2\0\0\0\0", frame[:-1], frame + b"z", b"QSF1\0\0\0\x02" + frame[8:]):
-        with pytest.raises(ValueError):
+        with pytest.raises(CorruptRecordError):
             frames.unpack(bad)
     with pytest.raises(ValueError):
         frames.FrameBuilder(12)

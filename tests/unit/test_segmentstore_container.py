@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from quire.errors import ConfigError
+from quire.errors import ConfigError, QuireError
 from quire.log import Position
 from quire.metadata import open_store
 from quire.segmentstore import (
@@ -20,6 +20,7 @@ from quire.segmentstore import (
     ContainerConfig,
     ContainerFencedError,
     ContainerNotOwnedError,
+    CorruptRecordError,
     SegmentContainer,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -407,12 +408,62 @@ async def test_a_failed_tier1_append_fails_the_container(logs: MemoryDataLogs) -
 async def test_metadata_apply_refuses_what_does_not_fit() -> None:
     m = ContainerMetadata(3)
     m.apply(SegmentMapOp(1, 0, 1, "s", SegmentType.STREAM))
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptRecordError, match="operation 3 after 1"):
         m.apply(AppendOp(3, 0, 1, 0, b"x"))  # a gap in sequence numbers
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptRecordError, match="append at 5, length 0"):
         m.apply(AppendOp(2, 0, 1, 5, b"x"))  # not at the segment's length
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptRecordError, match="malformed container checkpoint"):
         ContainerMetadata.restore(b"{}")
+
+
+@pytest.mark.parametrize(("record", "why"), [
+    (b"junk" + bytes(8), "not a data frame"),
+    (b"QSF1\0\0\0\x01\0\0\0\x11" + bytes([99]) + bytes(16), "unknown operation kind 99"),
+], ids=["not-a-frame", "unknown-operation"])
+async def test_a_corrupt_record_in_the_log_fails_the_open_with_a_quire_error(
+        logs: MemoryDataLogs, record: bytes, why: str) -> None:
+    """A tier-1 record that is no frame, or holds an operation that does not
+    decode, stops the replay with CorruptRecordError (a QuireError) saying
+    what is wrong."""
+    c = await reopen(logs)
+    await c.create_segment(S)
+    await c.append(S, b"kept")
+    await c.close()
+    writer = logs.open("c0")
+    await writer.initialize()
+    await writer.append(record)
+    await writer.close()
+    with pytest.raises(CorruptRecordError, match=why) as raised:
+        await reopen(logs)
+    assert isinstance(raised.value, QuireError)
+
+
+async def test_a_checkpoint_follows_every_checkpoint_every_bytes_of_operations(
+        logs: MemoryDataLogs) -> None:
+    """Every operation weighs its data plus 64 bytes, whichever way it is
+    logged (the appends' hot path, plain or with a writer's number, an append
+    with attribute updates, a table update, any other operation): the one
+    that brings the weight since the last checkpoint to
+    ``checkpoint_every_bytes`` is followed by a checkpoint."""
+    c = await reopen(logs, checkpoint_every_bytes=1000)
+    assert len(c.checkpoints) == 1  # the one opening writes; the weight starts at 0
+    await c.create_segment(S)  # 64
+    await c.create_segment("tbl", SegmentType.TABLE)  # 128
+    await c.append(S, b"a" * 100)  # 292
+    await c.append(S, b"b" * 100, writer=(7, 1))  # 456
+    await c.append(S, b"c" * 100, [AttributeUpdate(9, UpdateType.REPLACE, 1)])  # 620
+    await c.tables.put("tbl", [(b"k", b"v" * 91, None)])  # an entry of 100 bytes: 784
+    await c.update_attributes(S, [AttributeUpdate(9, UpdateType.REPLACE, 2)])  # 848
+    await c.append(S, b"d" * 87)  # 999
+    await c.barrier()
+    assert len(c.checkpoints) == 1
+    await c.update_attributes(S, [AttributeUpdate(9, UpdateType.REPLACE, 3)])  # 1063
+    await c.barrier()
+    assert len(c.checkpoints) == 2
+    await c.append(S, b"e" * 800)  # 864 since that checkpoint
+    await c.barrier()
+    assert len(c.checkpoints) == 2
+    await c.close()
 
 
 def test_names_map_related_segments_to_one_container() -> None:

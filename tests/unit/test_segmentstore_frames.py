@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quire.errors import CorruptRecordError
 from quire.segmentstore import frames
 
 
@@ -47,5 +48,5 @@ def test_parts_cut_short_are_dropped_when_another_operation_starts() -> None:
 def test_a_part_overrunning_its_operation_is_refused() -> None:
     part = frames.split(b"z" * 8, frames.PART_OVERHEAD + 8)[0]
     forged = part[:4] + b"\x00\x00\x00\x04" + part[8:]
-    with pytest.raises(ValueError, match="overruns"):
+    with pytest.raises(CorruptRecordError, match="overruns"):
         frames.PartAssembler[int]().add(forged, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from quire.errors import CorruptRecordError
 from quire.segmentstore.storage_records import (
     decode_layout_record,
     decode_typed_layout_record,
@@ -35,5 +36,5 @@ def test_a_record_from_before_the_type_tag_reads_as_type_unknown() -> None:
     assert decode_typed_layout_record(old) == (7, 0, LAYOUT)
     assert decode_layout_record(old) == (7, LAYOUT)
     for cut in range(9):
-        with pytest.raises(ValueError):
+        with pytest.raises(CorruptRecordError):
             decode_typed_layout_record(old[:cut])

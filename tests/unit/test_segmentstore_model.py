@@ -150,7 +150,7 @@ class ContainerMachine(RuleBasedStateMachine):
     def table_put(self, puts: dict[bytes, tuple[bytes, str]]) -> None:
         entries = [(k, v, self.expected_version(k, kind)) for k, (v, kind) in puts.items()]
         want = self.table_refusal([(k, e) for k, _v, e in entries])
-        got = self.outcome(lambda: self.container.table_put(TABLE, entries))
+        got = self.outcome(lambda: self.container.tables.put(TABLE, entries))
         if want is not None:
             assert got is want
             return
@@ -167,7 +167,7 @@ class ContainerMachine(RuleBasedStateMachine):
     def table_remove(self, removes: dict[bytes, str]) -> None:
         keys = [(k, self.expected_version(k, kind)) for k, kind in removes.items()]
         want = self.table_refusal(keys)
-        got = self.outcome(lambda: self.container.table_remove(TABLE, keys))
+        got = self.outcome(lambda: self.container.tables.remove(TABLE, keys))
         if want is not None:
             assert got is want
             return
@@ -317,9 +317,9 @@ class ContainerMachine(RuleBasedStateMachine):
 
     @invariant()
     def table_matches_the_model(self) -> None:
-        got = self.run(self.container.table_get(TABLE, TABLE_KEYS))
+        got = self.run(self.container.tables.get(TABLE, TABLE_KEYS))
         assert {e.key: (e.version, e.value) for e in got if e is not None} == self.table
-        delta = self.run(self.container.table_read_delta(TABLE, 0, 100))
+        delta = self.run(self.container.tables.read_delta(TABLE, 0, 100))
         assert [(e.key, e.version) for e in delta.entries] == \
             sorted(((k, v[0]) for k, v in self.table.items()), key=lambda kv: kv[1])
         assert delta.last_position == self.table_length

@@ -8,8 +8,15 @@ import asyncio
 
 from quire.log import Position
 from quire.segmentstore import frames
-from quire.segmentstore.operation_log import OperationLog, Pending
-from quire.segmentstore.operations import AppendOp, Operation, decode, encode
+from quire.segmentstore.operation_log import OPERATION_WEIGHT, OperationLog, Pending
+from quire.segmentstore.operations import (
+    AppendOp,
+    CheckpointOp,
+    Operation,
+    SealOp,
+    decode,
+    encode,
+)
 
 
 class HeldLog:
@@ -170,3 +177,38 @@ async def test_a_queue_longer_than_a_frame_is_cut_at_the_frame_limit_in_order() 
     assert [decode(raw) for f in log.frames for raw in frames.unpack(f)] == \
         [op(i, 100) for i in range(1, 9)]
     assert oplog.frames_written == 3 and oplog.operations_written == 8
+
+
+async def test_a_checkpoint_is_due_once_the_operations_since_the_last_weigh_enough() -> None:
+    """Each operation weighs its data plus OPERATION_WEIGHT; the one that
+    brings the weight since the last checkpoint to checkpoint_every_bytes
+    calls on_checkpoint_due, again after every later one until a checkpoint
+    is added, which starts the count again."""
+    log = HeldLog()
+    events: list[object] = []
+    add_checkpoint = True
+
+    def due() -> None:
+        events.append("due")
+        if add_checkpoint:
+            oplog.add(CheckpointOp(0, 0, b"{}"))
+
+    oplog = OperationLog(log, lambda _o, _a: None,  # type: ignore[arg-type]
+                         checkpoint_every_bytes=2 * (10 + OPERATION_WEIGHT) + 1,
+                         on_checkpoint_due=due)
+    for i in range(1, 7):
+        oplog.add(op(i))
+        events.append(i)
+    assert events == [1, 2, "due", 3, 4, 5, "due", 6]
+    events.clear()
+    oplog.add(CheckpointOp(0, 0, b"{}"))
+    for segment_id in range(3):  # no data: 64 each
+        oplog.add(SealOp(0, 0, segment_id))
+        events.append("seal")
+    assert events == ["seal", "seal", "due", "seal"]
+    events.clear()
+    add_checkpoint = False
+    for i in range(7, 11):
+        oplog.add(op(i))
+        events.append(i)
+    assert events == [7, 8, "due", 9, "due", 10]

@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from quire.errors import ContainerFencedError, SegmentTruncatedError
+from quire.errors import (
+    ContainerFencedError,
+    CorruptRecordError,
+    SegmentTruncatedError,
+)
 from quire.log import Position
 from quire.metadata import open_store
 from quire.segmentstore import (
@@ -435,7 +439,7 @@ async def test_tier1_is_truncated_and_a_reopen_reads_older_bytes_from_tier2(r: R
             await c.append(name, piece, [AttributeUpdate(i % 3, UpdateType.REPLACE, i)])
             expected[name] += piece
     await c.table_put(table, [(b"k%d" % i, b"v%d" % i, None) for i in range(30)])
-    await c.table_remove(table, [(b"k3", None)])
+    await c.tables.remove(table, [(b"k3", None)])
     await c.seal(sealed)
     await c.truncate(cut, 300)
     records_before = len(tier1_records(r))
@@ -445,9 +449,9 @@ async def test_tier1_is_truncated_and_a_reopen_reads_older_bytes_from_tier2(r: R
     # acknowledged after the flush: only in tier-1
     await c.append(stream, b"tail")
     expected[stream] += b"tail"
-    await c.table_put(table, [(b"k30", b"late", None)])
+    await c.tables.put(table, [(b"k30", b"late", None)])
     infos = {name: await c.get_info(name) for name in (*expected, table)}
-    entries = await c.table_iterate(table)
+    entries = await c.tables.iterate(table)
     await r.reopen()
     c = r.container
     reads_before = r.storage.reads
@@ -461,9 +465,9 @@ async def test_tier1_is_truncated_and_a_reopen_reads_older_bytes_from_tier2(r: R
             got += (await c.read(name, info.start_offset + len(got), 1 << 20)).data
         assert got == data[info.start_offset:]
     assert r.storage.reads > reads_before  # the evicted, truncated bytes came from tier-2
-    assert await c.table_iterate(table) == entries
-    assert (await c.table_get(table, [b"k3", b"k30"]))[1] is not None
-    assert (await c.table_get(table, [b"k3"]))[0] is None
+    assert await c.tables.iterate(table) == entries
+    assert (await c.tables.get(table, [b"k3", b"k30"]))[1] is not None
+    assert (await c.tables.get(table, [b"k3"]))[0] is None
     with pytest.raises(SegmentTruncatedError):
         await c.read(cut, 299, 1)
     # and it goes on: the writer flushes the tail, tier-1 is cut again
@@ -697,9 +701,9 @@ def test_record_golden_bytes() -> None:
     assert journal[:21].hex() == "514a5353" "01" "00000002" "0000000000000005" "00000001"
     assert decode_journal(journal) == snapshot
     for cut in range(len(journal)):
-        with pytest.raises(ValueError):
+        with pytest.raises(CorruptRecordError):
             decode_journal(journal[:cut])
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptRecordError):
         decode_attribute_batches(index)
 
 

@@ -50,12 +50,12 @@ async def run(uri: str, order: str, kill_at: KillAt, seed: int = 0
             for i, name in enumerate([*STREAMS, DOOMED]):
                 await container.append(name, b"%d-%d;" % (i, round_) * 10,
                                        [AttributeUpdate(i, UpdateType.REPLACE, round_)])
-            await container.table_put(TABLE, [(b"k%d.%d" % (round_, j), b"v", None)
+            await container.tables.put(TABLE, [(b"k%d.%d" % (round_, j), b"v", None)
                                               for j in range(5)])
             if round_ == 1:
                 await container.truncate(STREAMS[2], 50)
                 await container.delete(DOOMED)
-                await container.table_remove(TABLE, [(b"k0.1", None)])
+                await container.tables.remove(TABLE, [(b"k0.1", None)])
             if round_ == 0:
                 await writer.flush_once()
         if order == "unordered":

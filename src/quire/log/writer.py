@@ -45,6 +45,7 @@ from quire.errors import (
     QueueFullError,
     QuireError,
     UnauthorizedError,
+    fresh_copy,
 )
 from quire.log import records as rec
 from quire.log.catalog import LogCatalog, LogHold
@@ -221,7 +222,7 @@ class LogWriter:
 
     def _check_usable(self) -> None:
         if self._error is not None:
-            raise _copy(self._error)
+            raise fresh_copy(self._error)
         if self._closing or self._closed:
             raise LogWriterClosedError(f"log {self._name!r}: the writer is closed")
 
@@ -278,7 +279,7 @@ class LogWriter:
             log.warning("log %s: writer (epoch %d) failed: %s", self._name, self._epoch, error)
         for _data, future in (*self._unacked, *self._backlog):
             if not future.done():
-                future.set_exception(_copy(self._error))
+                future.set_exception(fresh_copy(self._error))
                 future.exception()  # the caller may never look
         self._backlog.clear()
 
@@ -290,7 +291,7 @@ class LogWriter:
         last = self._last
         if last is None:
             if self._error is not None:
-                raise _copy(self._error)
+                raise fresh_copy(self._error)
             return None
         while True:
             position = await asyncio.shield(last)
@@ -306,7 +307,7 @@ class LogWriter:
                 if task is not None:
                     await asyncio.shield(task)  # the roll closes (recovers) that ledger
                 if self._error is not None:
-                    raise _copy(self._error) from None
+                    raise fresh_copy(self._error) from None
 
     # --- rolling -------------------------------------------------------------------
 
@@ -483,7 +484,7 @@ class LogWriter:
                 await self._roll_task
         if isinstance(self._error, LogFencedError):
             self._closed = True
-            raise _copy(self._error)
+            raise fresh_copy(self._error)
         ledger = self._ledger
         end = LedgerEnd(0, 0)
         try:
@@ -539,13 +540,3 @@ def _closed(record: LedgerRecord, end: LedgerEnd) -> LedgerRecord:
                         created_ms=record.created_ms, entries=end.entries, bytes=end.bytes,
                         epoch=record.epoch)
 
-
-def _copy(error: BaseException) -> BaseException:
-    """A fresh instance to raise (an exception object raised in many places
-    would pile up tracebacks)."""
-    try:
-        copy = type(error)(*error.args)
-    except Exception:
-        return error
-    copy.__cause__ = error.__cause__
-    return copy

@@ -4,8 +4,13 @@
 :class:`~quire.segmentstore.SegmentStore` to Pravega clients (the official
 ``pravega`` client, or Quire's own) with the codec of
 :mod:`quire.pravega_wire`.  Each connection is one
-:class:`~quire.segmentserver.server.WireConnection` (an
-``asyncio.Protocol``):
+:class:`~quire.segmentserver.connection.WireConnection` (an
+``asyncio.Protocol``: framing, the handshake, replies in order, flow
+control), which hands appends, segment requests and table requests to
+:mod:`~quire.segmentserver.appends`,
+:mod:`~quire.segmentserver.segment_requests` and
+:mod:`~quire.segmentserver.table_requests`; store errors become replies in
+:mod:`~quire.segmentserver.replies`:
 
 - The server says ``Hello`` (wire version 15, oldest compatible 5) as soon
   as a connection opens; the client's first command must be its ``Hello``,
@@ -36,7 +41,9 @@
   stops being read until half of them are answered.
 """
 
+from quire.segmentserver.config import SegmentServerConfig
+from quire.segmentserver.connection import WireConnection
 from quire.segmentserver.metrics import SegmentServerMetrics
-from quire.segmentserver.server import SegmentServer, SegmentServerConfig, WireConnection
+from quire.segmentserver.server import SegmentServer
 
 __all__ = ["SegmentServer", "SegmentServerConfig", "SegmentServerMetrics", "WireConnection"]

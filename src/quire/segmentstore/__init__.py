@@ -14,11 +14,15 @@ Modules, each importing only those listed before it:
   :mod:`~quire.segmentstore.names` -- names and their containers;
 * :mod:`~quire.segmentstore.operations` -- the log's operations and codec;
   :mod:`~quire.segmentstore.frames` -- many operations per tier-1 record;
+  :mod:`~quire.segmentstore.futures` -- helpers for the store's futures;
 * :mod:`~quire.segmentstore.metadata` -- container metadata, checkpoints;
 * :mod:`~quire.segmentstore.operation_log` -- operations to frames to the
-  :class:`~quire.log.DurableDataLog`, acknowledged once durable;
+  :class:`~quire.log.DurableDataLog`, acknowledged once durable, and when
+  to checkpoint;
   :mod:`~quire.segmentstore.read_index` -- committed data in memory;
   :mod:`~quire.segmentstore.tables` -- table segments' entries and index;
+* :mod:`~quire.segmentstore.container_tables` -- a container's table
+  requests and indexes;
 * :mod:`~quire.segmentstore.container` -- one container;
 * :mod:`~quire.segmentstore.storage_records` -- codecs of the tier-2
   attribute and index batches and system-journal snapshots;
@@ -46,6 +50,7 @@ from quire.errors import (
     ContainerClosedError,
     ContainerFencedError,
     ContainerNotOwnedError,
+    CorruptRecordError,
     SegmentExistsError,
     SegmentNotFoundError,
     SegmentSealedError,
@@ -103,6 +108,7 @@ __all__ = [
     "ContainerFencedError",
     "ContainerNotOwnedError",
     "ContainerOwnership",
+    "CorruptRecordError",
     "MergeResult",
     "OwnershipSettings",
     "ReadResult",

@@ -26,6 +26,10 @@ every byte the checkpoint counts is in tier-2 (:meth:`truncate_log`, called
 by the storage writer).  Replay then starts at that checkpoint: bytes below
 it are read from tier-2 (the read index's ``fetch_tier2``), and each table's
 index is rebuilt from its whole data.
+
+Table requests are served by the container's :attr:`SegmentContainer.tables`
+(:class:`~quire.segmentstore.container_tables.ContainerTables`) on its
+segments; the container hands it each committed table update.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
@@ -42,6 +46,7 @@ from quire.errors import (
     BadOffsetError,
     ContainerClosedError,
     ContainerFencedError,
+    CorruptRecordError,
     QuireError,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -51,8 +56,10 @@ from quire.errors import (
 )
 from quire.log import DurableDataLog, LogFencedError, Position
 from quire.segmentstore import frames
-from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
-from quire.segmentstore.operation_log import OperationLog, Pending, read_frame
+from quire.segmentstore.container_tables import ContainerTables
+from quire.segmentstore.futures import call_as_future, failed_future, retrieve
+from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
+from quire.segmentstore.operation_log import OperationLog, Pending, read_frame, read_operations
 from quire.segmentstore.operations import (
     APPEND,
     PLAIN_APPEND_HEAD,
@@ -69,19 +76,12 @@ from quire.segmentstore.operations import (
     SegmentMapOp,
     TruncateOp,
     as_operation,
-    decode,
 )
 from quire.segmentstore.read_index import ReadIndex
-from quire.segmentstore.tables import (
-    TableDelta,
-    TableEntry,
-    TableIndex,
-    TableIteratorPage,
-    decode_entries,
-    encode_batch,
-)
+from quire.segmentstore.tables import TableIndex
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
+    MAX_APPEND_BYTES,
     NULL_ATTRIBUTE_VALUE,
     VALUE_MAX,
     VALUE_MIN,
@@ -96,7 +96,6 @@ from quire.segmentstore.types import (
     check_value,
 )
 
-T = TypeVar("T")
 _TABLE = SegmentType.TABLE
 _pack_plain_append = PLAIN_APPEND_HEAD.pack
 _PLAIN_APPEND_LENGTH = PLAIN_APPEND_HEAD.size - 4
@@ -110,10 +109,6 @@ Tier2Read = Callable[[int, str, int, int], Awaitable[bytes]]
 """``tier2_read(segment_id, name, offset, length)``: up to ``length`` bytes of
 the segment from ``offset`` out of tier-2 (b"" where tier-2 has none)."""
 _LAST_ENTRY = (1 << 63) - 1
-MAX_APPEND_BYTES = 16 << 20
-"""The largest append: room for the Pravega client's blocks of up to 8 MiB of
-events with their headers.  One larger than a frame is written as part
-frames (:func:`~quire.segmentstore.frames.split`)."""
 MAX_NAME_BYTES = 1024
 
 
@@ -173,11 +168,6 @@ def resolve_updates(current: Mapping[int, int], updates: Iterable[AttributeUpdat
     return tuple(changed.items())
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
 class SegmentContainer:
     """One container on its tier-1 log; get one with :meth:`open`."""
 
@@ -205,11 +195,11 @@ class SegmentContainer:
                                    cut_ops=config.frame_cut_ops,
                                    cut_bytes=config.frame_cut_bytes,
                                    on_failure=self._failed,
-                                   on_frame_committed=self._commit_frame)
-        self._bytes_since_checkpoint = 0
-        self._checkpoint_every_bytes = config.checkpoint_every_bytes
-        self.tables_accepted: dict[int, TableIndex] = {}
-        self.tables_committed: dict[int, TableIndex] = {}
+                                   on_frame_committed=self._commit_frame,
+                                   checkpoint_every_bytes=config.checkpoint_every_bytes,
+                                   on_checkpoint_due=self._checkpoint_due)
+        self.tables = ContainerTables(self)
+        """The table requests on this container's segments, and their indexes."""
 
     @property
     def epoch(self) -> int:
@@ -237,10 +227,9 @@ class SegmentContainer:
             await log.initialize()
             truncated = await container._replay()
             if truncated:
-                await container._rebuild_tables()
+                await container.tables.rebuild()
             container.accepted = container.committed.copy()
-            container.tables_accepted = {i: t.copy()
-                                         for i, t in container.tables_committed.items()}
+            container.tables.accept_committed()
             await container._checkpoint()
         except LogFencedError as e:
             await log.close()
@@ -254,19 +243,8 @@ class SegmentContainer:
         """Apply the log; True if it starts at a checkpoint after truncation."""
         committed = self.committed
         started = truncated = False
-        assembler: frames.PartAssembler[Position] = frames.PartAssembler()
-        async for address, frame in self._log.read(None):
-            if frames.is_part(frame):
-                whole = assembler.add(frame, address)
-                if whole is None:
-                    continue
-                raws: list[bytes | memoryview] = [whole[0]]
-                address = whole[1]  # an operation in parts is read back from its first
-            else:
-                assembler.abandon()  # parts cut short were never acknowledged
-                raws = list(frames.unpack(frame))
-            for raw in raws:
-                op = decode(raw)
+        async for address, ops in read_operations(self._log):
+            for op in ops:
                 if not started:
                     # a truncated log starts in the frame of its first checkpoint
                     if not isinstance(op, CheckpointOp) and op.sequence != 1:
@@ -276,29 +254,13 @@ class SegmentContainer:
                 if isinstance(op, CheckpointOp):
                     restored = ContainerMetadata.restore(op.checkpoint)
                     if committed.sequence not in (0, restored.sequence):
-                        raise ValueError(f"container {self.container_id}: checkpoint after "
-                                         f"{restored.sequence} found after {committed.sequence}")
+                        raise CorruptRecordError(
+                            f"container {self.container_id}: checkpoint after "
+                            f"{restored.sequence} found after {committed.sequence}")
                     self.committed = committed = restored
                 committed.apply(op)
                 self._index(op, address)
         return truncated
-
-    async def _rebuild_tables(self) -> None:
-        """Each live table's index from its whole data (tier-2, then tier-1)."""
-        for s in self.committed.segments.values():
-            if s.deleted or s.type is not SegmentType.TABLE:
-                continue
-            table = self.tables_committed[s.segment_id] = TableIndex()
-            data = bytearray()
-            while s.start_offset + len(data) < s.length:
-                position = s.start_offset + len(data)
-                piece = await self.read_index.read(s.segment_id, position,
-                                                   min(1 << 20, s.length - position))
-                if not piece:
-                    raise SegmentStoreError(f"table {s.name!r}: bytes at {position} are in "
-                                            "neither tier-1 nor tier-2")
-                data += piece
-            table.apply(bytes(data), s.start_offset)
 
     async def fetch_tier2(self, segment_id: int, offset: int, length: int) -> bytes:
         """The read index's way to tier-2 (see :data:`Tier2Read`)."""
@@ -341,8 +303,12 @@ class SegmentContainer:
         accepted = self.accepted
         op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
         accepted.apply(op)
-        self._bytes_since_checkpoint = 0
         return self._oplog.add(op)
+
+    def _checkpoint_due(self) -> None:
+        """The operation log's call once enough was logged since the last checkpoint."""
+        # its failure, if any, is the log's and reaches every later request
+        self._add_checkpoint().add_done_callback(retrieve)
 
     # --- the committed side -------------------------------------------------
 
@@ -365,35 +331,16 @@ class SegmentContainer:
             s = segments.get(segment_id)
             sequence += 1
             if s is None or s.deleted or s.sealed or offset != s.length \
-                    or op_sequence != sequence:
+                    or op_sequence != sequence:  # (what committed.apply checks)
                 committed.sequence = sequence - 1
                 commit(as_operation(op), address)  # raises the error that says what is wrong
                 raise AssertionError(f"operation {op_sequence} does not fit")
-            s.length = offset + len(data)
-            if attributes:
-                s.attributes.update(attributes)
-            s.last_modified_ms = timestamp_ms
+            apply_append(s, offset + len(data), attributes, timestamp_ms)
             index_append(segment_id, offset, data, address)
         committed.sequence = sequence
 
     def _commit(self, op: Operation, address: Position) -> None:
-        if type(op) is AppendOp:  # the hot path: committed.apply(op) inline
-            committed = self.committed
-            s = committed.segments.get(op.segment_id)
-            if s is None or s.deleted or s.sealed or op.offset != s.length \
-                    or op.sequence != committed.sequence + 1:
-                committed.apply(op)  # raises the ValueError that says what is wrong
-                raise AssertionError(f"operation {op.sequence} does not fit")
-            s.length += len(op.data)
-            if op.attributes:
-                s.attributes.update(op.attributes)
-            s.last_modified_ms = op.timestamp_ms
-            committed.sequence = op.sequence
-            if s.type is SegmentType.TABLE:
-                self._index(op, address)
-            else:
-                self.read_index.append(op.segment_id, op.offset, op.data, address)
-        elif isinstance(op, CheckpointOp):
+        if isinstance(op, CheckpointOp):
             self.committed.sequence = op.sequence  # the committed state is what it holds
             self._remember_checkpoint(op, address)
         else:
@@ -407,15 +354,12 @@ class SegmentContainer:
     def _index(self, op: Operation, address: Position) -> None:
         if isinstance(op, AppendOp):
             if self.committed.segments[op.segment_id].type is SegmentType.TABLE:
-                table = self.tables_committed.get(op.segment_id)
-                if table is None:
-                    table = self.tables_committed[op.segment_id] = TableIndex()
-                table.apply(op.data, op.offset)
+                self.tables.committed_append(op.segment_id, op.offset, op.data)
             self.read_index.append(op.segment_id, op.offset, op.data, address)
         elif isinstance(op, TruncateOp):
             self.read_index.truncate(op.segment_id, op.start_offset)
         elif isinstance(op, DeleteOp):
-            self.tables_committed.pop(op.segment_id, None)
+            self.tables.forget_committed(op.segment_id)
             self.read_index.delete(op.segment_id)
         elif isinstance(op, MergeOp):
             self.read_index.merge(op.target_id, op.source_id, op.target_offset, op.length)
@@ -446,20 +390,11 @@ class SegmentContainer:
                  and offset <= op.offset < offset + length]
         data = b"".join(parts)
         if len(data) != length:
-            raise ValueError(f"segment {segment_id}: frame {address} holds {len(data)} of the "
-                             f"{length} bytes at {offset}")
+            raise CorruptRecordError(f"segment {segment_id}: frame {address} holds {len(data)} "
+                                     f"of the {length} bytes at {offset}")
         return data
 
     # --- requests ------------------------------------------------------------
-
-    def _submit(self, make: Callable[[], asyncio.Future[T]]) -> asyncio.Future[T]:
-        """``make()``'s future, or a future failed with what it raised."""
-        try:
-            return make()
-        except QuireError as e:
-            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-            future.set_exception(e)
-            return future
 
     def _segment(self, name: str) -> SegmentMetadata:
         self._oplog.check()
@@ -468,7 +403,10 @@ class SegmentContainer:
             raise SegmentNotFoundError(f"no segment {name!r}")
         return s
 
-    def _writable(self, name: str) -> SegmentMetadata:
+    def writable_segment(self, name: str) -> SegmentMetadata:
+        """The accepted segment ``name``: SegmentNotFoundError if there is
+        none, SegmentSealedError if it is sealed, the container's failure
+        if it failed."""
         s = self._segment(name)
         if s.sealed:
             raise SegmentSealedError(f"segment {name!r} is sealed")
@@ -476,15 +414,18 @@ class SegmentContainer:
 
     def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
         self.accepted.apply(op)
-        future = self._oplog.add(op, result)
-        if isinstance(op, AppendOp):
-            self._bytes_since_checkpoint += len(op.data) + 64
-        else:
-            self._bytes_since_checkpoint += 64
-        if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
-            # its failure, if any, is the log's and reaches every later request
-            self._add_checkpoint().add_done_callback(_retrieve)
-        return future
+        return self._oplog.add(op, result)
+
+    def log_append(self, s: SegmentMetadata, data: bytes, result: object) -> asyncio.Future[Any]:
+        """Accept and log an append of ``data`` at accepted segment ``s``'s
+        length (checked by the caller); the future gives ``result`` once it
+        is durable."""
+        seq, now = self._next()
+        return self._log_op(AppendOp(seq, now, s.segment_id, s.length, data), result)
+
+    def barrier(self, result: object = None) -> asyncio.Future[Any]:
+        """A future giving ``result`` once every operation accepted so far is durable."""
+        return self._oplog.barrier(result)
 
     def _next(self) -> tuple[int, int]:
         return self.accepted.sequence + 1, self._clock_ms()
@@ -514,7 +455,7 @@ class SegmentContainer:
             seq, now = self._next()
             op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name, kind, initial)
             return self._log_op(op)
-        return self._submit(make)
+        return call_as_future(make)
 
     def append(self, name: str, data: bytes,
                attribute_updates: Sequence[AttributeUpdate] = (),
@@ -525,9 +466,10 @@ class SegmentContainer:
         The hot path, for a plain append and for one carrying only a
         writer's number (the wire server's): no closure, no operation
         object (a :data:`~quire.segmentstore.operations.PackedAppend`
-        tuple), the accepted state updated in place (what
-        :meth:`ContainerMetadata.apply` would do, its checks having been
-        made here), the operation encoded with one ``struct`` call."""
+        tuple), the accepted state updated in place by
+        :func:`~quire.segmentstore.metadata.apply_append` (the checks
+        :meth:`ContainerMetadata.apply` would make having been made here),
+        the operation encoded with one ``struct`` call."""
         try:
             oplog = self._oplog
             if oplog._failure is not None or oplog._closed:
@@ -559,7 +501,8 @@ class SegmentContainer:
                 if writer is None:
                     raw = _pack_plain_append(_PLAIN_APPEND_LENGTH + size, APPEND, sequence, now,
                                              segment_id, offset, 0, size) + data
-                    queued: PackedAppend = (segment_id, offset, data, sequence, now, ())
+                    changed: Attributes = ()
+                    queued: PackedAppend = (segment_id, offset, data, sequence, now, changed)
                     result = AppendResult(end)
                 else:
                     wid, number = writer
@@ -568,8 +511,7 @@ class SegmentContainer:
                     if type(number) is not int \
                             or not VALUE_MIN <= number <= VALUE_MAX:
                         check_value(number)
-                    attributes = s.attributes
-                    last = attributes.get(wid)
+                    last = s.attributes.get(wid)
                     if last is not None and number <= last:
                         return oplog.barrier(AppendResult(offset, number, last,
                                                           duplicate=True))
@@ -580,19 +522,12 @@ class SegmentContainer:
                     raw = _pack_writer_append(_WRITER_APPEND_LENGTH + size, APPEND, sequence,
                                               now, segment_id, offset, 1, wid >> 64,
                                               wid & _LOW_64, number, size) + data
-                    queued = (segment_id, offset, data, sequence, now,
-                              ((wid, number),))
-                    attributes[wid] = number
+                    changed = ((wid, number),)
+                    queued = (segment_id, offset, data, sequence, now, changed)
                     result = AppendResult(end, number, last)
-                s.length = end
-                s.last_modified_ms = now
+                apply_append(s, end, changed, now)
                 accepted.sequence = sequence
-                future = oplog.add_encoded(queued, raw, result)
-                self._bytes_since_checkpoint += size + 64
-                if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
-                    # its failure, if any, is the log's and reaches every later request
-                    self._add_checkpoint().add_done_callback(_retrieve)
-                return future
+                return oplog.add_encoded(queued, raw, result, size)
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None
             if writer is not None:
@@ -611,29 +546,19 @@ class SegmentContainer:
             sequence = accepted.sequence + 1
             now = self._clock_ms()
             op = AppendOp(sequence, now, segment_id, offset, data, resolved)
-            # accepted.apply(op), its checks made above
-            s.length = offset + size
-            if resolved:
-                s.attributes.update(resolved)
-            s.last_modified_ms = now
+            apply_append(s, offset + size, resolved, now)  # accepted.apply(op): checked above
             accepted.sequence = sequence
-            future = oplog.add(op, AppendResult(offset + size, event_number, previous))
-            self._bytes_since_checkpoint += size + 64
-            if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
-                self._add_checkpoint().add_done_callback(_retrieve)
-            return future
+            return oplog.add(op, AppendResult(offset + size, event_number, previous))
         except QuireError as e:
-            failed: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-            failed.set_exception(e)
-            return failed
+            return failed_future(e)
 
     def seal(self, name: str) -> asyncio.Future[int]:
         """Seal the segment; the future gives its final length."""
         def make() -> asyncio.Future[int]:
-            s = self._writable(name)
+            s = self.writable_segment(name)
             seq, now = self._next()
             return self._log_op(SealOp(seq, now, s.segment_id), s.length)
-        return self._submit(make)
+        return call_as_future(make)
 
     def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
         """Drop the segment's data below ``offset`` (a no-op below its start)."""
@@ -646,32 +571,32 @@ class SegmentContainer:
                 return self._oplog.barrier()
             seq, now = self._next()
             return self._log_op(TruncateOp(seq, now, s.segment_id, offset))
-        return self._submit(make)
+        return call_as_future(make)
 
     def delete(self, name: str) -> asyncio.Future[None]:
         def make() -> asyncio.Future[None]:
             s = self._segment(name)
             seq, now = self._next()
-            self.tables_accepted.pop(s.segment_id, None)
+            self.tables.forget_accepted(s.segment_id)
             return self._log_op(DeleteOp(seq, now, s.segment_id))
-        return self._submit(make)
+        return call_as_future(make)
 
     def update_attributes(self, name: str,
                           updates: Sequence[AttributeUpdate]) -> asyncio.Future[None]:
         def make() -> asyncio.Future[None]:
-            s = self._writable(name)
+            s = self.writable_segment(name)
             resolved = resolve_updates(s.attributes, updates)
             if not resolved:
                 return self._oplog.barrier()
             seq, now = self._next()
             return self._log_op(AttributesOp(seq, now, s.segment_id, resolved))
-        return self._submit(make)
+        return call_as_future(make)
 
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         """Append all of ``source`` to ``target`` and remove ``source``
         (sealed first if it is not).  The source must not be truncated."""
         def make() -> asyncio.Future[MergeResult]:
-            t = self._writable(target)
+            t = self.writable_segment(target)
             src = self._segment(source)
             if src is t:
                 raise SegmentStoreError(f"cannot merge segment {target!r} into itself")
@@ -682,11 +607,11 @@ class SegmentContainer:
                                             f"segment can be merged", src.start_offset)
             if not src.sealed:
                 seq, now = self._next()
-                self._log_op(SealOp(seq, now, src.segment_id)).add_done_callback(_retrieve)
+                self._log_op(SealOp(seq, now, src.segment_id)).add_done_callback(retrieve)
             seq, now = self._next()
             op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
             return self._log_op(op, MergeResult(t.length + src.length))
-        return self._submit(make)
+        return call_as_future(make)
 
     def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
         """Create a server-named segment of ``parent``'s (in this container);
@@ -699,121 +624,26 @@ class SegmentContainer:
             op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name,
                               SegmentType.TRANSIENT, ())
             return self._log_op(op, name)
-        return self._submit(make)
+        return call_as_future(make)
 
     # --- tables ---------------------------------------------------------------------
 
-    def _table(self, s: SegmentMetadata) -> TableIndex:
-        if s.type is not SegmentType.TABLE:
-            raise SegmentStoreError(f"segment {s.name!r} is not a table segment")
-        table = self.tables_accepted.get(s.segment_id)
-        if table is None:
-            table = self.tables_accepted[s.segment_id] = TableIndex()
-        return table
-
-    def _table_batch(self, s: SegmentMetadata, table: TableIndex,
-                     batch: Sequence[tuple[bytes, bytes | None]]) -> tuple[AppendOp, list[int]]:
-        data, offsets = encode_batch(batch)
-        if len(data) > MAX_APPEND_BYTES:
-            raise SegmentStoreError(f"a table update is at most {MAX_APPEND_BYTES} bytes")
-        seq, now = self._next()
-        op = AppendOp(seq, now, s.segment_id, s.length, data)
-        table.apply(data, s.length)
-        return op, [s.length + o for o in offsets]
+    @property
+    def tables_committed(self) -> dict[int, TableIndex]:
+        """Each table's committed index, by segment id (the storage writer's)."""
+        return self.tables.committed
 
     def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
                   ) -> asyncio.Future[list[int]]:
-        """Set keys to values, each if its expected version holds (None: any;
-        ``tables.NOT_EXISTS``: must not exist; else exactly that version), all
-        or nothing; the future gives the new versions, one per entry.  A key
-        given more than once has each condition checked against the table
-        before the batch; its last entry wins."""
-        def make() -> asyncio.Future[list[int]]:
-            s = self._writable(name)
-            table = self._table(s)
-            table.check_put(entries)
-            if not entries:
-                return self._oplog.barrier([])
-            op, versions = self._table_batch(s, table, [(k, v) for k, v, _ in entries])
-            return self._log_op(op, versions)
-        return self._submit(make)
-
-    def table_remove(self, name: str, keys: Sequence[tuple[bytes, int | None]]
-                     ) -> asyncio.Future[None]:
-        """Remove keys, each if its version holds (None: any, and a missing
-        key is no error), all or nothing."""
-        def make() -> asyncio.Future[None]:
-            s = self._writable(name)
-            table = self._table(s)
-            table.check_put([(k, b"", v) for k, v in keys])
-            present = [(k, None) for k, _ in keys if k in table.entries]
-            if not present:
-                return self._oplog.barrier()
-            op, _versions = self._table_batch(s, table, present)
-            return self._log_op(op)
-        return self._submit(make)
-
-    def _committed_table(self, name: str) -> tuple[SegmentMetadata, TableIndex]:
-        s = self._committed(name)
-        if s.type is not SegmentType.TABLE:
-            raise SegmentStoreError(f"segment {name!r} is not a table segment")
-        return s, self.tables_committed.get(s.segment_id) or TableIndex()
-
-    async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
-        """Each key's entry, or None if it does not exist."""
-        _s, table = self._committed_table(name)
-        out: list[TableEntry | None] = []
-        for key in keys:
-            found = table.entries.get(key)
-            out.append(None if found is None else TableEntry(key, found[1], found[0]))
-        return out
-
-    async def table_iterate(self, name: str, keys_only: bool = False,
-                            token: bytes | None = None,
-                            max_entries: int = 1000) -> TableIteratorPage:
-        """Up to ``max_entries`` entries in key order after ``token``."""
-        _s, table = self._committed_table(name)
-        keys = sorted(k for k in table.entries if token is None or k > token)[:max_entries]
-        entries = [TableEntry(k, None if keys_only else table.entries[k][1],
-                              table.entries[k][0]) for k in keys]
-        done = len(keys) < max_entries
-        return TableIteratorPage(entries, None if done or not keys else keys[-1])
-
-    async def table_read_delta(self, name: str, from_position: int,
-                               max_entries: int) -> TableDelta:
-        """Live entries with version >= ``from_position`` (a version or a
-        ``last_position`` given before), in version order."""
-        s, table = self._committed_table(name)
-        if from_position < s.start_offset:
-            return TableDelta([], s.start_offset, True)
-        if from_position > s.length:
-            raise BadOffsetError(f"table {name!r}: position {from_position} is past its end "
-                                 f"{s.length}", from_position, s.length)
-        entries: list[TableEntry] = []
-        position = from_position
-        length = s.length
-        chunk = 1 << 16
-        while position < length and len(entries) < max_entries:
-            data = await self.read_index.read(s.segment_id, position,
-                                              min(chunk, length - position))
-            progressed = False
-            for version, key, value, end in decode_entries(data, position):
-                progressed = True
-                position = end
-                live = table.entries.get(key)
-                if value is not None and live is not None and live[0] == version:
-                    entries.append(TableEntry(key, value, version))
-                    if len(entries) >= max_entries:
-                        break
-            if not progressed:
-                if chunk >= length - position:
-                    raise ValueError(f"table {name!r}: no entry at {position}")
-                chunk *= 2
-        return TableDelta(entries, position, False)
+        """:meth:`ContainerTables.put` (the storage writer's way to its
+        metadata table)."""
+        return self.tables.put(name, entries)
 
     # --- reads (committed state) -------------------------------------------------
 
-    def _committed(self, name: str) -> SegmentMetadata:
+    def committed_segment(self, name: str) -> SegmentMetadata:
+        """The committed segment ``name`` (SegmentNotFoundError if there is
+        none, the container's failure if it failed)."""
         self._oplog.check()
         s = self.committed.get(name)
         if s is None:
@@ -821,11 +651,11 @@ class SegmentContainer:
         return s
 
     async def get_info(self, name: str) -> SegmentInfo:
-        return self._committed(name).info()
+        return self.committed_segment(name).info()
 
     async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
         """The stored values of ``keys`` (absent keys are left out)."""
-        attributes = self._committed(name).attributes
+        attributes = self.committed_segment(name).attributes
         return {k: attributes[k] for k in keys if k in attributes}
 
     async def read(self, name: str, offset: int, max_length: int,
@@ -836,7 +666,7 @@ class SegmentContainer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
-            s = self._committed(name)
+            s = self.committed_segment(name)
             if offset < s.start_offset:
                 raise SegmentTruncatedError(
                     f"segment {name!r} starts at {s.start_offset}, read at {offset}",
@@ -848,7 +678,7 @@ class SegmentContainer:
                 segment_id = s.segment_id
                 data = await self.read_index.read(segment_id, offset,
                                                   min(max_length, s.length - offset))
-                s = self._committed(name)
+                s = self.committed_segment(name)
                 if offset < s.start_offset:
                     raise SegmentTruncatedError(
                         f"segment {name!r} starts at {s.start_offset}, read at {offset}",

@@ -448,7 +448,7 @@ async def _index_agrees(storage: ChunkStorage, records: StorageRecords, table: S
             else:
                 folded[key] = version
         indexed = batch.indexed_length
-    rebuilt = container.tables_committed.get(table.segment_id)
+    rebuilt = container.tables.committed.get(table.segment_id)
     entries = {} if rebuilt is None else {k: v[0] for k, v in rebuilt.entries.items()}
     if any(version < indexed and folded.get(key) != version
            for key, version in entries.items()):

@@ -24,6 +24,8 @@ from __future__ import annotations
 import struct
 from typing import Generic, TypeVar
 
+from quire.errors import CorruptRecordError
+
 T = TypeVar("T")
 
 MAGIC = b"QSF1"
@@ -95,26 +97,28 @@ def join(count: int, framed_operations: list[bytes]) -> bytes:
 
 
 def unpack(frame: bytes | memoryview) -> list[memoryview]:
-    """The serialized operations of one frame, in order (ValueError if malformed)."""
+    """The serialized operations of one frame, in order (CorruptRecordError
+    if malformed)."""
     view = memoryview(frame)
     if len(view) < _HEAD.size:
-        raise ValueError("frame shorter than its header")
+        raise CorruptRecordError("frame shorter than its header")
     magic, count = _HEAD.unpack_from(view, 0)
     if magic != MAGIC:
-        raise ValueError(f"not a data frame (magic {bytes(magic)!r})")
+        raise CorruptRecordError(f"not a data frame (magic {bytes(magic)!r})")
     pos = _HEAD.size
     out = []
     for _ in range(count):
         if pos + _LEN.size > len(view):
-            raise ValueError("frame cut short in an operation's length")
+            raise CorruptRecordError("frame cut short in an operation's length")
         (n,) = _LEN.unpack_from(view, pos)
         pos += _LEN.size
         if pos + n > len(view):
-            raise ValueError("frame cut short in an operation")
+            raise CorruptRecordError("frame cut short in an operation")
         out.append(view[pos:pos + n])
         pos += n
     if pos != len(view):
-        raise ValueError(f"{len(view) - pos} trailing bytes after the frame's operations")
+        raise CorruptRecordError(
+            f"{len(view) - pos} trailing bytes after the frame's operations")
     return out
 
 
@@ -140,8 +144,9 @@ class PartAssembler(Generic[T]):
 
     :meth:`add` takes each part frame with a tag (its log address, say);
     once the last part arrives it returns the operation's bytes with the
-    tag of its *first* part.  A part that does not continue the operation
-    in hand (a new first part, a gap) drops what was gathered: that
+    tag of its *first* part (CorruptRecordError for a frame that is not a
+    part frame, or overruns its operation).  A part that does not continue
+    the operation in hand (a new first part, a gap) drops what was gathered: that
     operation's remaining parts were never written, so it was never
     acknowledged.  :meth:`abandon` does the same when an ordinary frame
     comes between parts."""
@@ -163,10 +168,10 @@ class PartAssembler(Generic[T]):
     def add(self, frame: bytes | memoryview, tag: T) -> tuple[bytes, T] | None:
         view = memoryview(frame)
         if len(view) < PART_OVERHEAD:
-            raise ValueError("part frame shorter than its header")
+            raise CorruptRecordError("part frame shorter than its header")
         magic, total, at = _PART_HEAD.unpack_from(view, 0)
         if magic != PART_MAGIC:
-            raise ValueError(f"not a part frame (magic {bytes(magic)!r})")
+            raise CorruptRecordError(f"not a part frame (magic {bytes(magic)!r})")
         body = view[PART_OVERHEAD:]
         if at == 0:
             self.abandon()
@@ -175,7 +180,7 @@ class PartAssembler(Generic[T]):
             self.abandon()  # not the continuation of the operation in hand
             return None
         if self._have + len(body) > total:
-            raise ValueError(f"part frame overruns its operation ({total} bytes)")
+            raise CorruptRecordError(f"part frame overruns its operation ({total} bytes)")
         self._parts.append(body)
         self._have += len(body)
         if self._have < total:

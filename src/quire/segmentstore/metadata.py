@@ -3,8 +3,11 @@
 :class:`ContainerMetadata` is the state that the container's operations
 change; :meth:`ContainerMetadata.apply` is the one state transition, used
 both live and on replay, so a replayed container ends exactly where the
-live one was.  A container keeps two of them: the *accepted* state (every
-operation queued, used to check and resolve new requests) and the
+live one was.  An append's change to its segment is :func:`apply_append`,
+which ``apply`` uses and so do the container's hot paths (accepting an
+append, committing a frame of them) without building an operation.  A
+container keeps two of them: the *accepted* state (every operation
+queued, used to check and resolve new requests) and the
 *committed* state (only operations whose frame is durable, the one readers
 see).
 
@@ -24,8 +27,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from quire.errors import CorruptRecordError
 from quire.segmentstore.operations import (
     AppendOp,
+    Attributes,
     AttributesOp,
     CheckpointOp,
     DeleteOp,
@@ -59,6 +64,26 @@ class SegmentMetadata:
                            last_modified_ms=self.last_modified_ms)
 
 
+def apply_append(s: SegmentMetadata, end: int, attributes: Attributes,
+                 timestamp_ms: int) -> None:
+    """An append's change to its segment, the one rule of it: ``s`` is now
+    ``end`` long (the append's offset plus its length), has ``attributes``
+    (final values) set and was last modified at ``timestamp_ms``.
+
+    The caller has checked that the append fits (``s`` live and unsealed,
+    the append at its length): :meth:`ContainerMetadata.apply` on replay,
+    the container when it accepts and commits.  A function of plain values
+    because the appends' hot paths call it twice per append, once on the
+    accepted state and once on the committed state (a loop, not
+    ``dict.update``: cheaper for the one pair of a writer's number)."""
+    s.length = end
+    if attributes:
+        stored = s.attributes
+        for key, value in attributes:
+            stored[key] = value
+    s.last_modified_ms = timestamp_ms
+
+
 class ContainerMetadata:
     """The segments of container ``container_id`` (see the module docstring)."""
 
@@ -77,25 +102,22 @@ class ContainerMetadata:
 
     def apply(self, op: Operation) -> None:
         """Apply one logged operation (its sequence must be the next one).
-        ValueError if it does not fit this state: the log is corrupt."""
+        CorruptRecordError if it does not fit this state: the log is corrupt."""
         if op.sequence != self.sequence + 1:
-            raise ValueError(f"container {self.container_id}: operation {op.sequence} after "
-                             f"{self.sequence}")
-        if type(op) is AppendOp:  # the hot path: no helper calls
+            raise CorruptRecordError(f"container {self.container_id}: operation {op.sequence} "
+                                     f"after {self.sequence}")
+        if type(op) is AppendOp:  # replay's hot path: one helper call
             s = self.segments.get(op.segment_id)
             if s is None or s.deleted:
-                raise ValueError(f"container {self.container_id}: no live segment "
-                                 f"{op.segment_id}")
+                raise CorruptRecordError(f"container {self.container_id}: no live segment "
+                                         f"{op.segment_id}")
             if op.offset != s.length or s.sealed:
-                raise ValueError(f"segment {s.name!r}: append at {op.offset}, length {s.length}"
-                                 f"{' (sealed)' if s.sealed else ''}")
-            s.length += len(op.data)
-            if op.attributes:
-                s.attributes.update(op.attributes)
-            s.last_modified_ms = op.timestamp_ms
+                raise CorruptRecordError(f"segment {s.name!r}: append at {op.offset}, "
+                                         f"length {s.length}{' (sealed)' if s.sealed else ''}")
+            apply_append(s, op.offset + len(op.data), op.attributes, op.timestamp_ms)
         elif isinstance(op, SegmentMapOp):
             if op.name in self.by_name or op.segment_id in self.segments:
-                raise ValueError(f"segment {op.name!r} ({op.segment_id}) mapped twice")
+                raise CorruptRecordError(f"segment {op.name!r} ({op.segment_id}) mapped twice")
             self.segments[op.segment_id] = SegmentMetadata(
                 op.segment_id, op.name, op.segment_type, attributes=dict(op.attributes),
                 last_modified_ms=op.timestamp_ms)
@@ -108,7 +130,7 @@ class ContainerMetadata:
         elif isinstance(op, TruncateOp):
             s = self._segment(op.segment_id)
             if not s.start_offset <= op.start_offset <= s.length:
-                raise ValueError(f"segment {s.name!r}: truncate at {op.start_offset}")
+                raise CorruptRecordError(f"segment {s.name!r}: truncate at {op.start_offset}")
             s.start_offset = op.start_offset
             s.last_modified_ms = op.timestamp_ms
         elif isinstance(op, DeleteOp):
@@ -126,7 +148,8 @@ class ContainerMetadata:
             if (op.target_offset != target.length or target.sealed or not source.sealed
                     or source.start_offset != 0 or op.length != source.length
                     or source is target):
-                raise ValueError(f"merge of {source.name!r} into {target.name!r} does not fit")
+                raise CorruptRecordError(f"merge of {source.name!r} into {target.name!r} "
+                                         "does not fit")
             target.length += op.length
             target.last_modified_ms = op.timestamp_ms
             source.deleted = True
@@ -139,7 +162,8 @@ class ContainerMetadata:
     def _segment(self, segment_id: int) -> SegmentMetadata:
         s = self.segments.get(segment_id)
         if s is None or s.deleted:
-            raise ValueError(f"container {self.container_id}: no live segment {segment_id}")
+            raise CorruptRecordError(f"container {self.container_id}: no live segment "
+                                     f"{segment_id}")
         return s
 
     # --- checkpoints ------------------------------------------------------
@@ -157,7 +181,7 @@ class ContainerMetadata:
 
     @classmethod
     def restore(cls, data: bytes) -> ContainerMetadata:
-        """The state a :meth:`checkpoint` described (ValueError if malformed)."""
+        """The state a :meth:`checkpoint` described (CorruptRecordError if malformed)."""
         try:
             doc = json.loads(data)
             m = cls(int(doc["container"]))
@@ -172,7 +196,7 @@ class ContainerMetadata:
                 if not s.deleted:
                     m.by_name[s.name] = s.segment_id
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed container checkpoint: {e}") from e
+            raise CorruptRecordError(f"malformed container checkpoint: {e}") from e
         return m
 
     def copy(self) -> ContainerMetadata:

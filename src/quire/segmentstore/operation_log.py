@@ -19,6 +19,12 @@ come back spread out instead of in one burst); at most
 operations queue up and frames grow (to ``max_frame_bytes``), and when
 idle an operation waits for nothing.
 
+The log also keeps a container's checkpoint policy: once the operations
+added since the last :class:`~quire.segmentstore.operations.CheckpointOp`
+weigh ``checkpoint_every_bytes`` (an operation weighs the bytes of data it
+carries plus :data:`OPERATION_WEIGHT`), it calls ``on_checkpoint_due``,
+which adds a checkpoint.
+
 A frame that fails fails the log: its outcome is unknown, so is the state
 of every operation after it, and the container cannot go on (it reopens and
 replays, as Pravega's does).  Every pending and later operation then fails
@@ -30,13 +36,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from quire.errors import ContainerClosedError, ContainerFencedError, QueueFullError
+from quire.errors import (
+    ContainerClosedError,
+    ContainerFencedError,
+    CorruptRecordError,
+    QueueFullError,
+    fresh_copy,
+)
 from quire.log import DurableDataLog, LogFencedError, Position
 from quire.segmentstore import frames
-from quire.segmentstore.operations import Operation, Queued, as_operation, decode, encode
+from quire.segmentstore.operations import (
+    AppendOp,
+    CheckpointOp,
+    Operation,
+    Queued,
+    as_operation,
+    decode,
+    encode,
+)
 
 Pending = tuple[Queued, bytes, "asyncio.Future[Any]", object]
 """An operation (or an append packed as a tuple, see
@@ -47,6 +67,9 @@ _InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Po
 """A frame's append, the operations it completes, and for the last part
 frame of an operation written in parts, the append of its first part (the
 operation's address)."""
+OPERATION_WEIGHT = 64
+"""What an operation weighs towards the next checkpoint besides its data."""
+_NEVER = 1 << 62
 
 
 class OperationLog:
@@ -58,13 +81,19 @@ class OperationLog:
                  cut_bytes: int = 256 << 10,
                  on_failure: Callable[[BaseException], None] | None = None,
                  on_frame_committed: Callable[[list[Pending], Position], None] | None = None,
+                 checkpoint_every_bytes: int = _NEVER,
+                 on_checkpoint_due: Callable[[], None] | None = None,
                  ) -> None:
         """``on_committed(op, address)`` applies one committed operation;
         ``on_frame_committed(batch, address)``, if given, is called instead
         with a durable frame's operations (:data:`Pending`, in log order;
         it only reads them) and must apply each of them in order, as
         ``on_committed`` would: one call per frame, not one per operation.
-        Futures are completed after either."""
+        Futures are completed after either.  ``on_checkpoint_due()`` is
+        called right after the operation that brings the weight since the
+        last checkpoint to ``checkpoint_every_bytes`` is added (see the
+        module docstring); it must add a checkpoint, or it is called again
+        after the next operation."""
         if cut_ops < 1 or cut_bytes < 1:
             raise ValueError("cut_ops and cut_bytes are at least 1")
         self._log = log
@@ -74,6 +103,9 @@ class OperationLog:
         self._on_committed = on_committed
         self._on_frame_committed = on_frame_committed
         self._on_failure = on_failure
+        self._on_checkpoint_due = on_checkpoint_due or _nothing
+        self._checkpoint_every_bytes = checkpoint_every_bytes if on_checkpoint_due else _NEVER
+        self._weight_since_checkpoint = 0
         self._max_frame_bytes = max_frame_bytes
         self._max_in_flight = max_frames_in_flight
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -102,7 +134,7 @@ class OperationLog:
     def check(self) -> None:
         """Raise the log's failure, or ContainerClosedError once closed."""
         if self._failure is not None:
-            raise _fresh(self._failure)
+            raise fresh_copy(self._failure)
         if self._closed:
             raise ContainerClosedError("the container is closed")
 
@@ -115,15 +147,20 @@ class OperationLog:
             self.check()
         if raw is None:
             raw = frames.framed(encode(op))
-        return self.add_encoded(op, raw, result)
+        data_bytes = len(op.data) if type(op) is AppendOp \
+            else None if type(op) is CheckpointOp else 0
+        return self.add_encoded(op, raw, result, data_bytes)
 
-    def add_encoded(self, op: Queued, raw: bytes, result: object) -> asyncio.Future[Any]:
+    def add_encoded(self, op: Queued, raw: bytes, result: object,
+                    data_bytes: int | None) -> asyncio.Future[Any]:
         """:meth:`add` for a caller that has ``op``'s encoding with its length
         in front (``raw``) and has just checked that the log is usable
         (:meth:`check`): the appends' hot path.  ``op`` may be an append
         packed as a tuple (:data:`~quire.segmentstore.operations.PackedAppend`):
         ``on_frame_committed`` gets it as it is, ``on_committed`` as an
-        operation."""
+        operation.  ``data_bytes``: the bytes of data ``op`` carries (its
+        weight towards the next checkpoint), None for a checkpoint (the
+        weight starts again from nothing)."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -137,6 +174,12 @@ class OperationLog:
         if queue and not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
+        if data_bytes is None:
+            self._weight_since_checkpoint = 0
+        else:
+            self._weight_since_checkpoint += data_bytes + OPERATION_WEIGHT
+            if self._weight_since_checkpoint >= self._checkpoint_every_bytes:
+                self._on_checkpoint_due()
         return future
 
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
@@ -293,7 +336,7 @@ class OperationLog:
         error = self._failure or ContainerClosedError("a tier-1 append failed")
         for _op, _raw, future, _result in batch:
             if not future.done():
-                future.set_exception(_fresh(error))
+                future.set_exception(fresh_copy(error))
 
     async def drain(self) -> None:
         """Wait until every operation added so far is committed or failed."""
@@ -312,38 +355,43 @@ class OperationLog:
         await self._log.close()
 
 
-def _fresh(error: BaseException) -> BaseException:
-    """A new instance of ``error`` to raise (one object raised in many places
-    would pile up tracebacks)."""
-    try:
-        copy = type(error)(*error.args)
-    except Exception:
-        return error
-    copy.__cause__ = error.__cause__
-    return copy
+def _nothing() -> None:
+    pass
 
 
-async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
-    """The operations of the frame at ``address``: a data frame's, or the one
-    operation whose first part frame is there (ValueError if it is gone)."""
-    records = log.read(address)
+async def read_operations(log: DurableDataLog, from_address: Position | None = None
+                          ) -> AsyncGenerator[tuple[Position, list[Operation]], None]:
+    """The log's operations from ``from_address`` on, in log order: each data
+    frame's with its address, and each operation written as part frames with
+    the address of its first part (one whose parts stop short is skipped: it
+    was never acknowledged).  CorruptRecordError for a record that does not
+    decode."""
+    records = log.read(from_address)
     assembler: frames.PartAssembler[Position] = frames.PartAssembler()
     try:
-        async for at, frame in records:
-            if not assembler.pending:
-                if at != address:
-                    break
-                if not frames.is_part(frame):
-                    return [decode(raw) for raw in frames.unpack(frame)]
-            elif not frames.is_part(frame):
-                break
-            whole = assembler.add(frame, at)
-            if whole is not None:
-                return [decode(whole[0])]
-            if not assembler.pending:
-                break
+        async for address, frame in records:
+            if frames.is_part(frame):
+                whole = assembler.add(frame, address)
+                if whole is not None:
+                    yield whole[1], [decode(whole[0])]
+            else:
+                assembler.abandon()  # parts cut short were never acknowledged
+                yield address, [decode(raw) for raw in frames.unpack(frame)]
     finally:
         aclose = getattr(records, "aclose", None)
         if aclose is not None:
             await aclose()
-    raise ValueError(f"no data frame at {address} in the tier-1 log")
+
+
+async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
+    """The operations of the frame at ``address``: a data frame's, or the one
+    operation whose first part frame is there (CorruptRecordError if it is gone)."""
+    operations = read_operations(log, address)
+    try:
+        async for at, ops in operations:
+            if at == address:
+                return ops
+            break
+    finally:
+        await operations.aclose()
+    raise CorruptRecordError(f"no data frame at {address} in the tier-1 log")

@@ -26,8 +26,9 @@ Byte layout (big-endian, no padding)::
 ``sequence`` numbers a container's operations 1, 2, 3, ... in log order;
 ``timestamp_ms`` is when the container accepted it (a segment's
 ``last_modified_ms``).  Attribute values are final values.  Decoding
-raises ``ValueError`` on anything malformed (short, trailing bytes, an
-unknown kind or segment type).
+raises :class:`~quire.errors.CorruptRecordError` on anything malformed
+(short, trailing bytes, an unknown kind or segment type, a name that is
+not UTF-8).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from quire.errors import CorruptRecordError
 from quire.segmentstore.types import SegmentType
 
 _HEADER = struct.Struct(">BQQ")
@@ -218,7 +220,7 @@ class _Cursor:
     def take(self, s: struct.Struct) -> tuple[int, ...]:
         end = self.pos + s.size
         if end > len(self.buf):
-            raise ValueError("operation is cut short")
+            raise CorruptRecordError("operation is cut short")
         values = s.unpack_from(self.buf, self.pos)
         self.pos = end
         return values
@@ -229,7 +231,7 @@ class _Cursor:
     def raw(self, n: int) -> bytes:
         end = self.pos + n
         if end > len(self.buf):
-            raise ValueError("operation is cut short")
+            raise CorruptRecordError("operation is cut short")
         data = bytes(self.buf[self.pos:end])
         self.pos = end
         return data
@@ -237,7 +239,7 @@ class _Cursor:
     def attributes(self) -> Attributes:
         count = self.one(_U32)
         if count * _ATTRIBUTE.size > len(self.buf) - self.pos:
-            raise ValueError("attribute count runs past the operation")
+            raise CorruptRecordError("attribute count runs past the operation")
         out = []
         for _ in range(count):
             high, low, value = self.take(_ATTRIBUTE)
@@ -246,7 +248,7 @@ class _Cursor:
 
 
 def decode(buf: bytes | memoryview) -> Operation:
-    """The operation in ``buf`` (all of it; ValueError if malformed)."""
+    """The operation in ``buf`` (all of it; CorruptRecordError if malformed)."""
     c = _Cursor(buf)
     kind, sequence, ts = c.take(_HEADER)
     op: Operation
@@ -260,8 +262,11 @@ def decode(buf: bytes | memoryview) -> Operation:
         try:
             segment_type = SegmentType(c.one(_U8))
         except ValueError as e:
-            raise ValueError(f"unknown segment type: {e}") from None
-        name = c.raw(c.one(_U16)).decode()
+            raise CorruptRecordError(f"unknown segment type: {e}") from None
+        try:
+            name = c.raw(c.one(_U16)).decode()
+        except UnicodeDecodeError as e:
+            raise CorruptRecordError(f"a segment name that is not UTF-8: {e}") from None
         op = SegmentMapOp(sequence, ts, segment_id, name, segment_type, c.attributes())
     elif kind == SEAL:
         op = SealOp(sequence, ts, c.one(_U64))
@@ -279,7 +284,7 @@ def decode(buf: bytes | memoryview) -> Operation:
     elif kind == CHECKPOINT:
         op = CheckpointOp(sequence, ts, c.raw(c.one(_U32)))
     else:
-        raise ValueError(f"unknown operation kind {kind}")
+        raise CorruptRecordError(f"unknown operation kind {kind}")
     if c.pos != len(c.buf):
-        raise ValueError(f"{len(c.buf) - c.pos} trailing bytes after the operation")
+        raise CorruptRecordError(f"{len(c.buf) - c.pos} trailing bytes after the operation")
     return op

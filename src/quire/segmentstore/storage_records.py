@@ -38,7 +38,8 @@ Byte layout (big-endian, no padding)::
 
 A segment of batches is read batch after batch; a batch cut short (the
 segment's recorded length never ends inside one, but a caller may pass a
-prefix) ends the reading, and anything else malformed raises ``ValueError``.
+prefix) ends the reading, and anything else malformed raises
+:class:`~quire.errors.CorruptRecordError`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from quire.errors import CorruptRecordError
 from quire.tier2 import SegmentLayout, decode_layout, encode_layout
 
 ATTRIBUTE_MAGIC = 0x51415442
@@ -113,7 +115,7 @@ def decode_attribute_batches(data: bytes) -> list[AttributeBatch]:
     while at + _BATCH_HEAD.size <= len(view):
         magic, count = _BATCH_HEAD.unpack_from(view, at)
         if magic != ATTRIBUTE_MAGIC:
-            raise ValueError(f"no attribute batch at offset {at}")
+            raise CorruptRecordError(f"no attribute batch at offset {at}")
         end = at + _BATCH_HEAD.size + count * _ATTRIBUTE.size + _U64.size
         if end > len(view):
             break
@@ -137,7 +139,7 @@ def decode_index_batches(data: bytes) -> list[IndexBatch]:
     while at + _BATCH_HEAD.size <= len(view):
         magic, count = _BATCH_HEAD.unpack_from(view, at)
         if magic != INDEX_MAGIC:
-            raise ValueError(f"no index batch at offset {at}")
+            raise CorruptRecordError(f"no index batch at offset {at}")
         pos = at + _BATCH_HEAD.size
         versions = []
         whole = True
@@ -172,7 +174,7 @@ def decode_typed_layout_record(data: bytes) -> tuple[int, int, SegmentLayout]:
     """``(segment_id, segment_type, layout)`` of :func:`encode_layout_record`'s
     bytes (type 0 for a record written before the type tag)."""
     if len(data) < _U64.size + _U8.size:
-        raise ValueError(f"a layout record of {len(data)} bytes is cut short")
+        raise CorruptRecordError(f"a layout record of {len(data)} bytes is cut short")
     segment_id = _U64.unpack_from(data, 0)[0]
     tag = data[_U64.size]
     if not tag & _TYPE_TAG:
@@ -196,23 +198,23 @@ def encode_journal(snapshot: JournalSnapshot) -> bytes:
 
 
 def decode_journal(data: bytes) -> JournalSnapshot:
-    """The snapshot :func:`encode_journal` made (ValueError for anything else)."""
+    """The snapshot :func:`encode_journal` made (CorruptRecordError for anything else)."""
     view = memoryview(data)
     if len(view) < _JOURNAL_HEAD.size:
-        raise ValueError(f"a journal snapshot of {len(view)} bytes is cut short")
+        raise CorruptRecordError(f"a journal snapshot of {len(view)} bytes is cut short")
     magic, version, container_id, epoch, count = _JOURNAL_HEAD.unpack_from(view, 0)
     if magic != JOURNAL_MAGIC or version != JOURNAL_VERSION:
-        raise ValueError(f"not a journal snapshot (magic {magic:#x}, version {version})")
+        raise CorruptRecordError(f"not a journal snapshot (magic {magic:#x}, version {version})")
     at = _JOURNAL_HEAD.size
     layouts = []
     for _ in range(count):
         if at + _U32.size > len(view):
-            raise ValueError("a journal snapshot is cut short")
+            raise CorruptRecordError("a journal snapshot is cut short")
         (size,) = _U32.unpack_from(view, at)
         if at + _U32.size + size > len(view):
-            raise ValueError("a journal snapshot is cut short")
+            raise CorruptRecordError("a journal snapshot is cut short")
         layouts.append(decode_layout(bytes(view[at + _U32.size:at + _U32.size + size])))
         at += _U32.size + size
     if at != len(view):
-        raise ValueError(f"{len(view) - at} bytes after a journal snapshot")
+        raise CorruptRecordError(f"{len(view) - at} bytes after a journal snapshot")
     return JournalSnapshot(container_id, epoch, tuple(layouts))

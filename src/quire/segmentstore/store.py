@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from quire.client import Client
 from quire.errors import (
@@ -34,6 +33,7 @@ from quire.errors import (
 from quire.log import DurableDataLog, NamedDataLog, WriterOptions
 from quire.metadata import MetadataStore
 from quire.segmentstore.container import ContainerConfig, SegmentContainer
+from quire.segmentstore.futures import failed_future
 from quire.segmentstore.names import (
     CONTAINER_COUNT_KEY,
     SYSTEM_SCOPE,
@@ -54,7 +54,6 @@ from quire.segmentstore.types import (
 from quire.segmentstore.writer_source import ContainerWriterSource, WriterSource
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
 
-T = TypeVar("T")
 DEFAULT_CONTAINER_COUNT = 4
 LOG_PASSWORD = b"quire-segmentstore"
 _ROUTE_CACHE_SIZE = 100_000
@@ -302,18 +301,13 @@ class SegmentStore:
     def _route(self, name: str) -> SegmentContainer:
         return self.container(self.container_for(name))
 
-    def _failed(self, error: BaseException) -> asyncio.Future[T]:
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        future.set_exception(error)
-        return future
-
     def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
                        attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
                        ) -> asyncio.Future[None]:
         try:
             return self._route(name).create_segment(name, segment_type, attributes)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def append(self, name: str, data: bytes, attribute_updates: Sequence[AttributeUpdate] = (),
                expected_offset: int | None = None,
@@ -333,32 +327,32 @@ class SegmentStore:
             return self._route(name).append(name, data, attribute_updates, expected_offset,
                                             writer)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def seal(self, name: str) -> asyncio.Future[int]:
         try:
             return self._route(name).seal(name)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
         try:
             return self._route(name).truncate(name, offset)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def delete(self, name: str) -> asyncio.Future[None]:
         try:
             return self._route(name).delete(name)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def update_attributes(self, name: str,
                           updates: Sequence[AttributeUpdate]) -> asyncio.Future[None]:
         try:
             return self._route(name).update_attributes(name, updates)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         """Append all of ``source`` to ``target`` (sealing ``source`` first if
@@ -369,42 +363,42 @@ class SegmentStore:
                 raise SegmentStoreError(f"{source!r} and {target!r} are in different containers")
             return self._route(target).merge(target, source)
         except SegmentStoreError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
         """A new server-named segment in ``parent``'s container (its name)."""
         try:
             return self._route(parent).create_transient_segment(parent, writer_id)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
                   ) -> asyncio.Future[list[int]]:
         """Set ``(key, value, expected_version)`` entries, all or nothing; the
         new versions (expected None: any; ``NOT_EXISTS``: must not exist)."""
         try:
-            return self._route(name).table_put(name, entries)
+            return self._route(name).tables.put(name, entries)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     def table_remove(self, name: str, keys_with_versions: Sequence[tuple[bytes, int | None]]
                      ) -> asyncio.Future[None]:
         try:
-            return self._route(name).table_remove(name, keys_with_versions)
+            return self._route(name).tables.remove(name, keys_with_versions)
         except ContainerNotOwnedError as e:
-            return self._failed(e)
+            return failed_future(e)
 
     async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
-        return await self._route(name).table_get(name, keys)
+        return await self._route(name).tables.get(name, keys)
 
     async def table_iterate(self, name: str, keys_only: bool = False,
                             token: bytes | None = None,
                             max_entries: int = 1000) -> TableIteratorPage:
-        return await self._route(name).table_iterate(name, keys_only, token, max_entries)
+        return await self._route(name).tables.iterate(name, keys_only, token, max_entries)
 
     async def table_read_delta(self, name: str, from_position: int,
                                max_entries: int) -> TableDelta:
-        return await self._route(name).table_read_delta(name, from_position, max_entries)
+        return await self._route(name).tables.read_delta(name, from_position, max_entries)
 
     async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
         return await self._route(name).get_attributes(name, keys)

@@ -19,7 +19,12 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from quire.errors import SegmentStoreError, TableKeyBadVersionError, TableKeyNotFoundError
+from quire.errors import (
+    CorruptRecordError,
+    SegmentStoreError,
+    TableKeyBadVersionError,
+    TableKeyNotFoundError,
+)
 
 _HEAD = struct.Struct(">Ii")
 ANY_VERSION: int | None = None
@@ -76,13 +81,13 @@ def decode_entries(data: bytes | memoryview, base: int
                    ) -> Iterator[tuple[int, bytes, bytes | None, int]]:
     """``(version, key, value or None, end)`` of each whole entry in ``data``,
     which starts at segment offset ``base`` on an entry boundary; stops at a
-    partial entry (ValueError on lengths out of range)."""
+    partial entry (CorruptRecordError on lengths out of range)."""
     view = memoryview(data)
     pos = 0
     while pos + _HEAD.size <= len(view):
         key_length, value_length = _HEAD.unpack_from(view, pos)
         if key_length > MAX_KEY_BYTES or not -1 <= value_length <= MAX_VALUE_BYTES:
-            raise ValueError(f"no table entry at offset {base + pos}")
+            raise CorruptRecordError(f"no table entry at offset {base + pos}")
         end = pos + _HEAD.size + key_length + max(value_length, 0)
         if end > len(view):
             return

@@ -14,6 +14,10 @@ VALUE_MIN = -(1 << 63)
 VALUE_MAX = (1 << 63) - 1
 NULL_ATTRIBUTE_VALUE = VALUE_MIN
 """Pravega's "no value": an absent attribute compares equal to it."""
+MAX_APPEND_BYTES = 16 << 20
+"""The largest append (and table update): room for the Pravega client's
+blocks of up to 8 MiB of events with their headers.  One larger than a
+frame is written as part frames (:func:`~quire.segmentstore.frames.split`)."""
 
 
 class SegmentType(enum.IntEnum):

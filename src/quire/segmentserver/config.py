@@ -1,0 +1,37 @@
+"""The wire server's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quire.errors import ConfigError
+from quire.pravega_wire import MAX_WIRECOMMAND_SIZE
+
+
+@dataclass(frozen=True)
+class SegmentServerConfig:
+    max_frame_bytes: int = MAX_WIRECOMMAND_SIZE
+    """Largest request payload taken; a longer one closes the connection
+    (refused from its header, before it is buffered)."""
+    max_outstanding_requests: int = 1024
+    """Unanswered requests on one connection above which it is no longer
+    read (resumed at half)."""
+    tail_read_wait_ms: int = 5_000
+    """How long a read at the tail of an unsealed segment waits for data
+    before it is answered empty (``at_tail``); the client times out at 30 s."""
+    max_read_bytes: int = 2 * 1024 * 1024
+    """Most bytes one SegmentRead carries (and table reads, roughly)."""
+    max_table_entries_per_read: int = 1_000
+    """Most entries or keys one table read answers, whatever was suggested."""
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.max_frame_bytes <= MAX_WIRECOMMAND_SIZE:
+            raise ConfigError(f"max_frame_bytes must be in 8..{MAX_WIRECOMMAND_SIZE}")
+        if self.max_outstanding_requests < 1:
+            raise ConfigError("max_outstanding_requests must be positive")
+        if not 0 <= self.tail_read_wait_ms < 30_000:
+            raise ConfigError("tail_read_wait_ms must be in 0..29999 (the client waits 30 s)")
+        if not 1 <= self.max_read_bytes <= MAX_WIRECOMMAND_SIZE // 2:
+            raise ConfigError("max_read_bytes must be in 1..half the largest frame")
+        if self.max_table_entries_per_read < 1:
+            raise ConfigError("max_table_entries_per_read must be positive")
