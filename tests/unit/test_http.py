@@ -16,11 +16,19 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from quire.auth import UserAuthenticator, UserDatabase
-from quire.errors import ConfigError
+from quire.errors import ConfigError, MetadataError
 from quire.http import HttpServer, Route, json_response, json_route, principal_of
 from quire.metadata import open_store
-from quire.security import Acl, ServerTls, basic_authorization, client_context
+from quire.security import (
+    Acl,
+    Permission,
+    Principal,
+    ServerTls,
+    basic_authorization,
+    client_context,
+)
 from quire.security.certificates import issue_certificate, make_ca
+from quire.testing.auth import StaticAuthenticator
 
 
 def registry_with_a_counter() -> CollectorRegistry:
@@ -175,3 +183,28 @@ async def test_plaintext_on_the_tls_port_closes_that_connection_only(secure: Sec
     assert await asyncio.wait_for(plain[0].read(), 10) == b""
     plain[1].close()
     assert (await call(f"{secure.base}/health", context=secure.context)).status == 200
+
+
+async def test_a_route_may_ask_another_permission_and_an_unreachable_database_is_503(
+        ) -> None:
+    async def ping() -> dict[str, Any]:
+        return {"pong": True}
+
+    reader = Principal("reader", Acl.parse("prn::/,READ"))
+    authenticator = StaticAuthenticator({"Basic reader": reader})
+    server = HttpServer(CollectorRegistry(), [
+        json_route("POST", "/ping", ping, permission=Permission.READ),
+        json_route("GET", "/secret", ping, permission=Permission.READ_UPDATE)],
+        authenticator=authenticator)
+    base = f"http://127.0.0.1:{await server.start('127.0.0.1', 0)}"
+    try:
+        assert (await call(f"{base}/ping", "POST", authorization="Basic reader")).body == {
+            "pong": True}
+        assert (await call(f"{base}/secret", authorization="Basic reader")).status == 403
+        authenticator.failure = MetadataError("store unreachable")
+        down = await call(f"{base}/metrics", authorization="Basic reader")
+        assert down.status == 503 and "store unreachable" in down.body["error"]
+        assert (await call(f"{base}/health")).status == 200  # never asks
+        assert authenticator.calls == 3
+    finally:
+        await server.close()
