@@ -135,9 +135,13 @@ async def test_a_handshake_on_loopback_with_host_name_checks(pki: Pki) -> None:
         assert echo.peer_certs[0] is None  # no client certificate asked
 
 
-async def test_mutual_tls_gives_the_peers_role(pki: Pki) -> None:
+@pytest.mark.parametrize("reloaded", [False, True])
+async def test_mutual_tls_gives_the_peers_role(pki: Pki, tmp_path: Path, reloaded: bool) -> None:
     tls = ServerTls(pki.server.cert_file, pki.server.key_file, pki.ca.cert_file,
-                    client_certs=ClientCertificates.REQUIRED)
+                    client_certs=ClientCertificates.REQUIRED, reload_interval_ms=0)
+    if reloaded:  # handshakes moved onto a reloaded context check clients alike
+        issue_certificate(pki.ca, tmp_path / "server", "server", role="bookie")
+        assert tls.check() and tls.generation == 1
     async with echo_server(tls) as (port, echo):
         with_cert = client_context(pki.ca.cert_file, pki.client.cert_file, pki.client.key_file)
         reader, writer = await connect(port, with_cert)
