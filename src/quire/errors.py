@@ -57,6 +57,68 @@ class ConfigError(QuireError):
     """A configuration file or flag is missing, malformed or out of range."""
 
 
+# --- security (quire.security, quire.auth, quire.http) ----------------------
+
+
+class InsecureSecretFileError(ConfigError):
+    """A secret file (token secret, password, credentials, private key) that
+    its group or others may read or write: the server refuses to start."""
+
+
+class TlsConfigError(ConfigError):
+    """TLS settings that do not work: a certificate or key file missing,
+    unreadable, not PEM, or a key that does not match its certificate."""
+
+
+class SecurityError(QuireError):
+    """Root of the refusals of authentication and authorization."""
+
+
+class MalformedAclError(SecurityError):
+    """An ACL text (``prn::/scope:S,READ;...``) that does not parse; ``part``
+    is the entry or piece at fault."""
+
+    def __init__(self, message: str, part: str) -> None:
+        super().__init__(message)
+        self.part = part
+
+
+class AuthenticationError(SecurityError):
+    """No credentials, or credentials that are not accepted: an unknown user
+    and a wrong password give the same message (HTTP 401)."""
+
+
+class TokenError(AuthenticationError):
+    """A delegation token that is refused."""
+
+
+class TokenInvalidError(TokenError):
+    """A token that is not Quire's: malformed, or its signature does not
+    verify (the wire's AuthTokenCheckFailed code 0, TOKEN_CHECK_FAILED)."""
+
+
+class TokenExpiredError(TokenError):
+    """A genuine token past its expiry (the wire's code 1, TOKEN_EXPIRED:
+    the client asks for a new one)."""
+
+
+class PermissionDeniedError(SecurityError):
+    """An authenticated principal without the permission the request needs
+    (HTTP 403, gRPC PERMISSION_DENIED)."""
+
+
+class RoleNotAllowedError(PermissionDeniedError):
+    """A peer certificate without a role, or with one outside the allowed set."""
+
+
+class UserExistsError(SecurityError):
+    """``quire auth user add`` of a name the user database holds already."""
+
+
+class UserNotFoundError(SecurityError):
+    """A user-database operation on a name it does not hold."""
+
+
 # --- wire protocol --------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,7 @@ class FakeActions:
         self.calls = 0
         self.error: Exception | None = None
 
-    def gc_now(self) -> dict[str, Any]:
+    async def gc_now(self) -> dict[str, Any]:
         self.calls += 1
         if self.error is not None:
             raise self.error
@@ -159,27 +159,30 @@ class FakeActions:
 
 
 @pytest.fixture
-def admin() -> Iterator[tuple[str, FakeActions]]:
+async def admin() -> AsyncIterator[tuple[str, FakeActions]]:
     actions = FakeActions()
     metrics = BookieMetrics()
-    server = serve_admin(metrics.registry, actions, "127.0.0.1", 0)
-    yield f"127.0.0.1:{server.server_port}", actions
-    server.shutdown()
-    server.server_close()
+    server = await serve_admin(metrics.registry, actions, "127.0.0.1", 0)
+    yield f"127.0.0.1:{server.port}", actions
+    await server.close()
 
 
-def test_admin_gc_is_a_post_beside_the_metrics(admin: tuple[str, FakeActions]) -> None:
+async def test_admin_gc_is_a_post_beside_the_metrics(admin: tuple[str, FakeActions]) -> None:
     address, actions = admin
-    assert request_gc(address, timeout_s=10)["compaction_stats"]["logs_compacted"] == 2
+    report = await asyncio.to_thread(request_gc, address, timeout_s=10)
+    assert report["compaction_stats"]["logs_compacted"] == 2
     assert actions.calls == 1
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"http://{address}/admin/gc", timeout=10)
+        await asyncio.to_thread(urllib.request.urlopen, f"http://{address}/admin/gc",
+                                timeout=10)
     assert refused.value.code == 405 and actions.calls == 1
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    answer = await asyncio.to_thread(urllib.request.urlopen, f"http://{address}/metrics",
+                                     timeout=10)
+    text = answer.read().decode()
     assert "quire_bookie_compactions_total" in text or "quire_bookie_compactions" in text
     actions.error = RuntimeError("disk on fire")
     with pytest.raises(AdminRequestError, match="disk on fire"):
-        request_gc(address, timeout_s=10)
+        await asyncio.to_thread(request_gc, address, timeout_s=10)
 
 
 def test_admin_request_to_nothing_is_an_admin_error() -> None:

@@ -26,12 +26,18 @@ RANKS: dict[str, int] = {
     "quire.clock": 0,
     "quire.loop_thread": 0,
     "quire.config": 1,
+    # TLS, secrets, passwords, ACLs, tokens: what every server's security is made of
+    "quire.security": 1,
     "quire.protocol": 2,
     "quire.metadata": 2,
     "quire.pravega_wire": 2,
     # generated gRPC code of the Pravega controller's interface, nothing else
     "quire.controller_api": 2,
+    # the one HTTP server of every process (/metrics, /health, admin requests)
+    "quire.http": 2,
     "quire.peer": 3,
+    # the user database (in the metadata store) and the authenticator over it
+    "quire.auth": 3,
     "quire.bookie": 4,
     "quire.client": 4,
     # the package itself re-exports the client's public API

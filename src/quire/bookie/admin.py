@@ -1,112 +1,91 @@
-"""The bookie's admin requests, served beside ``/metrics`` over HTTP.
+"""The bookie's admin requests, served beside ``/metrics`` by :mod:`quire.http`.
 
 One request so far: ``POST /admin/gc`` runs GC and a major compaction now
 (:meth:`~quire.bookie.services.BackgroundServices.gc_now`) and answers, once
 it is done, ``200`` with a JSON object of what it did (``ledgers_dropped``,
 ``entry_logs_removed``, ``compaction`` and ``compaction_stats``), or ``500``
 with ``{"error": ...}``.  ``quire bookie gc --now`` sends it to the
-metrics address each bookie registers.  Any other path is the metrics
-endpoint's.
+metrics address each bookie registers (:func:`request_gc`).
 
 Why HTTP on the metrics server rather than a protocol op: an admin request
 is rare, slow (a compaction may take minutes) and answered by a JSON
 report, none of which fits the ledger protocol's binary frames, timeouts
 and status codes; a new op would also be a wire-format change every client
 and codec would carry (golden bytes, fuzzing) for the sake of an operator's
-tool.  The metrics server already listens on an operator-facing port, runs
-each request on a thread of its own (so a long GC holds no event loop and
-no scrape), and is off unless configured (``metrics_port``), so this opens
-nothing new.  What the request can do is only what the GC timer does
-anyway, on demand.
+tool.  The metrics server already listens on an operator-facing port, is
+off unless configured (``metrics_port``), and, with ``auth_enabled``,
+lets a change through only for a user with ``READ_UPDATE`` on the cluster
+(``prn::/``), while a scraper's ``READ`` only looks (:mod:`quire.http`).
+What the request can do is only what the GC timer does anyway, on demand.
+The request is awaited on the bookie's loop like any of its coroutines;
+the GC's slow parts run on worker threads, so scrapes and the ledger
+protocol go on meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import logging
-import threading
+import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
 from typing import Any, Protocol
-from wsgiref.simple_server import make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+from prometheus_client import CollectorRegistry
 
 from quire.bookie.services import BackgroundServices
 from quire.errors import AdminRequestError
-
-log = logging.getLogger("quire.bookie")
+from quire.http import HttpServer, Route, json_route
+from quire.security import Authenticator, ServerTls
 
 GC_PATH = "/admin/gc"
 
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
-
 
 class AdminActions(Protocol):
-    """What the admin endpoint can ask of a bookie.  Called on one of the
-    HTTP server's threads; blocks until the action is done."""
+    """What the admin endpoint can ask of a bookie (awaited on its loop)."""
 
-    def gc_now(self) -> dict[str, Any]:
+    async def gc_now(self) -> dict[str, Any]:
         """Run GC and a major compaction now; a JSON-ready report."""
         ...
 
 
-class LoopAdminActions:
-    """:class:`AdminActions` run on the bookie's event loop (from the HTTP
-    server's thread)."""
+class ServiceAdminActions:
+    """:class:`AdminActions` of a bookie's background services."""
 
-    def __init__(self, services: BackgroundServices, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, services: BackgroundServices) -> None:
         self._services = services
-        self._loop = loop
 
-    def gc_now(self) -> dict[str, Any]:
-        report = asyncio.run_coroutine_threadsafe(self._services.gc_now(), self._loop).result()
-        return dataclasses.asdict(report)
+    async def gc_now(self) -> dict[str, Any]:
+        return dataclasses.asdict(await self._services.gc_now())
 
 
-def admin_app(registry: CollectorRegistry, actions: AdminActions
-              ) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
-    """A WSGI app: the admin requests, and ``registry``'s metrics for every
-    other path."""
-    metrics = make_wsgi_app(registry)
-
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != GC_PATH:
-            return metrics(environ, start_response)  # type: ignore[no-any-return]
-        if environ.get("REQUEST_METHOD") != "POST":
-            return _json(start_response, "405 Method Not Allowed",
-                         {"error": f"{GC_PATH} takes POST"})
-        try:
-            report = actions.gc_now()
-        except Exception as e:  # the answer says what failed; the server goes on
-            log.exception("admin gc failed")
-            return _json(start_response, "500 Internal Server Error",
-                         {"error": f"{type(e).__name__}: {e}"})
-        return _json(start_response, "200 OK", report)
-
-    return app
+def admin_routes(actions: AdminActions) -> list[Route]:
+    """The admin requests as routes of the bookie's HTTP server."""
+    return [json_route("POST", GC_PATH, actions.gc_now)]
 
 
-def _json(start_response: StartResponse, status: str, body: dict[str, Any]) -> list[bytes]:
-    data = json.dumps(body).encode()
-    start_response(status, [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(data)))])
-    return [data]
+async def serve_admin(registry: CollectorRegistry, actions: AdminActions, host: str, port: int,
+                      *, tls: ServerTls | None = None,
+                      authenticator: Authenticator | None = None) -> HttpServer:
+    """Start the metrics and admin endpoint (``port`` 0: any free one); the
+    started server (``.port`` is the port it listens on)."""
+    server = HttpServer(registry, admin_routes(actions), tls=tls, authenticator=authenticator)
+    await server.start(host, port)
+    return server
 
 
-def request_gc(metrics_address: str, *, timeout_s: float) -> dict[str, Any]:
+def request_gc(metrics_address: str, *, timeout_s: float, tls: ssl.SSLContext | None = None,
+               authorization: str | None = None) -> dict[str, Any]:
     """Send ``POST /admin/gc`` to the bookie whose metrics endpoint is
-    ``metrics_address`` (``host:port``) and return its report once it is
+    ``metrics_address`` (``host:port``; over HTTPS with ``tls``, with the
+    ``authorization`` header if given) and return its report once it is
     done (:class:`~quire.errors.AdminRequestError` if it cannot be asked or
-    answers an error)."""
-    url = f"http://{metrics_address}{GC_PATH}"
-    request = urllib.request.Request(url, data=b"", method="POST")
+    answers an error, a refusal included)."""
+    url = f"{'https' if tls is not None else 'http'}://{metrics_address}{GC_PATH}"
+    headers = {"Authorization": authorization} if authorization else {}
+    request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
             body: dict[str, Any] = json.loads(answer.read())
             return body
     except urllib.error.HTTPError as e:
@@ -117,13 +96,3 @@ def request_gc(metrics_address: str, *, timeout_s: float) -> dict[str, Any]:
         raise AdminRequestError(f"{url}: {reason}") from None
     except (OSError, ValueError) as e:
         raise AdminRequestError(f"{url}: {e}") from None
-
-
-def serve_admin(registry: CollectorRegistry, actions: AdminActions, host: str,
-                port: int) -> ThreadingWSGIServer:
-    """Start the metrics and admin endpoint on a daemon thread; the server
-    (``server_port`` is the port it listens on)."""
-    server = make_server(host, port, admin_app(registry, actions), ThreadingWSGIServer,
-                         handler_class=_SilentHandler)
-    threading.Thread(target=server.serve_forever, name="quire-metrics", daemon=True).start()
-    return server

@@ -14,6 +14,7 @@ from pathlib import Path
 from quire.bookie.storage.config import StorageConfig
 from quire.errors import ConfigError
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
+from quire.security import SecurityConfig
 
 log = logging.getLogger("quire.bookie")
 
@@ -58,6 +59,12 @@ class BookieConfig:
     bookie's TOML and flags of ``quire bookie start`` like the fields above
     (``write_cache_max_bytes = ...``, ``--journal-dirs``), declared once, in
     :class:`~quire.bookie.storage.StorageConfig`."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS and authentication, flat keys like the storage's (``tls_cert_file``,
+    ``tls_key_file``, ``tls_ca_file``, ``auth_enabled``, ...; see
+    :class:`~quire.security.SecurityConfig`): the HTTP endpoint
+    (``/metrics``, ``POST /admin/gc``) serves over TLS and authenticates
+    against the metadata store's users when they are set."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000

@@ -93,18 +93,29 @@ def list_bookies(metadata_uri: str | None, as_json: bool) -> None:
               help="Only this bookie (repeatable; default: every registered bookie).")
 @click.option("--timeout-s", type=float, default=3600.0, show_default=True,
               help="How long to wait for each bookie's GC.")
+@click.option("--tls-ca", "tls_ca", type=click.Path(dir_okay=False), default=None,
+              help="Speak HTTPS to the bookies, trusting this CA (PEM).")
+@click.option("--credentials", "credentials_path", type=click.Path(dir_okay=False),
+              default=None, help="TOML file (mode 0600) with the username and password of a "
+                                 "user with READ_UPDATE on prn::/ (bookies with auth_enabled).")
 @metadata_option
 @json_option
-def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, metadata_uri: str | None,
-       as_json: bool) -> None:
+def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, tls_ca: str | None,
+       credentials_path: str | None, metadata_uri: str | None, as_json: bool) -> None:
     """Ask running bookies to drop deleted ledgers, remove dead entry logs and
     compact partly live ones now (an admin request to each bookie's metrics
     endpoint, see quire.bookie.admin), and show what each did."""
     from quire.bookie.admin import request_gc
     from quire.metadata import open_store
+    from quire.security import basic_authorization, client_context, read_credentials
 
     if not now:
         raise click.UsageError("say --now: GC otherwise runs on the bookies' own timers")
+    tls = client_context(tls_ca) if tls_ca else None
+    authorization = None
+    if credentials_path:
+        credentials = read_credentials(credentials_path)
+        authorization = basic_authorization(credentials.username, credentials.password)
 
     async def fetch() -> list[Any]:
         store = await open_store(metadata_uri or default_metadata_uri())
@@ -136,7 +147,8 @@ def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, metadata_uri: s
             failed = True
             continue
         try:
-            reports[b.bookie_id] = request_gc(b.metrics_address, timeout_s=timeout_s)
+            reports[b.bookie_id] = request_gc(b.metrics_address, timeout_s=timeout_s, tls=tls,
+                                              authorization=authorization)
         except QuireError as e:
             reports[b.bookie_id] = {"error": str(e)}
             failed = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from quire.cli.auth import auth
 from quire.cli.autorecovery import autorecovery, decommission, underreplicated
 from quire.cli.bench import bench
 from quire.cli.bookie import bookie
@@ -42,6 +43,7 @@ cli.add_command(controller)
 cli.add_command(scope)
 cli.add_command(stream)
 cli.add_command(tier2)
+cli.add_command(auth)
 bookie.add_command(decommission)
 ledger.add_command(underreplicated)
 

@@ -8,16 +8,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from wsgiref.simple_server import WSGIServer
 
 import grpc
-from prometheus_client import start_http_server
 
+from quire.auth import ServerSecurity
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.controller.core import ControllerConfig, ControllerCore
 from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
+from quire.http import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +27,19 @@ class Controller:
 
     ``store`` holds the segments and the controller's own tables (the seam
     :class:`~quire.controller.state.ControllerSegmentStore`);
-    ``segment_store_uri()`` gives the ``(host, port)`` getURI answers for
-    every segment; ``clock`` the wall clock of leases and retention.
-    :meth:`start` binds, finishes interrupted scales and starts serving, the
-    transaction sweeper and the retention pass; :meth:`close` stops.
+    ``locate`` gives the ``(host, port)`` getURI answers for
+    every segment; ``clock`` the wall clock of leases and retention;
+    ``security`` the TLS and authenticator of ``/metrics`` (none: plain
+    and open).  :meth:`start` binds, finishes interrupted scales and
+    starts serving, the transaction sweeper and the retention pass;
+    :meth:`close` stops.
     """
 
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
                  locate: SegmentLocator,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK,
+                 security: ServerSecurity | None = None) -> None:
+        self.security = security or ServerSecurity()
         self.core = ControllerCore(store, config, clock)
         self.service = ControllerService(self.core, locate)
         self._server: grpc.aio.Server | None = None
@@ -43,7 +47,7 @@ class Controller:
         """The transaction sweeper and the retention pass, while serving."""
         self.port: int | None = None
         """The bound port once started."""
-        self._metrics_server: WSGIServer | None = None
+        self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
         """The port of ``/metrics`` once started, if it is served."""
 
@@ -59,9 +63,10 @@ class Controller:
             raise ConfigError(f"controller: cannot listen on {host}:{port}")
         config = self.core.config
         if config.metrics_port >= 0:
-            self._metrics_server, _thread = start_http_server(
-                config.metrics_port, host, self.core.metrics.registry)
-            self.metrics_port = self._metrics_server.server_port
+            self._metrics_server = HttpServer(self.core.metrics.registry,
+                                              tls=self.security.tls,
+                                              authenticator=self.security.authenticator)
+            self.metrics_port = await self._metrics_server.start(host, config.metrics_port)
         await server.start()
         self._server = server
         self.port = bound
@@ -93,6 +98,5 @@ class Controller:
             await self._server.stop(grace_s)
             self._server = None
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            await self._metrics_server.close()
             self._metrics_server = None

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from quire.auth import server_security
 from quire.controller import Controller, ControllerConfig, NodeAddress
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.metadata import MetadataStore, open_store
+from quire.security import SecurityConfig
 from quire.segmentstore import owner_address
 from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
 from quire.streams.connection import split_address
@@ -38,6 +40,10 @@ class ControllerHostConfig:
     """How often streams with a retention policy are truncated."""
     segment_request_timeout_ms: int = 30_000
     """How long one segment-store request may take (then its outcome is unknown)."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
+    see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
+    TLS and authenticates against the metadata store's users when set."""
 
     def __post_init__(self) -> None:
         if self.segment_request_timeout_ms <= 0:
@@ -68,7 +74,8 @@ class ControllerHost:
             self.segments = RemoteSegmentStore(resolve, SegmentClientConfig(
                 request_timeout_ms=cfg.segment_request_timeout_ms,
                 retry_deadline_ms=cfg.segment_request_timeout_ms))
-            self.controller = Controller(self.segments, self._controller_config(), locate)
+            self.controller = Controller(self.segments, self._controller_config(), locate,
+                                         security=server_security(cfg.security, self.metadata))
             port = await self.controller.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{port}"
             if self.controller.metrics_port is not None:

@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from quire.auth import server_security
 from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
+from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
+from quire.security import SecurityConfig
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
     ContainerConfig,
@@ -79,6 +81,10 @@ class SegmentStoreHostConfig:
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
+    see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
+    TLS and authenticates against the metadata store's users when set."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -154,7 +160,7 @@ class SegmentStoreHost:
         self.host_id = config.host_id
         self.metrics_address: str | None = None
         self.registry = CollectorRegistry()
-        self._http: WSGIServer | None = None
+        self._http: HttpServer | None = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -186,17 +192,23 @@ class SegmentStoreHost:
                 OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms))
             await self.ownership.start()
             if cfg.metrics_port >= 0:
+                security = server_security(cfg.security, self.metadata)
                 self.registry.register(_StoreCollector(self))
-                self._http, _thread = start_http_server(cfg.metrics_port, cfg.host,
-                                                        self.registry)
-                self.metrics_address = f"{cfg.host}:{self._http.server_port}"
+                self._http = HttpServer(self.registry, tls=security.tls,
+                                        authenticator=security.authenticator)
+                http_port = await self._http.start(cfg.host, cfg.metrics_port)
+                self.metrics_address = f"{cfg.host}:{http_port}"
         except BaseException:
             await self.stop()
             raise
 
     async def stop(self) -> None:
         """Close containers (draining their queued operations), then the
-        server, the client and the metadata session (idempotent)."""
+        server, the client and the metadata session (idempotent); ``/metrics``
+        first (its authenticator reads the metadata store)."""
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         if self.ownership is not None:
             await self.ownership.close()  # stops the containers, deregisters
             self.ownership = None
@@ -211,9 +223,6 @@ class SegmentStoreHost:
         if self.metadata is not None:
             await self.metadata.close()
             self.metadata = None
-        if self._http is not None:
-            self._http.shutdown()
-            self._http = None
         self._stopped.set()
 
     async def wait_stopped(self) -> None:

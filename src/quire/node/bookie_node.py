@@ -4,7 +4,8 @@
 its own (BP-46 adds its boot steps between them, see the comments there):
 
 1. ``_check_identity``: a stable bookie id;
-2. ``_open_metadata``: the metadata store (leased registrations);
+2. ``_open_metadata``: the metadata store (leased registrations), and the
+   HTTP endpoint's TLS and authenticator (:func:`quire.auth.server_security`);
 3. ``_validate_cookie``: the cookie in every directory and in metadata (a
    directory that lost it refuses the start, unless
    ``data_integrity_stamp_missing_cookies``: then phase one runs and the
@@ -26,7 +27,7 @@ its own (BP-46 adds its boot steps between them, see the comments there):
     (:mod:`~quire.node.autorecovery`) when ``autorecovery_enabled``.
 
 :meth:`BookieNode.stop` undoes them: autorecovery and repair, services,
-listener and connections, the last fsync, storage, registration, metadata
+the HTTP endpoint, listener and connections, the last fsync, storage, registration, metadata
 store.
 """
 
@@ -37,7 +38,8 @@ import contextlib
 import logging
 from pathlib import Path
 
-from quire.bookie.admin import LoopAdminActions, serve_admin
+from quire.auth import ServerSecurity, server_security
+from quire.bookie.admin import ServiceAdminActions, serve_admin
 from quire.bookie.config import BookieConfig
 from quire.bookie.cookie import (
     CookieCheck,
@@ -51,6 +53,7 @@ from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage
 from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
+from quire.http import HttpServer
 from quire.metadata import BookieInfo, MetadataStore, open_store
 from quire.node.autorecovery import Autorecovery, AutorecoverySettings
 from quire.node.entry_copier import EntryCopier
@@ -85,6 +88,11 @@ class BookieNode:
         self._committer: GroupCommitter | None = None
         self._server: BookieServer | None = None
         self._listener: asyncio.Server | None = None
+        self._security = ServerSecurity()
+        """TLS and authenticator of the HTTP endpoint (the settings' files are
+        read at start, after the metadata store opens: a bad or unprotected
+        file refuses the start)."""
+        self._http: HttpServer | None = None
         self._registered = False
         self._registering: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
@@ -129,6 +137,12 @@ class BookieNode:
     async def _open_metadata(self) -> MetadataStore:
         self._store = await open_store(self.config.metadata_uri,
                                        lease_ms=self.config.registration_lease_ms)
+        try:
+            self._security = server_security(self.config.security, self._store)
+        except QuireError:
+            await self._store.close()
+            self._store = None
+            raise
         return self._store
 
     async def _validate_cookie(self, store: MetadataStore) -> None:
@@ -187,9 +201,11 @@ class BookieNode:
         port = self._listener.sockets[0].getsockname()[1]
         self.address = f"{cfg.host}:{port}"
         if cfg.metrics_port >= 0:  # /metrics and the admin requests (quire.bookie.admin)
-            http = serve_admin(self.metrics.registry, LoopAdminActions(server.services, loop),
-                               cfg.host, cfg.metrics_port)
-            self.metrics_address = f"{cfg.host}:{http.server_port}"
+            self._http = await serve_admin(
+                self.metrics.registry, ServiceAdminActions(server.services), cfg.host,
+                cfg.metrics_port, tls=self._security.tls,
+                authenticator=self._security.authenticator)
+            self.metrics_address = f"{cfg.host}:{self._http.port}"
 
     async def _register(self) -> None:
         assert self._store is not None
@@ -280,6 +296,9 @@ class BookieNode:
         server = self._server
         if server is not None:
             await server.services.stop()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         self._listener.close()
         if server is not None:
             server.hub.close_all()
