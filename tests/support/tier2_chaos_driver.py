@@ -112,7 +112,7 @@ async def state(store: SegmentStore) -> dict[str, Any]:
         s = container.committed.get(name)
         assert s is not None
         if s.type is SegmentType.TABLE:
-            table = container.tables_committed.get(s.segment_id)
+            table = container.tables.committed.get(s.segment_id)
             keys = sorted(table.entries) if table is not None else []
             got = await store.table_get(name, keys)
             out[name] = {"table": sorted([e.key.hex(), (e.value or b"").hex()]

@@ -446,7 +446,7 @@ async def test_a_checkpoint_follows_every_checkpoint_every_bytes_of_operations(
     that brings the weight since the last checkpoint to
     ``checkpoint_every_bytes`` is followed by a checkpoint."""
     c = await reopen(logs, checkpoint_every_bytes=1000)
-    assert len(c.checkpoints) == 1  # the one opening writes; the weight starts at 0
+    assert len(c.committed_side.checkpoints) == 1  # the one opening writes; the weight starts at 0
     await c.create_segment(S)  # 64
     await c.create_segment("tbl", SegmentType.TABLE)  # 128
     await c.append(S, b"a" * 100)  # 292
@@ -456,13 +456,13 @@ async def test_a_checkpoint_follows_every_checkpoint_every_bytes_of_operations(
     await c.update_attributes(S, [AttributeUpdate(9, UpdateType.REPLACE, 2)])  # 848
     await c.append(S, b"d" * 87)  # 999
     await c.barrier()
-    assert len(c.checkpoints) == 1
+    assert len(c.committed_side.checkpoints) == 1
     await c.update_attributes(S, [AttributeUpdate(9, UpdateType.REPLACE, 3)])  # 1063
     await c.barrier()
-    assert len(c.checkpoints) == 2
+    assert len(c.committed_side.checkpoints) == 2
     await c.append(S, b"e" * 800)  # 864 since that checkpoint
     await c.barrier()
-    assert len(c.checkpoints) == 2
+    assert len(c.committed_side.checkpoints) == 2
     await c.close()
 
 

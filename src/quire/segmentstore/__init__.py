@@ -23,6 +23,8 @@ Modules, each importing only those listed before it:
   :mod:`~quire.segmentstore.tables` -- table segments' entries and index;
 * :mod:`~quire.segmentstore.container_tables` -- a container's table
   requests and indexes;
+* :mod:`~quire.segmentstore.committed_side` -- a container's committed
+  state: replay, commits, checkpoints in the log, its truncation;
 * :mod:`~quire.segmentstore.container` -- one container;
 * :mod:`~quire.segmentstore.storage_records` -- codecs of the tier-2
   attribute and index batches and system-journal snapshots;

@@ -11,32 +11,28 @@ call time; its future fails with the typed error, and nothing of it is
 applied.
 
 When the frame holding an operation is durable, the operation is applied to
-the committed state and the read index, then acknowledged.  Reads and
-``get_info`` see only the committed state.  A failed tier-1 append fails the
-container (every later call fails with the same error); it must be
-reopened, which replays the log.
+the committed state, then acknowledged.  The committed state is the
+container's :attr:`SegmentContainer.committed_side`
+(:class:`~quire.segmentstore.committed_side.CommittedSide`): the committed
+metadata and read index, the log's replay at opening, the commits, the
+checkpoints still in the log and its truncation below them (with tier-2).
+Reads and ``get_info`` see only the committed state.  A failed tier-1
+append fails the container (every later call fails with the same error); it
+must be reopened, which replays the log.
 
 Opening a container takes its log (fencing the previous owner), replays it
-(a checkpoint operation restores the whole metadata; every other operation
-is applied as it was live) and writes a checkpoint, which also proves the
-log is still ours.
-
-With tier-2 (``tier2_read``), the log is truncated below a checkpoint once
-every byte the checkpoint counts is in tier-2 (:meth:`truncate_log`, called
-by the storage writer).  Replay then starts at that checkpoint: bytes below
-it are read from tier-2 (the read index's ``fetch_tier2``), and each table's
-index is rebuilt from its whole data.
+and writes a checkpoint, which also proves the log is still ours.
 
 Table requests are served by the container's :attr:`SegmentContainer.tables`
 (:class:`~quire.segmentstore.container_tables.ContainerTables`) on its
-segments; the container hands it each committed table update.
+segments; the committed side hands it each committed table update.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +42,6 @@ from quire.errors import (
     BadOffsetError,
     ContainerClosedError,
     ContainerFencedError,
-    CorruptRecordError,
     QuireError,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -54,12 +49,13 @@ from quire.errors import (
     SegmentStoreError,
     SegmentTruncatedError,
 )
-from quire.log import DurableDataLog, LogFencedError, Position
+from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore import frames
+from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
 from quire.segmentstore.futures import call_as_future, failed_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
-from quire.segmentstore.operation_log import OperationLog, Pending, read_frame, read_operations
+from quire.segmentstore.operation_log import OperationLog
 from quire.segmentstore.operations import (
     APPEND,
     PLAIN_APPEND_HEAD,
@@ -75,10 +71,7 @@ from quire.segmentstore.operations import (
     SealOp,
     SegmentMapOp,
     TruncateOp,
-    as_operation,
 )
-from quire.segmentstore.read_index import ReadIndex
-from quire.segmentstore.tables import TableIndex
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
     MAX_APPEND_BYTES,
@@ -105,10 +98,6 @@ _WRITER_APPEND_LENGTH = WRITER_APPEND_HEAD.size - 4
 """The same for an APPEND carrying one attribute (a writer's number)."""
 _KEY_LIMIT = ATTRIBUTE_KEY_LIMIT
 _LOW_64 = (1 << 64) - 1
-Tier2Read = Callable[[int, str, int, int], Awaitable[bytes]]
-"""``tier2_read(segment_id, name, offset, length)``: up to ``length`` bytes of
-the segment from ``offset`` out of tier-2 (b"" where tier-2 has none)."""
-_LAST_ENTRY = (1 << 63) - 1
 MAX_NAME_BYTES = 1024
 
 
@@ -168,6 +157,20 @@ def resolve_updates(current: Mapping[int, int], updates: Iterable[AttributeUpdat
     return tuple(changed.items())
 
 
+def initial_attributes(attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None
+                       ) -> Attributes:
+    """A new segment's attributes, checked: given as values, or as updates
+    (resolved against none)."""
+    if attributes is None:
+        return ()
+    if isinstance(attributes, Mapping):
+        for k, v in attributes.items():
+            check_key(k)
+            check_value(v)
+        return tuple(attributes.items())
+    return resolve_updates({}, attributes)
+
+
 class SegmentContainer:
     """One container on its tier-1 log; get one with :meth:`open`."""
 
@@ -175,35 +178,35 @@ class SegmentContainer:
                  clock: Clock, tier2_read: Tier2Read | None = None) -> None:
         self.container_id = container_id
         self._log = log
-        self._config = config
         self._clock_ms = clock.wall_ms
-        self.committed = ContainerMetadata(container_id)
-        self.accepted = self.committed
-        self.read_index = ReadIndex(self._fetch, config.read_index_budget_bytes)
-        self.tier2_read = tier2_read
-        """Where bytes no longer in memory or tier-1 are read (None: no tier-2)."""
-        if tier2_read is not None:
-            self.read_index.fetch_tier2 = self.fetch_tier2
-        self.merges: list[tuple[int, int, int, int]] = []
-        """Committed merges ``(target id, source id, target offset, length)``
-        for the storage writer to take (kept only with tier-2)."""
-        self.checkpoints: list[tuple[int, Position, dict[int, int]]] = []
-        """Committed checkpoints still in the log, oldest first: (sequence,
-        address, each live segment's length then): where the log may be cut."""
-        self._oplog = OperationLog(log, self._commit, max_frame_bytes=config.max_frame_bytes,
+        self.tables = ContainerTables(self)
+        """The table requests on this container's segments, and their indexes."""
+        side = CommittedSide(container_id, log, config.read_index_budget_bytes, self.tables,
+                             tier2_read)
+        self.committed_side: CommittedSide = side
+        """The committed state: what the log holds durably (see the module docstring)."""
+        self.read_index = side.read_index
+        """The committed data (the committed side's)."""
+        self.accepted = side.metadata
+        """The accepted state: every operation queued so far (a copy of the
+        committed state made once the log is replayed)."""
+        self._oplog = OperationLog(log, side.commit, max_frame_bytes=config.max_frame_bytes,
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    cut_ops=config.frame_cut_ops,
                                    cut_bytes=config.frame_cut_bytes,
-                                   on_failure=self._failed,
-                                   on_frame_committed=self._commit_frame,
+                                   on_failure=side.failed,
+                                   on_frame_committed=side.commit_frame,
                                    checkpoint_every_bytes=config.checkpoint_every_bytes,
                                    on_checkpoint_due=self._checkpoint_due)
-        self.tables = ContainerTables(self)
-        """The table requests on this container's segments, and their indexes."""
 
     @property
     def epoch(self) -> int:
         return self._log.epoch
+
+    @property
+    def committed(self) -> ContainerMetadata:
+        """The committed metadata (the committed side's)."""
+        return self.committed_side.metadata
 
     @property
     def clock_ms(self) -> Callable[[], int]:
@@ -225,12 +228,10 @@ class SegmentContainer:
         container = cls(container_id, log, config or ContainerConfig(), clock, tier2_read)
         try:
             await log.initialize()
-            truncated = await container._replay()
-            if truncated:
-                await container.tables.rebuild()
+            await container.committed_side.replay()
             container.accepted = container.committed.copy()
             container.tables.accept_committed()
-            await container._checkpoint()
+            await container._add_checkpoint()
         except LogFencedError as e:
             await log.close()
             raise ContainerFencedError(f"container {container_id}: fenced while opening") from e
@@ -239,65 +240,14 @@ class SegmentContainer:
             raise
         return container
 
-    async def _replay(self) -> bool:
-        """Apply the log; True if it starts at a checkpoint after truncation."""
-        committed = self.committed
-        started = truncated = False
-        async for address, ops in read_operations(self._log):
-            for op in ops:
-                if not started:
-                    # a truncated log starts in the frame of its first checkpoint
-                    if not isinstance(op, CheckpointOp) and op.sequence != 1:
-                        continue
-                    started = True
-                    truncated = op.sequence != 1
-                if isinstance(op, CheckpointOp):
-                    restored = ContainerMetadata.restore(op.checkpoint)
-                    if committed.sequence not in (0, restored.sequence):
-                        raise CorruptRecordError(
-                            f"container {self.container_id}: checkpoint after "
-                            f"{restored.sequence} found after {committed.sequence}")
-                    self.committed = committed = restored
-                committed.apply(op)
-                self._index(op, address)
-        return truncated
-
-    async def fetch_tier2(self, segment_id: int, offset: int, length: int) -> bytes:
-        """The read index's way to tier-2 (see :data:`Tier2Read`)."""
-        s = self.committed.segments.get(segment_id)
-        if s is None or self.tier2_read is None:
-            return b""
-        return await self.tier2_read(segment_id, s.name, offset, length)
-
     def add_checkpoint(self) -> asyncio.Future[Any] | None:
         """Write a checkpoint now, unless nothing was logged since the last
         one; its future completes when it is durable."""
-        if self.checkpoints and self.checkpoints[-1][0] == self.accepted.sequence:
+        checkpoints = self.committed_side.checkpoints
+        if checkpoints and checkpoints[-1][0] == self.accepted.sequence:
             return None
         self._oplog.check()
         return self._add_checkpoint()
-
-    async def truncate_log(self, in_tier2: Callable[[int, int], bool]) -> int | None:
-        """Truncate the log below the newest checkpoint whose every segment
-        length ``(segment_id, length)`` is ``in_tier2``; its sequence (None
-        if no checkpoint qualifies).  The checkpoint's own frame stays: a
-        reopen starts there."""
-        for i in range(len(self.checkpoints) - 1, -1, -1):
-            sequence, address, lengths = self.checkpoints[i]
-            if all(in_tier2(sid, length) for sid, length in lengths.items()):
-                break
-        else:
-            return None
-        if address.entry_id > 0:
-            await self._log.truncate(Position(address.ledger_seq, address.entry_id - 1))
-        elif address.ledger_seq > 0:
-            await self._log.truncate(Position(address.ledger_seq - 1, _LAST_ENTRY))
-        # else: the checkpoint is the log's first record, nothing is below it
-        del self.checkpoints[:i]
-        return sequence
-
-    async def _checkpoint(self) -> None:
-        await self._add_checkpoint()
 
     def _add_checkpoint(self) -> asyncio.Future[Any]:
         accepted = self.accepted
@@ -310,66 +260,6 @@ class SegmentContainer:
         # its failure, if any, is the log's and reaches every later request
         self._add_checkpoint().add_done_callback(retrieve)
 
-    # --- the committed side -------------------------------------------------
-
-    def _commit_frame(self, batch: list[Pending], address: Position) -> None:
-        """Each operation of a durable frame, in order (see :meth:`_commit`);
-        the appends the hot path packed as tuples are applied inline."""
-        committed = self.committed
-        segments = committed.segments
-        index_append = self.read_index.append
-        commit = self._commit
-        sequence = committed.sequence
-        for pending in batch:
-            op = pending[0]
-            if not isinstance(op, tuple):
-                committed.sequence = sequence
-                commit(op, address)
-                sequence = committed.sequence
-                continue
-            segment_id, offset, data, op_sequence, timestamp_ms, attributes = op
-            s = segments.get(segment_id)
-            sequence += 1
-            if s is None or s.deleted or s.sealed or offset != s.length \
-                    or op_sequence != sequence:  # (what committed.apply checks)
-                committed.sequence = sequence - 1
-                commit(as_operation(op), address)  # raises the error that says what is wrong
-                raise AssertionError(f"operation {op_sequence} does not fit")
-            apply_append(s, offset + len(data), attributes, timestamp_ms)
-            index_append(segment_id, offset, data, address)
-        committed.sequence = sequence
-
-    def _commit(self, op: Operation, address: Position) -> None:
-        if isinstance(op, CheckpointOp):
-            self.committed.sequence = op.sequence  # the committed state is what it holds
-            self._remember_checkpoint(op, address)
-        else:
-            self.committed.apply(op)
-            self._index(op, address)
-
-    def _remember_checkpoint(self, op: CheckpointOp, address: Position) -> None:
-        self.checkpoints.append((op.sequence, address, {
-            s.segment_id: s.length for s in self.committed.segments.values() if not s.deleted}))
-
-    def _index(self, op: Operation, address: Position) -> None:
-        if isinstance(op, AppendOp):
-            if self.committed.segments[op.segment_id].type is SegmentType.TABLE:
-                self.tables.committed_append(op.segment_id, op.offset, op.data)
-            self.read_index.append(op.segment_id, op.offset, op.data, address)
-        elif isinstance(op, TruncateOp):
-            self.read_index.truncate(op.segment_id, op.start_offset)
-        elif isinstance(op, DeleteOp):
-            self.tables.forget_committed(op.segment_id)
-            self.read_index.delete(op.segment_id)
-        elif isinstance(op, MergeOp):
-            self.read_index.merge(op.target_id, op.source_id, op.target_offset, op.length)
-            if self.tier2_read is not None:
-                self.merges.append((op.target_id, op.source_id, op.target_offset, op.length))
-        elif isinstance(op, SealOp | AttributesOp):
-            self.read_index.notify(op.segment_id)
-        elif isinstance(op, CheckpointOp):
-            self._remember_checkpoint(op, address)
-
     @property
     def failure(self) -> BaseException | None:
         """Why the container stopped serving (fenced by another owner, a
@@ -378,21 +268,6 @@ class SegmentContainer:
         if oplog.failure is not None:
             return oplog.failure
         return ContainerClosedError("the container is closed") if oplog.closed else None
-
-    def _failed(self, _error: BaseException) -> None:
-        self.read_index.notify_all()
-
-    async def _fetch(self, segment_id: int, offset: int, length: int,
-                     address: Position) -> bytes:
-        """The segment's bytes [offset, offset + length) from the frame at ``address``."""
-        parts = [op.data for op in await read_frame(self._log, address)
-                 if isinstance(op, AppendOp) and op.segment_id == segment_id
-                 and offset <= op.offset < offset + length]
-        data = b"".join(parts)
-        if len(data) != length:
-            raise CorruptRecordError(f"segment {segment_id}: frame {address} holds {len(data)} "
-                                     f"of the {length} bytes at {offset}")
-        return data
 
     # --- requests ------------------------------------------------------------
 
@@ -443,15 +318,7 @@ class SegmentContainer:
             if self.accepted.get(name) is not None:
                 raise SegmentExistsError(f"segment {name!r} exists")
             kind = SegmentType(segment_type)
-            if attributes is None:
-                initial: Attributes = ()
-            elif isinstance(attributes, Mapping):
-                for k, v in attributes.items():
-                    check_key(k)
-                    check_value(v)
-                initial = tuple(attributes.items())
-            else:
-                initial = resolve_updates({}, attributes)
+            initial = initial_attributes(attributes)
             seq, now = self._next()
             op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name, kind, initial)
             return self._log_op(op)
@@ -628,15 +495,10 @@ class SegmentContainer:
 
     # --- tables ---------------------------------------------------------------------
 
-    @property
-    def tables_committed(self) -> dict[int, TableIndex]:
-        """Each table's committed index, by segment id (the storage writer's)."""
-        return self.tables.committed
-
     def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
                   ) -> asyncio.Future[list[int]]:
-        """:meth:`ContainerTables.put` (the storage writer's way to its
-        metadata table)."""
+        """:meth:`ContainerTables.put` (under the name the store and the
+        storage writer's source give it)."""
         return self.tables.put(name, entries)
 
     # --- reads (committed state) -------------------------------------------------
@@ -645,7 +507,7 @@ class SegmentContainer:
         """The committed segment ``name`` (SegmentNotFoundError if there is
         none, the container's failure if it failed)."""
         self._oplog.check()
-        s = self.committed.get(name)
+        s = self.committed_side.metadata.get(name)
         if s is None:
             raise SegmentNotFoundError(f"no segment {name!r}")
         return s

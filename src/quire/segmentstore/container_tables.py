@@ -7,7 +7,7 @@ keeps two metadata states: the *accepted* index (every update queued, used
 to check the next update's conditions and to give its versions) and the
 *committed* index (updates whose frame is durable, the one reads see).  An
 update is one append to the table's segment (:mod:`quire.segmentstore.tables`
-encodes it); the container hands each committed one back
+encodes it); the container's committed side hands each committed one back
 (:meth:`ContainerTables.committed_append`), on replay too.  After a replay
 that started at a checkpoint (a truncated log), each table's index is
 rebuilt from its whole data (:meth:`ContainerTables.rebuild`).
@@ -45,8 +45,11 @@ class TableHost(Protocol):
     :meth:`barrier` is a future giving ``result`` once everything accepted
     before it is durable."""
 
-    committed: ContainerMetadata
-    read_index: ReadIndex
+    @property
+    def committed(self) -> ContainerMetadata: ...
+
+    @property
+    def read_index(self) -> ReadIndex: ...
 
     def writable_segment(self, name: str) -> SegmentMetadata: ...
 

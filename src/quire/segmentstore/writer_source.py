@@ -18,7 +18,8 @@ from quire.segmentstore.metadata import SegmentMetadata
 from quire.segmentstore.types import SegmentType
 
 if TYPE_CHECKING:  # the adapter only holds a container: importing one is the caller's
-    from quire.segmentstore.container import SegmentContainer, Tier2Read
+    from quire.segmentstore.committed_side import CommittedSide, Tier2Read
+    from quire.segmentstore.container import SegmentContainer
 
 Merge = tuple[int, int, int, int]
 """A committed merge: (target id, source id, offset in the target, length)."""
@@ -125,11 +126,13 @@ class WriterSource(Protocol):
 
 
 class ContainerWriterSource:
-    """The :class:`WriterSource` of a live container (through its public
-    attributes and requests only)."""
+    """The :class:`WriterSource` of a live container: its committed side
+    (:class:`~quire.segmentstore.committed_side.CommittedSide`) and its
+    table indexes for the committed state, its requests for the rest."""
 
     def __init__(self, container: SegmentContainer) -> None:
         self._container = container
+        self._committed: CommittedSide = container.committed_side
 
     @property
     def container_id(self) -> int:
@@ -144,17 +147,17 @@ class ContainerWriterSource:
 
     @property
     def segments(self) -> Mapping[int, SegmentMetadata]:
-        return self._container.committed.segments
+        return self._committed.metadata.segments
 
     def segment(self, name: str) -> SegmentMetadata | None:
-        return self._container.committed.get(name)
+        return self._committed.metadata.get(name)
 
     def table_entries(self, segment_id: int) -> Mapping[bytes, tuple[int, bytes]]:
-        table = self._container.tables_committed.get(segment_id)
+        table = self._container.tables.committed.get(segment_id)
         return _NO_ENTRIES if table is None else table.entries
 
     def take_merges(self) -> Sequence[Merge]:
-        merges = self._container.merges
+        merges = self._committed.merges
         if not merges:
             return ()  # (asked once per segment flushed)
         taken = list(merges)
@@ -162,27 +165,23 @@ class ContainerWriterSource:
         return taken
 
     async def read(self, segment_id: int, offset: int, length: int) -> bytes:
-        return await self._container.read_index.read(segment_id, offset, length)
+        return await self._committed.read_index.read(segment_id, offset, length)
 
     def flushed(self, segment_id: int, length: int) -> None:
-        container = self._container
-        container.committed.segments[segment_id].storage_length = length
-        container.read_index.flushed(segment_id, length)
+        self._committed.flushed(segment_id, length)
 
     def read_from_tier2(self, read: Tier2Read) -> None:
-        container = self._container
-        container.tier2_read = read
-        container.read_index.fetch_tier2 = container.fetch_tier2
+        self._committed.read_from_tier2(read)
 
     def create_segment(self, name: str, segment_type: SegmentType) -> Awaitable[None]:
         return self._container.create_segment(name, segment_type)
 
     def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
                   ) -> Awaitable[list[int]]:
-        return self._container.table_put(name, entries)
+        return self._container.tables.put(name, entries)
 
     def add_checkpoint(self) -> Awaitable[object] | None:
         return self._container.add_checkpoint()
 
     async def truncate_log(self, in_tier2: Callable[[int, int], bool]) -> int | None:
-        return await self._container.truncate_log(in_tier2)
+        return await self._committed.truncate_log(in_tier2)

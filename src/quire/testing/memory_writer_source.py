@@ -53,7 +53,7 @@ from quire.segmentstore.writer_source import Merge
 from quire.testing.clock import ManualClock
 
 if TYPE_CHECKING:
-    from quire.segmentstore.container import Tier2Read
+    from quire.segmentstore.committed_side import Tier2Read
 
 _NO_ENTRIES: Mapping[bytes, tuple[int, bytes]] = {}
 
