@@ -516,6 +516,24 @@ async def test_store_routes_by_name_and_keeps_container_count(logs: MemoryDataLo
         await metadata.close()
 
 
+async def test_a_stores_containers_run_on_its_clock(logs: MemoryDataLogs) -> None:
+    """The clock given to a store is its containers': their operations'
+    timestamps are its time."""
+    metadata = await open_store("memory://segstore-clock")
+    clock = ManualClock(5000)
+    try:
+        store = await SegmentStore.open(None, [0, 1], metadata_store=metadata,
+                                        open_log=lambda c: logs.open(f"c{c}"), clock=clock,
+                                        config=SegmentStoreConfig(container_count=2))
+        await store.create_segment(S)
+        clock.advance(250)
+        await store.append(S, b"x")
+        assert (await store.get_info(S)).last_modified_ms == 5250
+        await store.close()
+    finally:
+        await metadata.close()
+
+
 async def test_tail_reads_that_time_out_leave_no_waiter_behind(
         container: SegmentContainer) -> None:
     await container.create_segment(S)

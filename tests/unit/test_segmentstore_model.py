@@ -40,6 +40,7 @@ from quire.segmentstore import (
     SegmentType,
 )
 from quire.segmentstore.tables import encode_batch
+from quire.testing.clock import ManualClock
 from quire.testing.memory_data_log import MemoryDataLogs
 from tests.support.segment_model import (
     KEYS,
@@ -69,9 +70,11 @@ class ContainerMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.logs = MemoryDataLogs()
+        self.clock = ManualClock()
         self.config = ContainerConfig(checkpoint_every_bytes=300, read_index_budget_bytes=200,
                                       max_frame_bytes=256)
-        self.container = self.run(SegmentContainer.open(0, self.logs.open("c"), self.config))
+        self.container = self.run(SegmentContainer.open(0, self.logs.open("c"), self.config,
+                                                        clock=self.clock))
         self.model: dict[str, Seg] = {}
         self.table: dict[bytes, tuple[int, bytes]] = {}
         self.table_length = 0
@@ -311,7 +314,8 @@ class ContainerMachine(RuleBasedStateMachine):
             self.run(self.container.close())
         # not clean: the old instance is just abandoned; the new one fences it
         old = self.container
-        self.container = self.run(SegmentContainer.open(0, self.logs.open("c"), self.config))
+        self.container = self.run(SegmentContainer.open(0, self.logs.open("c"), self.config,
+                                                        clock=self.clock))
         if not clean:
             self.run(old.close())
 

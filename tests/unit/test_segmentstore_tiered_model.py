@@ -28,7 +28,6 @@ _stores = itertools.count()
 class TieredContainerMachine(ContainerMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.clock_ms = 0
         self.storage: ChunkStorage = self.run(
             open_chunk_storage(f"memory://tiered-{next(_stores)}"))
         self.writer = self.run(self._start_writer())
@@ -39,7 +38,7 @@ class TieredContainerMachine(ContainerMachine):
         self.container.read_index.drop_batch_chunks = 1
         return await StorageWriter.start(ContainerWriterSource(self.container), self.storage,
                                          StorageWriterConfig(),
-                                         max_chunk_bytes=32, clock_ms=lambda: self.clock_ms)
+                                         max_chunk_bytes=32)
 
     def teardown(self) -> None:
         self.run(self.storage.close())
@@ -51,7 +50,7 @@ class TieredContainerMachine(ContainerMachine):
         self.writer.config = StorageWriterConfig(flush_threshold_bytes=threshold_bytes,
                                                  flush_threshold_ms=1)
         for _ in range(iterations):
-            self.clock_ms += later_ms
+            self.clock.advance(later_ms)
             before = self.writer.truncated_at
             self.run(self.writer.flush_once())
             if self.writer.truncated_at != before:
@@ -65,6 +64,7 @@ class TieredContainerMachine(ContainerMachine):
         old = self.container
         reader = self.run(Tier2Reader.load(self.storage, 0))
         self.container = self.run(SegmentContainer.open(0, self.logs.open("c"), self.config,
+                                                        clock=self.clock,
                                                         tier2_read=reader.read))
         if not clean:
             self.run(old.close())

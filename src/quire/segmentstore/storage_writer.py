@@ -141,13 +141,11 @@ class StorageWriter:
     with :meth:`start`; run :meth:`flush_once` or :meth:`run`."""
 
     def __init__(self, source: WriterSource, storage: ChunkStorage,
-                 config: StorageWriterConfig, max_chunk_bytes: int,
-                 clock_ms: Callable[[], int]) -> None:
+                 config: StorageWriterConfig, max_chunk_bytes: int) -> None:
         self.source = source
         self.storage = storage
         self.config = config
         self.max_chunk_bytes = max_chunk_bytes
-        self._clock_ms = clock_ms
         cid = source.container_id
         self.metadata_segment = storage_metadata_name(cid)
         self._namer = ChunkNamer(source.epoch)
@@ -169,13 +167,11 @@ class StorageWriter:
     @classmethod
     async def start(cls, source: WriterSource, storage: ChunkStorage,
                     config: StorageWriterConfig | None = None, *,
-                    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
-                    clock_ms: Callable[[], int] | None = None) -> Self:
+                    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES) -> Self:
         """A writer for ``source``'s container: creates its storage-metadata
         segment if missing, loads the recorded layouts (tier-1's table,
         tier-2's journal) and has the container read tier-2 through them."""
-        writer = cls(source, storage, config or StorageWriterConfig(), max_chunk_bytes,
-                     clock_ms or source.now_ms)
+        writer = cls(source, storage, config or StorageWriterConfig(), max_chunk_bytes)
         if source.segment(writer.metadata_segment) is None:
             await source.create_segment(writer.metadata_segment, SegmentType.TABLE)
         await writer._load()
@@ -198,7 +194,7 @@ class StorageWriter:
         flush order (by segment id within a bucket)."""
         config = self.config
         return self._planner.plan(self.source.segments, config.flush_threshold_bytes,
-                                  config.flush_threshold_ms, self._clock_ms())
+                                  config.flush_threshold_ms, self.source.now_ms())
 
     # --- one iteration ------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quire.client import Client
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     ChunkExistsError,
     ChunkNotFoundError,
@@ -152,13 +153,16 @@ class SegmentStore:
     def __init__(self, container_count: int, open_log: OpenLog,
                  config: SegmentStoreConfig, tier2: ChunkStorage | None = None,
                  max_chunk_bytes: int = 0,
-                 start_writer: StartWriter = start_storage_writer) -> None:
+                 start_writer: StartWriter = start_storage_writer,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.container_count = container_count
         self._open_log = open_log
         self._config = config
         self.tier2 = tier2
         self._max_chunk_bytes = max_chunk_bytes
         self._start_writer = start_writer
+        self.clock = clock
+        """The containers' clock (their operations' timestamps, their writers' thresholds)."""
         self._containers: dict[int, SegmentContainer] = {}
         self.writers: dict[int, StorageWriter] = {}
         """Each hosted container's storage writer (none without tier-2)."""
@@ -172,14 +176,16 @@ class SegmentStore:
                    config: SegmentStoreConfig | None = None,
                    metadata_store: MetadataStore | None = None,
                    open_log: OpenLog | None = None,
-                   start_writer: StartWriter = start_storage_writer) -> SegmentStore:
+                   start_writer: StartWriter = start_storage_writer,
+                   clock: Clock = SYSTEM_CLOCK) -> SegmentStore:
         """A store hosting ``container_ids`` (each opened: fenced, replayed).
         The containers' tier-1 logs are named logs on ``client``'s cluster,
         unless ``open_log`` gives others (tests: the in-memory twin, with
         ``metadata_store`` and no client).  With ``tier2`` (a URI or a
         :class:`~quire.tier2.Tier2Config`), each container runs a
         :class:`~quire.segmentstore.storage_writer.StorageWriter` flushing to it
-        (``start_writer`` starts it: tests give a writer of their own)."""
+        (``start_writer`` starts it: tests give a writer of their own).
+        ``clock`` is the containers' (:class:`~quire.clock.Clock`)."""
         config = config or SegmentStoreConfig()
         if metadata_store is None:
             if client is None:
@@ -206,7 +212,7 @@ class SegmentStore:
             except BaseException:
                 await storage.close()
                 raise
-        store = cls(count, open_log, config, storage, max_chunk_bytes, start_writer)
+        store = cls(count, open_log, config, storage, max_chunk_bytes, start_writer, clock)
         try:
             await asyncio.gather(*(store.start_container(c) for c in container_ids))
         except BaseException:
@@ -257,7 +263,7 @@ class SegmentStore:
                 await Tier2Reader.load(self.tier2, container_id)
             container = await SegmentContainer.open(
                 container_id, self._open_log(container_id), self._config.container,
-                tier2_read=None if reader is None else reader.read)
+                clock=self.clock, tier2_read=None if reader is None else reader.read)
             if self.tier2 is not None:
                 try:
                     writer = await self._start_writer(

@@ -40,9 +40,8 @@ class ChaosStorageWriter(StorageWriter):
     """See the module docstring.  In PDP-40's order until :meth:`break_order`."""
 
     def __init__(self, source: WriterSource, storage: ChunkStorage,
-                 config: StorageWriterConfig, max_chunk_bytes: int,
-                 clock_ms: Callable[[], int]) -> None:
-        super().__init__(source, storage, config, max_chunk_bytes, clock_ms)
+                 config: StorageWriterConfig, max_chunk_bytes: int) -> None:
+        super().__init__(source, storage, config, max_chunk_bytes)
         self.before_step: StepHook | None = None
         self.shuffle: random.Random | None = None
         """The shuffle of the steps once the order is broken (None: PDP-40's order)."""
