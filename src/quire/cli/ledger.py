@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
+    open_cli_store,
     run_async,
     with_client,
 )
@@ -104,10 +104,8 @@ def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, led
 @json_option
 def list_ledgers(metadata_uri: str | None, as_json: bool) -> None:
     """List ledger ids with their state and size."""
-    from quire.metadata import open_store
-
     async def go() -> list[dict[str, Any]]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             out = []
             for ledger_id in await store.list_ledgers():
@@ -138,10 +136,8 @@ def list_ledgers(metadata_uri: str | None, as_json: bool) -> None:
 @json_option
 def info(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
     """Show a ledger's metadata (fragments included)."""
-    from quire.metadata import open_store
-
     async def go() -> dict[str, Any]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             return describe(ledger_id, (await store.read_ledger(ledger_id)).value)
         finally:

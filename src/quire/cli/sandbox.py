@@ -119,8 +119,8 @@ def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[
 
 async def check_store(metadata_uri: str) -> None:
     """Open and close the metadata store, so a URI that is not one fails
-    here, before any bookie starts."""
-    from quire.metadata import open_store
+    here, before any bookie starts (initialising it, and saying so, if new)."""
+    from quire.cli.common import open_cli_store
 
-    store = await open_store(metadata_uri)
+    store = await open_cli_store(metadata_uri, create=True)
     await store.close()
