@@ -298,11 +298,11 @@ class StorageError(QuireError):
 class HttpRequestError(QuireError):
     """An HTTP request refused by a route of :mod:`quire.http` (a bad body,
     an unknown resource, a state that does not allow it): answered with
-    ``status`` and ``{"error": message}``."""
+    ``http_status`` and ``{"error": message}``."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.http_status = status
 
 
 class AdminRequestError(QuireError):

@@ -166,7 +166,7 @@ class SegmentStoreHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            options = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
+            options: dict[str, Any] = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
                 not cfg.metadata_uri.startswith("zk://") else {}
             self.metadata = await open_store(cfg.metadata_uri, **options)
             self.client = await Client.over(self.metadata, ClientConfig())
