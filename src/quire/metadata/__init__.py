@@ -33,6 +33,7 @@ from quire.metadata.model import (
     UpdateRecord,
     Versioned,
     deserialize,
+    ledger_json,
     serialize,
 )
 from quire.metadata.sqlite import open_sqlite
@@ -67,6 +68,7 @@ __all__ = [
     "Versioned",
     "Watch",
     "deserialize",
+    "ledger_json",
     "open_store",
     "read_leader",
     "serialize",
