@@ -58,6 +58,9 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
             click.echo(f"metadata: {cluster.metadata_uri}")
             if cluster.controller is not None:
                 click.echo(f"controller: {cluster.controller.uri}")
+                page = cluster.controller.ready_event.get("page")
+                if page:
+                    click.echo(f"cluster page: {page}")
             click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
             if cluster.controller is not None:
                 click.echo(f"try: quire stream --controller {cluster.controller.uri} ... "
