@@ -4,7 +4,7 @@ For the REST API and the cluster page.
 
 The client keeps a reader group's state in its own table segment,
 ``<scope>/<group>_kvtable/0.#epoch.0`` (its "table synchronizer"), which
-the controller never sees created.  Each table key is a UTF-8 string
+the controller never sees created.  Each table key is a CBOR text string
 ``NN<outer>[/<inner>]`` (``NN``: the outer key's length, two digits); each
 value is CBOR (:mod:`quire.controller.cbor`) ``{"type_id": str, "data":
 [bytes as an array of ints]}``, ``data`` itself CBOR of a value of type
@@ -134,7 +134,10 @@ def parse_state(scope: str, name: str, entries: list[tuple[bytes, bytes]]) -> Re
     are not the client's format."""
     state = ReaderGroupState(scope, name)
     for raw_key, raw_value in entries:
-        outer, inner = split_key(raw_key.decode())
+        key = decode(raw_key)
+        if not isinstance(key, str):
+            raise ValueError(f"table key {raw_key!r} is not a CBOR text string")
+        outer, inner = split_key(key)
         if inner is None:
             continue  # a map's version record
         wrapper = decode(raw_value)

@@ -128,6 +128,10 @@ class _StoreCollector(Collector):
         iterations = GaugeMetricFamily("quire_segmentstore_flush_iterations",
                                        "Storage writer flush iterations since the container "
                                        "opened", labels=["container"])
+        tier1_queued = GaugeMetricFamily("quire_segmentstore_tier1_queued_bytes",
+                                         "Bytes of operations queued for tier-1, not yet in a "
+                                         "frame written (the tier-1 backlog)",
+                                         labels=["container"])
         read_index = GaugeMetricFamily("quire_segmentstore_read_index_bytes",
                                        "Bytes the container's read index holds in memory",
                                        labels=["container"])
@@ -148,6 +152,7 @@ class _StoreCollector(Collector):
                 segments.add_metric(label, len(live))
                 stored.add_metric(label, sum(s.length - s.start_offset for s in live))
                 read_index.add_metric(label, container.read_index.cached_bytes)
+                tier1_queued.add_metric(label, container.operation_log.queued_bytes)
                 writer = store.writers.get(c)
                 if writer is not None:
                     backlog.add_metric(label, writer.backlog_bytes())
@@ -159,7 +164,7 @@ class _StoreCollector(Collector):
         for cause, count in sorted(causes.items()):
             flush_failed.add_metric([cause], count)
         yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
-                    read_index, flush_failed)
+                    read_index, flush_failed, tier1_queued)
 
 
 class SegmentStoreHost:

@@ -110,5 +110,5 @@ async def open_store(uri: str, *, create: bool = True, **options: Any) -> Metada
         options["create"] = create
     store = await opener(uri, **options)
     if getattr(store, "initialised", False):
-        log.warning("%s: initialised a new Quire metadata store", uri)
+        log.info("%s: initialised a new Quire metadata store", uri)
     return store
