@@ -466,6 +466,7 @@ class Sandbox:
                                    for s in self.segment_stores],
                 "controller": None if self.controller is None else {
                     "uri": self.controller.uri, "metrics": self.controller.metrics_address,
+                    "page": self.controller.ready_event.get("page"),
                     "pid": pid(self.controller)}}
 
 

@@ -99,7 +99,7 @@ def start(metadata_uri: str | None, worker_id: str | None, lost_bookie_delay_s: 
             await pool.close()
             await client.close()
 
-    with_store(metadata_uri, go)
+    with_store(metadata_uri, go, create=True)
 
 
 @autorecovery.command("audit")

@@ -136,27 +136,49 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, sort_keys=True))
 
 
-def with_client(metadata_uri: str | None, action: Callable[[Client], Awaitable[T]]) -> T:
-    """Run ``action(client)`` on a client of ``metadata_uri`` (or the default)."""
+async def open_cli_store(metadata_uri: str | None, *, create: bool = False) -> MetadataStore:
+    """The metadata store of ``metadata_uri`` (or the default).
+
+    Reading never creates: without ``create`` a URI that names no store is
+    ``error: no Quire metadata at URI`` (:class:`~quire.errors.NoMetadataError`).
+    Only a command that creates things passes ``create``, and says so on
+    stderr when it did initialise a new store."""
+    from quire.metadata import open_store
+
+    uri = metadata_uri or default_metadata_uri()
+    store = await open_store(uri, create=create)
+    if getattr(store, "initialised", False):
+        click.echo(f"initialised a new Quire metadata store at {uri}", err=True)
+    return store
+
+
+def with_client(metadata_uri: str | None, action: Callable[[Client], Awaitable[T]], *,
+                create: bool = False) -> T:
+    """Run ``action(client)`` on a client of the metadata store of
+    ``metadata_uri`` (or the default; see :func:`open_cli_store`)."""
     from quire.client import Client
 
     async def go() -> T:
-        client = await Client.connect(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri, create=create)
         try:
-            return await action(client)
+            client = await Client.over(store)
+            try:
+                return await action(client)
+            finally:
+                await client.close()
         finally:
-            await client.close()
+            await store.close()
 
     return run_async(go)
 
 
-def with_store(metadata_uri: str | None, action: Callable[[MetadataStore], Awaitable[T]]) -> T:
+def with_store(metadata_uri: str | None, action: Callable[[MetadataStore], Awaitable[T]], *,
+               create: bool = False) -> T:
     """Run ``action(store)`` on the metadata store of ``metadata_uri`` (or the
-    default), closed afterwards."""
-    from quire.metadata import open_store
+    default; see :func:`open_cli_store`), closed afterwards."""
 
     async def go() -> T:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri, create=create)
         try:
             return await action(store)
         finally:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
+    open_cli_store,
     run_async,
     with_client,
 )
@@ -21,30 +21,10 @@ from quire.types import DigestType, LedgerType
 
 if TYPE_CHECKING:
     from quire.client import Client
-    from quire.metadata import LedgerMetadata
 
 T = TypeVar("T")
 
 password_option = click.option("--password", default="", help="Ledger password.")
-
-
-def describe(ledger_id: int, md: LedgerMetadata) -> dict[str, Any]:
-    return {
-        "ledger_id": ledger_id,
-        "state": md.state.value,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum_size": md.write_quorum_size,
-        "ack_quorum_size": md.ack_quorum_size,
-        "ledger_type": md.ledger_type.value,
-        "digest_type": md.digest_type.value,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
-        "ensembles": [{"first_entry_id": first, "bookies": list(bookies)}
-                      for first, bookies in md.ensembles],
-        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in
-                            md.custom_metadata.items()},
-        "creation_time_ms": md.creation_time_ms,
-    }
 
 
 @click.group()
@@ -104,15 +84,14 @@ def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, led
 @json_option
 def list_ledgers(metadata_uri: str | None, as_json: bool) -> None:
     """List ledger ids with their state and size."""
-    from quire.metadata import open_store
-
+    from quire.metadata import ledger_json
     async def go() -> list[dict[str, Any]]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             out = []
             for ledger_id in await store.list_ledgers():
                 md = (await store.read_ledger(ledger_id)).value
-                out.append(describe(ledger_id, md))
+                out.append(ledger_json(ledger_id, md))
             return out
         finally:
             await store.close()
@@ -138,12 +117,11 @@ def list_ledgers(metadata_uri: str | None, as_json: bool) -> None:
 @json_option
 def info(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
     """Show a ledger's metadata (fragments included)."""
-    from quire.metadata import open_store
-
+    from quire.metadata import ledger_json
     async def go() -> dict[str, Any]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
-            return describe(ledger_id, (await store.read_ledger(ledger_id)).value)
+            return ledger_json(ledger_id, (await store.read_ledger(ledger_id)).value)
         finally:
             await store.close()
 

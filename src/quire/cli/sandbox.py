@@ -58,6 +58,9 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
             click.echo(f"metadata: {cluster.metadata_uri}")
             if cluster.controller is not None:
                 click.echo(f"controller: {cluster.controller.uri}")
+                page = cluster.controller.ready_event.get("page")
+                if page:
+                    click.echo(f"cluster page: {page}")
             click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
             if cluster.controller is not None:
                 click.echo(f"try: quire stream --controller {cluster.controller.uri} ... "
@@ -119,8 +122,8 @@ def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[
 
 async def check_store(metadata_uri: str) -> None:
     """Open and close the metadata store, so a URI that is not one fails
-    here, before any bookie starts."""
-    from quire.metadata import open_store
+    here, before any bookie starts (initialising it, and saying so, if new)."""
+    from quire.cli.common import open_cli_store
 
-    store = await open_store(metadata_uri)
+    store = await open_cli_store(metadata_uri, create=True)
     await store.close()

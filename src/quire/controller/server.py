@@ -14,10 +14,12 @@ import grpc
 from quire.auth import ServerSecurity
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.controller.core import ControllerConfig, ControllerCore
+from quire.controller.reader_groups import ReaderGroups
+from quire.controller.rest import ControllerRest
 from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
-from quire.http import HttpServer
+from quire.http import HttpServer, Route, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,13 @@ class Controller:
         self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
         """The port of ``/metrics`` once started, if it is served."""
+        self.reader_groups = ReaderGroups(store)
+        """The REST API's reader groups (a host sets its ``lister``)."""
+        self.http_routes: list[Route] = []
+        self.sessions: SessionStore | None = None
+        """More routes for the HTTP port (the cluster page) and its browser
+        sessions: set before :meth:`start`.  The REST API (:mod:`quire.controller.rest`)
+        is always served there."""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Serve on ``host:port`` (0: any free port); the port bound."""
@@ -63,9 +72,11 @@ class Controller:
             raise ConfigError(f"controller: cannot listen on {host}:{port}")
         config = self.core.config
         if config.metrics_port >= 0:
-            self._metrics_server = HttpServer(self.core.metrics.registry,
-                                              tls=self.security.tls,
-                                              authenticator=self.security.authenticator)
+            routes = [*ControllerRest(self.core, self.reader_groups).routes(), *self.http_routes]
+            self._metrics_server = HttpServer(
+                self.core.metrics.registry, routes, tls=self.security.tls,
+                authenticator=self.security.authenticator, sessions=self.sessions,
+                ready=lambda: (True, "") if self._server is not None else (False, "starting"))
             self.metrics_port = await self._metrics_server.start(host, config.metrics_port)
         await server.start()
         self._server = server

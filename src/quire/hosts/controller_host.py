@@ -17,10 +17,13 @@ from typing import Any
 
 from quire.auth import server_security
 from quire.controller import Controller, ControllerConfig, NodeAddress
+from quire.controller.cluster_view import ClusterView, PeerHttp
+from quire.controller.page import ClusterPage
 from quire.errors import ConfigError
 from quire.hosts.process import run
+from quire.http import SessionStore
 from quire.metadata import MetadataStore, open_store
-from quire.security import SecurityConfig
+from quire.security import SecurityConfig, TokenSigner, client_context
 from quire.segmentstore import owner_address
 from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
 from quire.streams.connection import split_address
@@ -58,6 +61,7 @@ class ControllerHost:
         self.metadata: MetadataStore | None = None
         self.segments: RemoteSegmentStore | None = None
         self.controller: Controller | None = None
+        self.view: ClusterView | None = None
         self.address = ""
         self.metrics_address: str | None = None
         self._stopped = asyncio.Event()
@@ -76,13 +80,37 @@ class ControllerHost:
                 retry_deadline_ms=cfg.segment_request_timeout_ms))
             self.controller = Controller(self.segments, self._controller_config(), locate,
                                          security=server_security(cfg.security, self.metadata))
+            self._add_page(self.controller, self.metadata)
             port = await self.controller.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{port}"
             if self.controller.metrics_port is not None:
                 self.metrics_address = f"{cfg.host}:{self.controller.metrics_port}"
+                if self.view is not None:
+                    self.view.start()
         except BaseException:
             await self.stop()
             raise
+
+    def _add_page(self, controller: Controller, metadata: MetadataStore) -> None:
+        """The cluster page at /ui/ (quire.controller.page) and the REST API's
+        reader-group listing, both reading the other processes over HTTP with
+        this controller's TLS trust and, under auth, an internal token."""
+        security = self.config.security
+        tls = client_context(security.tls_ca_file) if security.tls_ca_file else None
+        signer = TokenSigner.from_file(security.auth_token_secret_file) \
+            if security.auth_enabled and security.auth_token_secret_file else None
+
+        def authorization() -> str | None:
+            return None if signer is None else f"Bearer {signer.internal_token(60)}"
+
+        self.view = ClusterView(controller.core, metadata, PeerHttp(tls, authorization),
+                                controller.reader_groups)
+        controller.reader_groups.lister = self.view.segment_names
+        authenticator = controller.security.authenticator
+        controller.sessions = SessionStore() if authenticator is not None else None
+        controller.http_routes = ClusterPage(self.view, authenticator, controller.sessions,
+                                             secure_cookie=controller.security.tls is not None
+                                             ).routes()
 
     def _controller_config(self) -> ControllerConfig:
         cfg = self.config
@@ -92,6 +120,9 @@ class ControllerHost:
     async def stop(self) -> None:
         """Stop serving, then drop the segment-store connections and the
         metadata session (idempotent)."""
+        if self.view is not None:
+            await self.view.close()
+            self.view = None
         if self.controller is not None:
             await self.controller.close()
             self.controller = None
@@ -107,8 +138,10 @@ class ControllerHost:
         await self._stopped.wait()
 
     def ready_event(self) -> dict[str, Any]:
+        scheme = "https" if self.config.security.tls_enabled else "http"
+        page = f"{scheme}://{self.metrics_address}/ui/" if self.metrics_address else None
         return {"address": self.address, "uri": f"tcp://{self.address}",
-                "metrics": self.metrics_address}
+                "metrics": self.metrics_address, "page": page}
 
 
 def run_controller(config: ControllerHostConfig) -> None:

@@ -13,6 +13,7 @@ drained) before the server and the session go.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from quire.auth import server_security
 from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
+from quire.hosts.segmentstore_admin import SegmentStoreAdmin
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
@@ -126,6 +128,18 @@ class _StoreCollector(Collector):
         iterations = GaugeMetricFamily("quire_segmentstore_flush_iterations",
                                        "Storage writer flush iterations since the container "
                                        "opened", labels=["container"])
+        tier1_queued = GaugeMetricFamily("quire_segmentstore_tier1_queued_bytes",
+                                         "Bytes of operations queued for tier-1, not yet in a "
+                                         "frame written (the tier-1 backlog)",
+                                         labels=["container"])
+        read_index = GaugeMetricFamily("quire_segmentstore_read_index_bytes",
+                                       "Bytes the container's read index holds in memory",
+                                       labels=["container"])
+        flush_failed = GaugeMetricFamily(
+            "quire_segmentstore_tier2_flush_failures",
+            "Containers whose storage writer stopped on a failure, by cause (its type)",
+            labels=["cause"])
+        causes = collections.Counter({"none": 0})
         if store is not None:
             ids = store.container_ids
             hosted.add_metric([], len(ids))
@@ -137,13 +151,20 @@ class _StoreCollector(Collector):
                 live = [s for s in container.committed.segments.values() if not s.deleted]
                 segments.add_metric(label, len(live))
                 stored.add_metric(label, sum(s.length - s.start_offset for s in live))
+                read_index.add_metric(label, container.read_index.cached_bytes)
+                tier1_queued.add_metric(label, container.operation_log.queued_bytes)
                 writer = store.writers.get(c)
                 if writer is not None:
                     backlog.add_metric(label, writer.backlog_bytes())
                     iterations.add_metric(label, writer.iterations)
+                    if writer.failure is not None:
+                        causes[type(writer.failure).__name__] += 1
         ownership = self._host.ownership
         assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
-        yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations)
+        for cause, count in sorted(causes.items()):
+            flush_failed.add_metric([cause], count)
+        yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
+                    read_index, flush_failed, tier1_queued)
 
 
 class SegmentStoreHost:
@@ -161,12 +182,13 @@ class SegmentStoreHost:
         self.metrics_address: str | None = None
         self.registry = CollectorRegistry()
         self._http: HttpServer | None = None
+        self._admin = SegmentStoreAdmin()
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         cfg = self.config
         try:
-            options = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
+            options: dict[str, Any] = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
                 not cfg.metadata_uri.startswith("zk://") else {}
             self.metadata = await open_store(cfg.metadata_uri, **options)
             self.client = await Client.over(self.metadata, ClientConfig())
@@ -187,17 +209,20 @@ class SegmentStoreHost:
             await self.server.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
-            self.ownership = ContainerOwnership(
-                self.metadata, self.segments, self.host_id, self.address,
-                OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms))
-            await self.ownership.start()
-            if cfg.metrics_port >= 0:
+            if cfg.metrics_port >= 0:  # before ownership: it registers the address
                 security = server_security(cfg.security, self.metadata)
                 self.registry.register(_StoreCollector(self))
-                self._http = HttpServer(self.registry, tls=security.tls,
-                                        authenticator=security.authenticator)
+                self._http = HttpServer(self.registry, self._admin.routes(), tls=security.tls,
+                                        authenticator=security.authenticator,
+                                        ready=self._admin.readiness)
                 http_port = await self._http.start(cfg.host, cfg.metrics_port)
                 self.metrics_address = f"{cfg.host}:{http_port}"
+            self.ownership = ContainerOwnership(
+                self.metadata, self.segments, self.host_id, self.address,
+                OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms),
+                metrics_address=self.metrics_address)
+            self._admin.store, self._admin.ownership = self.segments, self.ownership
+            await self.ownership.start()
         except BaseException:
             await self.stop()
             raise

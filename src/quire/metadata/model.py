@@ -216,6 +216,27 @@ def deserialize(data: bytes) -> LedgerMetadata:
         raise MetadataError(f"malformed ledger metadata: {e}") from e
 
 
+def ledger_json(ledger_id: int, md: LedgerMetadata) -> dict[str, Any]:
+    """A ledger's metadata as JSON-ready values (``quire ledger info``, the
+    bookie admin API's ``/api/v1/ledger/metadata``)."""
+    return {
+        "ledger_id": ledger_id,
+        "state": md.state.value,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum_size": md.write_quorum_size,
+        "ack_quorum_size": md.ack_quorum_size,
+        "ledger_type": md.ledger_type.value,
+        "digest_type": md.digest_type.value,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "ensembles": [{"first_entry_id": first, "bookies": list(bookies)}
+                      for first, bookies in md.ensembles],
+        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in
+                            md.custom_metadata.items()},
+        "creation_time_ms": md.creation_time_ms,
+    }
+
+
 def serialize_bookie(info: BookieInfo) -> bytes:
     """Encode a registry entry as JSON."""
     return json.dumps({"bookie_id": info.bookie_id, "address": info.address,

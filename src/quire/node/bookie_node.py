@@ -55,6 +55,7 @@ from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
 from quire.http import HttpServer
 from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.node.admin_api import BookieAdminApi
 from quire.node.autorecovery import Autorecovery, AutorecoverySettings
 from quire.node.entry_copier import EntryCopier
 from quire.node.integrity import protect_if_needed
@@ -104,11 +105,39 @@ class BookieNode:
         self._client: Client | None = None
         self._peers: BookiePool | None = None
         self._autorecovery: Autorecovery | None = None
+        self._admin = BookieAdminApi(self)
+        """The admin API under /api/v1/ (quire.node.admin_api)."""
+        self.stopping = False
 
     @property
     def server(self) -> BookieServer:
         assert self._server is not None, "bookie not started"
         return self._server
+
+    # what the admin API reads (quire.node.admin_api.AdminTarget)
+    @property
+    def metadata(self) -> MetadataStore:
+        assert self._store is not None, "bookie not started"
+        return self._store
+
+    @property
+    def storage(self) -> BookieStorage:
+        assert self._storage is not None, "bookie not started"
+        return self._storage
+
+    @property
+    def autorecovery(self) -> Autorecovery | None:
+        return self._autorecovery
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/ready``: registered (so clients find it) and not stopping."""
+        if self.stopping:
+            return False, "stopping"
+        return (True, "") if self._registered else (False, "not registered yet")
 
     @property
     def read_only(self) -> bool:
@@ -204,7 +233,8 @@ class BookieNode:
             self._http = await serve_admin(
                 self.metrics.registry, ServiceAdminActions(server.services), cfg.host,
                 cfg.metrics_port, tls=self._security.tls,
-                authenticator=self._security.authenticator)
+                authenticator=self._security.authenticator,
+                extra_routes=self._admin.routes(), ready=self.readiness)
             self.metrics_address = f"{cfg.host}:{self._http.port}"
 
     async def _register(self) -> None:
@@ -240,6 +270,9 @@ class BookieNode:
         self._repair_task = asyncio.get_running_loop().create_task(
             self._repair.run(everything_first=cfg.data_integrity_checking))
         self._repair_task.add_done_callback(_log_failure)
+
+    async def client_and_peers(self) -> tuple[Client, BookiePool]:
+        return await self._client_and_peers(self.metadata)
 
     async def _client_and_peers(self, store: MetadataStore) -> tuple[Client, BookiePool]:
         """The client (recovery) and peer pool (copies) that repair and
@@ -292,6 +325,8 @@ class BookieNode:
         """Clean shutdown: stop accepting, flush, checkpoint, unregister."""
         if self._listener is None:
             return
+        self.stopping = True
+        await self._admin.close()
         await self._stop_background()
         server = self._server
         if server is not None:

@@ -106,6 +106,11 @@ class AppendRequests:
                 if not r.duplicate:
                     metrics.events.inc(c.num_event)
                     metrics.bytes_appended.inc(len(c.data))
+                    totals = metrics.segment_totals.get(segment)
+                    if totals is None:
+                        totals = metrics.segment_totals[segment] = [0, 0]
+                    totals[0] += c.num_event
+                    totals[1] += len(c.data)
             return DataAppended(c.writer_id, c.last_event_number, _previous(r), c.request_id,
                                 r.length)
         self._connection.reply(
