@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from quire.controller import Controller, ControllerConfig, NodeAddress
+from quire.controller.cluster import MetadataCluster
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.metadata import MetadataStore, open_store
 from quire.segmentstore import owner_address
+from quire.segmentstore.scale_requests import ScaleRequests
 from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
 from quire.streams.connection import split_address
 
@@ -38,10 +40,26 @@ class ControllerHostConfig:
     """How often streams with a retention policy are truncated."""
     segment_request_timeout_ms: int = 30_000
     """How long one segment-store request may take (then its outcome is unknown)."""
+    txn_max_lease_ms: int = 600_000
+    """The longest transaction lease (Pravega's default maximum, 600 s)."""
+    txn_sweep_interval_ms: int = 1_000
+    """How often the leader looks for expired leases and half-done workflows."""
+    autoscale_interval_ms: int = 1_000
+    """How often the leader acts on the segment stores' auto-scaling requests."""
+    autoscale_request_validity_ms: int = 600_000
+    """Auto-scaling requests older than this are dropped (Pravega's 10 minutes)."""
+    lease_ms: int = 0
+    """The metadata session's lease for the embedded drivers (0: the driver's
+    default): how soon after this controller dies another takes over its
+    duties and its half-done work.  ZooKeeper uses its session timeout."""
+    workflow_pause_ms: int = 0
+    """Pause after each workflow's intent is written (tests and demos)."""
 
     def __post_init__(self) -> None:
         if self.segment_request_timeout_ms <= 0:
             raise ConfigError("segment_request_timeout_ms must be positive")
+        if self.lease_ms < 0:
+            raise ConfigError("lease_ms must not be negative")
 
 
 class ControllerHost:
@@ -59,7 +77,9 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            self.metadata = await open_store(cfg.metadata_uri)
+            options = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
+                not cfg.metadata_uri.startswith("zk://") else {}
+            self.metadata = await open_store(cfg.metadata_uri, **options)
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:
@@ -68,7 +88,10 @@ class ControllerHost:
             self.segments = RemoteSegmentStore(resolve, SegmentClientConfig(
                 request_timeout_ms=cfg.segment_request_timeout_ms,
                 retry_deadline_ms=cfg.segment_request_timeout_ms))
-            self.controller = Controller(self.segments, self._controller_config(), locate)
+            self.controller = Controller(
+                self.segments, self._controller_config(), locate,
+                cluster=MetadataCluster(self.metadata, f"{cfg.host}:{cfg.port}"),
+                requests=ScaleRequests(self.metadata))
             port = await self.controller.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{port}"
             if self.controller.metrics_port is not None:
@@ -80,7 +103,12 @@ class ControllerHost:
     def _controller_config(self) -> ControllerConfig:
         cfg = self.config
         return ControllerConfig(metrics_port=cfg.metrics_port,
-                                retention_interval_ms=cfg.retention_interval_ms)
+                                retention_interval_ms=cfg.retention_interval_ms,
+                                txn_max_lease_ms=cfg.txn_max_lease_ms,
+                                txn_sweep_interval_ms=cfg.txn_sweep_interval_ms,
+                                autoscale_interval_ms=cfg.autoscale_interval_ms,
+                                autoscale_request_validity_ms=cfg.autoscale_request_validity_ms,
+                                workflow_pause_ms=cfg.workflow_pause_ms)
 
     async def stop(self) -> None:
         """Stop serving, then drop the segment-store connections and the
@@ -100,8 +128,9 @@ class ControllerHost:
         await self._stopped.wait()
 
     def ready_event(self) -> dict[str, Any]:
+        member = self.controller.core.cluster.member if self.controller is not None else None
         return {"address": self.address, "uri": f"tcp://{self.address}",
-                "metrics": self.metrics_address}
+                "metrics": self.metrics_address, "member": member}
 
 
 def run_controller(config: ControllerHostConfig) -> None:

@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from quire.client import Client, ClientConfig
+from quire.clock import SYSTEM_CLOCK
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.log import WriterOptions
@@ -35,6 +36,8 @@ from quire.segmentstore import (
     SegmentStore,
     SegmentStoreConfig,
 )
+from quire.segmentstore.scale_requests import AutoScaleReporter, ScaleRequests
+from quire.segmentstore.segment_rates import AutoScalerConfig
 from quire.segmentstore.storage_writer import StorageWriterConfig
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,13 @@ class SegmentStoreHostConfig:
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
+    autoscale_windows_s: tuple[int, ...] = (120, 300, 600, 1200)
+    autoscale_cooldown_s: int = 600
+    autoscale_mute_s: int = 600
+    autoscale_tick_ms: int = 5_000
+    """Auto-scaling's rate windows (2, 5, 10 and 20 minutes), cooldown, mute
+    and tick, Pravega's defaults (see
+    :class:`~quire.segmentstore.segment_rates.AutoScalerConfig`)."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -87,6 +97,11 @@ class SegmentStoreHostConfig:
             raise ConfigError("read_index_budget_bytes must not be negative")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
+        self.autoscaler()  # checks the auto-scaling settings
+
+    def autoscaler(self) -> AutoScalerConfig:
+        return AutoScalerConfig(self.autoscale_windows_s, self.autoscale_cooldown_s,
+                                self.autoscale_mute_s, self.autoscale_tick_ms)
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
@@ -150,6 +165,7 @@ class SegmentStoreHost:
         self.segments: SegmentStore | None = None
         self.server: SegmentServer | None = None
         self.ownership: ContainerOwnership | None = None
+        self.autoscaler: AutoScaleReporter | None = None
         self.address = ""
         self.host_id = config.host_id
         self.metrics_address: str | None = None
@@ -185,6 +201,11 @@ class SegmentStoreHost:
                 self.metadata, self.segments, self.host_id, self.address,
                 OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms))
             await self.ownership.start()
+            segments = self.segments
+            self.autoscaler = AutoScaleReporter(
+                lambda: [segments.container(c) for c in segments.container_ids],
+                ScaleRequests(self.metadata), cfg.autoscaler(), SYSTEM_CLOCK.wall_ms)
+            self.autoscaler.start()
             if cfg.metrics_port >= 0:
                 self.registry.register(_StoreCollector(self))
                 self._http, _thread = start_http_server(cfg.metrics_port, cfg.host,
@@ -197,6 +218,9 @@ class SegmentStoreHost:
     async def stop(self) -> None:
         """Close containers (draining their queued operations), then the
         server, the client and the metadata session (idempotent)."""
+        if self.autoscaler is not None:
+            await self.autoscaler.close()
+            self.autoscaler = None
         if self.ownership is not None:
             await self.ownership.close()  # stops the containers, deregisters
             self.ownership = None

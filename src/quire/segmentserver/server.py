@@ -69,6 +69,7 @@ from quire.pravega_wire import (
     SegmentDeleted,
     SegmentIsSealed,
     SegmentIsTruncated,
+    SegmentPolicyUpdated,
     SegmentRead,
     SegmentSealed,
     SegmentsMerged,
@@ -103,6 +104,7 @@ from quire.segmentstore import (
     SegmentType,
     UpdateType,
 )
+from quire.segmentstore.segment_rates import policy_attributes
 from quire.segmentstore.types import NULL_ATTRIBUTE_VALUE
 
 log = logging.getLogger("quire.segmentserver")
@@ -242,7 +244,7 @@ class WireConnection(asyncio.Protocol):
             ReadTableKeys: self._read_table_keys,
             ReadTableEntries: self._read_table_entries,
             ReadTableEntriesDelta: self._read_table_delta,
-            UpdateSegmentPolicy: self._unsupported,
+            UpdateSegmentPolicy: self._update_policy,
             MergeTableSegments: self._unsupported,
         }
 
@@ -375,7 +377,7 @@ class WireConnection(asyncio.Protocol):
     def _keep_alive(self, _c: KeepAlive) -> None:
         self._answer(KeepAlive())
 
-    def _unsupported(self, c: UpdateSegmentPolicy | MergeTableSegments) -> None:
+    def _unsupported(self, c: MergeTableSegments) -> None:
         self._answer(OperationUnsupported(c.request_id, type(c).__name__, ""))
 
     # --- appends ------------------------------------------------------------------
@@ -519,8 +521,15 @@ class WireConnection(asyncio.Protocol):
     # --- segment lifecycle ------------------------------------------------------------
 
     def _create_segment(self, c: CreateSegment) -> None:
-        self._reply(lambda: self._store.create_segment(c.segment, SegmentType.STREAM),
+        policy = policy_attributes(c.scale_type, c.target_rate) if c.scale_type else None
+        self._reply(lambda: self._store.create_segment(c.segment, SegmentType.STREAM, policy),
                     lambda _: SegmentCreated(c.request_id, c.segment), c.request_id, c.segment)
+
+    def _update_policy(self, c: UpdateSegmentPolicy) -> None:
+        self._reply(lambda: self._store.update_segment_policy(c.segment, c.scale_type,
+                                                              c.target_rate),
+                    lambda _: SegmentPolicyUpdated(c.request_id, c.segment), c.request_id,
+                    c.segment)
 
     def _create_table_segment(self, c: CreateTableSegment) -> None:
         self._reply(lambda: self._store.create_segment(c.segment, SegmentType.TABLE),

@@ -72,6 +72,7 @@ from quire.segmentstore.operations import (
     decode,
 )
 from quire.segmentstore.read_index import ReadIndex
+from quire.segmentstore.segment_rates import SegmentRates
 from quire.segmentstore.tables import (
     TableDelta,
     TableEntry,
@@ -210,6 +211,8 @@ class SegmentContainer:
         self._checkpoint_every_bytes = config.checkpoint_every_bytes
         self.tables_accepted: dict[int, TableIndex] = {}
         self.tables_committed: dict[int, TableIndex] = {}
+        self.rates = SegmentRates()
+        """Bytes and events appended per segment, for auto-scaling."""
 
     @property
     def epoch(self) -> int:
@@ -561,6 +564,7 @@ class SegmentContainer:
                                              segment_id, offset, 0, size) + data
                     queued: PackedAppend = (segment_id, offset, data, sequence, now, ())
                     result = AppendResult(end)
+                    events = 1
                 else:
                     wid, number = writer
                     if type(wid) is not int or not 0 <= wid < _KEY_LIMIT:
@@ -584,9 +588,11 @@ class SegmentContainer:
                               ((wid, number),))
                     attributes[wid] = number
                     result = AppendResult(end, number, last)
+                    events = 1 if last is None else number - last
                 s.length = end
                 s.last_modified_ms = now
                 accepted.sequence = sequence
+                self.rates.record(segment_id, size, events)
                 future = oplog.add_encoded(queued, raw, result)
                 self._bytes_since_checkpoint += size + 64
                 if self._bytes_since_checkpoint >= self._checkpoint_every_bytes:
