@@ -39,7 +39,7 @@ from typing import Protocol
 
 from quire.errors import ConfigError
 from quire.segmentstore.metadata import ContainerMetadata
-from quire.segmentstore.names import TRANSACTION_DELIMITER
+from quire.segmentstore.names import base_segment_name
 from quire.segmentstore.types import SegmentType
 
 _CORE_ATTRIBUTE = 1 << 127
@@ -181,7 +181,7 @@ class AutoScaleMonitor:
             for segment_id, size, events in rates.take():
                 s = segments.get(segment_id)
                 if s is not None:
-                    base = s.name.split(TRANSACTION_DELIMITER, 1)[0]
+                    base = base_segment_name(s.name)
                     counted = counts.setdefault(base, [0, 0])
                     counted[0] += size
                     counted[1] += events
@@ -189,7 +189,7 @@ class AutoScaleMonitor:
             for s in segments.values():
                 kind = s.attributes.get(SCALE_POLICY_TYPE_KEY, NO_SCALING)
                 if kind != NO_SCALING and not s.sealed and not s.deleted \
-                        and s.type is SegmentType.STREAM and "#" not in s.name:
+                        and s.type is SegmentType.STREAM and base_segment_name(s.name) == s.name:
                     policies[s.name] = (kind, s.attributes.get(SCALE_POLICY_RATE_KEY, 0))
         for gone in [n for n in self._aggregates if n not in policies]:
             del self._aggregates[gone]
