@@ -128,6 +128,9 @@ class SegmentServerConfig:
     tail_read_wait_ms: int = 5_000
     """How long a read at the tail of an unsealed segment waits for data
     before it is answered empty (``at_tail``); the client times out at 30 s."""
+    tail_read_linger_ms: int = 10
+    """Once data reached a read waiting at the tail, how long more must stay
+    away before it is answered (0: answer at once); see ``_burst``."""
     max_read_bytes: int = 2 * 1024 * 1024
     """Most bytes one SegmentRead carries (and table reads, roughly)."""
     max_table_entries_per_read: int = 1_000
@@ -140,6 +143,8 @@ class SegmentServerConfig:
             raise ConfigError("max_outstanding_requests must be positive")
         if not 0 <= self.tail_read_wait_ms < 30_000:
             raise ConfigError("tail_read_wait_ms must be in 0..29999 (the client waits 30 s)")
+        if not 0 <= self.tail_read_linger_ms <= 1_000:
+            raise ConfigError("tail_read_linger_ms must be in 0..1000")
         if not 1 <= self.max_read_bytes <= MAX_WIRECOMMAND_SIZE // 2:
             raise ConfigError("max_read_bytes must be in 1..half the largest frame")
         if self.max_table_entries_per_read < 1:
@@ -466,17 +471,49 @@ class WireConnection(asyncio.Protocol):
         segment waits (up to the tail wait) for the segment to reach it."""
         wait_ms = self._config.tail_read_wait_ms
         deadline = self._loop.time() + wait_ms / 1000
+        waited = False
         while True:
             remaining_ms = max(0, int((deadline - self._loop.time()) * 1000))
             try:
-                return await self._store.read(segment, offset, length, remaining_ms)
+                r = await self._store.read(segment, offset, length, 0)
+                if not r.data and not r.end_of_segment and remaining_ms > 0:
+                    waited = True
+                    r = await self._store.read(segment, offset, length, remaining_ms)
+                if r.data and r.at_tail and not r.end_of_segment:
+                    return await self._burst(segment, offset, length, r, waited)
+                return r
             except BadOffsetError:
                 info = await self._store.get_info(segment)
                 if offset <= info.length:
                     continue
                 if info.sealed or remaining_ms == 0:
                     return ReadResult(offset, b"", True, info.sealed)
+                waited = True
                 await self._store.read(segment, info.length, 1, remaining_ms)
+
+    async def _burst(self, segment: str, offset: int, length: int, r: ReadResult,
+                     waited: bool) -> ReadResult:
+        """An answer that reaches the tail of a segment being written (it
+        waited there, or the last append is younger than the linger) holds
+        the appends of the burst, not only those landed so far: it goes
+        once nothing more lands for the linger (at most five lingers in
+        all, or once full).  The Pravega client hands out each answer as a
+        slice, and has its next read answered before a slice is asked for:
+        cut at the instant, the events a writer wrote in a row would come
+        out one slice or two, as timing has it."""
+        linger_s = self._config.tail_read_linger_ms / 1000
+        if not waited and linger_s > 0:
+            age_ms = time.time() * 1000 - (await self._store.get_info(segment)).last_modified_ms
+            if age_ms >= self._config.tail_read_linger_ms:
+                return r
+        stop = self._loop.time() + 5 * linger_s
+        while len(r.data) < length:
+            left_ms = int(min(linger_s, stop - self._loop.time()) * 1000)
+            if left_ms <= 0 or not (await self._store.read(segment, offset + len(r.data), 1,
+                                                           left_ms)).data:
+                break
+            r = await self._store.read(segment, offset, length, 0)
+        return await self._store.read(segment, offset, length, 0)
 
     def _read_segment(self, c: ReadSegment) -> None:
         length = min(self._config.max_read_bytes, max(1, c.suggested_length))
