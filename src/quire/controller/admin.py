@@ -5,8 +5,8 @@ JSON objects (UTF-8), for ``quire stream info``, ``quire txn`` and
 
 * ``describeStream {"scope", "stream"}`` -> the stream's configuration,
   state, head, epochs (each ``{"epoch", "created_ms", "reason",
-  "segments": [{"id", "min_key", "max_key"}]}``: its scaling history) and
-  cold segments;
+  "segments": [{"id", "min_key", "max_key"}]}``: its scaling history), cold
+  segments and the number of cuts recorded for retention;
 * ``listTransactions {"scope", "stream"}`` -> ``[{"id" (32 hex), "state",
   "epoch", "lease_expiry_ms", "completed_ms", "segments"}]``;
 * ``listReaderGroups {"scope"}`` -> ``[{"name", ...its record}]``;
@@ -55,6 +55,7 @@ class AdminService:
                         "segments": [{"id": s.id, "min_key": s.min_key, "max_key": s.max_key}
                                      for s in e.segments]} for e in record.epochs],
             "cold": sorted(record.cold),
+            "retention_cuts": len(record.retention_cuts),
             "scaling": record.scale is not None or record.roll is not None,
         }
 
