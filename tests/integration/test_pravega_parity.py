@@ -190,7 +190,7 @@ def test_retention_by_size_and_by_time_truncates_within_its_limits(stack: Stack)
     by_size = manager.create_writer("kept", "size")
     by_time = manager.create_writer("kept", "time")
     end = 0
-    for n in range(40):
+    for _ in range(40):
         by_size.write_event("x" * 92)  # 100 bytes with its header
         by_time.write_event("y" * 92)
         end += 100
