@@ -19,6 +19,7 @@ from quire.controller.model import (
     ScaleType,
     StreamConfig,
     StreamRecord,
+    TxnRecord,
     TxnState,
     segment_id,
     segment_name,
@@ -350,3 +351,19 @@ def test_the_pravega_client_reader_group_state_is_read() -> None:
     assert group.streams == ["a/s"]
     assert group.readers == {"reader-1": {"a/s/0.#epoch.0": 0, "a/s/1.#epoch.0": 0}}
     assert group.unassigned == {}  # its one entry is a tombstone
+
+
+def test_a_pending_scale_or_roll_already_names_the_successors() -> None:
+    """A writer told its segment is sealed asks for the successors before the
+    new epoch is recorded: they exist, and are answered."""
+    record = StreamRecord.new(StreamConfig(2), 0)
+    record.scale = record.plan_scale([0], [(0.0, 0.25), (0.25, 0.5)], 5)
+    assert [s.id for s, _ in record.successors(0)] == [segment_id(1, 2), segment_id(1, 3)]
+    assert record.successors(1) == []
+    record.apply_scale(record.scale)
+    txn = TxnRecord(0, (0, 1), TxnState.COMMITTING, 0)
+    record.roll = record.plan_roll(txn, 6)
+    assert [s.id for s, _ in record.successors(segment_id(1, 2))] == [segment_id(2, 0)]
+    assert [s.id for s, _ in record.successors(segment_id(2, 0))] == \
+        [segment_id(3, 2), segment_id(3, 3)]
+    assert record.find(segment_id(3, 1)) is not None

@@ -257,9 +257,10 @@ class StreamRecord:
         return self.epochs[-1]
 
     def find(self, sid: int) -> SegmentRange | None:
-        """The segment ``sid`` from any epoch, or None if it never existed."""
+        """The segment ``sid`` from any epoch (a pending one too), or None if
+        it never existed."""
         first = segment_epoch(sid)
-        for epoch in self.epochs[first:first + 1]:
+        for epoch in [*self.epochs, *self.pending_epochs()][first:first + 1]:
             for s in epoch.segments:
                 if s.id == sid:
                     return s
@@ -268,11 +269,25 @@ class StreamRecord:
     def all_segments(self) -> dict[int, SegmentRange]:
         return {s.id: s for e in self.epochs for s in e.segments}
 
+    def pending_epochs(self) -> list[Epoch]:
+        """The epochs a pending scale or roll will add (its successors exist
+        before anything is sealed, so a sealed segment's are known)."""
+        if self.scale is not None:
+            kept = [s for s in self.current.segments if s.id not in self.scale.sealed]
+            return [Epoch(self.scale.epoch, self.scale.created_ms,
+                          tuple(sorted([*kept, *self.scale.created], key=lambda s: s.min_key)))]
+        if self.roll is not None:
+            c = self.current.epoch
+            return [Epoch(c + 1, self.roll.created_ms, self.roll.duplicates),
+                    Epoch(c + 2, self.roll.created_ms, self.roll.actives)]
+        return []
+
     def successors(self, sid: int) -> list[tuple[SegmentRange, list[int]]]:
-        """The segments that replaced ``sid`` when it was sealed by a scale,
-        each with all its predecessors; empty while ``sid`` is active (or it
-        was sealed with the stream)."""
-        for before, after in zip(self.epochs, self.epochs[1:], strict=False):
+        """The segments that replaced ``sid`` when it was sealed by a scale
+        (a pending one too), each with all its predecessors; empty while
+        ``sid`` is active (or it was sealed with the stream)."""
+        epochs = [*self.epochs, *self.pending_epochs()]
+        for before, after in itertools.pairwise(epochs):
             if sid in before.ids() and sid not in after.ids():
                 sealed = next(s for s in before.segments if s.id == sid)
                 kept = before.ids()
