@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.controller.base import ControllerConfig, segment_policy
@@ -61,15 +60,7 @@ from quire.segmentstore.scale_requests import ScaleRequests
 
 log = logging.getLogger("quire.controller")
 
-__all__ = ["ControllerConfig", "ControllerCore", "ScaleStarted"]
-
-
-@dataclass(frozen=True)
-class ScaleStarted:
-    """A scale done: the segments created and the epoch it started from."""
-
-    created: tuple[SegmentRange, ...]
-    from_epoch: int
+__all__ = ["ControllerConfig", "ControllerCore"]
 
 
 class ControllerCore(ScalingOps, TxnOps, RetentionOps):
