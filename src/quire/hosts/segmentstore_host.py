@@ -65,6 +65,9 @@ class SegmentStoreHostConfig:
     """The metadata session's lease for the embedded drivers (0: the
     driver's default); ZooKeeper uses its session timeout."""
     tail_read_wait_ms: int = 5_000
+    tail_read_linger_ms: int = 10
+    """How long an answer reaching the tail of a segment being written waits
+    for more of a writer's burst (see the segment server's ``_burst``)."""
     tier2_uri: str = ""
     """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
     each container's storage writer flushes there and tier-1 is truncated
@@ -152,7 +155,13 @@ class _StoreCollector(Collector):
                     iterations.add_metric(label, writer.iterations)
         ownership = self._host.ownership
         assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
-        yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations)
+        posted = GaugeMetricFamily("quire_segmentstore_autoscale_requests_posted",
+                                   "Hot and cold segments reported to the controller since "
+                                   "the process started")
+        reporter = self._host.autoscaler
+        posted.add_metric([], reporter.posted if reporter is not None else 0)
+        yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
+                    posted)
 
 
 class SegmentStoreHost:
@@ -193,7 +202,8 @@ class SegmentStoreHost:
                                         write_quorum_size=cfg.tier1_write_quorum_size,
                                         ack_quorum_size=cfg.tier1_ack_quorum_size)))
             self.server = SegmentServer(self.segments, SegmentServerConfig(
-                tail_read_wait_ms=cfg.tail_read_wait_ms), SegmentServerMetrics(self.registry))
+                tail_read_wait_ms=cfg.tail_read_wait_ms,
+                tail_read_linger_ms=cfg.tail_read_linger_ms), SegmentServerMetrics(self.registry))
             await self.server.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
