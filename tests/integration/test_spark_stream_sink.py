@@ -38,8 +38,8 @@ from quire.spark import recover_stream_writes
 from quire.spark.stream_commits import StreamCommits
 from quire.spark.stream_sink import StreamSinkOptions, _write_task
 from quire.streams import ControllerClient, RemoteSegmentStore, TxnState, tail_cut
-from tests.integration.test_pravega_client import by_routing_key, read_slices
 from tests.support.cluster import Cluster
+from tests.support.pravega_reading import by_routing_key, read_slices
 from tests.support.spark import forget_last_commit, run_available_now
 from tests.support.spark_cluster import SparkStandalone
 from tests.support.stream_stack import wait_for, with_stream_clients

@@ -12,7 +12,14 @@ from pathlib import Path
 import click
 
 from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json, run_async
-from quire.sandbox import NO_JOURNAL_SETTINGS, Sandbox, ServiceProcess, ServiceSupervisor
+from quire.sandbox import (
+    CONTROLLERS_HOST,
+    NO_JOURNAL_SETTINGS,
+    Sandbox,
+    ServiceProcess,
+    ServiceSupervisor,
+    resolves_to,
+)
 
 
 @click.command()
@@ -27,9 +34,17 @@ from quire.sandbox import NO_JOURNAL_SETTINGS, Sandbox, ServiceProcess, ServiceS
                    "and detect and repair what a crash loses (data_integrity_checking = true).")
 @click.option("--segment-stores", default=1, show_default=True,
               help="Number of segment store processes (0: bookies only, no controller).")
+@click.option("--controllers", default=1, show_default=True, type=click.IntRange(1, 9),
+              help="Number of controller processes, on 127.0.0.1 .. 127.0.0.N, one port.")
+@click.option("--autoscale-interval-s", default=0, type=click.IntRange(0, None),
+              help="Auto-scaling's rate windows, cooldown and mute, in seconds, so that "
+                   "streams scale within seconds (0: Pravega's 2 to 20 minutes).")
+@click.option("--retention-interval-s", default=0, type=click.IntRange(0, None),
+              help="How often retention policies are applied (0: every minute).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
-            segment_stores: int, as_json: bool) -> None:
+            segment_stores: int, controllers: int, autoscale_interval_s: int,
+            retention_interval_s: int, as_json: bool) -> None:
     """Run the whole system locally until Ctrl-C (or SIGTERM), as
     ``pravega standalone`` does: bookies, segment stores and the controller.
 
@@ -40,14 +55,16 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
     """
     journal_settings = NO_JOURNAL_SETTINGS if no_journal else {}
     cluster = Sandbox(directory, bookies, metadata_uri, segment_stores=segment_stores,
-                      controller=segment_stores > 0, metrics_port=0,
+                      controller=segment_stores > 0, controllers=controllers,
+                      autoscale_interval_s=autoscale_interval_s,
+                      retention_interval_s=retention_interval_s, metrics_port=0,
                       autorecovery_enabled=True, **journal_settings)
     run_async(lambda: check_store(cluster.metadata_uri))
 
     def ready(process: ServiceProcess) -> None:
         if not as_json:
-            label = process.service if process.name == process.service \
-                else f"{process.service} {process.name}"
+            label = process.service if process.name == process.service or \
+                process.service == "controller" else f"{process.service} {process.name}"
             click.echo(f"{label} ready on {process.address} "
                        f"(metrics http://{process.metrics_address}/metrics)", err=True)
 
@@ -57,13 +74,23 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
         else:
             click.echo(f"metadata: {cluster.metadata_uri}")
             if cluster.controller is not None:
-                click.echo(f"controller: {cluster.controller.uri}")
+                click.echo(f"controller: {cluster.controller_uri}")
                 page = cluster.controller.ready_event.get("page")
                 if page:
                     click.echo(f"cluster page: {page}")
+                if len(cluster.controllers) > 1:
+                    port = cluster.controller.settings["port"]
+                    if resolves_to(CONTROLLERS_HOST, len(cluster.controllers)):
+                        click.echo(f"controllers for a Pravega client: "
+                                   f"tcp://{CONTROLLERS_HOST}:{port}")
+                    else:
+                        click.echo(f"{CONTROLLERS_HOST} does not resolve to 127.0.0.1 .. "
+                                   f"127.0.0.{len(cluster.controllers)} (run scripts/setup "
+                                   "--system): a Pravega client can use one controller only",
+                                   err=True)
             click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
             if cluster.controller is not None:
-                click.echo(f"try: quire stream --controller {cluster.controller.uri} ... "
+                click.echo(f"try: quire stream --controller {cluster.controller_uri} ... "
                            "(or any Pravega client)", err=True)
             click.echo("Ctrl-C stops the sandbox", err=True)
 

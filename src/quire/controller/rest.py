@@ -29,10 +29,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from quire.controller.core import ControllerCore
+from quire.controller.messages import config_message, config_of
 from quire.controller.model import Epoch, StreamRecord, StreamState
 from quire.controller.openapi import OPENAPI, OPENAPI_PATH
 from quire.controller.reader_groups import ReaderGroups
-from quire.controller.service import config_message, config_of
 from quire.controller_api import Controller_pb2 as pb
 from quire.errors import (
     ControllerConcurrentUpdateError,

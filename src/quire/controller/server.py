@@ -1,6 +1,7 @@
 """The controller process's service: :class:`Controller` serves
-``ControllerService`` on grpc.aio, sweeps transaction leases and enforces
-retention policies."""
+``ControllerService`` (and Quire's ``Admin``) on grpc.aio, and runs the
+leader's duties when it leads: the sweep (transaction leases, workflows
+left by dead controllers), retention and auto-scaling's requests."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import grpc
 
 from quire.auth import ServerSecurity
 from quire.clock import SYSTEM_CLOCK, Clock
+from quire.controller.admin import AdminService
+from quire.controller.cluster import ControllerCluster
 from quire.controller.core import ControllerConfig, ControllerCore
 from quire.controller.reader_groups import ReaderGroups
 from quire.controller.rest import ControllerRest
@@ -20,6 +23,7 @@ from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
 from quire.http import HttpServer, Route, SessionStore
+from quire.segmentstore.scale_requests import ScaleRequests
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +33,23 @@ class Controller:
 
     ``store`` holds the segments and the controller's own tables (the seam
     :class:`~quire.controller.state.ControllerSegmentStore`);
-    ``locate`` gives the ``(host, port)`` getURI answers for
-    every segment; ``clock`` the wall clock of leases and retention;
-    ``security`` the TLS and authenticator of ``/metrics`` (none: plain
-    and open).  :meth:`start` binds, finishes interrupted scales and
-    starts serving, the transaction sweeper and the retention pass;
+    ``locate`` gives the ``(host, port)`` getURI answers for each segment;
+    ``clock`` the wall clock of leases and retention; ``cluster`` the other
+    controllers (None: this is the only one); ``requests`` where the
+    segment stores post auto-scaling requests (None: no auto-scaling);
+    ``security`` the TLS and authenticator of its HTTP endpoints (none:
+    plain and open).  :meth:`start` binds and starts serving and the
+    duties' loops;
     :meth:`close` stops.
     """
 
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
-                 locate: SegmentLocator,
-                 clock: Clock = SYSTEM_CLOCK,
+                 locate: SegmentLocator, clock: Clock = SYSTEM_CLOCK,
+                 cluster: ControllerCluster | None = None,
+                 requests: ScaleRequests | None = None,
                  security: ServerSecurity | None = None) -> None:
         self.security = security or ServerSecurity()
-        self.core = ControllerCore(store, config, clock)
+        self.core = ControllerCore(store, config, clock, cluster=cluster, requests=requests)
         self.service = ControllerService(self.core, locate)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -66,7 +73,8 @@ class Controller:
             raise ConfigError("the controller is started already")
         await self.core.start()
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers((self.service.handler(),))
+        server.add_generic_rpc_handlers((self.service.handler(),
+                                         AdminService(self.core).handler()))
         bound: int = server.add_insecure_port(f"{host}:{port}")
         if bound == 0:
             raise ConfigError(f"controller: cannot listen on {host}:{port}")
@@ -82,13 +90,18 @@ class Controller:
         self._server = server
         self.port = bound
         self._tasks = [
-            asyncio.create_task(self._every(config.txn_sweep_interval_ms, self.core.sweep,
-                                            "transaction sweep"), name="controller-sweeper"),
-            asyncio.create_task(self._every(config.retention_interval_ms,
-                                            self.core.enforce_retention, "retention"),
-                                name="controller-retention")]
+            asyncio.create_task(self._every(config.txn_sweep_interval_ms, self._sweep,
+                                            "sweep"), name="controller-sweeper"),
+            asyncio.create_task(self._every(config.retention_interval_ms, self.core.retain,
+                                            "retention"), name="controller-retention"),
+            asyncio.create_task(self._every(config.autoscale_interval_ms, self.core.autoscale,
+                                            "auto-scaling"), name="controller-autoscale")]
         log.info("controller serving on %s:%d", host, bound)
         return bound
+
+    async def _sweep(self) -> None:
+        self.core.metrics.leader.set(1 if self.core.cluster.is_leader else 0)
+        await self.core.sweep()
 
     async def _every(self, interval_ms: int, work: Callable[[], Awaitable[None]],
                      what: str) -> None:
@@ -108,6 +121,7 @@ class Controller:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        await self.core.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
             self._metrics_server = None

@@ -17,6 +17,7 @@ from typing import Any
 
 from quire.auth import server_security
 from quire.controller import Controller, ControllerConfig, NodeAddress
+from quire.controller.cluster import MetadataCluster
 from quire.controller.cluster_view import ClusterView, PeerHttp
 from quire.controller.page import ClusterPage
 from quire.errors import ConfigError
@@ -25,6 +26,7 @@ from quire.http import SessionStore
 from quire.metadata import MetadataStore, open_store
 from quire.security import SecurityConfig, TokenSigner, client_context
 from quire.segmentstore import owner_address
+from quire.segmentstore.scale_requests import ScaleRequests
 from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
 from quire.streams.connection import split_address
 
@@ -43,6 +45,20 @@ class ControllerHostConfig:
     """How often streams with a retention policy are truncated."""
     segment_request_timeout_ms: int = 30_000
     """How long one segment-store request may take (then its outcome is unknown)."""
+    txn_max_lease_ms: int = 600_000
+    """The longest transaction lease (Pravega's default maximum, 600 s)."""
+    txn_sweep_interval_ms: int = 1_000
+    """How often the leader looks for expired leases and half-done workflows."""
+    autoscale_interval_ms: int = 1_000
+    """How often the leader acts on the segment stores' auto-scaling requests."""
+    autoscale_request_validity_ms: int = 600_000
+    """Auto-scaling requests older than this are dropped (Pravega's 10 minutes)."""
+    lease_ms: int = 0
+    """The metadata session's lease for the embedded drivers (0: the driver's
+    default): how soon after this controller dies another takes over its
+    duties and its half-done work.  ZooKeeper uses its session timeout."""
+    workflow_pause_ms: int = 0
+    """Pause after each workflow's intent is written (tests and demos)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
     see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
@@ -51,6 +67,8 @@ class ControllerHostConfig:
     def __post_init__(self) -> None:
         if self.segment_request_timeout_ms <= 0:
             raise ConfigError("segment_request_timeout_ms must be positive")
+        if self.lease_ms < 0:
+            raise ConfigError("lease_ms must not be negative")
 
 
 class ControllerHost:
@@ -69,7 +87,9 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            self.metadata = await open_store(cfg.metadata_uri)
+            options: dict[str, Any] = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
+                not cfg.metadata_uri.startswith("zk://") else {}
+            self.metadata = await open_store(cfg.metadata_uri, **options)
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:
@@ -78,8 +98,11 @@ class ControllerHost:
             self.segments = RemoteSegmentStore(resolve, SegmentClientConfig(
                 request_timeout_ms=cfg.segment_request_timeout_ms,
                 retry_deadline_ms=cfg.segment_request_timeout_ms))
-            self.controller = Controller(self.segments, self._controller_config(), locate,
-                                         security=server_security(cfg.security, self.metadata))
+            self.controller = Controller(
+                self.segments, self._controller_config(), locate,
+                cluster=MetadataCluster(self.metadata, f"{cfg.host}:{cfg.port}"),
+                requests=ScaleRequests(self.metadata),
+                security=server_security(cfg.security, self.metadata))
             self._add_page(self.controller, self.metadata)
             port = await self.controller.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{port}"
@@ -115,7 +138,12 @@ class ControllerHost:
     def _controller_config(self) -> ControllerConfig:
         cfg = self.config
         return ControllerConfig(metrics_port=cfg.metrics_port,
-                                retention_interval_ms=cfg.retention_interval_ms)
+                                retention_interval_ms=cfg.retention_interval_ms,
+                                txn_max_lease_ms=cfg.txn_max_lease_ms,
+                                txn_sweep_interval_ms=cfg.txn_sweep_interval_ms,
+                                autoscale_interval_ms=cfg.autoscale_interval_ms,
+                                autoscale_request_validity_ms=cfg.autoscale_request_validity_ms,
+                                workflow_pause_ms=cfg.workflow_pause_ms)
 
     async def stop(self) -> None:
         """Stop serving, then drop the segment-store connections and the
@@ -140,8 +168,9 @@ class ControllerHost:
     def ready_event(self) -> dict[str, Any]:
         scheme = "https" if self.config.security.tls_enabled else "http"
         page = f"{scheme}://{self.metrics_address}/ui/" if self.metrics_address else None
+        member = self.controller.core.cluster.member if self.controller is not None else None
         return {"address": self.address, "uri": f"tcp://{self.address}",
-                "metrics": self.metrics_address, "page": page}
+                "metrics": self.metrics_address, "page": page, "member": member}
 
 
 def run_controller(config: ControllerHostConfig) -> None:

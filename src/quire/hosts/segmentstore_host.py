@@ -39,6 +39,8 @@ from quire.segmentstore import (
     SegmentStore,
     SegmentStoreConfig,
 )
+from quire.segmentstore.scale_requests import AutoScaleReporter, ScaleRequests
+from quire.segmentstore.segment_rates import AutoScalerConfig
 from quire.segmentstore.storage_writer import StorageWriterConfig
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class SegmentStoreHostConfig:
     """The metadata session's lease for the embedded drivers (0: the
     driver's default); ZooKeeper uses its session timeout."""
     tail_read_wait_ms: int = 5_000
+    tail_read_linger_ms: int = 10
+    """How long an answer reaching the tail of a segment being written waits
+    for more of a writer's burst (see the segment server's ``_burst``)."""
     tier2_uri: str = ""
     """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
     each container's storage writer flushes there and tier-1 is truncated
@@ -87,6 +92,13 @@ class SegmentStoreHostConfig:
     """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
     see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
     TLS and authenticates against the metadata store's users when set."""
+    autoscale_windows_s: tuple[int, ...] = (120, 300, 600, 1200)
+    autoscale_cooldown_s: int = 600
+    autoscale_mute_s: int = 600
+    autoscale_tick_ms: int = 5_000
+    """Auto-scaling's rate windows (2, 5, 10 and 20 minutes), cooldown, mute
+    and tick, Pravega's defaults (see
+    :class:`~quire.segmentstore.segment_rates.AutoScalerConfig`)."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -95,6 +107,11 @@ class SegmentStoreHostConfig:
             raise ConfigError("read_index_budget_bytes must not be negative")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
+        self.autoscaler()  # checks the auto-scaling settings
+
+    def autoscaler(self) -> AutoScalerConfig:
+        return AutoScalerConfig(self.autoscale_windows_s, self.autoscale_cooldown_s,
+                                self.autoscale_mute_s, self.autoscale_tick_ms)
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
@@ -163,8 +180,13 @@ class _StoreCollector(Collector):
         assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
         for cause, count in sorted(causes.items()):
             flush_failed.add_metric([cause], count)
+        posted = GaugeMetricFamily("quire_segmentstore_autoscale_requests_posted",
+                                   "Hot and cold segments reported to the controller since "
+                                   "the process started")
+        reporter = self._host.autoscaler
+        posted.add_metric([], reporter.posted if reporter is not None else 0)
         yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
-                    read_index, flush_failed, tier1_queued)
+                    read_index, flush_failed, tier1_queued, posted)
 
 
 class SegmentStoreHost:
@@ -177,6 +199,7 @@ class SegmentStoreHost:
         self.segments: SegmentStore | None = None
         self.server: SegmentServer | None = None
         self.ownership: ContainerOwnership | None = None
+        self.autoscaler: AutoScaleReporter | None = None
         self.address = ""
         self.host_id = config.host_id
         self.metrics_address: str | None = None
@@ -205,7 +228,8 @@ class SegmentStoreHost:
                                         write_quorum_size=cfg.tier1_write_quorum_size,
                                         ack_quorum_size=cfg.tier1_ack_quorum_size)))
             self.server = SegmentServer(self.segments, SegmentServerConfig(
-                tail_read_wait_ms=cfg.tail_read_wait_ms), SegmentServerMetrics(self.registry))
+                tail_read_wait_ms=cfg.tail_read_wait_ms,
+                tail_read_linger_ms=cfg.tail_read_linger_ms), SegmentServerMetrics(self.registry))
             await self.server.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
@@ -223,6 +247,11 @@ class SegmentStoreHost:
                 metrics_address=self.metrics_address)
             self._admin.store, self._admin.ownership = self.segments, self.ownership
             await self.ownership.start()
+            segments = self.segments
+            self.autoscaler = AutoScaleReporter(
+                lambda: [segments.container(c) for c in segments.container_ids],
+                ScaleRequests(self.metadata), cfg.autoscaler(), segments.clock.wall_ms)
+            self.autoscaler.start()
         except BaseException:
             await self.stop()
             raise
@@ -234,6 +263,9 @@ class SegmentStoreHost:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        if self.autoscaler is not None:
+            await self.autoscaler.close()
+            self.autoscaler = None
         if self.ownership is not None:
             await self.ownership.close()  # stops the containers, deregisters
             self.ownership = None

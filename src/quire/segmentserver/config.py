@@ -19,6 +19,10 @@ class SegmentServerConfig:
     tail_read_wait_ms: int = 5_000
     """How long a read at the tail of an unsealed segment waits for data
     before it is answered empty (``at_tail``); the client times out at 30 s."""
+    tail_read_linger_ms: int = 10
+    """Once data reached a read waiting at the tail, how long more must stay
+    away before it is answered (0: answer at once); see
+    :meth:`~quire.segmentserver.segment_requests.SegmentRequests.burst`."""
     max_read_bytes: int = 2 * 1024 * 1024
     """Most bytes one SegmentRead carries (and table reads, roughly)."""
     max_table_entries_per_read: int = 1_000
@@ -31,6 +35,8 @@ class SegmentServerConfig:
             raise ConfigError("max_outstanding_requests must be positive")
         if not 0 <= self.tail_read_wait_ms < 30_000:
             raise ConfigError("tail_read_wait_ms must be in 0..29999 (the client waits 30 s)")
+        if not 0 <= self.tail_read_linger_ms <= 1_000:
+            raise ConfigError("tail_read_linger_ms must be in 0..1000")
         if not 1 <= self.max_read_bytes <= MAX_WIRECOMMAND_SIZE // 2:
             raise ConfigError("max_read_bytes must be in 1..half the largest frame")
         if self.max_table_entries_per_read < 1:

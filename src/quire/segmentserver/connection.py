@@ -110,7 +110,7 @@ class WireConnection(asyncio.Protocol):
             ReadTableKeys: tables.read_keys,
             ReadTableEntries: tables.read_entries,
             ReadTableEntriesDelta: tables.read_delta,
-            UpdateSegmentPolicy: self._unsupported,
+            UpdateSegmentPolicy: segments.update_policy,
             MergeTableSegments: self._unsupported,
         }
 
@@ -243,5 +243,5 @@ class WireConnection(asyncio.Protocol):
     def _keep_alive(self, _c: KeepAlive) -> None:
         self.answer(KeepAlive())
 
-    def _unsupported(self, c: UpdateSegmentPolicy | MergeTableSegments) -> None:
+    def _unsupported(self, c: MergeTableSegments) -> None:
         self.answer(OperationUnsupported(c.request_id, type(c).__name__, ""))

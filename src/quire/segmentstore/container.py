@@ -72,6 +72,7 @@ from quire.segmentstore.operations import (
     SegmentMapOp,
     TruncateOp,
 )
+from quire.segmentstore.segment_rates import SegmentRates
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
     MAX_APPEND_BYTES,
@@ -198,6 +199,8 @@ class SegmentContainer:
                                    on_frame_committed=side.commit_frame,
                                    checkpoint_every_bytes=config.checkpoint_every_bytes,
                                    on_checkpoint_due=self._checkpoint_due)
+        self.rates = SegmentRates()
+        """Bytes and events appended per segment, for auto-scaling."""
 
     @property
     def epoch(self) -> int:
@@ -371,6 +374,7 @@ class SegmentContainer:
                     changed: Attributes = ()
                     queued: PackedAppend = (segment_id, offset, data, sequence, now, changed)
                     result = AppendResult(end)
+                    events = 1
                 else:
                     wid, number = writer
                     if type(wid) is not int or not 0 <= wid < _KEY_LIMIT:
@@ -392,8 +396,10 @@ class SegmentContainer:
                     changed = ((wid, number),)
                     queued = (segment_id, offset, data, sequence, now, changed)
                     result = AppendResult(end, number, last)
+                    events = 1 if last is None else number - last
                 apply_append(s, end, changed, now)
                 accepted.sequence = sequence
+                self.rates.record(segment_id, size, events)
                 return oplog.add_encoded(queued, raw, result, size)
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None

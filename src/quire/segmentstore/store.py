@@ -41,6 +41,7 @@ from quire.segmentstore.names import (
     container_log_name,
     container_of,
 )
+from quire.segmentstore.segment_rates import policy_attributes
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.tier2_reader import Tier2Reader
@@ -51,6 +52,7 @@ from quire.segmentstore.types import (
     ReadResult,
     SegmentInfo,
     SegmentType,
+    UpdateType,
 )
 from quire.segmentstore.writer_source import ContainerWriterSource, WriterSource
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
@@ -359,6 +361,14 @@ class SegmentStore:
             return self._route(name).update_attributes(name, updates)
         except ContainerNotOwnedError as e:
             return failed_future(e)
+
+    def update_segment_policy(self, name: str, scale_type: int,
+                              target_rate: int) -> asyncio.Future[None]:
+        """Set the segment's scaling policy (Pravega's UpdateSegmentPolicy;
+        see :mod:`~quire.segmentstore.segment_rates`)."""
+        return self.update_attributes(name, [
+            AttributeUpdate(key, UpdateType.REPLACE, value)
+            for key, value in policy_attributes(scale_type, target_rate).items()])
 
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         """Append all of ``source`` to ``target`` (sealing ``source`` first if

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -81,6 +81,7 @@ from quire.pravega_wire import (
     SegmentDeleted,
     SegmentIsSealed,
     SegmentIsTruncated,
+    SegmentPolicyUpdated,
     SegmentRead,
     SegmentSealed,
     SegmentsMerged,
@@ -99,6 +100,7 @@ from quire.pravega_wire import (
     TableSegmentNotEmpty,
     TableValue,
     TruncateSegment,
+    UpdateSegmentPolicy,
     UpdateTableEntries,
     WireCommand,
     WrongHost,
@@ -114,6 +116,7 @@ from quire.segmentstore import (
     TableEntry,
     TableIteratorPage,
 )
+from quire.segmentstore.segment_rates import SCALE_POLICY_RATE_KEY, SCALE_POLICY_TYPE_KEY
 from quire.streams.connection import SegmentConnection, next_request_id
 
 log = logging.getLogger(__name__)
@@ -320,14 +323,33 @@ class RemoteSegmentStore:
 
     # --- segments ------------------------------------------------------------------
 
-    def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM
-                       ) -> asyncio.Future[None]:
+    def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
+                       attributes: Mapping[int, int] | None = None) -> asyncio.Future[None]:
+        """Create a segment; ``attributes``: at most a stream segment's scaling
+        policy (:func:`~quire.segmentstore.segment_rates.policy_attributes`),
+        all the wire carries."""
+        attributes = dict(attributes or {})
+        scale_type = attributes.pop(SCALE_POLICY_TYPE_KEY, 0)
+        target_rate = attributes.pop(SCALE_POLICY_RATE_KEY, 0)
+
         async def go() -> None:
+            if attributes or (scale_type and segment_type is not SegmentType.STREAM):
+                raise SegmentStoreError("only a stream segment's scaling policy can be set "
+                                        "when creating a segment over the wire")
             if segment_type is SegmentType.TABLE:
                 reply = await self._call(name, lambda r: CreateTableSegment(r, name, ""))
             else:
-                reply = await self._call(name, lambda r: CreateSegment(r, name, 0, 0, ""))
+                reply = await self._call(name, lambda r: CreateSegment(
+                    r, name, target_rate, scale_type, ""))
             expect(reply, SegmentCreated, name)
+        return self._now(go())
+
+    def update_segment_policy(self, name: str, scale_type: int,
+                              target_rate: int) -> asyncio.Future[None]:
+        async def go() -> None:
+            expect(await self._call(name, lambda r: UpdateSegmentPolicy(
+                r, name, target_rate, scale_type, ""), idempotent=True),
+                SegmentPolicyUpdated, name)
         return self._now(go())
 
     def seal(self, name: str) -> asyncio.Future[int]:
