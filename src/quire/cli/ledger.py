@@ -240,14 +240,22 @@ def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int,
 
 @ledger.command("recover")
 @click.argument("ledger_id", type=int)
-@password_option
+@click.option("--password", default=None,
+              help="Ledger password, checked (default: none; the ledger is recovered with "
+                   "the keys its metadata holds, as an operator who reads the metadata "
+                   "store may).")
 @metadata_option
 @json_option
-def recover(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:
+def recover(ledger_id: int, password: str | None, metadata_uri: str | None,
+            as_json: bool) -> None:
     """Fence and close a ledger at its last recoverable entry."""
 
     async def go(client: Client) -> int:
-        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=True)
+        if password is None:
+            handle = await client.open_ledger_as_admin(ledger_id, recovery=True)
+        else:
+            handle = await client.open_ledger(ledger_id, password=password.encode(),
+                                              recovery=True)
         return int(handle.last_add_confirmed)
 
     last = with_client(metadata_uri, go)
