@@ -29,5 +29,8 @@ class FakeTransport:
     def close(self) -> None:
         self.aborted = True
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.write_buffer_limits = (high, low)
+
     def get_extra_info(self, name: str) -> Any:
         return ("127.0.0.1", 1)

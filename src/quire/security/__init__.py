@@ -53,6 +53,7 @@ from quire.security.secrets import (
 )
 from quire.security.tls import (
     ClientCertificates,
+    ClientTls,
     ServerTls,
     certificate_role,
     client_context,
@@ -73,6 +74,7 @@ __all__ = [
     "BasicCredentials",
     "BearerToken",
     "ClientCertificates",
+    "ClientTls",
     "Credentials",
     "Permission",
     "Principal",
