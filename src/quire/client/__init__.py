@@ -23,7 +23,7 @@ typed calls).
 
 from quire.client.client import Client
 from quire.client.config import ClientConfig
-from quire.client.passwords import LedgerPasswords, Password
+from quire.client.passwords import LedgerPasswords, Password, keys_for
 from quire.client.read_handle import ReadHandle
 from quire.client.reads import LedgerEntry
 from quire.client.sync_client import SyncClient, SyncReadHandle, SyncWriteHandle
@@ -40,4 +40,5 @@ __all__ = [
     "SyncReadHandle",
     "SyncWriteHandle",
     "WriteHandle",
+    "keys_for",
 ]

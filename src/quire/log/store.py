@@ -25,8 +25,7 @@ import builtins
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from quire.client import Client, Password
-from quire.client.passwords import keys_for
+from quire.client import Client, Password, keys_for
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import UnauthorizedError
 from quire.log.catalog import ClosedLedger, LogCatalog, LogInfo
