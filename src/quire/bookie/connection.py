@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -79,9 +78,12 @@ class RequestHandler(Protocol):
 
 
 def peer_host(transport: asyncio.BaseTransport) -> str:
-    """The IP address a connection comes from ("?" if unknown)."""
+    """The IP address a connection comes from (a transport's own name for
+    its peer if it is not an address pair; "?" if unknown)."""
     name = transport.get_extra_info("peername")
-    return str(name[0]) if isinstance(name, tuple) and name else "?"
+    if isinstance(name, tuple) and name:
+        return str(name[0])
+    return "?" if name is None else str(name)
 
 
 class ConnectionHub:
@@ -199,7 +201,7 @@ class ConnectionHub:
 
     def sweep_idle(self, now: float) -> int:
         """Close the connections idle past ``idle_timeout_ms`` (module
-        docstring) as of monotonic time ``now``; how many."""
+        docstring) as of loop time ``now``; how many."""
         timeout_s = self.limits.idle_timeout_ms / 1000.0
         if not timeout_s:
             return 0
@@ -258,7 +260,7 @@ class BookieConnection(asyncio.Protocol):
         if limit:
             self.transport.set_write_buffer_limits(high=limit)
         self._opened = True
-        self.idle_since = time.monotonic()
+        self.idle_since = asyncio.get_running_loop().time()
         hub.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -42,7 +42,6 @@ import contextlib
 import logging
 import socket
 import struct
-import time
 from collections.abc import Coroutine
 from typing import Any, cast
 
@@ -168,7 +167,7 @@ class BookieListener:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.hub.sweep_idle(time.monotonic())
+                self.hub.sweep_idle(asyncio.get_running_loop().time())
             except Exception:  # pragma: no cover - the sweep never stops the bookie
                 log.exception("idle connection sweep failed")
 

@@ -1,9 +1,11 @@
 """One segment store process: ``quire segmentstore start`` runs :func:`run_segment_store`.
 
-Start order: the metadata store session (its lease is this host's life),
-a ledger client over it, the SegmentStore (no container yet), the wire
-server (so the address is known), then :class:`ContainerOwnership`, which
-registers the host and opens the containers the assignment gives it.
+Start order: the tier-1 ledger password read from its file (a file others
+may read refuses the start), the metadata store session (its lease is this
+host's life), a ledger client over it (over TLS with ``tier1_tls``), the
+SegmentStore (no container yet), the wire server (so the address is
+known), then :class:`ContainerOwnership`, which registers the host and
+opens the containers the assignment gives it.
 Until a container is open the server answers WrongHost for its segments,
 so a client retries rather than being told a segment does not exist.
 Stop order is the reverse: containers are closed (their queued operations
@@ -22,13 +24,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from quire.auth import server_security
-from quire.client import Client, ClientConfig
+from quire.client import Client, ClientConfig, LedgerPasswords
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
-from quire.security import SecurityConfig
+from quire.security import SecurityConfig, read_secret
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
     ContainerConfig,
@@ -38,6 +40,7 @@ from quire.segmentstore import (
     SegmentStoreConfig,
 )
 from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.store import tier1_passwords
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,16 @@ class SegmentStoreHostConfig:
     """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
     see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
     TLS and authenticates against the metadata store's users when set."""
+    ledger_password_file: str = ""
+    """The password of the containers' tier-1 ledgers, one secret per
+    cluster, in a file (mode 0600: a store refuses to start when its group
+    or others may read it).  Ledgers made before with the built-in password
+    still open (:func:`~quire.segmentstore.store.tier1_passwords`).  "" : the
+    built-in password, with a warning at start."""
+    tier1_tls: bool = False
+    """Reach the bookies over TLS: their certificates checked against
+    ``tls_ca_file``, this host's ``tls_cert_file``/``tls_key_file`` shown as
+    its client certificate (bookies with mutual TLS authorize its role)."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -97,6 +110,27 @@ class SegmentStoreHostConfig:
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
                               "<= tier1_ensemble_size")
+        if self.tier1_tls and not self.security.tls_ca_file:
+            raise ConfigError("tier1_tls needs tls_ca_file (the CA of the bookies' "
+                              "certificates)")
+
+    def tier1_client(self) -> ClientConfig:
+        """The settings of the ledger client of the tier-1 logs."""
+        if not self.tier1_tls:
+            return ClientConfig()
+        security = self.security
+        return ClientConfig(tls_ca=security.tls_ca_file, tls_cert=security.tls_cert_file,
+                            tls_key=security.tls_key_file)
+
+    def tier1_passwords(self) -> LedgerPasswords:
+        """The tier-1 ledgers' passwords (reads ``ledger_password_file``:
+        InsecureSecretFileError or ConfigError if it is unsafe or unreadable)."""
+        if not self.ledger_password_file:
+            log.warning("ledger_password_file is not set: the tier-1 ledgers use the "
+                        "built-in password, which anyone who reaches a bookie can use to "
+                        "fence or write them; set one secret per cluster")
+            return tier1_passwords(None)
+        return tier1_passwords(read_secret(self.ledger_password_file))
 
 
 class _StoreCollector(Collector):
@@ -168,8 +202,9 @@ class SegmentStoreHost:
         try:
             options = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
                 not cfg.metadata_uri.startswith("zk://") else {}
+            passwords = cfg.tier1_passwords()
             self.metadata = await open_store(cfg.metadata_uri, **options)
-            self.client = await Client.over(self.metadata, ClientConfig())
+            self.client = await Client.over(self.metadata, cfg.tier1_client())
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
@@ -181,7 +216,8 @@ class SegmentStoreHost:
                         iteration_interval_ms=cfg.tier2_flush_interval_ms),
                     tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
                                         write_quorum_size=cfg.tier1_write_quorum_size,
-                                        ack_quorum_size=cfg.tier1_ack_quorum_size)))
+                                        ack_quorum_size=cfg.tier1_ack_quorum_size),
+                    tier1_passwords=passwords))
             self.server = SegmentServer(self.segments, SegmentServerConfig(
                 tail_read_wait_ms=cfg.tail_read_wait_ms), SegmentServerMetrics(self.registry))
             await self.server.start(cfg.host, cfg.port)
