@@ -101,10 +101,11 @@ class BookieConfig:
     request, or holds part of one, or has not finished its TLS handshake,
     is closed (0: never).  A connection that did its work and waits for
     the next is kept (clients pool them)."""
-    max_buffered_reply_bytes: int = 8 * 1024 * 1024
+    max_buffered_reply_bytes: int = 4 * 1024 * 1024
     """Write back-pressure: while more answer bytes than this wait in a
     connection's write buffer (its client does not read them), the bookie
-    stops reading that connection."""
+    stops reading that connection; nor does it take more of its requests
+    once their answers queued in one loop iteration pass it (0: no limit)."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000
@@ -134,9 +135,10 @@ class BookieConfig:
     max_connection_pending_bytes: int = 16 * 1024 * 1024
     """A connection's budget in bytes: the requests it sent and was not
     answered yet (adds held until durable) plus the answers queued for it
-    in this loop iteration.  Past it the bookie takes no more of its
-    requests and stops reading it until half is free (a read of 64 KiB of
-    batch-read requests would otherwise queue gigabytes of answers)."""
+    in this loop iteration (see ``max_buffered_reply_bytes`` too).  Past it
+    the bookie takes no more of its requests and stops reading it until
+    half is free (a read of 64 KiB of batch-read requests would otherwise
+    queue gigabytes of answers)."""
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000

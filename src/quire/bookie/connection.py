@@ -18,10 +18,12 @@ counted on ``/metrics``):
   handshake in progress included; one more is closed at once;
 * a per-connection budget of ``max_connection_pending_bytes``: the bytes of
   requests taken and not answered yet (adds held until durable) plus the
-  answers queued in this loop iteration.  Past it, the connection stops
-  taking the requests it has buffered (a read of 64 KiB of batch-read
-  requests could otherwise queue gigabytes of answers) and stops reading
-  its socket, until its answers went out and half the budget is free;
+  answers queued in this loop iteration, these alone at most
+  ``max_buffered_reply_bytes`` (more could not be written anyway).  Past
+  it, the connection stops taking the requests it has buffered (a read of
+  64 KiB of batch-read requests could otherwise queue gigabytes of
+  answers) and stops reading its socket, until its answers went out and
+  half the budget is free;
 * write back-pressure: the transport's write buffer high-water mark is
   ``max_buffered_reply_bytes``; above it (a client that does not read its
   answers) the transport calls :meth:`BookieConnection.pause_writing` and
@@ -291,7 +293,9 @@ class BookieConnection(asyncio.Protocol):
         # message at a time, so requests are handled in arrival order.
         handler = self.handler
         take_adds, take_request = handler.take_adds, handler.take_request
-        limit = self.hub.max_connection_pending_bytes
+        hub = self.hub
+        limit = hub.max_connection_pending_bytes
+        replies_limit = hub.limits.max_buffered_reply_bytes or limit
         try:
             decoder = self.decoder
             while True:
@@ -302,9 +306,11 @@ class BookieConnection(asyncio.Protocol):
                 if message is None:
                     break
                 take_request(self, message)  # type: ignore[arg-type]
-                if self.pending_bytes + self.out_bytes > limit and decoder.buffered_bytes:
+                out = self.out_bytes
+                if (out > replies_limit or self.pending_bytes + out > limit) \
+                        and decoder.buffered_bytes:
                     self._holding = True  # the budget is spent: the rest waits
-                    self.hub.metrics.reads_paused.labels("request_budget").inc()
+                    hub.metrics.reads_paused.labels("request_budget").inc()
                     break
         except ProtocolError as e:
             self._malformed(e)
