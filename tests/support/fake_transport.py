@@ -6,7 +6,8 @@ from typing import Any
 
 
 class FakeTransport:
-    def __init__(self) -> None:
+    def __init__(self, peername: tuple[str, int] = ("127.0.0.1", 1)) -> None:
+        self.peername = peername
         self.reading = True
         self.written: list[bytes] = []
         self.aborted = False
@@ -33,4 +34,4 @@ class FakeTransport:
         self.write_buffer_limits = (high, low)
 
     def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 1)
+        return self.peername

@@ -209,12 +209,14 @@ class ConnectionHub:
             return 0
         closed = 0
         for conn in list(self.connections):
+            transport = conn.transport
+            if transport is None or transport.is_closing():
+                continue
             if conn.reads != conn.idle_mark:
                 conn.idle_mark, conn.idle_since = conn.reads, now
             elif now - conn.idle_since >= timeout_s and conn.stalled:
                 self.refused("idle_timeout")
-                if conn.transport is not None:
-                    conn.transport.abort()
+                transport.abort()
                 closed += 1
         return closed
 
