@@ -2,7 +2,7 @@
 
 Start order: the tier-1 ledger password read from its file (a file others
 may read refuses the start), the metadata store session (its lease is this
-host's life), a ledger client over it (over TLS with ``tier1_tls``), the
+host's life), a ledger client over it (TLS with ``tier1_tls_ca_file``), the
 SegmentStore (no container yet), the wire server (so the address is
 known), then :class:`ContainerOwnership`, which registers the host and
 opens the containers the assignment gives it.
@@ -94,10 +94,15 @@ class SegmentStoreHostConfig:
     or others may read it).  Ledgers made before with the built-in password
     still open (:func:`~quire.segmentstore.store.tier1_passwords`).  "" : the
     built-in password, with a warning at start."""
-    tier1_tls: bool = False
-    """Reach the bookies over TLS: their certificates checked against
-    ``tls_ca_file``, this host's ``tls_cert_file``/``tls_key_file`` shown as
-    its client certificate (bookies with mutual TLS authorize its role)."""
+    tier1_tls_ca_file: str = ""
+    """PEM CA certificates of the bookies: set, the tier-1 ledger client
+    reaches them over TLS ("" : plaintext).  Independent of the wire
+    server's own TLS (``tls_*_file``); a deployment may name the same files."""
+    tier1_tls_cert_file: str = ""
+    """PEM client certificate shown to bookies with mutual TLS (they
+    authorize its role, e.g. ``segmentstore``)."""
+    tier1_tls_key_file: str = ""
+    """PEM private key of ``tier1_tls_cert_file`` (a secret file, mode 0600)."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -110,17 +115,12 @@ class SegmentStoreHostConfig:
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
                               "<= tier1_ensemble_size")
-        if self.tier1_tls and not self.security.tls_ca_file:
-            raise ConfigError("tier1_tls needs tls_ca_file (the CA of the bookies' "
-                              "certificates)")
+        self.tier1_client()  # ConfigError for TLS files that do not go together
 
     def tier1_client(self) -> ClientConfig:
         """The settings of the ledger client of the tier-1 logs."""
-        if not self.tier1_tls:
-            return ClientConfig()
-        security = self.security
-        return ClientConfig(tls_ca=security.tls_ca_file, tls_cert=security.tls_cert_file,
-                            tls_key=security.tls_key_file)
+        return ClientConfig(tls_ca=self.tier1_tls_ca_file, tls_cert=self.tier1_tls_cert_file,
+                            tls_key=self.tier1_tls_key_file)
 
     def tier1_passwords(self) -> LedgerPasswords:
         """The tier-1 ledgers' passwords (reads ``ledger_password_file``:
