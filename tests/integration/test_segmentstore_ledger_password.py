@@ -20,6 +20,7 @@ from quire.metadata import open_store
 from quire.pravega_wire import (
     AppendSetup,
     CreateSegment,
+    DataAppended,
     ReadSegment,
     SegmentCreated,
     SegmentRead,
