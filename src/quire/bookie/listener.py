@@ -134,12 +134,10 @@ class BookieListener:
             await asyncio.get_running_loop().connect_accepted_socket(
                 lambda: _Authorized(self, hub, handler), sock, ssl=self._tls.context,
                 ssl_handshake_timeout=self._handshake_timeout_s)
-        except asyncio.CancelledError:
-            abort_socket(sock)
+        except asyncio.CancelledError:  # (the loop closes the socket it was given)
             hub.leave(host)
             raise
         except Exception as e:  # any failed handshake closes this connection only
-            abort_socket(sock)
             hub.leave(host)
             timed_out = isinstance(e, ConnectionAbortedError) and "longer" in str(e)
             hub.refused("idle_timeout" if timed_out else "tls_handshake",
@@ -206,7 +204,8 @@ def listening_socket(host: str, port: int, backlog: int = 1024) -> socket.socket
 
 
 def abort_socket(sock: socket.socket) -> None:
-    """Close with a reset, not a graceful FIN (nothing is owed to the peer)."""
+    """Close with a reset, not a graceful FIN (nothing is owed to the peer);
+    only for a socket the loop was never given."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
