@@ -43,7 +43,9 @@ class Client:
     @classmethod
     async def connect(cls, metadata_uri: str, config: ClientConfig | None = None) -> Client:
         """Open the metadata store named by ``metadata_uri`` (``sqlite:///...``,
-        ``zk://...``, ``memory://``) and follow its bookie registry."""
+        ``zk://...``, ``memory://``) and follow its bookie registry.  Bookies
+        that serve TLS are reached with ``config``'s ``tls_ca`` (and
+        ``tls_cert``/``tls_key`` for mutual TLS)."""
         config = config or ClientConfig()
         store = await open_store(metadata_uri)
         try:
