@@ -9,6 +9,7 @@ class FakeTransport:
     def __init__(self, peername: tuple[str, int] = ("127.0.0.1", 1)) -> None:
         self.peername = peername
         self.reading = True
+        self.write_buffer_size = 0
         self.written: list[bytes] = []
         self.aborted = False
 
@@ -29,6 +30,9 @@ class FakeTransport:
 
     def close(self) -> None:
         self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return self.write_buffer_size
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self.write_buffer_limits = (high, low)

@@ -165,7 +165,8 @@ async def test_connections_are_admitted_per_peer_and_in_all() -> None:
     assert not again[1].aborted and hub.admitted == 3 and len(hub.connections) == 3
 
 
-async def test_connections_that_never_finish_a_request_are_closed_when_idle() -> None:
+async def test_connections_that_never_finish_a_request_or_read_no_answer_are_closed(
+        ) -> None:
     hub = ConnectionHub(BookieMetrics(), max_frame_bytes=1 << 20,
                         max_connection_pending_bytes=1000,
                         limits=ConnectionLimits(idle_timeout_ms=1000))
@@ -176,12 +177,19 @@ async def test_connections_that_never_finish_a_request_are_closed_when_idle() ->
     served[0].data_received(ReadLacRequest(1, 5).encode())
     served[0].send(b"answer", 600)
     served[0].flush()
+    unread, reading = (connection_from(hub, f"10.0.0.{i}") for i in (5, 6))
+    for conn, transport in (unread, reading):  # answers wait in the write buffer
+        conn.data_received(ReadLacRequest(1, 5).encode())
+        transport.write_buffer_size = 10_000
+        conn.pause_writing()
     now = asyncio.get_running_loop().time()
     assert hub.sweep_idle(now + 0.5) == 0  # not idle long enough yet
-    # (idle from the sweep that saw its last read: the partial one from 0.5)
-    assert hub.sweep_idle(now + 1.6) == 2
+    reading[1].write_buffer_size = 6_000  # its client reads a little
+    # (idle from the sweep that saw its last change: the partial one from 0.5)
+    assert hub.sweep_idle(now + 1.6) == 3
     assert silent[1].aborted and partial[1].aborted and not served[1].aborted
-    assert refused(hub, "idle_timeout") == 2
+    assert unread[1].aborted and not reading[1].aborted
+    assert refused(hub, "idle_timeout") == 2 and refused(hub, "replies_unread_timeout") == 1
     partial_more = connection_from(hub, "10.0.0.4")
     partial_more[0].data_received(ReadLacRequest(1, 5).encode()[:7])
     assert hub.sweep_idle(now + 2.0) == 0  # it sent something in the period

@@ -99,8 +99,9 @@ class BookieConfig:
     idle_timeout_ms: int = 30_000
     """A connection that sent nothing for this long and never sent a whole
     request, or holds part of one, or has not finished its TLS handshake,
-    is closed (0: never).  A connection that did its work and waits for
-    the next is kept (clients pool them)."""
+    is closed, and so is one that read none of its waiting answers for as
+    long (0: never).  A connection that did its work and waits for the
+    next is kept (clients pool them)."""
     max_buffered_reply_bytes: int = 4 * 1024 * 1024
     """Write back-pressure: while more answer bytes than this wait in a
     connection's write buffer (its client does not read them), the bookie

@@ -31,8 +31,10 @@ counted on ``/metrics``):
 * idle connections: :meth:`ConnectionHub.sweep_idle` closes those that sent
   nothing for ``idle_timeout_ms`` and either never sent a whole frame or
   hold part of one (a connection that did its work and waits for the next
-  is kept: clients pool them).  The per-read cost is one counter
-  (:attr:`BookieConnection.reads`); the sweep runs on a timer.
+  is kept: clients pool them), and those whose answers wait, unread, with
+  none of them read for as long (the memory they hold is given back).
+  The per-read cost is one counter (:attr:`BookieConnection.reads`); the
+  sweep runs on a timer.
 """
 
 from __future__ import annotations
@@ -212,12 +214,21 @@ class ConnectionHub:
             transport = conn.transport
             if transport is None or transport.is_closing():
                 continue
-            if conn.reads != conn.idle_mark:
-                conn.idle_mark, conn.idle_since = conn.reads, now
-            elif now - conn.idle_since >= timeout_s and conn.stalled:
+            unread = transport.get_write_buffer_size() if conn.writing_paused else -1
+            mark = (conn.reads, unread)
+            if mark != conn.idle_mark:
+                conn.idle_mark, conn.idle_since = mark, now
+                continue
+            if now - conn.idle_since < timeout_s:
+                continue
+            if conn.stalled:
                 self.refused("idle_timeout")
-                transport.abort()
-                closed += 1
+            elif conn.writing_paused:  # its answers wait, and it read none of them
+                self.refused("replies_unread_timeout")
+            else:
+                continue
+            transport.abort()
+            closed += 1
         return closed
 
 
@@ -238,9 +249,10 @@ class BookieConnection(asyncio.Protocol):
         """Answers that go out at the end of this read (see RequestHandler)."""
         self.reads = 0
         """Reads of the socket so far (the idle sweep's only per-read cost)."""
-        self.idle_mark = 0
+        self.idle_mark: tuple[int, int] = (0, -1)
         self.idle_since = 0.0
-        """:attr:`reads` at the sweep that last saw it change, and when."""
+        """(:attr:`reads`, its unread answers' bytes while writing is paused)
+        at the sweep that last saw them change, and when."""
         self._out: list[bytes] = []
         self._reading_paused = False
         self._writing_paused = False
@@ -272,6 +284,11 @@ class BookieConnection(asyncio.Protocol):
             self._opened = False
             self.hub.closed(self)
         self.transport = None
+
+    @property
+    def writing_paused(self) -> bool:
+        """Whether the transport holds more answers than its client reads."""
+        return self._writing_paused
 
     @property
     def stalled(self) -> bool:

@@ -154,7 +154,8 @@ class BookieMetrics:
         self.connection_refusals = Counter(
             "quire_bookie_connection_refusals",
             "Connections closed by a limit or by TLS, by reason (max_connections, "
-            "max_connections_per_peer, idle_timeout, tls_handshake, tls_role)", ["reason"],
+            "max_connections_per_peer, idle_timeout, replies_unread_timeout, tls_handshake, "
+            "tls_role)", ["reason"],
             registry=r)
         self.reads_paused = Counter(
             "quire_bookie_connection_reads_paused",
