@@ -49,6 +49,20 @@ def test_untouched_storage_keeps_its_defaults_and_errors_name_the_key(tmp_path: 
         load_config(BookieConfig, None, {"storage": "x"})
 
 
+def test_the_security_and_limit_keys_are_flat_and_checked() -> None:
+    config = load_config(BookieConfig, None, {
+        "tls_cert_file": "b.pem", "tls_key_file": "b.key", "tls_ca_file": "ca.pem",
+        "tls_allowed_roles": "bookie,client", "max_connections_per_peer": "8",
+        "idle_timeout_ms": "0"})
+    assert config.security.tls_ca_file == "ca.pem"
+    assert config.tls_allowed_roles == ("bookie", "client")
+    assert config.limits.max_connections_per_peer == 8 and config.limits.idle_timeout_ms == 0
+    with pytest.raises(ConfigError, match="tls_allowed_roles needs tls_ca_file"):
+        load_config(BookieConfig, None, {"tls_allowed_roles": "bookie"})
+    with pytest.raises(ConfigError, match="max_connections"):
+        load_config(BookieConfig, None, {"max_connections": -1})
+
+
 def test_bookie_start_has_a_flag_per_flat_key(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     started: list[Any] = []

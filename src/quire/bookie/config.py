@@ -23,6 +23,17 @@ DEFAULT_DATA_DIR = Path("quire-bookie/data")
 
 
 @dataclass(frozen=True)
+class ConnectionLimits:
+    """The connection limits of :mod:`quire.bookie.connection` (0: no limit,
+    no timeout); :attr:`BookieConfig.limits`."""
+
+    max_connections: int = 0
+    max_connections_per_peer: int = 0
+    idle_timeout_ms: int = 0
+    max_buffered_reply_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class BookieConfig:
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
     bookie_id: str = ""
@@ -62,9 +73,40 @@ class BookieConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS and authentication, flat keys like the storage's (``tls_cert_file``,
     ``tls_key_file``, ``tls_ca_file``, ``auth_enabled``, ...; see
-    :class:`~quire.security.SecurityConfig`): the HTTP endpoint
-    (``/metrics``, ``POST /admin/gc``) serves over TLS and authenticates
-    against the metadata store's users when they are set."""
+    :class:`~quire.security.SecurityConfig`).  With ``tls_cert_file`` the
+    bookie port serves TLS (:mod:`quire.bookie.listener`); with
+    ``tls_ca_file`` too, peers must show a certificate that CA signed
+    (mutual TLS, authorized by ``tls_allowed_roles``), and the bookie's
+    own connections to its peers (repair, autorecovery) are TLS, showing
+    its certificate.  The HTTP endpoint (``/metrics``, ``POST /admin/gc``)
+    serves over TLS and authenticates against the metadata store's users
+    when they are set."""
+    tls_allowed_roles: tuple[str, ...] = ()
+    """Mutual TLS on the bookie port: the roles whose certificates may
+    connect (BookKeeper's ``BookieAuthZFactory``), e.g. ``("bookie",
+    "segmentstore", "client")``; empty: any certificate ``tls_ca_file``
+    signed.  A bookie's own certificate needs an allowed role for repair
+    and autorecovery."""
+    tls_role_field: str = "OU"
+    """The subject field of a peer certificate that holds its role (``OU``,
+    ``CN``, ``O``...; a value ``a,b`` is the role ``a``)."""
+    max_connections: int = 4096
+    """Open connections at most, TLS handshakes in progress included; one
+    more is closed at once (0: no limit)."""
+    max_connections_per_peer: int = 512
+    """Open connections from one IP address at most (0: no limit); a client
+    process holds one per bookie."""
+    idle_timeout_ms: int = 30_000
+    """A connection that sent nothing for this long and never sent a whole
+    request, or holds part of one, or has not finished its TLS handshake,
+    is closed, and so is one that read none of its waiting answers for as
+    long (0: never).  A connection that did its work and waits for the
+    next is kept (clients pool them)."""
+    max_buffered_reply_bytes: int = 4 * 1024 * 1024
+    """Write back-pressure: while more answer bytes than this wait in a
+    connection's write buffer (its client does not read them), the bookie
+    stops reading that connection; nor does it take more of its requests
+    once their answers queued in one loop iteration pass it (0: no limit)."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000
@@ -92,8 +134,12 @@ class BookieConfig:
     """Below this it turns writable again."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_connection_pending_bytes: int = 16 * 1024 * 1024
-    """Per-connection back-pressure: stop reading a socket while more than
-    this many response bytes wait to be written or acknowledged."""
+    """A connection's budget in bytes: the requests it sent and was not
+    answered yet (adds held until durable) plus the answers queued for it
+    in this loop iteration (see ``max_buffered_reply_bytes`` too).  Past it
+    the bookie takes no more of its requests and stops reading it until
+    half is free (a read of 64 KiB of batch-read requests would otherwise
+    queue gigabytes of answers)."""
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000
@@ -146,6 +192,20 @@ class BookieConfig:
                               " <= disk_usage_threshold <= 1")
         if self.minor_compaction_interval_ms < 0 or self.major_compaction_interval_ms < 0:
             raise ConfigError("compaction intervals must be 0 (off) or positive")
+        for name in ("max_connections", "max_connections_per_peer", "idle_timeout_ms",
+                     "max_buffered_reply_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (no limit) or positive")
+        if self.max_connection_pending_bytes <= 0:
+            raise ConfigError("max_connection_pending_bytes must be positive")
+        if self.tls_allowed_roles and not self.security.tls_ca_file:
+            raise ConfigError("tls_allowed_roles needs tls_ca_file (mutual TLS)")
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """The connection limits of :mod:`quire.bookie.connection`."""
+        return ConnectionLimits(self.max_connections, self.max_connections_per_peer,
+                                self.idle_timeout_ms, self.max_buffered_reply_bytes)
 
     @property
     def resolved_bookie_id(self) -> str:

@@ -15,6 +15,7 @@ from quire.cli.common import (
     metadata_option,
     open_cli_store,
     run_async,
+    tls_options,
     with_client,
 )
 from quire.types import DigestType, LedgerType
@@ -51,6 +52,7 @@ def _shape_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @password_option
 @click.option("--meta", "custom", multiple=True, metavar="KEY=VALUE",
               help="Custom metadata (repeatable).")
+@tls_options
 @metadata_option
 @json_option
 def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, ledger_type: str,
@@ -144,6 +146,7 @@ def info(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
 @click.option("--keep-open", is_flag=True, help="Leave the ledger OPEN (no close).")
 @_shape_options
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensemble_size: int,
@@ -184,6 +187,7 @@ def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensembl
 @click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex.")
 @click.option("--batch", default=0, help="Read with BP-62 batch reads of N entries.")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int, password: str,
@@ -218,14 +222,23 @@ def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int,
 
 @ledger.command("recover")
 @click.argument("ledger_id", type=int)
-@password_option
+@click.option("--password", default=None,
+              help="Ledger password, checked (default: none; the ledger is recovered with "
+                   "the keys its metadata holds, as an operator who reads the metadata "
+                   "store may).")
+@tls_options
 @metadata_option
 @json_option
-def recover(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:
+def recover(ledger_id: int, password: str | None, metadata_uri: str | None,
+            as_json: bool) -> None:
     """Fence and close a ledger at its last recoverable entry."""
 
     async def go(client: Client) -> int:
-        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=True)
+        if password is None:
+            handle = await client.open_ledger_as_admin(ledger_id, recovery=True)
+        else:
+            handle = await client.open_ledger(ledger_id, password=password.encode(),
+                                              recovery=True)
         return int(handle.last_add_confirmed)
 
     last = with_client(metadata_uri, go)
@@ -238,6 +251,7 @@ def recover(ledger_id: int, password: str, metadata_uri: str | None, as_json: bo
 @ledger.command("sync")
 @click.argument("ledger_id", type=int)
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def sync(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:

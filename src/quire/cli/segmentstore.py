@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from quire.cli.common import emit_json, json_option, metadata_option, with_client
+from quire.cli.common import emit_json, json_option, metadata_option, tls_options, with_client
 from quire.cli.options import config_options, pick_overrides
 from quire.config import load_config
 from quire.errors import QuireError
@@ -46,17 +46,22 @@ def start(config_path: str | None, **kwargs: Any) -> None:
 @segmentstore.command("recover")
 @click.option("--tier2", "tier2_uri", required=True,
               help="Tier-2 URI to recover from (file:///path, s3://bucket/prefix?...).")
+@tls_options
 @metadata_option
 @click.option("--container", "container_ids", type=int, multiple=True,
               help="Recover only this container (repeatable; default: all).")
 @click.option("--container-count", type=int, default=None,
               help="Only if neither the metadata store nor tier-2 records it.")
+@click.option("--ledger-password-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster's tier-1 ledger password (the segment stores' "
+                   "ledger_password_file; default: the built-in password).")
 @click.option("--replace-logs", is_flag=True,
               help="Drop the containers' tier-1 logs if the metadata store still has them "
                    "(their ledgers are not read; stop the segment stores first).")
 @json_option
 def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
-            container_count: int | None, replace_logs: bool, as_json: bool) -> None:
+            container_count: int | None, ledger_password_file: str | None, replace_logs: bool,
+            as_json: bool) -> None:
     """Rebuild every container from tier-2 alone onto fresh tier-1 logs.
 
     For a lost bookie cluster and/or a lost metadata store: --metadata names
@@ -69,11 +74,16 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from quire.client import Client
+    from quire.security import read_secret
+    from quire.segmentstore import SegmentStoreConfig
     from quire.segmentstore.disaster_recovery import RecoveryReport
     from quire.segmentstore.disaster_recovery import recover as run_recover
+    from quire.segmentstore.store import tier1_passwords
     from quire.tier2 import Tier2Config
 
     tier2 = Tier2Config(uri=tier2_uri)  # a bad URI fails before anything connects
+    config = SegmentStoreConfig(tier1_passwords=tier1_passwords(
+        read_secret(ledger_password_file) if ledger_password_file else None))
     console = Console(stderr=True)
     bar = Progress("recovering segments", BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=console, disable=as_json, transient=False)
@@ -87,7 +97,7 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
             return await run_recover(client, tier2,
                                      container_ids=container_ids or None,
                                      progress=progress, container_count=container_count,
-                                     replace_logs=replace_logs)
+                                     config=config, replace_logs=replace_logs)
 
     report = with_client(metadata_uri, go)
     if as_json:

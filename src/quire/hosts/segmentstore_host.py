@@ -1,9 +1,11 @@
 """One segment store process: ``quire segmentstore start`` runs :func:`run_segment_store`.
 
-Start order: the metadata store session (its lease is this host's life),
-a ledger client over it, the SegmentStore (no container yet), the wire
-server (so the address is known), then :class:`ContainerOwnership`, which
-registers the host and opens the containers the assignment gives it.
+Start order: the tier-1 ledger password read from its file (a file others
+may read refuses the start), the metadata store session (its lease is this
+host's life), a ledger client over it (TLS with ``tier1_tls_ca_file``), the
+SegmentStore (no container yet), the wire server (so the address is
+known), then :class:`ContainerOwnership`, which registers the host and
+opens the containers the assignment gives it.
 Until a container is open the server answers WrongHost for its segments,
 so a client retries rather than being told a segment does not exist.
 Stop order is the reverse: containers are closed (their queued operations
@@ -23,14 +25,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from quire.auth import server_security
-from quire.client import Client, ClientConfig
+from quire.client import Client, ClientConfig, LedgerPasswords
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.hosts.segmentstore_admin import SegmentStoreAdmin
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
-from quire.security import SecurityConfig
+from quire.security import SecurityConfig, read_secret
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
     ContainerConfig,
@@ -42,6 +44,7 @@ from quire.segmentstore import (
 from quire.segmentstore.scale_requests import AutoScaleReporter, ScaleRequests
 from quire.segmentstore.segment_rates import AutoScalerConfig
 from quire.segmentstore.storage_writer import StorageWriterConfig
+from quire.segmentstore.store import tier1_passwords
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,21 @@ class SegmentStoreHostConfig:
     """Auto-scaling's rate windows (2, 5, 10 and 20 minutes), cooldown, mute
     and tick, Pravega's defaults (see
     :class:`~quire.segmentstore.segment_rates.AutoScalerConfig`)."""
+    ledger_password_file: str = ""
+    """The password of the containers' tier-1 ledgers, one secret per
+    cluster, in a file (mode 0600: a store refuses to start when its group
+    or others may read it).  Ledgers made before with the built-in password
+    still open (:func:`~quire.segmentstore.store.tier1_passwords`).  "" : the
+    built-in password, with a warning at start."""
+    tier1_tls_ca_file: str = ""
+    """PEM CA certificates of the bookies: set, the tier-1 ledger client
+    reaches them over TLS ("" : plaintext).  Independent of the wire
+    server's own TLS (``tls_*_file``); a deployment may name the same files."""
+    tier1_tls_cert_file: str = ""
+    """PEM client certificate shown to bookies with mutual TLS (they
+    authorize its role, e.g. ``segmentstore``)."""
+    tier1_tls_key_file: str = ""
+    """PEM private key of ``tier1_tls_cert_file`` (a secret file, mode 0600)."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -116,6 +134,22 @@ class SegmentStoreHostConfig:
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
                               "<= tier1_ensemble_size")
+        self.tier1_client()  # ConfigError for TLS files that do not go together
+
+    def tier1_client(self) -> ClientConfig:
+        """The settings of the ledger client of the tier-1 logs."""
+        return ClientConfig(tls_ca=self.tier1_tls_ca_file, tls_cert=self.tier1_tls_cert_file,
+                            tls_key=self.tier1_tls_key_file)
+
+    def tier1_passwords(self) -> LedgerPasswords:
+        """The tier-1 ledgers' passwords (reads ``ledger_password_file``:
+        InsecureSecretFileError or ConfigError if it is unsafe or unreadable)."""
+        if not self.ledger_password_file:
+            log.warning("ledger_password_file is not set: the tier-1 ledgers use the "
+                        "built-in password, which anyone who reaches a bookie can use to "
+                        "fence or write them; set one secret per cluster")
+            return tier1_passwords(None)
+        return tier1_passwords(read_secret(self.ledger_password_file))
 
 
 class _StoreCollector(Collector):
@@ -213,8 +247,9 @@ class SegmentStoreHost:
         try:
             options: dict[str, Any] = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
                 not cfg.metadata_uri.startswith("zk://") else {}
+            passwords = cfg.tier1_passwords()
             self.metadata = await open_store(cfg.metadata_uri, **options)
-            self.client = await Client.over(self.metadata, ClientConfig())
+            self.client = await Client.over(self.metadata, cfg.tier1_client())
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
@@ -226,7 +261,8 @@ class SegmentStoreHost:
                         iteration_interval_ms=cfg.tier2_flush_interval_ms),
                     tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
                                         write_quorum_size=cfg.tier1_write_quorum_size,
-                                        ack_quorum_size=cfg.tier1_ack_quorum_size)))
+                                        ack_quorum_size=cfg.tier1_ack_quorum_size),
+                    tier1_passwords=passwords))
             self.server = SegmentServer(self.segments, SegmentServerConfig(
                 tail_read_wait_ms=cfg.tail_read_wait_ms,
                 tail_read_linger_ms=cfg.tail_read_linger_ms), SegmentServerMetrics(self.registry))

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from quire.client import Client
+from quire.client import Client, LedgerPasswords
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     ChunkExistsError,
@@ -58,7 +58,10 @@ from quire.segmentstore.writer_source import ContainerWriterSource, WriterSource
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
 
 DEFAULT_CONTAINER_COUNT = 4
-LOG_PASSWORD = b"quire-segmentstore"
+LEGACY_LOG_PASSWORD = b"quire-segmentstore"
+"""The password every tier-1 ledger had before it came from configuration
+(``ledger_password_file``).  Kept only as the upgrade path: see
+:func:`tier1_passwords`."""
 _ROUTE_CACHE_SIZE = 100_000
 """Names whose container is remembered (hashing a name costs a microsecond per append)."""
 
@@ -77,6 +80,25 @@ async def start_storage_writer(source: WriterSource, storage: ChunkStorage,
     return await StorageWriter.start(source, storage, config, max_chunk_bytes=max_chunk_bytes)
 
 
+def tier1_passwords(configured: bytes | None) -> LedgerPasswords:
+    """The passwords of the containers' tier-1 ledgers.
+
+    With a configured password (the cluster's ``ledger_password_file``: one
+    secret shared by every segment store), new ledgers get it, and ledgers
+    made before with :data:`LEGACY_LOG_PASSWORD` still open: each ledger
+    opens with the password its own metadata's master key says it was made
+    with (:class:`~quire.client.LedgerPasswords`), so an upgraded cluster
+    keeps reading and recovering its old ledgers, and they leave as the
+    storage writer truncates the logs behind tier-2 (or as the logs roll).
+    Nothing records which password a log uses: the keys in each ledger's
+    metadata tell.  Without one (None), the legacy password, as before: a
+    host warns about it at its start.
+    """
+    if configured is None:
+        return LedgerPasswords(LEGACY_LOG_PASSWORD)
+    return LedgerPasswords(configured, previous=(LEGACY_LOG_PASSWORD,))
+
+
 @dataclass(frozen=True)
 class SegmentStoreConfig:
     container_count: int | None = None
@@ -88,6 +110,8 @@ class SegmentStoreConfig:
     and ack quorums: E3 W3 A2 by default)."""
     storage_writer: StorageWriterConfig = field(default_factory=StorageWriterConfig)
     """Each container's storage writer (when the store has tier-2)."""
+    tier1_passwords: LedgerPasswords = field(default_factory=lambda: tier1_passwords(None))
+    """The passwords of the tier-1 ledgers (:func:`tier1_passwords`)."""
 
 
 CONTAINER_COUNT_CHUNK = f"{SYSTEM_SCOPE}/containers/container_count.E0.0"
@@ -196,11 +220,11 @@ class SegmentStore:
         if open_log is None:
             if client is None:
                 raise ConfigError("SegmentStore.open needs a client or open_log")
-            named_client, options = client, config.tier1
+            named_client, options, passwords = client, config.tier1, config.tier1_passwords
 
             def open_named(container_id: int) -> DurableDataLog:
                 return NamedDataLog(named_client, container_log_name(container_id),
-                                    password=LOG_PASSWORD, options=options)
+                                    password=passwords, options=options)
             open_log = open_named
         count = await cluster_container_count(metadata_store, config.container_count)
         storage = None
