@@ -18,7 +18,7 @@ from typing import Any
 from quire.controller import Controller, ControllerConfig, NodeAddress
 from quire.errors import ConfigError
 from quire.hosts.process import run
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import MetadataStore, open_leased_store
 from quire.segmentstore import owner_address
 from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
 from quire.streams.connection import split_address
@@ -34,6 +34,9 @@ class ControllerHostConfig:
     """The gRPC port (Pravega's default; 0: any free one)."""
     metrics_port: int = -1
     """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
+    lease_ms: int = 0
+    """The metadata session's lease: the embedded drivers' lease, or
+    ZooKeeper's session timeout (0: the driver's default)."""
     retention_interval_ms: int = 60_000
     """How often streams with a retention policy are truncated."""
     segment_request_timeout_ms: int = 30_000
@@ -59,7 +62,7 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            self.metadata = await open_store(cfg.metadata_uri)
+            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:

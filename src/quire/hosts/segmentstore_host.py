@@ -26,7 +26,7 @@ from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.log import WriterOptions
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import MetadataStore, open_leased_store
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
     ContainerConfig,
@@ -59,8 +59,10 @@ class SegmentStoreHostConfig:
     tier1_ack_quorum_size: int = 2
     """The containers' tier-1 ledgers: E3 W3 A2 unless the cluster is smaller."""
     lease_ms: int = 0
-    """The metadata session's lease for the embedded drivers (0: the
-    driver's default); ZooKeeper uses its session timeout."""
+    """The metadata session's lease: the embedded drivers' lease, or
+    ZooKeeper's session timeout (0: the driver's default).  A host cut off
+    from the store this long loses its host record, and its containers
+    move to the others."""
     tail_read_wait_ms: int = 5_000
     tier2_uri: str = ""
     """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
@@ -160,9 +162,7 @@ class SegmentStoreHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            options = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
-                not cfg.metadata_uri.startswith("zk://") else {}
-            self.metadata = await open_store(cfg.metadata_uri, **options)
+            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
             self.client = await Client.over(self.metadata, ClientConfig())
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(

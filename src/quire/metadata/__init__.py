@@ -64,6 +64,7 @@ __all__ = [
     "Versioned",
     "Watch",
     "deserialize",
+    "open_leased_store",
     "open_store",
     "read_leader",
     "serialize",
@@ -96,3 +97,16 @@ async def open_store(uri: str, **options: Any) -> MetadataStore:
     except TypeError as e:
         raise ConfigError(f"bad option for a {scheme}:// metadata store: {e}") from None
     return await opener(uri, **options)
+
+
+async def open_leased_store(uri: str, lease_ms: int = 0) -> MetadataStore:
+    """Open the store of a process whose liveness it holds (a bookie's
+    registration, a segment store's host record, a controller's session):
+    ``lease_ms`` is the lease of the embedded drivers and the session
+    timeout of ZooKeeper, whose lease *is* its session (0: the driver's
+    default).  One key therefore sets how long a process cut off from the
+    store keeps its leased records, whatever the driver."""
+    if lease_ms <= 0:
+        return await open_store(uri)
+    option = "session_timeout_ms" if uri.startswith("zk://") else "lease_ms"
+    return await open_store(uri, **{option: lease_ms})

@@ -51,7 +51,7 @@ from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage
 from quire.client import Client, ClientConfig
 from quire.errors import MetadataError, QuireError
-from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.metadata import BookieInfo, MetadataStore, open_leased_store
 from quire.node.autorecovery import Autorecovery, AutorecoverySettings
 from quire.node.entry_copier import EntryCopier
 from quire.node.integrity import protect_if_needed
@@ -127,8 +127,8 @@ class BookieNode:
             raise QuireError("set bookie_id when port is 0 (the id must be stable)")
 
     async def _open_metadata(self) -> MetadataStore:
-        self._store = await open_store(self.config.metadata_uri,
-                                       lease_ms=self.config.registration_lease_ms)
+        self._store = await open_leased_store(self.config.metadata_uri,
+                                              self.config.registration_lease_ms)
         return self._store
 
     async def _validate_cookie(self, store: MetadataStore) -> None:
