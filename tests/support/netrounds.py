@@ -1,0 +1,346 @@
+"""Seeded fault rounds on a :class:`~tests.support.netcluster.NetCluster`,
+each checked by the history checker (:mod:`quire.testing.history`).
+
+A round starts its clients (each on a host of its own, recording its
+history), lets them run, applies one fault for a bounded time while they
+go on, heals it, lets them finish (readers until they have read every
+acknowledged event, or a deadline), and checks the merged history.  The
+seed picks the victim, the timings and the workload's shape, so a failing
+round can be run again.  Every round returns a :class:`RoundResult`: the
+report, the anomalies, and facts the scenario's test asserts besides
+(``facts``).  The tests (``tests/integration/test_network_*.py``) and
+``scripts/soak-network`` run them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quire.metadata import open_store
+from quire.streams import ControllerClient, segment_name
+from quire.testing.history import Anomaly, Operation, Recorder, load, report
+from quire.testing.history_checks import check
+from tests.support.netcluster import ClientProcess, NetCluster
+
+
+@dataclass
+class RoundResult:
+    name: str
+    seed: int
+    ops: list[Operation]
+    anomalies: list[Anomaly]
+    report: str
+    seconds: float
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return f"round {self.name} seed {self.seed} ({self.seconds:.1f} s)\n{self.report}"
+
+
+class Round:
+    """One round's directory, seeded randomness, and the harness's own
+    history (faults, group completions)."""
+
+    def __init__(self, cluster: NetCluster, name: str, seed: int, root: Path) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.dir = root / f"{name}-{seed}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.harness = Recorder(self.dir / "harness.jsonl", "harness")
+        self.clients: list[ClientProcess] = []
+        self.facts: dict[str, Any] = {}
+        self.started = time.monotonic()
+
+    def client(self, role: str, name: str, **spec: Any) -> ClientProcess:
+        process = self.cluster.client(f"c-{name}", {
+            "role": role, "name": name, "history": str(self.dir / f"{name}.jsonl"), **spec})
+        self.clients.append(process)
+        return process
+
+    def pause(self, low_s: float, high_s: float) -> None:
+        """Let the clients run for a seeded while (the workload's pace)."""
+        time.sleep(self.rng.uniform(low_s, high_s))
+
+    def fault(self, name: str, targets: list[str],
+              apply: contextlib.AbstractContextManager[Any]
+              ) -> contextlib.AbstractContextManager[None]:
+        return self.cluster.fault(self.harness, name, targets, apply)
+
+    def ops(self) -> list[Operation]:
+        return load(sorted(self.dir.glob("*.jsonl")))
+
+    def finish(self) -> RoundResult:
+        for client in self.clients:
+            client.kill()
+        self.harness.close()
+        ops = self.ops()
+        anomalies = check(ops)
+        return RoundResult(self.name, self.seed, ops, anomalies, report(ops, anomalies),
+                           time.monotonic() - self.started, self.facts)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Round]:
+        """The round; its clients are killed however it ends."""
+        try:
+            yield self
+        finally:
+            for client in self.clients:
+                client.kill()
+
+
+# --- ledgers ----------------------------------------------------------------------------
+
+
+async def _ensembles(metadata_uri: str, ledger: int) -> list[tuple[int, tuple[str, ...]]]:
+    store = await open_store(metadata_uri)
+    try:
+        return list((await store.read_ledger(ledger)).value.ensembles)
+    finally:
+        await store.close()
+
+
+def _ledger_round(r: Round, fault: Callable[[Round, list[str]], tuple[str, list[str],
+                                                                   Any]],
+                  recover_mid_way: bool = False) -> RoundResult:
+    """A ledger writer (E3 W3 A2) and a reader following it; ``fault`` is
+    given the ledger's first ensemble and returns what to apply (name,
+    targets, context manager), held for 3 to 5 s while the writer adds."""
+    with r.running():
+        writer = r.client("ledger-writer", "lw", quorum=[3, 3, 2], interval_ms=15,
+                          in_flight=8, add_timeout_ms=2000, ledgers=1)
+        ledger = int(writer.wait_line(lambda line: "ledger" in line)["ledger"])
+        reader = r.client("ledger-reader", "lr", ledger=ledger, poll_ms=100)
+        ensemble = list(asyncio.run(_ensembles(r.cluster.metadata_uri, ledger))[0][1])
+        r.facts["first_ensemble"] = ensemble
+        r.pause(0.5, 1.0)
+        name, targets, apply = fault(r, ensemble)
+        with r.fault(name, targets, apply):
+            if recover_mid_way:
+                r.pause(0.5, 1.0)
+                reader.send("recover")
+                reader.wait_line(lambda line: "recovered" in line)
+            r.pause(3.0, 5.0)
+        r.pause(0.5, 1.0)
+        writer.finish()
+        closed = writer.wait_line(lambda line: "closed" in line)
+        r.facts["ensembles"] = closed["ensembles"]
+        reader.finish(verify=[ledger])
+        return r.finish()
+
+
+def writer_partitioned_from_bookie(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
+    """The ledger's writer loses one bookie of its ensemble (nftables) for
+    longer than its add timeout: it changes ensemble and loses nothing."""
+    r = Round(cluster, "writer-bookie-partition", seed, root)
+
+    def fault(r: Round, ensemble: list[str]) -> tuple[str, list[str], Any]:
+        victim = r.rng.choice(ensemble)
+        r.facts["victim"] = victim
+        return "partition", ["c-lw", victim], cluster.partition(["c-lw"], [victim])
+
+    return _ledger_round(r, fault)
+
+
+def writer_link_down(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
+    """A bookie of the writer's ensemble loses its link for a while."""
+    r = Round(cluster, "bookie-link-down", seed, root)
+
+    def fault(r: Round, ensemble: list[str]) -> tuple[str, list[str], Any]:
+        victim = r.rng.choice(ensemble)
+        r.facts["victim"] = victim
+        return "link-down", [victim], cluster.net.link_down(cluster.host(victim))
+
+    return _ledger_round(r, fault)
+
+
+def bookie_disk_full(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
+    """A bookie of the ensemble fills its disk: it turns read-only and the
+    writer moves on to another; freed, it turns writable again."""
+    r = Round(cluster, "bookie-disk-full", seed, root)
+
+    def fault(r: Round, ensemble: list[str]) -> tuple[str, list[str], Any]:
+        victim = r.rng.choice(ensemble)
+        r.facts["victim"] = victim
+        return "disk-full", [victim], cluster.disk_filled(victim, 0.95)
+
+    return _ledger_round(r, fault)
+
+
+def recovery_while_writing(cluster: NetCluster, seed: int, root: Path,
+                           name: str = "recovery-while-writing") -> RoundResult:
+    """Another client recovers (fences and closes) the ledger while its
+    writer, cut off from ZooKeeper, keeps adding: nothing the writer is
+    told after the fence may count, nothing above the close may be read."""
+    r = Round(cluster, name, seed, root)
+
+    def fault(r: Round, _ensemble: list[str]) -> tuple[str, list[str], Any]:
+        zookeepers = cluster.zookeeper_hosts()
+        return "partition", ["c-lw", *zookeepers], cluster.partition(["c-lw"], zookeepers)
+
+    return _ledger_round(r, fault, recover_mid_way=True)
+
+
+# --- streams ----------------------------------------------------------------------------
+
+
+SCOPE = "net"
+
+
+async def _create_stream(controller_uri: str, stream: str, segments: int) -> None:
+    async with ControllerClient(controller_uri) as controller:
+        await controller.create_scope(SCOPE)
+        await controller.create_stream(SCOPE, stream, segments)
+
+
+class StreamWorkload:
+    """Writers (Quire's and the real Pravega client), a Pravega reader group
+    of two readers, a Quire reader, and a probe asking every segment store
+    for the segments' lengths."""
+
+    def __init__(self, r: Round, probe: bool = True) -> None:
+        self.r = r
+        self.stream = f"s{r.seed}"
+        self.segments = r.rng.choice((2, 3))
+        asyncio.run(_create_stream(r.cluster.controller_uri, self.stream, self.segments))
+        common = {"scope": SCOPE, "stream": self.stream}
+        self.writers = [
+            r.client("stream-writer", "qw", keys=4, interval_ms=25, in_flight=20, **common),
+            r.client("pravega-writer", "pw", keys=3, interval_ms=40, **common)]
+        self.readers = {
+            "rg": [r.client("pravega-reader", "r1", group="rg", reader="r1", **common),
+                   r.client("pravega-reader", "r2", group="rg", reader="r2", **common)],
+            "qr": [r.client("stream-reader", "qr", group="qr", **common)]}
+        self.prober: ClientProcess | None = None
+        if probe:
+            self.prober = r.client(
+                "segment-prober", "probe", interval_ms=250,
+                hosts=[s.address for s in r.cluster.stores],
+                segments=[segment_name(SCOPE, self.stream, i) for i in range(self.segments)])
+
+    def fail_a_reader(self) -> None:
+        """One Pravega reader leaves mid-slice (its unreleased events may come again)."""
+        self.readers["rg"][1].send("fail")
+
+    def finish(self, deadline_s: float = 45.0) -> None:
+        """Stop the writers, wait until each group read every acknowledged
+        event (or the deadline), record the groups done, stop the rest."""
+        for writer in self.writers:
+            writer.finish()
+        stream = f"{SCOPE}/{self.stream}"
+        deadline = time.monotonic() + deadline_s
+        for group, readers in self.readers.items():
+            while not self._covered(group, readers) and time.monotonic() < deadline:
+                time.sleep(0.5)  # polling the readers' histories, with a deadline
+            done = self.r.harness.invoke("group.done", stream, {"group": group})
+            self.r.harness.ok(done)
+            for reader in readers:
+                if reader.proc.poll() is None:
+                    reader.finish()
+        if self.prober is not None:
+            self.prober.finish()
+
+    def _covered(self, group: str, readers: list[ClientProcess]) -> bool:
+        ops = load([w.history for w in self.writers] + [r.history for r in readers])
+        wanted = {o.arg("payload") for o in ops if o.f == "event.write" and o.ok}
+        read = {o.res("payload") for o in ops if o.f == "event.read" and o.arg("group") == group}
+        return wanted <= read
+
+
+def _stream_round(r: Round, fault: Callable[[Round, str], tuple[str, list[str], Any]],
+                  hold: Callable[[Round, str], None], probe: bool = True) -> RoundResult:
+    """The stream workload; a segment store chosen by the seed suffers
+    ``fault`` while ``hold`` runs (it waits for what the scenario expects);
+    then the cluster must settle with every store back."""
+    with r.running():
+        workload = StreamWorkload(r, probe)
+        r.pause(1.0, 2.0)
+        victim = r.rng.choice([s.name for s in r.cluster.stores])
+        r.facts["victim"] = victim
+        log_start = len(r.cluster.service(victim).log())
+        name, targets, apply = fault(r, victim)
+        fail_reader = r.rng.random() < 0.5
+        with r.fault(name, targets, apply):
+            if fail_reader:
+                workload.fail_a_reader()
+            hold(r, victim)
+        r.facts["victim_log"] = r.cluster.service(victim).log()[log_start:]
+        r.cluster.wait_assigned(timeout_s=60)
+        r.pause(1.0, 2.0)
+        workload.finish()
+        return r.finish()
+
+
+def _wait_taken_over(r: Round, victim: str, timeout_s: float) -> None:
+    """Until the assignment gives the victim no container (a fact: whether it did)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assignment = asyncio.run(r.cluster._assignment())
+        if assignment and victim not in assignment.values():
+            r.facts["taken_over_after_s"] = round(time.monotonic() - r.started, 2)
+            return
+        time.sleep(0.2)  # polling the assignment, with a deadline
+    r.facts["taken_over_after_s"] = None
+
+
+def _takeover_then_write(r: Round, victim: str) -> None:
+    """Hold the fault until the victim's containers moved, then 1-3 s more
+    of writes to their new owner."""
+    _wait_taken_over(r, victim, r.cluster.spec.session_ms / 1000 + 20)
+    r.pause(1.0, 3.0)
+
+
+def segment_store_partitioned_from_zookeeper(cluster: NetCluster, seed: int, root: Path,
+                                             probe: bool = False) -> RoundResult:
+    """A segment store loses ZooKeeper but not the bookies nor its clients:
+    its session expires, its containers are taken over (fencing it through
+    tier-1), and healed, it rejoins without serving stale data."""
+    r = Round(cluster, "store-zookeeper-partition", seed, root)
+
+    def fault(r: Round, victim: str) -> tuple[str, list[str], Any]:
+        zookeepers = cluster.zookeeper_hosts()
+        return "partition", [victim, *zookeepers], cluster.partition([victim], zookeepers)
+
+    return _stream_round(r, fault, _takeover_then_write, probe)
+
+
+def segment_store_paused(cluster: NetCluster, seed: int, root: Path,
+                         probe: bool = False) -> RoundResult:
+    """A segment store stops (SIGSTOP, a long GC pause) past its session:
+    its containers are taken over, and it wakes up fenced."""
+    r = Round(cluster, "store-paused", seed, root)
+
+    def fault(r: Round, victim: str) -> tuple[str, list[str], Any]:
+        return "pause", [victim], cluster.paused(victim)
+
+    return _stream_round(r, fault, _takeover_then_write, probe)
+
+
+def segment_store_killed(cluster: NetCluster, seed: int, root: Path,
+                         probe: bool = False) -> RoundResult:
+    """``kill -9`` of a segment store, restarted on its address 2-4 s later."""
+    r = Round(cluster, "store-killed", seed, root)
+
+    def fault(r: Round, victim: str) -> tuple[str, list[str], Any]:
+        return "kill-9", [victim], cluster.killed(victim)
+
+    return _stream_round(r, fault, lambda r, _victim: r.pause(2.0, 4.0), probe)
+
+
+ROUNDS: dict[str, Callable[..., RoundResult]] = {
+    "writer-bookie-partition": writer_partitioned_from_bookie,
+    "bookie-link-down": writer_link_down,
+    "bookie-disk-full": bookie_disk_full,
+    "recovery-while-writing": recovery_while_writing,
+    "store-zookeeper-partition": segment_store_partitioned_from_zookeeper,
+    "store-paused": segment_store_paused,
+    "store-killed": segment_store_killed,
+}
