@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quire.metadata import open_store
+from quire.segmentstore.names import container_of
 from quire.streams import ControllerClient, segment_name
 from quire.testing.history import Anomaly, Operation, Recorder, load, report
 from quire.testing.history_checks import check
@@ -81,6 +82,10 @@ class Round:
     def finish(self) -> RoundResult:
         for client in self.clients:
             client.kill()
+            client.poll_lines()
+        self.facts["client_errors"] = {
+            c.name: line["error"] for c in self.clients for line in c.lines
+            if line.get("event") == "error"}
         self.harness.close()
         ops = self.ops()
         anomalies = check(ops)
@@ -206,7 +211,7 @@ class StreamWorkload:
     of two readers, a Quire reader, and a probe asking every segment store
     for the segments' lengths."""
 
-    def __init__(self, r: Round, probe: bool = True) -> None:
+    def __init__(self, r: Round, victim: str, probe: bool = True) -> None:
         self.r = r
         self.stream = f"s{r.seed}"
         self.segments = r.rng.choice((2, 3))
@@ -215,10 +220,12 @@ class StreamWorkload:
         self.writers = [
             r.client("stream-writer", "qw", keys=4, interval_ms=25, in_flight=20, **common),
             r.client("pravega-writer", "pw", keys=3, interval_ms=40, **common)]
+        group = self._group_off(victim)
         self.readers = {
-            "rg": [r.client("pravega-reader", "r1", group="rg", reader="r1", **common),
-                   r.client("pravega-reader", "r2", group="rg", reader="r2", **common)],
+            group: [r.client("pravega-reader", "r1", group=group, reader="r1", **common),
+                    r.client("pravega-reader", "r2", group=group, reader="r2", **common)],
             "qr": [r.client("stream-reader", "qr", group="qr", **common)]}
+        self.pravega_group = group
         self.prober: ClientProcess | None = None
         if probe:
             self.prober = r.client(
@@ -226,9 +233,24 @@ class StreamWorkload:
                 hosts=[s.address for s in r.cluster.stores],
                 segments=[segment_name(SCOPE, self.stream, i) for i in range(self.segments)])
 
+    def _group_off(self, victim: str) -> str:
+        """A Pravega reader group name whose state (a table segment) is in a
+        container the victim does not host: the real client's reader gives
+        up for good when its group's state stays out of reach past its
+        retries ("Fetch updates failed after all retries"), which a crashed
+        or cut-off owner is until its session expires."""
+        assignment = self.r.cluster.wait_assigned()
+        count = self.r.cluster.spec.container_count
+        for i in range(1000):
+            group = f"rg{i}"
+            state = segment_name(SCOPE, f"{group}_kvtable", 0)
+            if assignment.get(container_of(state, count)) != victim:
+                return group
+        raise AssertionError(f"every group's state is on {victim}")
+
     def fail_a_reader(self) -> None:
         """One Pravega reader leaves mid-slice (its unreleased events may come again)."""
-        self.readers["rg"][1].send("fail")
+        self.readers[self.pravega_group][1].send("fail")
 
     def finish(self, deadline_s: float = 45.0) -> None:
         """Stop the writers, wait until each group read every acknowledged
@@ -261,10 +283,10 @@ def _stream_round(r: Round, fault: Callable[[Round, str], tuple[str, list[str], 
     ``fault`` while ``hold`` runs (it waits for what the scenario expects);
     then the cluster must settle with every store back."""
     with r.running():
-        workload = StreamWorkload(r, probe)
-        r.pause(1.0, 2.0)
         victim = r.rng.choice([s.name for s in r.cluster.stores])
         r.facts["victim"] = victim
+        workload = StreamWorkload(r, victim, probe)
+        r.pause(1.0, 2.0)
         log_start = len(r.cluster.service(victim).log())
         name, targets, apply = fault(r, victim)
         fail_reader = r.rng.random() < 0.5

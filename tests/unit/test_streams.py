@@ -483,6 +483,31 @@ async def test_a_writer_sets_up_again_while_the_owner_refuses_connections(
     assert [int(e.data) for e in await read_all(c, segments, "sc", "crash")] == list(range(20))
 
 
+async def test_no_owner_known_to_the_controller_is_retried(system: StreamSystem) -> None:
+    """getURI answers UNAVAILABLE while no live segment store owns the
+    container (its owner crashed and the takeover is not done): operations
+    resolving through the controller retry instead of failing.  (Found by a
+    network round, kill -9 of a segment store: a stream reader died of
+    ControllerUnavailableError.)"""
+    c = system.controller_client()
+    await c.create_scope("sc")
+    await c.create_stream("sc", "moving", 1)
+    unavailable = [2]
+
+    class Flaky:
+        async def segment_uri(self, scope: str, stream: str, segment: int) -> str:
+            if unavailable[0]:
+                unavailable[0] -= 1
+                raise ControllerUnavailableError("getURI: UNAVAILABLE: no live segment store "
+                                                 "owns container 0")
+            return await c.segment_uri(scope, stream, segment)
+    segments = RemoteSegmentStore(controller_resolver(Flaky()),  # type: ignore[arg-type]
+                                  FAST_RETRY)
+    system.clients.append(segments)
+    info = await segments.get_info("sc/moving/0.#epoch.0")
+    assert info.length == 0 and segments.retries == 2 and unavailable == [0]
+
+
 # --- one connection ---------------------------------------------------------------------
 
 
