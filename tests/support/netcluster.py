@@ -308,14 +308,15 @@ class NetCluster:
 
     def wait_assigned(self, timeout_s: float = 60.0,
                       hosts: set[str] | None = None) -> dict[int, str]:
-        """Until every container is assigned (to exactly ``hosts``, if given)
-        and each segment store has its own open; the assignment."""
+        """Until every container is assigned, to exactly ``hosts`` (default:
+        every running segment store), and each store has its own open; the
+        assignment."""
         deadline = time.monotonic() + timeout_s
         wanted = hosts if hosts is not None else {s.name for s in self.stores if s.running}
         while True:
             assignment = asyncio.run(self._assignment())
             if len(assignment) == self.spec.container_count and \
-                    set(assignment.values()) <= wanted and \
+                    set(assignment.values()) == wanted and \
                     all(self.hosted(s) == sum(h == s.name for h in assignment.values())
                         for s in self.stores if s.name in wanted):
                 return assignment

@@ -154,6 +154,11 @@ class ContainerOwnership:
         self._lease_watch: Watch | None = None
         self._election: Election | None = None
         self._closed = False
+        self._expired = False
+        """The lease expired since this host last registered: its host
+        record is gone, even if a new lease is live by the time the
+        converging loop looks (a ZooKeeper client reconnects with a new
+        session at once once a partition heals)."""
 
     @property
     def mine(self) -> set[int]:
@@ -162,7 +167,7 @@ class ContainerOwnership:
 
     async def start(self) -> None:
         await self._register()
-        self._lease_watch = self.metadata.watch_lease(lambda _state: self._wake.set())
+        self._lease_watch = self.metadata.watch_lease(self._on_lease)
         election = self.metadata.elect(ASSIGNER_GROUP, self.host_id)
         self._election = election
         self._watch = self.metadata.watch_record(ASSIGNMENT_KEY, self._on_assignment)
@@ -173,6 +178,11 @@ class ContainerOwnership:
     async def _register(self) -> None:
         await self.metadata.create_leased_record(
             HOSTS_PREFIX + self.host_id, json.dumps({"address": self.address}).encode())
+
+    def _on_lease(self, state: LeaseState) -> None:
+        if state is LeaseState.EXPIRED:
+            self._expired = True
+        self._wake.set()
 
     def _on_assignment(self, record: Versioned[bytes] | None) -> None:
         try:
@@ -207,15 +217,16 @@ class ContainerOwnership:
 
     async def _converge_once(self) -> None:
         lease = self.metadata.lease
-        if lease is not LeaseState.LIVE:
-            if lease is LeaseState.UNCERTAIN:
+        if lease is not LeaseState.LIVE or self._expired:
+            if lease is LeaseState.UNCERTAIN and not self._expired:
                 return  # keep serving (tier-1 fencing keeps that safe), start nothing
             # the host record is gone: others may be opening these containers now
             for container_id in self.segments.container_ids:
                 await self.segments.stop_container(container_id)
-            if lease is LeaseState.EXPIRED:
+            if lease in (LeaseState.EXPIRED, LeaseState.LIVE):
                 with contextlib.suppress(MetadataExistsError):
                     await self._register()  # a new lease; the assigner sees the host again
+                self._expired = False
             return
         mine = self.mine
         running = set(self.segments.container_ids)
