@@ -50,6 +50,7 @@ from quire.sandbox import (
     stop_all,
 )
 from quire.segmentstore.ownership import read_assignment
+from quire.testing import planted
 from quire.testing.history import Recorder
 from tests.support import netns
 from tests.support.bookies import BookieProcess
@@ -427,6 +428,25 @@ class NetCluster:
             yield
         finally:
             filler.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def planted(self, bug: str, names: list[str]) -> Iterator[None]:
+        """Restart the named services with a product bug planted
+        (:mod:`quire.testing.planted`); restart them as they were at the end."""
+        processes = [self.service(n) for n in names]
+
+        def restart(entry: str, env: dict[str, str]) -> None:
+            stop_all(processes)
+            for process in processes:
+                process.entry_module = entry
+                process.extra_env = {**_service_env(), **env}
+            start_all(processes)
+
+        restart("quire.testing.planted", {planted.ENV: bug})
+        try:
+            yield
+        finally:
+            restart("quire.cli.main", {})
 
     @contextlib.contextmanager
     def quorum_lost(self, members: int = 2) -> Iterator[None]:

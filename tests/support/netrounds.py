@@ -193,6 +193,14 @@ def recovery_while_writing(cluster: NetCluster, seed: int, root: Path,
     return _ledger_round(r, fault, recover_mid_way=True)
 
 
+def recovery_while_fencing_is_off(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
+    """:func:`recovery_while_writing` with every bookie's fencing switched
+    off (the planted bug ``bookie-skip-fencing``): the checker must find the
+    writer acknowledged past the close."""
+    with cluster.planted("bookie-skip-fencing", [b.name for b in cluster.bookies]):
+        return recovery_while_writing(cluster, seed, root, name="planted-fencing-off")
+
+
 # --- streams ----------------------------------------------------------------------------
 
 
@@ -243,11 +251,12 @@ class StreamWorkload:
         for writer in self.writers:
             writer.finish()
         r = self.r
-        self.readers["rg"] = [
-            r.client("pravega-reader", name, group="rg", reader=name, **self.common)
+        group = f"rg{r.seed}"  # a group is per scope: one per round's stream
+        self.readers[group] = [
+            r.client("pravega-reader", name, group=group, reader=name, **self.common)
             for name in ("r1", "r2")]
         if r.rng.random() < 0.5:
-            self.readers["rg"][r.rng.randrange(2)].send("fail")
+            self.readers[group][r.rng.randrange(2)].send("fail")
         stream = f"{SCOPE}/{self.stream}"
         deadline = time.monotonic() + deadline_s
         for group, readers in self.readers.items():
@@ -350,6 +359,7 @@ ROUNDS: dict[str, Callable[..., RoundResult]] = {
     "bookie-link-down": writer_link_down,
     "bookie-disk-full": bookie_disk_full,
     "recovery-while-writing": recovery_while_writing,
+    "planted-fencing-off": recovery_while_fencing_is_off,
     "store-zookeeper-partition": segment_store_partitioned_from_zookeeper,
     "store-paused": segment_store_paused,
     "store-killed": segment_store_killed,

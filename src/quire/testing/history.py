@@ -78,13 +78,18 @@ class Operation:
             f"{self.outcome} {self.completed - origin:.3f}"
         what = f"{self.process}#{self.id} {self.f} {self.obj}"
         if self.value is not None:
-            what += f" {json.dumps(self.value, sort_keys=True)}"
+            what += f" {_short(self.value)}"
         line = f"{what} invoked {self.invoked - origin:.3f} {end}"
         if self.result is not None:
-            line += f" -> {json.dumps(self.result, sort_keys=True)}"
+            line += f" -> {_short(self.result)}"
         if self.error:
             line += f" ({self.error})"
         return line
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 @dataclass
@@ -163,9 +168,10 @@ def load(paths: Iterable[Path | str]) -> list[Operation]:
     return sorted(ops.values(), key=lambda o: (o.invoked, o.process, o.id))
 
 
-def report(ops: Sequence[Operation], anomalies: Sequence[Anomaly]) -> str:
+def report(ops: Sequence[Operation], anomalies: Sequence[Anomaly], per_kind: int = 5) -> str:
     """Operations by kind and outcome, the faults, then each anomaly with
-    the operations involved (times in seconds from the first invoke)."""
+    the operations involved (times in seconds from the first invoke; the
+    first ``per_kind`` anomalies of each kind, then how many more)."""
     origin = ops[0].invoked if ops else 0.0
     processes = {o.process for o in ops}
     faults = [o for o in ops if o.f == "fault"]
@@ -180,9 +186,14 @@ def report(ops: Sequence[Operation], anomalies: Sequence[Anomaly]) -> str:
         lines.append(f"fault {fault.obj} {json.dumps(fault.value, sort_keys=True)}: "
                      f"{fault.invoked - origin:.3f}, {healed}")
     lines.append(f"anomalies: {len(anomalies)}")
+    shown: Counter[str] = Counter()
     for anomaly in anomalies:
-        lines.append(f"  {anomaly.kind}: {anomaly.message}")
-        lines += [f"    {op.describe(origin)}" for op in anomaly.ops]
+        shown[anomaly.kind] += 1
+        if shown[anomaly.kind] <= per_kind:
+            lines.append(f"  {anomaly.kind}: {anomaly.message}")
+            lines += [f"    {op.describe(origin)}" for op in anomaly.ops]
+    lines += [f"  ({n - per_kind} more {kind} anomalies)" for kind, n in shown.items()
+              if n > per_kind]
     return "\n".join(lines)
 
 
