@@ -449,10 +449,10 @@ class NetCluster:
             restart("quire.cli.main", {})
 
     @contextlib.contextmanager
-    def quorum_lost(self, members: int = 2) -> Iterator[None]:
-        """``kill -9`` that many ZooKeeper members; restart them at the end
-        (on their data) and wait until the ensemble serves again."""
-        victims = self.zookeepers[:members]
+    def quorum_lost(self, names: list[str]) -> Iterator[None]:
+        """``kill -9`` the named ZooKeeper members (``zk-<n>``); restart them
+        at the end (on their data) and wait until the ensemble serves again."""
+        victims = [self.zookeepers[int(n.rpartition("-")[2]) - 1] for n in names]
         for server in victims:
             server.kill()
         try:

@@ -27,7 +27,34 @@ from quire.metadata import open_store
 from quire.streams import ControllerClient, segment_name
 from quire.testing.history import Anomaly, Operation, Recorder, load, report
 from quire.testing.history_checks import check
-from tests.support.netcluster import ClientProcess, NetCluster
+from tests.support.netcluster import ClientProcess, NetCluster, NetClusterSpec
+from tests.support.netns import NetworkUnavailable
+from tests.support.zookeeper import ZooKeeperUnavailable
+
+
+@contextlib.contextmanager
+def started_cluster(root: Path, spec: NetClusterSpec) -> Iterator[NetCluster]:
+    """A started cluster, removed at the end; a machine that cannot build
+    one (no ``ip``/``nft``, no namespaces, no ZooKeeper) fails the caller's
+    test with the reason, never skips it."""
+    import pytest
+
+    cluster = NetCluster(root, spec)
+    try:
+        cluster.start()
+    except (NetworkUnavailable, ZooKeeperUnavailable) as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def assert_clean(result: RoundResult) -> None:
+    """No anomaly and no client error (the report says which)."""
+    assert not result.anomalies, result.summary()
+    assert not result.facts.get("client_errors"), (result.facts["client_errors"],
+                                                   result.summary())
 
 
 @dataclass
@@ -354,6 +381,50 @@ def segment_store_killed(cluster: NetCluster, seed: int, root: Path,
     return _stream_round(r, fault, lambda r, _victim: r.pause(2.0, 4.0), probe)
 
 
+def _fault_window(r: Round) -> tuple[float, float]:
+    fault = next(o for o in r.ops() if o.f == "fault")
+    assert fault.completed is not None
+    return fault.invoked, fault.completed
+
+
+def zookeeper_quorum_loss(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
+    """Two of three ZooKeeper members die while a ledger writer (a new
+    ledger every 40 entries) and the stream writers go on: no new ledger
+    and no ownership change until the members are back, no acknowledged
+    data lost, and service resumes by itself."""
+    r = Round(cluster, "zookeeper-quorum-loss", seed, root)
+    with r.running():
+        before = cluster.wait_assigned()
+        workload = StreamWorkload(r, probe=False)
+        writer = r.client("ledger-writer", "lw", quorum=[3, 3, 2], interval_ms=15,
+                          in_flight=8, add_timeout_ms=2000, per_ledger=40)
+        r.pause(1.0, 2.0)
+        victims = r.rng.sample(cluster.zookeeper_hosts(), 2)
+        with r.fault("quorum-loss", victims, cluster.quorum_lost(victims)):
+            r.pause(5.0, 7.0)
+            healing = time.time()  # (the members restart from here on)
+        r.pause(2.0, 3.0)
+        writer.finish()
+        ledgers = [line["ledger"] for line in writer.lines if "ledger" in line]
+        r.facts["ledgers"] = len(ledgers)
+        reader = r.client("ledger-reader", "lr", ledger=ledgers[0], poll_ms=200)
+        reader.finish(verify=ledgers)
+        workload.finish()
+        r.facts["assignment_kept"] = cluster.wait_assigned() == before
+        start, end = _fault_window(r)
+        ops = r.ops()
+        r.facts["created_during_fault"] = [
+            o.res("ledger") for o in ops if o.f == "ledger.create" and o.ok
+            and o.invoked > start + 0.5 and o.completed is not None and o.completed < healing]
+        r.facts["blocked_creates"] = sum(
+            1 for o in ops if o.f == "ledger.create" and o.invoked < healing
+            and (o.completed is None or o.completed > healing))
+        r.facts["resumed"] = {
+            f: any(o.ok and o.invoked > end for o in ops if o.f == f)
+            for f in ("ledger.create", "event.write")}
+        return r.finish()
+
+
 ROUNDS: dict[str, Callable[..., RoundResult]] = {
     "writer-bookie-partition": writer_partitioned_from_bookie,
     "bookie-link-down": writer_link_down,
@@ -363,4 +434,5 @@ ROUNDS: dict[str, Callable[..., RoundResult]] = {
     "store-zookeeper-partition": segment_store_partitioned_from_zookeeper,
     "store-paused": segment_store_paused,
     "store-killed": segment_store_killed,
+    "zookeeper-quorum-loss": zookeeper_quorum_loss,
 }
