@@ -160,6 +160,24 @@ async def test_a_host_whose_lease_expired_and_came_back_at_once_registers_again(
     assert "host-a" in await live_hosts(b.metadata)
 
 
+async def test_a_host_restarted_before_its_old_lease_ended_waits_for_it_and_starts(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """kill -9 and a restart faster than the old session's timeout: the old
+    run's host record is still there; the new run waits for it to go
+    instead of refusing to start.  (Found by a network round: a segment
+    store restarted 2-4 s after kill -9 exited with "record
+    segmentstore/hosts/ss-1 already exists".)"""
+    uri, logs, hosts = cluster
+    dead = await open_store(uri, lease_ms=300)  # the killed run's session
+    await dead.create_leased_record(HOSTS_PREFIX + "host-a", b'{"address": "gone:1"}')
+    dead._heartbeat.cancel()  # type: ignore[attr-defined]  # it renews no more
+    a = await asyncio.wait_for(Host(uri, logs, "host-a").start(), 10)
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    assert (await live_hosts(a.metadata))["host-a"] == a.ownership.address
+    await dead.close()
+
+
 async def test_a_host_that_closes_hands_its_containers_over(
         cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
     uri, logs, hosts = cluster

@@ -57,6 +57,11 @@ class OwnershipSettings:
     rebalance_interval_ms: int = 1000
     """How often the assigner lists the live hosts (and a host retries a
     container that failed to open or failed later)."""
+    register_wait_ms: int = 60_000
+    """How long a starting host waits for the host record of its previous
+    run to go (a restart after ``kill -9`` is usually faster than the old
+    metadata session's timeout) before it gives up: a record that outlives
+    this belongs to another live process with the same host id."""
 
 
 def balanced_assignment(container_count: int, hosts: Sequence[str],
@@ -166,7 +171,7 @@ class ContainerOwnership:
         return {c for c, h in self.assignment.items() if h == self.host_id}
 
     async def start(self) -> None:
-        await self._register()
+        await self._register_at_start()
         self._lease_watch = self.metadata.watch_lease(self._on_lease)
         election = self.metadata.elect(ASSIGNER_GROUP, self.host_id)
         self._election = election
@@ -174,6 +179,24 @@ class ContainerOwnership:
         self._tasks = [asyncio.create_task(self._converge(), name="quire-ownership-converge"),
                        asyncio.create_task(self._assign(election),
                                            name="quire-ownership-assigner")]
+
+    async def _register_at_start(self) -> None:
+        """Register, waiting out the record an earlier run of this host left
+        (it goes when that run's lease ends)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.register_wait_ms / 1000
+        while True:
+            try:
+                await self._register()
+                return
+            except MetadataExistsError:
+                if loop.time() > deadline:
+                    raise MetadataExistsError(
+                        f"segment store host {self.host_id!r} is registered by another live "
+                        f"process (still after {self.settings.register_wait_ms} ms)") from None
+                log.warning("host %s: the record of an earlier run is still there; waiting "
+                            "for its lease to end", self.host_id)
+            await asyncio.sleep(self.settings.rebalance_interval_ms / 1000)  # polling it
 
     async def _register(self) -> None:
         await self.metadata.create_leased_record(
