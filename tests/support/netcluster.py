@@ -134,6 +134,9 @@ class ClientProcess:
             assert time.monotonic() < deadline, f"client {self.name}: no such line in time"
             self.poll_lines(min(0.2, max(0.0, deadline - time.monotonic())))
 
+    def ready(self) -> None:
+        self.wait_line(lambda line: line.get("event") == "ready")
+
     def send(self, cmd: str, **args: Any) -> None:
         assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
@@ -360,15 +363,16 @@ class NetCluster:
 
     # --- clients ------------------------------------------------------------------------
 
-    def client(self, host: str, spec: dict[str, Any]) -> ClientProcess:
+    def client(self, host: str, spec: dict[str, Any], wait: bool = True) -> ClientProcess:
         """Start a client (:mod:`tests.support.net_client`) on ``host``;
-        wait until it is ready."""
+        with ``wait``, wait until it is ready (:meth:`ClientProcess.ready`)."""
         process = ClientProcess(self.host(host), {
             "metadata_uri": self.metadata_uri,
             "controller_uri": self.controller.uri if self.controller else "", **spec},
             self.root / f"client-{spec['name']}.log")
         self.clients.append(process)
-        process.wait_line(lambda line: line.get("event") == "ready")
+        if wait:
+            process.ready()
         return process
 
     # --- faults -------------------------------------------------------------------------

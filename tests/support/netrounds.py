@@ -87,9 +87,11 @@ class Round:
         self.facts: dict[str, Any] = {}
         self.started = time.monotonic()
 
-    def client(self, role: str, name: str, **spec: Any) -> ClientProcess:
+    def client(self, role: str, name: str, wait: bool = True, **spec: Any) -> ClientProcess:
+        """A client on a host of its own (``c-<name>``); with ``wait``, ready."""
         process = self.cluster.client(f"c-{name}", {
-            "role": role, "name": name, "history": str(self.dir / f"{name}.jsonl"), **spec})
+            "role": role, "name": name, "history": str(self.dir / f"{name}.jsonl"), **spec},
+            wait)
         self.clients.append(process)
         return process
 
@@ -258,7 +260,7 @@ class StreamWorkload:
         self.stream = f"s{r.seed}"
         self.segments = r.rng.choice((2, 3))
         asyncio.run(_create_stream(r.cluster.controller_uri, self.stream, self.segments))
-        self.common = {"scope": SCOPE, "stream": self.stream}
+        self.common = {"scope": SCOPE, "stream": self.stream, "wait": False}
         self.writers = [
             r.client("stream-writer", "qw", keys=4, interval_ms=25, in_flight=20,
                      **self.common),
@@ -267,9 +269,11 @@ class StreamWorkload:
         self.prober: ClientProcess | None = None
         if probe:
             self.prober = r.client(
-                "segment-prober", "probe", interval_ms=250,
+                "segment-prober", "probe", interval_ms=250, wait=False,
                 hosts=[s.address for s in r.cluster.stores],
                 segments=[segment_name(SCOPE, self.stream, i) for i in range(self.segments)])
+        for client in r.clients:
+            client.ready()
 
     def finish(self, deadline_s: float = 45.0) -> None:
         """Stop the writers; read with a Pravega reader group too; wait
@@ -282,6 +286,8 @@ class StreamWorkload:
         self.readers[group] = [
             r.client("pravega-reader", name, group=group, reader=name, **self.common)
             for name in ("r1", "r2")]
+        for reader in self.readers[group]:
+            reader.ready()
         if r.rng.random() < 0.5:
             self.readers[group][r.rng.randrange(2)].send("fail")
         stream = f"{SCOPE}/{self.stream}"
@@ -313,14 +319,14 @@ def _stream_round(r: Round, fault: Callable[[Round, str], tuple[str, list[str], 
         victim = r.rng.choice([s.name for s in r.cluster.stores])
         r.facts["victim"] = victim
         workload = StreamWorkload(r, probe)
-        r.pause(1.0, 2.0)
+        r.pause(0.5, 1.5)
         log_start = len(r.cluster.service(victim).log())
         name, targets, apply = fault(r, victim)
         with r.fault(name, targets, apply):
             hold(r, victim)
         r.facts["victim_log"] = r.cluster.service(victim).log()[log_start:]
         r.cluster.wait_assigned(timeout_s=60)
-        r.pause(1.0, 2.0)
+        r.pause(0.5, 1.5)
         workload.finish()
         return r.finish()
 
@@ -341,7 +347,7 @@ def _takeover_then_write(r: Round, victim: str) -> None:
     """Hold the fault until the victim's containers moved, then 1-3 s more
     of writes to their new owner."""
     _wait_taken_over(r, victim, r.cluster.spec.session_ms / 1000 + 20)
-    r.pause(1.0, 3.0)
+    r.pause(0.5, 2.0)
 
 
 def segment_store_partitioned_from_zookeeper(cluster: NetCluster, seed: int, root: Path,
@@ -378,7 +384,7 @@ def segment_store_killed(cluster: NetCluster, seed: int, root: Path,
     def fault(r: Round, victim: str) -> tuple[str, list[str], Any]:
         return "kill-9", [victim], cluster.killed(victim)
 
-    return _stream_round(r, fault, lambda r, _victim: r.pause(2.0, 4.0), probe)
+    return _stream_round(r, fault, lambda r, _victim: r.pause(1.0, 3.0), probe)
 
 
 def _fault_window(r: Round) -> tuple[float, float]:
@@ -413,11 +419,12 @@ def zookeeper_quorum_loss(cluster: NetCluster, seed: int, root: Path) -> RoundRe
         r.facts["assignment_kept"] = cluster.wait_assigned() == before
         start, end = _fault_window(r)
         ops = r.ops()
-        r.facts["created_during_fault"] = [
-            o.res("ledger") for o in ops if o.f == "ledger.create" and o.ok
-            and o.invoked > start + 0.5 and o.completed is not None and o.completed < healing]
-        r.facts["blocked_creates"] = sum(
-            1 for o in ops if o.f == "ledger.create" and o.invoked < healing
+        metadata_ops = [o for o in ops if o.f in ("ledger.create", "ledger.close")]
+        r.facts["metadata_changed_during_fault"] = [
+            o.describe() for o in metadata_ops if o.ok and o.invoked > start + 0.5
+            and o.completed is not None and o.completed < healing]
+        r.facts["metadata_ops_held"] = sum(
+            1 for o in metadata_ops if start < o.invoked < healing
             and (o.completed is None or o.completed > healing))
         r.facts["resumed"] = {
             f: any(o.ok and o.invoked > end for o in ops if o.f == f)
