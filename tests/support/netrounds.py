@@ -95,6 +95,11 @@ class Round:
         self.clients.append(process)
         return process
 
+    def mark(self, phase: str) -> None:
+        """Note when a phase ended (``facts["timeline"]``, seconds into the round)."""
+        self.facts.setdefault("timeline", []).append(
+            (phase, round(time.monotonic() - self.started, 1)))
+
     def pause(self, low_s: float, high_s: float) -> None:
         """Let the clients run for a seeded while (the workload's pace)."""
         time.sleep(self.rng.uniform(low_s, high_s))
@@ -282,12 +287,14 @@ class StreamWorkload:
         for writer in self.writers:
             writer.finish()
         r = self.r
+        r.mark("written")
         group = f"rg{r.seed}"  # a group is per scope: one per round's stream
         self.readers[group] = [
             r.client("pravega-reader", name, group=group, reader=name, **self.common)
             for name in ("r1", "r2")]
         for reader in self.readers[group]:
             reader.ready()
+        r.mark("group started")
         if r.rng.random() < 0.5:
             self.readers[group][r.rng.randrange(2)].send("fail")
         stream = f"{SCOPE}/{self.stream}"
@@ -319,15 +326,19 @@ def _stream_round(r: Round, fault: Callable[[Round, str], tuple[str, list[str], 
         victim = r.rng.choice([s.name for s in r.cluster.stores])
         r.facts["victim"] = victim
         workload = StreamWorkload(r, probe)
+        r.mark("clients")
         r.pause(0.5, 1.5)
         log_start = len(r.cluster.service(victim).log())
         name, targets, apply = fault(r, victim)
         with r.fault(name, targets, apply):
             hold(r, victim)
+        r.mark("healed")
         r.facts["victim_log"] = r.cluster.service(victim).log()[log_start:]
         r.cluster.wait_assigned(timeout_s=60)
+        r.mark("settled")
         r.pause(0.5, 1.5)
         workload.finish()
+        r.mark("read")
         return r.finish()
 
 
