@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="quire-soak-network-"))
     seed = args.first_seed if args.first_seed is not None else random.randrange(10**6)
     pick = random.Random(seed)
-    end = time.monotonic() + args.minutes * 60
     failed: list[RoundResult] = []
     rounds = 0
     print(f"soak-network: histories in {root}, first seed {seed}", flush=True)
     with NetCluster(root / "cluster", NetClusterSpec(zookeepers=3, bookie_disk_mib=32)) \
             as cluster:
+        end = time.monotonic() + args.minutes * 60  # (rounds' time; the start is extra)
         while time.monotonic() < end:
             kind = pick.choice(KINDS)
             kwargs = {"probe": True} if kind.startswith("store-") else {}
