@@ -19,14 +19,16 @@ SPEC is a JSON object: ``role``, ``name`` (the process in the history),
 * ``stream-reader`` / ``pravega-reader`` (``controller_uri``, ``scope``,
   ``stream``, ``group``): one reader of a reader group (Quire's
   StreamReader alone; a real Pravega reader group's member, ``reader`` its
-  name), reading from the head and recording each event;
+  name), reading from the head and recording each event; a Pravega reader
+  with ``fail_after`` N fails after N events, going offline without
+  releasing the slice it is in (printing ``{"failed": true}``);
 * ``segment-prober`` (``segments``, ``hosts``, ``interval_ms``): asks every
   segment store directly for each segment's length.
 
 Commands arrive on stdin as JSON lines: ``{"cmd": "stop"}`` (writers drain
-and close, readers leave), ``{"cmd": "recover"}`` (a ledger reader opens its
-ledger with recovery now), ``{"cmd": "fail"}`` (a Pravega reader goes
-offline without releasing what it holds).  stdout carries JSON lines:
+and close, readers leave; ``verify``: the ledgers a ledger reader checks),
+``{"cmd": "recover"}`` (a ledger reader opens its ledger with recovery now).
+stdout carries JSON lines:
 ``{"event": "ready"}``, the role's, then ``{"event": "done"}`` (or
 ``{"event": "error", ...}``).
 """
@@ -350,25 +352,28 @@ async def pravega_reader(spec: Spec, rec: Recorder, cmds: Commands) -> None:
     group = manager.create_reader_group(group_name, spec["scope"], spec["stream"])
     reader = group.create_reader(spec["reader"])
     fetch: asyncio.Future[Any] | None = None
-    failing = False
+    fail_after = spec.get("fail_after")  # events read, then fail (None: never)
     try:
         while not cmds.stopped.is_set():
             if fetch is None:
                 fetch = asyncio.ensure_future(reader.get_segment_slice_async())
             done, _ = await asyncio.wait({fetch}, timeout=0.5)
-            failing = failing or cmds.take("fail") is not None
             if not done:
                 continue
             piece, fetch = fetch.result(), None
             events = list(piece)
-            if failing and events:
-                events = events[:max(1, len(events) // 2)]  # read part of the slice, then fail
+            if fail_after is not None and len(events) >= fail_after:
+                events = events[:fail_after]  # read part of the slice, then fail
+                fail_after = 0
+            elif fail_after is not None:
+                fail_after -= len(events)
             for event in events:
                 rec.instant("event.read", stream, {"group": group_name},
                             {"payload": event.data().decode(), "segment": None,
                              "offset": event.offset()})
-            if failing and events:
+            if fail_after == 0:
                 rec.instant("reader.fail", stream, {"group": group_name})
+                emit(failed=True)
                 return  # offline below, holding this slice unreleased
             reader.release_segment(piece)
             if events:

@@ -289,14 +289,20 @@ class StreamWorkload:
         r = self.r
         r.mark("written")
         group = f"rg{r.seed}"  # a group is per scope: one per round's stream
-        self.readers[group] = [
-            r.client("pravega-reader", name, group=group, reader=name, **self.common)
-            for name in ("r1", "r2")]
+        if r.rng.random() < 0.5:  # r1 fails mid-slice; r2 must read its unreleased events
+            first = r.client("pravega-reader", "r1", group=group, reader="r1",
+                             fail_after=r.rng.randint(1, 60), **self.common)
+            first.ready()
+            first.wait_line(lambda line: "failed" in line or line.get("event") == "done")
+            self.readers[group] = [first, r.client("pravega-reader", "r2", group=group,
+                                                   reader="r2", **self.common)]
+        else:
+            self.readers[group] = [
+                r.client("pravega-reader", name, group=group, reader=name, **self.common)
+                for name in ("r1", "r2")]
         for reader in self.readers[group]:
             reader.ready()
         r.mark("group started")
-        if r.rng.random() < 0.5:
-            self.readers[group][r.rng.randrange(2)].send("fail")
         stream = f"{SCOPE}/{self.stream}"
         deadline = time.monotonic() + deadline_s
         for group, readers in self.readers.items():
@@ -305,7 +311,8 @@ class StreamWorkload:
             done = r.harness.invoke("group.done", stream, {"group": group})
             r.harness.ok(done)
             for reader in readers:
-                if reader.proc.poll() is None:
+                reader.poll_lines()
+                if not any("failed" in line for line in reader.lines):
                     reader.finish()
         if self.prober is not None:
             self.prober.finish()
