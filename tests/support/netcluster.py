@@ -146,6 +146,10 @@ class ClientProcess:
     def finish(self, timeout_s: float = 90.0, **stop_args: Any) -> None:
         """Stop it and wait for its end; AssertionError if it failed."""
         self.send("stop", **stop_args)
+        self.wait_done(timeout_s)
+
+    def wait_done(self, timeout_s: float = 90.0) -> None:
+        """Wait for its end (it ends by itself); AssertionError if it failed."""
         self.wait_line(lambda line: line.get("event") == "done", timeout_s)
         self.proc.wait(10)
 

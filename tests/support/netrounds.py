@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quire.metadata import open_store
+from quire.segmentstore.names import container_of
 from quire.streams import ControllerClient, segment_name
 from quire.testing.history import Anomaly, Operation, Recorder, load, report
 from quire.testing.history_checks import check
@@ -382,6 +383,46 @@ def segment_store_partitioned_from_zookeeper(cluster: NetCluster, seed: int, roo
     return _stream_round(r, fault, _takeover_then_write, probe)
 
 
+def quiet_store_partitioned_from_zookeeper(cluster: NetCluster, seed: int,
+                                           root: Path) -> RoundResult:
+    """A one-segment stream is written, then left alone; its owner is cut
+    off from ZooKeeper and, once its container was taken over, a new
+    writer appends through the new owner while a probe asks both stores
+    for the segment's length.  Nothing tells the quiet old owner that it
+    lost the container (no write of its own is fenced), so it keeps
+    answering the length it had: a stale read, until it sees its session
+    expire after the partition heals."""
+    r = Round(cluster, "quiet-store-zookeeper-partition", seed, root)
+    with r.running():
+        stream = f"q{seed}"
+        asyncio.run(_create_stream(cluster.controller_uri, stream, 1))
+        common = {"scope": SCOPE, "stream": stream, "keys": 1, "interval_ms": 10}
+        probe = r.client("segment-prober", "probe", interval_ms=100,
+                         hosts=[s.address for s in cluster.stores],
+                         segments=[segment_name(SCOPE, stream, 0)])
+        r.client("stream-writer", "w1", events=30, **common).wait_done()
+        assignment = cluster.wait_assigned()
+        victim = assignment[container_of(segment_name(SCOPE, stream, 0),
+                                         cluster.spec.container_count)]
+        r.facts["victim"] = victim
+        zookeepers = cluster.zookeeper_hosts()
+        with r.fault("partition", [victim, *zookeepers],
+                     cluster.partition([victim], zookeepers)):
+            _wait_taken_over(r, victim, cluster.spec.session_ms / 1000 + 20)
+            r.client("stream-writer", "w2", events=30, **common).wait_done()
+            r.pause(1.0, 1.5)  # the probe asks both stores meanwhile
+        cluster.wait_assigned(timeout_s=60)
+        probe.finish()
+        reader = r.client("stream-reader", "qr", group="qr", scope=SCOPE, stream=stream)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(
+                [o for o in load([reader.history]) if o.f == "event.read"]) < 60:
+            time.sleep(0.2)  # polling the reader's history, with a deadline
+        r.harness.ok(r.harness.invoke("group.done", f"{SCOPE}/{stream}", {"group": "qr"}))
+        reader.finish()
+        return r.finish()
+
+
 def segment_store_paused(cluster: NetCluster, seed: int, root: Path,
                          probe: bool = False) -> RoundResult:
     """A segment store stops (SIGSTOP, a long GC pause) past its session:
@@ -457,6 +498,7 @@ ROUNDS: dict[str, Callable[..., RoundResult]] = {
     "recovery-while-writing": recovery_while_writing,
     "planted-fencing-off": recovery_while_fencing_is_off,
     "store-zookeeper-partition": segment_store_partitioned_from_zookeeper,
+    "quiet-store-zookeeper-partition": quiet_store_partitioned_from_zookeeper,
     "store-paused": segment_store_paused,
     "store-killed": segment_store_killed,
     "zookeeper-quorum-loss": zookeeper_quorum_loss,
