@@ -398,6 +398,10 @@ class NetCluster:
                                      for n in side_b]
         return self.net.partition([self.host(n) for n in side_a], b)
 
+    def isolated(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """The named host exchanges nothing with any other (this machine included)."""
+        return self.partition([name], [n for n in self.net.hosts if n != name] + ["harness"])
+
     def zookeeper_hosts(self) -> list[str]:
         return [f"zk-{i}" for i in range(1, len(self.zookeepers) + 1)]
 
@@ -499,6 +503,9 @@ def _credentials() -> Iterator[None]:
 
 
 def _up(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.getLogger("kazoo").setLevel(logging.ERROR)  # (its start-up polling)
     root = Path(tempfile.mkdtemp(prefix="quire-netcluster-"))
     spec = NetClusterSpec(bookies=args.bookies, segment_stores=args.segment_stores,
                           zookeepers=args.zookeepers)

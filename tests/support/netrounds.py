@@ -189,14 +189,18 @@ def writer_partitioned_from_bookie(cluster: NetCluster, seed: int, root: Path) -
     return _ledger_round(r, fault)
 
 
-def writer_link_down(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
-    """A bookie of the writer's ensemble loses its link for a while."""
-    r = Round(cluster, "bookie-link-down", seed, root)
+def bookie_cut_off(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
+    """A bookie of the writer's ensemble is cut off from everyone for a
+    while: its link goes down (an even seed), or nftables isolates it (an
+    odd one)."""
+    r = Round(cluster, "bookie-cut-off", seed, root)
 
     def fault(r: Round, ensemble: list[str]) -> tuple[str, list[str], Any]:
         victim = r.rng.choice(ensemble)
         r.facts["victim"] = victim
-        return "link-down", [victim], cluster.net.link_down(cluster.host(victim))
+        if seed % 2 == 0:
+            return "link-down", [victim], cluster.net.link_down(cluster.host(victim))
+        return "isolated", [victim], cluster.isolated(victim)
 
     return _ledger_round(r, fault)
 
@@ -493,7 +497,7 @@ def zookeeper_quorum_loss(cluster: NetCluster, seed: int, root: Path) -> RoundRe
 
 ROUNDS: dict[str, Callable[..., RoundResult]] = {
     "writer-bookie-partition": writer_partitioned_from_bookie,
-    "bookie-link-down": writer_link_down,
+    "bookie-cut-off": bookie_cut_off,
     "bookie-disk-full": bookie_disk_full,
     "recovery-while-writing": recovery_while_writing,
     "planted-fencing-off": recovery_while_fencing_is_off,
