@@ -97,6 +97,14 @@ class ServiceProcess:
         self.ends_with_parent = False
         """SIGTERM the process when the process that started it dies (see
         :func:`parent_death_hook`); the sandbox sets it."""
+        self.command_prefix: list[str] = []
+        """Run the command through this one, which must exec it in place
+        (e.g. ``ip netns exec NS``: the process keeps its pid and gets its
+        signals)."""
+        self.entry_module = "quire.cli.main"
+        """The module ``python -m`` runs, given the CLI's arguments."""
+        self.extra_env: dict[str, str] = {}
+        """Environment variables set for the process besides the caller's."""
 
     @property
     def running(self) -> bool:
@@ -113,10 +121,10 @@ class ServiceProcess:
         config = self.write_config()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "quire.cli.main", self.service, "start", "--config",
-                 str(config)],
+                [*self.command_prefix, sys.executable, "-m", self.entry_module, self.service,
+                 "start", "--config", str(config)],
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env},
                 preexec_fn=parent_death_hook() if self.ends_with_parent else None)
         if expect_ready:
             self._wait_ready(timeout_s)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import LeaseState, MetadataStore, open_store
 from quire.segmentstore import (
     ContainerFencedError,
     ContainerNotOwnedError,
@@ -21,9 +21,11 @@ from quire.segmentstore import (
     SegmentStoreConfig,
 )
 from quire.segmentstore.ownership import (
+    HOSTS_PREFIX,
     ContainerOwnership,
     OwnershipSettings,
     balanced_assignment,
+    live_hosts,
     owner_address,
     read_assignment,
 )
@@ -134,6 +136,46 @@ async def test_two_hosts_split_the_containers_and_one_takes_over_from_a_dead_one
         assert (await b.store.read(name, 0, 100)).data == name.encode()
     await until(lambda: not a.store.container_ids)  # a stopped them on losing its lease
     await a.ownership.close()
+
+
+async def test_a_host_whose_lease_expired_and_came_back_at_once_registers_again(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """A host cut off from ZooKeeper past its session: the server drops its
+    host record and the others take its containers.  Healed, its client
+    reports the expiry and a new live session one right after the other,
+    before the host's converging loop looks: it must still stop its
+    containers and register again, and get its share back.  (Found by a
+    network round: the segment store never rejoined.)"""
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a").start()
+    b = await Host(uri, logs, "host-b").start()
+    hosts += [a, b]
+    await until(lambda: len(a.store.container_ids) == len(b.store.container_ids) == COUNT // 2)
+    await b.metadata.delete_record(HOSTS_PREFIX + "host-a")  # the session expired
+    await until(lambda: set(b.store.container_ids) == set(range(COUNT))
+                and not a.store.container_ids)
+    a.metadata._set_lease(LeaseState.EXPIRED)  # type: ignore[attr-defined]
+    a.metadata._set_lease(LeaseState.LIVE)  # type: ignore[attr-defined]
+    await until(lambda: len(a.store.container_ids) == len(b.store.container_ids) == COUNT // 2)
+    assert "host-a" in await live_hosts(b.metadata)
+
+
+async def test_a_host_restarted_before_its_old_lease_ended_waits_for_it_and_starts(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """kill -9 and a restart faster than the old session's timeout: the old
+    run's host record is still there; the new run waits for it to go
+    instead of refusing to start.  (Found by a network round: a segment
+    store restarted 2-4 s after kill -9 exited with "record
+    segmentstore/hosts/ss-1 already exists".)"""
+    uri, logs, hosts = cluster
+    dead = await open_store(uri, lease_ms=300)  # the killed run's session
+    await dead.create_leased_record(HOSTS_PREFIX + "host-a", b'{"address": "gone:1"}')
+    dead._heartbeat.cancel()  # type: ignore[attr-defined]  # it renews no more
+    a = await asyncio.wait_for(Host(uri, logs, "host-a").start(), 10)
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    assert (await live_hosts(a.metadata))["host-a"] == a.ownership.address
+    await dead.close()
 
 
 async def test_a_host_that_closes_hands_its_containers_over(

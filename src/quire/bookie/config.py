@@ -143,6 +143,9 @@ class BookieConfig:
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000
+    """How long the bookie's registration outlives its last contact with the
+    metadata store: the embedded drivers' lease, or ZooKeeper's session
+    timeout (the server may raise it to twice its tick time)."""
     autorecovery_enabled: bool = False
     """Run an autorecovery auditor candidate and a replication worker in this
     bookie process (see ``quire.node.autorecovery``)."""

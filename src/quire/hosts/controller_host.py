@@ -23,7 +23,7 @@ from quire.controller.page import ClusterPage
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.http import SessionStore
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import MetadataStore, open_leased_store
 from quire.security import SecurityConfig, TokenSigner, client_context
 from quire.segmentstore import owner_address
 from quire.segmentstore.scale_requests import ScaleRequests
@@ -54,9 +54,10 @@ class ControllerHostConfig:
     autoscale_request_validity_ms: int = 600_000
     """Auto-scaling requests older than this are dropped (Pravega's 10 minutes)."""
     lease_ms: int = 0
-    """The metadata session's lease for the embedded drivers (0: the driver's
-    default): how soon after this controller dies another takes over its
-    duties and its half-done work.  ZooKeeper uses its session timeout."""
+    """The metadata session's lease: the embedded drivers' lease, or
+    ZooKeeper's session timeout (0: the driver's default): how soon after
+    this controller dies another takes over its duties and its half-done
+    work."""
     workflow_pause_ms: int = 0
     """Pause after each workflow's intent is written (tests and demos)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -87,9 +88,7 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            options: dict[str, Any] = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
-                not cfg.metadata_uri.startswith("zk://") else {}
-            self.metadata = await open_store(cfg.metadata_uri, **options)
+            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:

@@ -31,7 +31,7 @@ from quire.hosts.process import run
 from quire.hosts.segmentstore_admin import SegmentStoreAdmin
 from quire.http import HttpServer
 from quire.log import WriterOptions
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import MetadataStore, open_leased_store
 from quire.security import SecurityConfig, read_secret
 from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
 from quire.segmentstore import (
@@ -68,8 +68,10 @@ class SegmentStoreHostConfig:
     tier1_ack_quorum_size: int = 2
     """The containers' tier-1 ledgers: E3 W3 A2 unless the cluster is smaller."""
     lease_ms: int = 0
-    """The metadata session's lease for the embedded drivers (0: the
-    driver's default); ZooKeeper uses its session timeout."""
+    """The metadata session's lease: the embedded drivers' lease, or
+    ZooKeeper's session timeout (0: the driver's default).  A host cut off
+    from the store this long loses its host record, and its containers
+    move to the others."""
     tail_read_wait_ms: int = 5_000
     tail_read_linger_ms: int = 10
     """How long an answer reaching the tail of a segment being written waits
@@ -245,10 +247,8 @@ class SegmentStoreHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            options: dict[str, Any] = {"lease_ms": cfg.lease_ms} if cfg.lease_ms and \
-                not cfg.metadata_uri.startswith("zk://") else {}
             passwords = cfg.tier1_passwords()
-            self.metadata = await open_store(cfg.metadata_uri, **options)
+            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
             self.client = await Client.over(self.metadata, cfg.tier1_client())
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(

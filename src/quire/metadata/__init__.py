@@ -69,6 +69,7 @@ __all__ = [
     "Watch",
     "deserialize",
     "ledger_json",
+    "open_leased_store",
     "open_store",
     "read_leader",
     "serialize",
@@ -112,3 +113,17 @@ async def open_store(uri: str, *, create: bool = True, **options: Any) -> Metada
     if getattr(store, "initialised", False):
         log.info("%s: initialised a new Quire metadata store", uri)
     return store
+
+
+async def open_leased_store(uri: str, lease_ms: int = 0) -> MetadataStore:
+    """Open the store of a process whose liveness it holds (a bookie's
+    registration, a segment store's host record, a controller's session):
+    ``lease_ms`` is the lease of the embedded drivers and the session
+    timeout of ZooKeeper, whose lease *is* its session (0: the driver's
+    default).  One key therefore sets how long a process cut off from the
+    store keeps its leased records, whatever the driver."""
+    if lease_ms <= 0:
+        return await open_store(uri)
+    if uri.startswith("zk://"):
+        return await open_store(uri, session_timeout_ms=lease_ms)
+    return await open_store(uri, lease_ms=lease_ms)

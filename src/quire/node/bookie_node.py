@@ -57,7 +57,7 @@ from quire.bookie.storage import BookieStorage
 from quire.client import Client, ClientConfig
 from quire.errors import ConfigError, MetadataError, QuireError
 from quire.http import HttpServer
-from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.metadata import BookieInfo, MetadataStore, open_leased_store
 from quire.node.admin_api import BookieAdminApi
 from quire.node.autorecovery import Autorecovery, AutorecoverySettings
 from quire.node.entry_copier import EntryCopier
@@ -168,8 +168,8 @@ class BookieNode:
             raise QuireError("set bookie_id when port is 0 (the id must be stable)")
 
     async def _open_metadata(self) -> MetadataStore:
-        self._store = await open_store(self.config.metadata_uri,
-                                       lease_ms=self.config.registration_lease_ms)
+        self._store = await open_leased_store(self.config.metadata_uri,
+                                              self.config.registration_lease_ms)
         try:
             self._security = server_security(self.config.security, self._store)
         except QuireError:

@@ -266,10 +266,10 @@ class RemoteSegmentStore:
             try:
                 address = await self.owner(segment)
                 return await attempt(address)
-            except (ContainerNotOwnedError, _NotSent) as e:
+            except (ContainerNotOwnedError, NotSent) as e:
                 if address:
                     self.refute(segment, address)
-                error: Exception = e.cause if isinstance(e, _NotSent) else e
+                error: Exception = e.cause if isinstance(e, NotSent) else e
                 if loop.time() + backoff_s > deadline:
                     raise error from None
                 log.debug("segment %r at %r: %s; retrying", segment, address, error)
@@ -279,13 +279,13 @@ class RemoteSegmentStore:
 
     async def _send(self, connection: SegmentConnection, command: WireCommand,
                     request_id: int) -> WireCommand:
-        """One request on ``connection``; _NotSent if it never left, a
+        """One request on ``connection``; NotSent if it never left, a
         SegmentStoreConnectionError if its outcome is unknown, ContainerNotOwnedError
         for WrongHost."""
         try:
             future = connection.request(command, request_id)
         except SegmentStoreConnectionError as e:
-            raise _NotSent(e) from e
+            raise NotSent(e) from e
         try:
             async with asyncio.timeout(self.config.request_timeout_ms / 1000):
                 reply = await future
@@ -307,13 +307,13 @@ class RemoteSegmentStore:
             try:
                 connection = await self._shared_connection(address)
             except SegmentStoreConnectionError as e:
-                raise _NotSent(e) from e
+                raise NotSent(e) from e
             request_id = next_request_id()
             try:
                 return await self._send(connection, make(request_id), request_id)
             except SegmentStoreConnectionError as e:
-                if idempotent and not isinstance(e, _NotSent):
-                    raise _NotSent(e) from e
+                if idempotent and not isinstance(e, NotSent):
+                    raise NotSent(e) from e
                 raise
         return await self.retrying(segment, attempt)
 
@@ -402,7 +402,7 @@ class RemoteSegmentStore:
             try:
                 connection = await self._shared_connection(address)
             except SegmentStoreConnectionError as e:
-                raise _NotSent(e) from e
+                raise NotSent(e) from e
             async with self._append_lock:  # one writer's setup must precede its block
                 if connection.writers.get(writer_id) != name:
                     setup_id = next_request_id()
@@ -410,10 +410,10 @@ class RemoteSegmentStore:
                         setup = await self._send(connection,
                                                  SetupAppend(setup_id, writer_id, name, ""),
                                                  setup_id)
-                    except _NotSent:
+                    except NotSent:
                         raise
                     except SegmentStoreConnectionError as e:  # the block was not sent
-                        raise _NotSent(e) from e
+                        raise NotSent(e) from e
                     expect(setup, AppendSetup, name)
                     connection.writers[writer_id] = name
                 return await self._append_on(connection, name, data, writer_id, event_number,
@@ -453,16 +453,16 @@ class RemoteSegmentStore:
                 try:
                     connection = self._readers[name] = await self.open_connection(address)
                 except SegmentStoreConnectionError as e:
-                    raise _NotSent(e) from e
+                    raise NotSent(e) from e
             request_id = next_request_id()
             try:
                 reply = await self._send(connection,
                                          ReadSegment(name, offset, length, "", request_id),
                                          request_id)
-            except _NotSent:
+            except NotSent:
                 raise
             except SegmentStoreConnectionError as e:
-                raise _NotSent(e) from e  # a read: safe to send again
+                raise NotSent(e) from e  # a read: safe to send again
             r = expect(reply, SegmentRead, name)
             if r.offset != offset:
                 raise ProtocolError(f"read of {name!r} at {offset} answered at {r.offset}")
@@ -548,7 +548,7 @@ class RemoteSegmentStore:
                 await connection.closed.wait()
 
 
-class _NotSent(SegmentStoreConnectionError):
+class NotSent(SegmentStoreConnectionError):
     """A request that did not reach (or, for a query, may be resent to) the
     store: safe to retry.  ``cause`` is the error to report when retries
     run out."""

@@ -56,7 +56,7 @@ from quire.pravega_wire import (
 from quire.streams.connection import SegmentConnection, next_request_id
 from quire.streams.controller import ControllerClient
 from quire.streams.model import Segment, frame_event, key_hash, segment_for
-from quire.streams.segments import RemoteSegmentStore, error_of
+from quire.streams.segments import NotSent, RemoteSegmentStore, error_of
 
 log = logging.getLogger(__name__)
 
@@ -319,14 +319,21 @@ class StreamWriter:
         name = writer.name
 
         async def attempt(address: str) -> tuple[SegmentConnection, WireCommand]:
-            connection = await self.store.open_connection(address)
+            # a setup that failed is harmless to send again (to the owner
+            # resolved again): an owner that refuses connections now (it
+            # crashed; its containers are being taken over) is retried until
+            # the store's retry deadline, not given up at once
+            try:
+                connection = await self.store.open_connection(address)
+            except SegmentStoreConnectionError as e:
+                raise NotSent(e) from e
             request_id = next_request_id()
             try:
                 reply = await connection.request(SetupAppend(request_id, self.writer_id, name,
                                                              ""), request_id)
-            except SegmentStoreConnectionError:
+            except SegmentStoreConnectionError as e:
                 connection.abort()
-                raise
+                raise NotSent(e) from e
             if isinstance(reply, WrongHost):
                 connection.abort()
                 raise ContainerNotOwnedError(f"{address} does not serve {name!r} now")
