@@ -31,3 +31,9 @@ class FakeTransport:
 
     def get_extra_info(self, name: str) -> Any:
         return ("127.0.0.1", 1)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0

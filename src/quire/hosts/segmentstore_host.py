@@ -13,6 +13,7 @@ drained) before the server and the session go.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,13 @@ from quire.hosts.process import run
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
-from quire.security import SecurityConfig
-from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
+from quire.security import SecurityConfig, TokenSigner
+from quire.segmentserver import (
+    SegmentServer,
+    SegmentServerConfig,
+    SegmentServerMetrics,
+    WireAuth,
+)
 from quire.segmentstore import (
     ContainerConfig,
     ContainerOwnership,
@@ -50,6 +56,11 @@ class SegmentStoreHostConfig:
     host: str = "127.0.0.1"
     port: int = 12345
     """The wire server's port (Pravega's default; 0: any free one)."""
+    advertise_host: str = ""
+    """The host name clients are given for this store (the ownership
+    records, so the controller's getURI) ("" : ``host``).  Under TLS it
+    must be a DNS name the certificate covers (e.g. ``localhost``): the
+    official client cannot check an IP address."""
     metrics_port: int = -1
     """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
     container_count: int = 0
@@ -63,7 +74,6 @@ class SegmentStoreHostConfig:
     lease_ms: int = 0
     """The metadata session's lease for the embedded drivers (0: the
     driver's default); ZooKeeper uses its session timeout."""
-    tail_read_wait_ms: int = 5_000
     tier2_uri: str = ""
     """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
     each container's storage writer flushes there and tier-1 is truncated
@@ -83,8 +93,16 @@ class SegmentStoreHostConfig:
     few hundred appends on a busy host)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
-    see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
-    TLS and authenticates against the metadata store's users when set."""
+    see :class:`~quire.security.SecurityConfig`): the wire server and
+    ``/metrics`` serve over TLS; with ``auth_enabled`` the wire checks every
+    request's delegation token (signed with ``auth_token_secret_file``,
+    which it then needs) and ``/metrics`` authenticates against the
+    metadata store's users."""
+    wire: SegmentServerConfig = field(default_factory=SegmentServerConfig)
+    """The wire server's settings and limits (flat keys ``tail_read_wait_ms``,
+    ``max_connections``, ``max_connections_per_peer``, ``idle_timeout_ms``,
+    ``max_buffered_reply_bytes``, ``max_outstanding_bytes``..., see
+    :class:`~quire.segmentserver.SegmentServerConfig`)."""
 
     def __post_init__(self) -> None:
         if self.container_count < 0:
@@ -97,6 +115,36 @@ class SegmentStoreHostConfig:
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
                               "<= tier1_ensemble_size")
+
+
+def wire_auth(security: SecurityConfig) -> WireAuth | None:
+    """The wire's token check of a segment store's settings (None without
+    ``auth_enabled``); ConfigError if the cluster secret is missing or
+    open to others."""
+    if not security.auth_enabled:
+        return None
+    if not security.auth_token_secret_file:
+        raise ConfigError("auth_enabled on a segment store needs auth_token_secret_file (the "
+                          "cluster secret its controllers sign delegation tokens with)")
+    return WireAuth(TokenSigner.from_file(security.auth_token_secret_file))
+
+
+def advertised_host(cfg: SegmentStoreHostConfig) -> str:
+    """The host name this store is known by (``advertise_host``, else ``host``)."""
+    host = cfg.advertise_host or cfg.host
+    if cfg.security.tls_enabled and _is_ip_literal(host):
+        log.warning("TLS is on but clients are given the IP address %s: the official Pravega "
+                    "client cannot check it (set advertise_host to a DNS name the "
+                    "certificate covers, e.g. localhost)", host)
+    return host
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class _StoreCollector(Collector):
@@ -182,17 +230,18 @@ class SegmentStoreHost:
                     tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
                                         write_quorum_size=cfg.tier1_write_quorum_size,
                                         ack_quorum_size=cfg.tier1_ack_quorum_size)))
-            self.server = SegmentServer(self.segments, SegmentServerConfig(
-                tail_read_wait_ms=cfg.tail_read_wait_ms), SegmentServerMetrics(self.registry))
+            security = server_security(cfg.security, self.metadata)
+            self.server = SegmentServer(self.segments, cfg.wire,
+                                        SegmentServerMetrics(self.registry), tls=security.tls,
+                                        auth=wire_auth(cfg.security))
             await self.server.start(cfg.host, cfg.port)
-            self.address = f"{cfg.host}:{self.server.port}"
+            self.address = f"{advertised_host(cfg)}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
             self.ownership = ContainerOwnership(
                 self.metadata, self.segments, self.host_id, self.address,
                 OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms))
             await self.ownership.start()
             if cfg.metrics_port >= 0:
-                security = server_security(cfg.security, self.metadata)
                 self.registry.register(_StoreCollector(self))
                 self._http = HttpServer(self.registry, tls=security.tls,
                                         authenticator=security.authenticator)

@@ -51,6 +51,7 @@ from quire.pravega_wire import (
     WireCommand,
 )
 from quire.segmentserver.appends import AppendRequests
+from quire.segmentserver.auth import WireAuth
 from quire.segmentserver.config import SegmentServerConfig
 from quire.segmentserver.metrics import SegmentServerMetrics
 from quire.segmentserver.replies import ClientConnection, Formatter, Reply, error_reply, log
@@ -72,16 +73,27 @@ class WireConnection(asyncio.Protocol):
     def __init__(self, store: SegmentStore, config: SegmentServerConfig,
                  on_lost: Callable[[WireConnection], None],
                  appenders: dict[tuple[int, str], ClientConnection],
-                 metrics: SegmentServerMetrics | None = None) -> None:
+                 metrics: SegmentServerMetrics | None = None, *,
+                 auth: WireAuth | None = None,
+                 admit: Callable[[WireConnection], str | None] | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._on_lost = on_lost
+        self._admit = admit
         self._decoder = Decoder(REQUEST_TYPES, config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
+        self.peer: str = ""
+        """The client's IP address, once connected."""
         self._greeted = False
         self._paused = False
-        self._pending: deque[tuple[asyncio.Future[Any], Formatter]] = deque()
+        self._write_paused = False
+        self._pending: deque[tuple[asyncio.Future[Any], Formatter, int]] = deque()
+        self._pending_bytes = 0
+        """The budget in use: the costs of the unanswered requests."""
         self._loop = asyncio.get_running_loop()
+        self.opened_at = self._loop.time()
+        self._progress_at = self.opened_at
+        """When the frame being received began (or the last one ended)."""
         self._appends = AppendRequests(store, self, appenders, metrics)
         segments = SegmentRequests(store, config, self, metrics)
         tables = TableRequests(store, config, self)
@@ -113,20 +125,35 @@ class WireConnection(asyncio.Protocol):
             UpdateSegmentPolicy: self._unsupported,
             MergeTableSegments: self._unsupported,
         }
+        if auth is not None:
+            self._handlers = auth.guard(self._handlers, self.refuse)
 
     # --- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        refused = self._admit(self) if self._admit is not None else None
+        if refused is not None:
+            self.abort()
+            self._transport = None
+            return
+        high = self._config.max_buffered_reply_bytes
+        self._transport.set_write_buffer_limits(high=high, low=high // 4)
         self._transport.write(Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode())
 
     def data_received(self, data: bytes) -> None:
+        decoder = self._decoder
+        starting = decoder.buffered_bytes == 0
+        decoded = 0
         try:
-            self._decoder.feed(data)
+            decoder.feed(data)
             while self._transport is not None:
-                command = self._decoder.next()
+                command = decoder.next()
                 if command is None:
-                    return
+                    break
+                decoded += 1
                 if not self._greeted and type(command) is not Hello:
                     self.close(f"{type(command).__name__} before Hello")
                     return
@@ -136,16 +163,40 @@ class WireConnection(asyncio.Protocol):
         except Exception:  # a defect here: this connection only pays for it
             log.exception("handling a request failed")
             self.close("a request could not be handled")
+        if decoded or starting:
+            self._progress_at = self._loop.time()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._appends.forget_writers()
-        for future, _ in self._pending:
+        for future, _, _ in self._pending:
             if isinstance(future, asyncio.Task):
                 future.cancel()
             future.add_done_callback(retrieve)
         self._pending.clear()
+        self._pending_bytes = 0
         self._on_lost(self)
+
+    def pause_writing(self) -> None:
+        """The client is not taking its replies: stop reading its requests."""
+        self._write_paused = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._resume_if_drained()
+
+    def stalled_since(self) -> float | None:
+        """Since when this connection has owed the server its handshake (no
+        Hello yet) or the rest of a frame it started; None if it owes nothing
+        (or is closing)."""
+        if self._transport is None:
+            return None
+        if not self._greeted:
+            return self.opened_at
+        if self._decoder.buffered_bytes:
+            return self._progress_at
+        return None
 
     # --- replies, in arrival order ---------------------------------------------------
 
@@ -162,17 +213,31 @@ class WireConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def _push(self, future: asyncio.Future[Any], formatter: Formatter) -> None:
-        self._pending.append((future, formatter))
+    def _push(self, future: asyncio.Future[Any], formatter: Formatter, cost: int = 0) -> None:
+        self._pending.append((future, formatter, cost))
+        self._pending_bytes += cost
         future.add_done_callback(self._flush)
-        if not self._paused and len(self._pending) > self._config.max_outstanding_requests:
-            assert self._transport is not None
+        if not self._paused and (len(self._pending) > self._config.max_outstanding_requests
+                                 or self._pending_bytes > self._config.max_outstanding_bytes):
+            self._pause()
+
+    def _pause(self) -> None:
+        if not self._paused and self._transport is not None:
             self._transport.pause_reading()
             self._paused = True
 
+    def _resume_if_drained(self) -> None:
+        config = self._config
+        if self._paused and not self._write_paused and self._transport is not None \
+                and len(self._pending) <= config.max_outstanding_requests // 2 \
+                and self._pending_bytes <= config.max_outstanding_bytes // 2:
+            self._paused = False
+            self._transport.resume_reading()
+
     def reply(self, request: Callable[[], Any], ok: Callable[[Any], WireCommand],
               request_id: int, segment: str, offset: int = -1,
-              on_error: Callable[[BaseException], Reply] | None = None) -> None:
+              on_error: Callable[[BaseException], Reply] | None = None,
+              cost: int = 0) -> None:
         """Call ``request`` now (the store orders it), answer ``ok(result)``
         or the error's reply when its turn comes (see
         :class:`~quire.segmentserver.replies.ClientConnection`)."""
@@ -197,7 +262,7 @@ class WireConnection(asyncio.Protocol):
             future.set_exception(e)
         if asyncio.iscoroutine(future):
             future = self._loop.create_task(future)
-        self._push(future, formatter)
+        self._push(future, formatter, cost)
 
     def answer(self, reply: WireCommand) -> None:
         """A reply known at once (still sent after those before it)."""
@@ -205,11 +270,18 @@ class WireConnection(asyncio.Protocol):
         future.set_result(reply)
         self._push(future, asyncio.Future.result)
 
+    def refuse(self, reply: WireCommand) -> None:
+        """Answer a refusal known at once (an AuthTokenCheckFailed), counted."""
+        if self._metrics is not None:
+            self._metrics.refused.labels(type(reply).__name__).inc()
+        self.answer(reply)
+
     def _flush(self, _done: asyncio.Future[Any] | None = None) -> None:
         pending = self._pending
         out: list[bytes] = []
         while pending and pending[0][0].done() and self._transport is not None:
-            future, formatter = pending.popleft()
+            future, formatter, cost = pending.popleft()
+            self._pending_bytes -= cost
             try:
                 reply = formatter(future)
                 encoded = None if reply is None else reply.encode()
@@ -225,9 +297,8 @@ class WireConnection(asyncio.Protocol):
             return
         if out:
             self._transport.write(b"".join(out))
-        if self._paused and len(pending) <= self._config.max_outstanding_requests // 2:
-            self._paused = False
-            self._transport.resume_reading()
+        if self._paused:
+            self._resume_if_drained()
 
     # --- handshake ---------------------------------------------------------------
 

@@ -5,7 +5,7 @@ of 500 events costs one histogram observation."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
                       2.0, 5.0)
@@ -33,3 +33,11 @@ class SegmentServerMetrics:
         self.refused = Counter("quire_segmentstore_refused_requests",
                                "Requests answered with an error reply, by reply",
                                ["reply"], registry=registry)
+        self.connections = Gauge("quire_segmentstore_connections",
+                                 "Client connections served now", registry=registry)
+        self.connections_refused = Counter(
+            "quire_segmentstore_connections_refused",
+            "Client connections closed by a limit, by reason (max_connections, "
+            "max_connections_per_peer, idle_timeout)", ["reason"], registry=registry)
+        for reason in ("max_connections", "max_connections_per_peer", "idle_timeout"):
+            self.connections_refused.labels(reason)
