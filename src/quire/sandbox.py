@@ -257,8 +257,8 @@ class ControllerProcess(ServiceProcess):
 
     @property
     def uri(self) -> str:
-        """``tcp://host:port``, what a Pravega client is given."""
-        return f"tcp://{self.address}"
+        """``tcp://host:port`` (``tls://`` under TLS), what a Pravega client is given."""
+        return str(self.ready_event.get("uri") or f"tcp://{self.address}")
 
 
 _LOWEST_PORT = 10_000

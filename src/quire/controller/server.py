@@ -13,11 +13,14 @@ import grpc
 
 from quire.auth import ServerSecurity
 from quire.clock import SYSTEM_CLOCK, Clock
+from quire.controller.access import TokenIssuer
 from quire.controller.core import ControllerConfig, ControllerCore
+from quire.controller.interceptor import ControllerInterceptor, ControllerRpcConfig
 from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
 from quire.http import HttpServer
+from quire.security import TokenSigner
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +32,30 @@ class Controller:
     :class:`~quire.controller.state.ControllerSegmentStore`);
     ``locate`` gives the ``(host, port)`` getURI answers for
     every segment; ``clock`` the wall clock of leases and retention;
-    ``security`` the TLS and authenticator of ``/metrics`` (none: plain
-    and open).  :meth:`start` binds, finishes interrupted scales and
-    starts serving, the transaction sweeper and the retention pass;
-    :meth:`close` stops.
+    ``security`` the TLS and authenticator of the gRPC port and of
+    ``/metrics`` (none: plain and open); ``tokens`` signs the delegation
+    tokens ``getDelegationToken`` answers (with an authenticator; none:
+    ""); ``rpc`` the gRPC limits (:mod:`quire.controller.interceptor`).
+    :meth:`start` binds, finishes interrupted scales and starts serving,
+    the transaction sweeper and the retention pass; :meth:`close` stops.
     """
 
     def __init__(self, store: ControllerSegmentStore, config: ControllerConfig,
                  locate: SegmentLocator,
                  clock: Clock = SYSTEM_CLOCK,
-                 security: ServerSecurity | None = None) -> None:
+                 security: ServerSecurity | None = None,
+                 tokens: TokenSigner | None = None,
+                 rpc: ControllerRpcConfig | None = None) -> None:
         self.security = security or ServerSecurity()
+        self.rpc = rpc or ControllerRpcConfig()
         self.core = ControllerCore(store, config, clock)
         self.service = ControllerService(self.core, locate)
+        if tokens is not None and self.security.authenticator is not None:
+            self.service.tokens = TokenIssuer(tokens, self.rpc.delegation_token_ttl_ms,
+                                              config.txn_max_lease_ms)
+        self.interceptor = ControllerInterceptor(self.security.authenticator,
+                                                 self.rpc.max_concurrent_rpcs,
+                                                 self.core.metrics.registry)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         """The transaction sweeper and the retention pass, while serving."""
@@ -56,9 +70,12 @@ class Controller:
         if self._server is not None:
             raise ConfigError("the controller is started already")
         await self.core.start()
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=(self.interceptor,),
+                                 options=self.rpc.server_options())
         server.add_generic_rpc_handlers((self.service.handler(),))
-        bound: int = server.add_insecure_port(f"{host}:{port}")
+        tls = self.security.tls
+        bound: int = (server.add_secure_port(f"{host}:{port}", tls.grpc_credentials())
+                      if tls is not None else server.add_insecure_port(f"{host}:{port}"))
         if bound == 0:
             raise ConfigError(f"controller: cannot listen on {host}:{port}")
         config = self.core.config

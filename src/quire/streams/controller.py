@@ -11,8 +11,15 @@ errors of :mod:`quire.errors`:
 - gRPC INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION and ABORTED as
   ControllerInvalidArgumentError, ControllerNotFoundError,
   ControllerPreconditionError and ControllerConcurrentUpdateError;
+- PERMISSION_DENIED as PermissionDeniedError (wrong credentials too: Quire's
+  controller answers them so), UNAUTHENTICATED as AuthenticationError;
 - every other status (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN...)
   as ControllerUnavailableError: the outcome is unknown, never a "no".
+
+Security: a ``tls://host:port`` URI speaks TLS, trusting ``tls_ca`` (PEM;
+none: the system's CAs) and checking that the certificate covers
+``host``; ``credentials`` are sent as Basic ``authorization`` metadata on
+every call.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import enum
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -28,17 +36,20 @@ import grpc
 from quire.controller_api import Controller_pb2 as pb
 from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
 from quire.errors import (
+    AuthenticationError,
     ConfigError,
     ControllerConcurrentUpdateError,
-    ControllerError,
     ControllerInvalidArgumentError,
     ControllerNotFoundError,
     ControllerPreconditionError,
     ControllerUnavailableError,
+    PermissionDeniedError,
+    QuireError,
     ScopeNotFoundError,
     StreamNotFoundError,
     TransactionNotFoundError,
 )
+from quire.security import Credentials, basic_authorization, grpc_channel_credentials
 from quire.streams.model import Segment
 
 T = TypeVar("T")
@@ -53,20 +64,31 @@ def controller_uri(given: str | None) -> str:
     :data:`DEFAULT_CONTROLLER_URI` (as the CLI and Spark's options do)."""
     return given or os.environ.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER_URI
 
-_STATUS_ERRORS: dict[grpc.StatusCode, type[ControllerError]] = {
+_STATUS_ERRORS: dict[grpc.StatusCode, type[QuireError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: ControllerInvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: ControllerNotFoundError,
     grpc.StatusCode.FAILED_PRECONDITION: ControllerPreconditionError,
     grpc.StatusCode.ABORTED: ControllerConcurrentUpdateError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
+TLS_SCHEMES = ("tls://", "ssl://", "tcps://", "pravegas://")
+"""URI schemes of a controller spoken to over TLS (the Pravega client's)."""
+
+
+def controller_uses_tls(uri: str) -> bool:
+    return uri.startswith(TLS_SCHEMES)
 
 
 def controller_target(uri: str) -> str:
-    """``tcp://host:port`` (or ``host:port``) as a gRPC target ``host:port``."""
-    rest = uri.removeprefix("tcp://")
+    """``tcp://host:port``, ``tls://host:port`` (or ``host:port``) as a
+    gRPC target ``host:port``."""
+    rest = uri
+    for scheme in ("tcp://", *TLS_SCHEMES):
+        rest = rest.removeprefix(scheme)
     host, sep, port = rest.rpartition(":")
     if "://" in rest or not sep or not host or not port.isdigit():
-        raise ConfigError(f"a controller URI is tcp://host:port, got {uri!r}")
+        raise ConfigError(f"a controller URI is tcp://host:port or tls://host:port, got {uri!r}")
     return rest
 
 
@@ -118,14 +140,27 @@ def txn_id_of(message: pb.TxnId) -> int:
 
 
 class ControllerClient:
-    """The controller at ``uri`` (``tcp://host:port``); :meth:`close` when done.
+    """The controller at ``uri`` (``tcp://host:port``, ``tls://host:port``);
+    :meth:`close` when done (security in the module docstring).
 
     Every call waits at most ``timeout_ms`` for its answer."""
 
-    def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000) -> None:
+    def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000, *,
+                 tls_ca: str | Path | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.uri = uri
         self.timeout_ms = timeout_ms
-        self._channel = grpc.aio.insecure_channel(controller_target(uri))
+        target = controller_target(uri)
+        if controller_uses_tls(uri):
+            trust = (grpc_channel_credentials(tls_ca) if tls_ca
+                     else grpc.ssl_channel_credentials())
+            self._channel = grpc.aio.secure_channel(target, trust)
+        else:
+            self._channel = grpc.aio.insecure_channel(target)
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+        if credentials is not None:
+            self._metadata = (("authorization", basic_authorization(
+                credentials.username, credentials.password)),)
         self._stub: Any = ControllerServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
@@ -139,7 +174,8 @@ class ControllerClient:
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
-            return await getattr(self._stub, method)(request, timeout=self.timeout_ms / 1000)
+            return await getattr(self._stub, method)(request, timeout=self.timeout_ms / 1000,
+                                                     metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             kind = _STATUS_ERRORS.get(e.code(), ControllerUnavailableError)
             raise kind(f"controller {self.uri}: {method}: {e.code().name}: {e.details()}"
@@ -299,6 +335,12 @@ class ControllerClient:
         answer = await self._call("getSegmentsImmediatelyFollowing", pb.SegmentId(
             streamInfo=self._info(scope, stream), segmentId=segment_id))
         return [(self._segments([e.segment])[0], list(e.value)) for e in answer.segments]
+
+    async def delegation_token(self, scope: str, stream: str) -> str:
+        """A token for the segment stores' requests on ``scope/stream``
+        ("" from a controller without auth)."""
+        answer = await self._call("getDelegationToken", self._info(scope, stream))
+        return str(answer.delegationToken)
 
     async def segment_uri(self, scope: str, stream: str, segment_id: int) -> str:
         """The ``host:port`` of the segment store serving the segment."""

@@ -320,11 +320,14 @@ class StreamWriter:
 
         async def attempt(address: str) -> tuple[SegmentConnection, WireCommand]:
             connection = await self.store.open_connection(address)
-            request_id = next_request_id()
+
+            async def set_up(token: str) -> WireCommand:
+                request_id = next_request_id()
+                return await connection.request(SetupAppend(request_id, self.writer_id, name,
+                                                            token), request_id)
             try:
-                reply = await connection.request(SetupAppend(request_id, self.writer_id, name,
-                                                             ""), request_id)
-            except SegmentStoreConnectionError:
+                reply = await self.store.authorized(name, set_up)
+            except BaseException:  # no setup: nothing will use this connection
                 connection.abort()
                 raise
             if isinstance(reply, WrongHost):
