@@ -24,10 +24,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quire.bookie.storage.files import lock_holder
 from quire.errors import QuireError
+
+if TYPE_CHECKING:
+    from quire.sandbox_security import SandboxSecurity
 
 _PR_SET_PDEATHSIG = 1
 
@@ -357,13 +360,20 @@ class Sandbox:
     controller on 9090 when that is free) are chosen on first start and
     kept in ``directory/sandbox.json``, so a restart serves the same
     ledgers and segments at the same addresses.
+
+    With ``security`` (:mod:`quire.sandbox_security`) every process gets
+    its TLS and auth settings from it.
     """
 
     def __init__(self, directory: Path, bookies: int = 3, metadata_uri: str | None = None,
                  segment_stores: int = 1, controller: bool = True,
+                 security: SandboxSecurity | None = None,
                  **bookie_settings: Any) -> None:
         self.directory = directory
         self.count = bookies
+        self.security = security
+        if security is not None:
+            bookie_settings = {**bookie_settings, **security.bookie_settings()}
         self.bookie_settings = bookie_settings
         state = self._load_state()
         self.metadata_uri = (metadata_uri or state.get("metadata")
@@ -383,14 +393,18 @@ class Sandbox:
             store = SegmentStoreProcess(directory, self.metadata_uri, name,
                                         port=ports.get(name) or free_port(), metrics_port=0,
                                         tier2_uri=(directory / "tier2").resolve().as_uri(),
-                                        **tier1_quorums(bookies))
+                                        **tier1_quorums(bookies),
+                                        **(security.segment_store_settings() if security
+                                           else {}))
             store.ends_with_parent = True
             self.segment_stores.append(store)
         self.controller: ControllerProcess | None = None
         if controller:
             port = ports.get("controller") or preferred_port(CONTROLLER_PORT)
             self.controller = ControllerProcess(directory, self.metadata_uri, port=port,
-                                                metrics_port=0)
+                                                metrics_port=0,
+                                                **(security.controller_settings() if security
+                                                   else {}))
             self.controller.ends_with_parent = True
 
     @property
@@ -466,7 +480,10 @@ class Sandbox:
                                    for s in self.segment_stores],
                 "controller": None if self.controller is None else {
                     "uri": self.controller.uri, "metrics": self.controller.metrics_address,
-                    "pid": pid(self.controller)}}
+                    "pid": pid(self.controller)},
+                "security": None if self.security is None else {
+                    "tls_ca": str(self.security.ca_file.resolve()),
+                    "credentials": str(self.security.credentials_file.resolve())}}
 
 
 @dataclass(frozen=True)

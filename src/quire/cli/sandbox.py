@@ -8,11 +8,15 @@ import select
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from quire.cli.common import DEFAULT_SANDBOX_DIR, emit_json, run_async
 from quire.sandbox import NO_JOURNAL_SETTINGS, Sandbox, ServiceProcess, ServiceSupervisor
+
+if TYPE_CHECKING:
+    from quire.sandbox_security import SandboxSecurity
 
 
 @click.command()
@@ -27,9 +31,13 @@ from quire.sandbox import NO_JOURNAL_SETTINGS, Sandbox, ServiceProcess, ServiceS
                    "and detect and repair what a crash loses (data_integrity_checking = true).")
 @click.option("--segment-stores", default=1, show_default=True,
               help="Number of segment store processes (0: bookies only, no controller).")
+@click.option("--secure", is_flag=True,
+              help="TLS and authentication everywhere: a local CA and certificates for "
+                   "localhost, a cluster secret and an admin user with a random password "
+                   "(credentials.toml, mode 0600), all in DIR/security.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
-            segment_stores: int, as_json: bool) -> None:
+            segment_stores: int, secure: bool, as_json: bool) -> None:
     """Run the whole system locally until Ctrl-C (or SIGTERM), as
     ``pravega standalone`` does: bookies, segment stores and the controller.
 
@@ -37,19 +45,28 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
     that exits is restarted on its address, with a backoff from 0.5 s
     doubling up to 30 s while restarts fail; the others keep serving.  Every
     process ends when the sandbox does, even by kill -9 (Linux).
+
+    With --secure it prints the controller's tls://localhost URI, the CA and
+    the credentials file, and the environment a Pravega client needs.
     """
     journal_settings = NO_JOURNAL_SETTINGS if no_journal else {}
+    security = None
+    if secure:
+        from quire.sandbox_security import prepare
+
+        security = prepare(directory / "security")
     cluster = Sandbox(directory, bookies, metadata_uri, segment_stores=segment_stores,
-                      controller=segment_stores > 0, metrics_port=0,
+                      controller=segment_stores > 0, security=security, metrics_port=0,
                       autorecovery_enabled=True, **journal_settings)
-    run_async(lambda: check_store(cluster.metadata_uri))
+    run_async(lambda: check_store(cluster.metadata_uri, security))
+    scheme = "https" if secure else "http"
 
     def ready(process: ServiceProcess) -> None:
         if not as_json:
             label = process.service if process.name == process.service \
                 else f"{process.service} {process.name}"
             click.echo(f"{label} ready on {process.address} "
-                       f"(metrics http://{process.metrics_address}/metrics)", err=True)
+                       f"(metrics {scheme}://{process.metrics_address}/metrics)", err=True)
 
     def announce() -> None:
         if as_json:
@@ -58,10 +75,19 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
             click.echo(f"metadata: {cluster.metadata_uri}")
             if cluster.controller is not None:
                 click.echo(f"controller: {cluster.controller.uri}")
+            if security is not None:
+                click.echo(f"tls ca: {security.ca_file.resolve()}")
+                click.echo(f"credentials: {security.credentials_file.resolve()}")
+                click.echo("a Pravega client needs (the password read from the credentials "
+                           "file):")
+                for line in security.shell_exports():
+                    click.echo(f"  {line}")
             click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
             if cluster.controller is not None:
-                click.echo(f"try: quire stream --controller {cluster.controller.uri} ... "
-                           "(or any Pravega client)", err=True)
+                extra = (f" --tls-ca {security.ca_file.resolve()} --credentials "
+                         f"{security.credentials_file.resolve()}" if security else "")
+                click.echo(f"try: quire scope list --controller {cluster.controller.uri}"
+                           f"{extra} (or any Pravega client)", err=True)
             click.echo("Ctrl-C stops the sandbox", err=True)
 
     def say(line: str) -> None:
@@ -117,10 +143,16 @@ def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[
         os.close(wake_write)
 
 
-async def check_store(metadata_uri: str) -> None:
+async def check_store(metadata_uri: str, security: SandboxSecurity | None = None) -> None:
     """Open and close the metadata store, so a URI that is not one fails
-    here, before any bookie starts."""
+    here, before any bookie starts; with ``security``, put its admin user
+    in the user database."""
+    from quire.auth import UserDatabase
     from quire.metadata import open_store
 
     store = await open_store(metadata_uri)
-    await store.close()
+    try:
+        if security is not None:
+            await security.ensure_admin(UserDatabase(store))
+    finally:
+        await store.close()
