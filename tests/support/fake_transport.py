@@ -37,3 +37,6 @@ class FakeTransport:
 
     def get_write_buffer_size(self) -> int:
         return 0
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.written.append(b"".join(data))

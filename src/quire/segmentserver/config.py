@@ -37,7 +37,7 @@ class SegmentServerConfig:
     """Replies written but not yet taken by the client above which the
     connection is no longer read (``pause_writing``), until the client has
     taken them down to a quarter of this (``resume_writing``)."""
-    max_outstanding_bytes: int = 64 << 20
+    max_outstanding_bytes: int = 16 << 20
     """A connection's budget: bytes of its unanswered requests (appended
     data, table entries, and the most each pending read may answer) above
     which it is no longer read, until half are answered."""

@@ -60,6 +60,9 @@ from quire.segmentserver.table_requests import TableRequests
 from quire.segmentstore import SegmentStore
 from quire.segmentstore.futures import retrieve
 
+LARGE_REPLY_BYTES = 1 << 16
+"""Replies are joined into one write unless one is larger than this."""
+
 
 class WireConnection(asyncio.Protocol):
     """One client connection: decodes requests, hands each to the store on
@@ -75,11 +78,11 @@ class WireConnection(asyncio.Protocol):
                  appenders: dict[tuple[int, str], ClientConnection],
                  metrics: SegmentServerMetrics | None = None, *,
                  auth: WireAuth | None = None,
-                 admit: Callable[[WireConnection], str | None] | None = None) -> None:
+                 on_made: Callable[[WireConnection], None] | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._on_lost = on_lost
-        self._admit = admit
+        self._on_made = on_made
         self._decoder = Decoder(REQUEST_TYPES, config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self.peer: str = ""
@@ -134,11 +137,8 @@ class WireConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        refused = self._admit(self) if self._admit is not None else None
-        if refused is not None:
-            self.abort()
-            self._transport = None
-            return
+        if self._on_made is not None:
+            self._on_made(self)
         high = self._config.max_buffered_reply_bytes
         self._transport.set_write_buffer_limits(high=high, low=high // 4)
         self._transport.write(Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode())
@@ -146,25 +146,36 @@ class WireConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         decoder = self._decoder
         starting = decoder.buffered_bytes == 0
-        decoded = 0
         try:
             decoder.feed(data)
-            while self._transport is not None:
+        except WireCommandError as e:
+            self.close(f"malformed input: {e}")
+            return
+        if self._dispatch() or starting:
+            self._progress_at = self._loop.time()
+
+    def _dispatch(self) -> int:
+        """Hand the whole commands buffered to their handlers, until the
+        connection pauses (a chunk may hold thousands of requests: those
+        after the pause wait in the decoder); how many were handed on."""
+        decoder = self._decoder
+        decoded = 0
+        try:
+            while self._transport is not None and not self._paused:
                 command = decoder.next()
                 if command is None:
                     break
                 decoded += 1
                 if not self._greeted and type(command) is not Hello:
                     self.close(f"{type(command).__name__} before Hello")
-                    return
+                    break
                 self._handlers[type(command)](command)
         except WireCommandError as e:
             self.close(f"malformed input: {e}")
         except Exception:  # a defect here: this connection only pays for it
             log.exception("handling a request failed")
             self.close("a request could not be handled")
-        if decoded or starting:
-            self._progress_at = self._loop.time()
+        return decoded
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -230,9 +241,12 @@ class WireConnection(asyncio.Protocol):
         config = self._config
         if self._paused and not self._write_paused and self._transport is not None \
                 and len(self._pending) <= config.max_outstanding_requests // 2 \
-                and self._pending_bytes <= config.max_outstanding_bytes // 2:
+                and self._pending_bytes <= config.max_outstanding_bytes // 2 \
+                and self._transport.get_write_buffer_size() < config.max_buffered_reply_bytes:
             self._paused = False
             self._transport.resume_reading()
+            if self._decoder.buffered_bytes and self._dispatch():  # what waited while paused
+                self._progress_at = self._loop.time()
 
     def reply(self, request: Callable[[], Any], ok: Callable[[Any], WireCommand],
               request_id: int, segment: str, offset: int = -1,
@@ -279,6 +293,7 @@ class WireConnection(asyncio.Protocol):
     def _flush(self, _done: asyncio.Future[Any] | None = None) -> None:
         pending = self._pending
         out: list[bytes] = []
+        large = False
         while pending and pending[0][0].done() and self._transport is not None:
             future, formatter, cost = pending.popleft()
             self._pending_bytes -= cost
@@ -293,9 +308,13 @@ class WireConnection(asyncio.Protocol):
                 self.close("a request failed in a way no reply describes")
                 return
             out.append(encoded)
+            if len(encoded) > LARGE_REPLY_BYTES:
+                large = True
         if self._transport is None:
             return
-        if out:
+        if large:
+            self._transport.writelines(out)  # no copy of megabytes of reads
+        elif out:
             self._transport.write(b"".join(out))
         if self._paused:
             self._resume_if_drained()

@@ -38,6 +38,8 @@ class SegmentServerMetrics:
         self.connections_refused = Counter(
             "quire_segmentstore_connections_refused",
             "Client connections closed by a limit, by reason (max_connections, "
-            "max_connections_per_peer, idle_timeout)", ["reason"], registry=registry)
-        for reason in ("max_connections", "max_connections_per_peer", "idle_timeout"):
+            "max_connections_per_peer, idle_timeout, tls_handshake)", ["reason"],
+            registry=registry)
+        for reason in ("max_connections", "max_connections_per_peer", "idle_timeout",
+                       "tls_handshake"):
             self.connections_refused.labels(reason)
