@@ -41,9 +41,22 @@ from quire.pravega_wire import (
     StreamSegmentInfo,
     TableKey,
 )
-from quire.security import Credentials, TokenSigner, client_context, write_secret
+from quire.security import (
+    Credentials,
+    TokenSigner,
+    client_context,
+    write_credentials,
+    write_secret,
+)
 from quire.security.certificates import issue_certificate, make_ca
-from quire.streams import ControllerClient, SegmentConnection, StreamAccess, StreamWriter
+from quire.spark.stream_commits import StreamCommits, writes_table
+from quire.streams import (
+    ControllerClient,
+    SegmentConnection,
+    StreamAccess,
+    StreamWriter,
+    tail_cut,
+)
 from tests.integration.test_pravega_client import read_slices
 from tests.support.pravega_wire_client import WireClient, block
 
@@ -53,6 +66,8 @@ ADMIN = Credentials("admin", "admin-password")
 AUDITOR = Credentials("auditor", "auditor-password")
 AUDITOR_ACL = ("prn::/scope:shop/stream:audited,READ;"
                "prn::/scope:shop/reader-group:audit,READ_UPDATE")
+SPARK_WRITER = Credentials("etl", "etl-password")
+SPARK_WRITER_ACL = "prn::/scope:shop/stream:sparked,READ_UPDATE"
 S0 = "shop/orders/0.#epoch.0"
 
 
@@ -87,7 +102,9 @@ class Stack:
             "users": [{"name": ADMIN.username, "password": ADMIN.password,
                        "acl": "prn::*,READ_UPDATE"},
                       {"name": AUDITOR.username, "password": AUDITOR.password,
-                       "acl": AUDITOR_ACL}], **spec}))
+                       "acl": AUDITOR_ACL},
+                      {"name": SPARK_WRITER.username, "password": SPARK_WRITER.password,
+                       "acl": SPARK_WRITER_ACL}], **spec}))
         self.pki = pki
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.secure_stack",
                                       str(spec_file)], cwd=REPO, stdin=subprocess.PIPE,
@@ -421,3 +438,39 @@ async def round_trips(c: WireClient, token: str, count: int) -> list[float]:
                           StreamSegmentInfo)
         out.append(time.perf_counter() - started)
     return out
+
+
+# --- Spark ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)  # the session's Spark starts here if no test started it before
+def test_a_spark_stream_write_with_tls_and_a_user_who_may_write_only_that_stream(
+        spark: Any, stack: Stack, tmp_path: Path) -> None:
+    async def create() -> None:
+        controller = stack.access().controller_client(5_000)
+        try:
+            await controller.create_scope("shop")
+            await controller.create_stream("shop", "sparked", 2)
+        finally:
+            await controller.close()
+    asyncio.run(create())
+    credentials_file = write_credentials(tmp_path / "etl.toml", SPARK_WRITER)
+    rows = [(f"k{n % 3}:{n}", f"k{n % 3}") for n in range(300)]
+    (spark.createDataFrame(rows, "event string, routing_key string").write.format("quire")
+     .option("controller", stack.uri).option("tls_ca", str(stack.pki.ca))
+     .option("credentials_file", str(credentials_file))
+     .option("stream", "shop/sparked").mode("append").save())
+
+    async def check() -> tuple[int, list[bytes]]:
+        controller, segments = stack.access().clients(timeout_ms=5_000)
+        try:
+            cut = await tail_cut(controller, segments, "shop", "sparked")
+            keys = [e.key async for e in StreamCommits(controller, segments)._entries(
+                writes_table("shop", "sparked"), "")]
+            return sum(cut.values()), keys
+        finally:
+            await segments.close()
+            await controller.close()
+    size, records = asyncio.run(check())
+    assert size == sum(len(event.encode()) + 8 for event, _ in rows)
+    assert records == []  # the commit record, in the stream's own table, is finished
