@@ -208,6 +208,34 @@ async def test_tls_serves_and_plaintext_closes_only_that_connection(tmp_path: Pa
         await s.store.close()
 
 
+async def test_a_replaced_certificate_is_served_to_new_handshakes_only(tmp_path: Path) -> None:
+    ca = make_ca(tmp_path)
+    leaf = issue_certificate(ca, tmp_path / "server", "server", ip_addresses=["127.0.0.1"])
+    s = await serve(SegmentServerConfig(),
+                    ServerTls(leaf.cert_file, leaf.key_file, reload_interval_ms=0))
+    trusting = client_context(ca.cert_file)
+    try:
+        old = await s.connect(tls=trusting)
+        old_serial = _serial(old)
+        issue_certificate(ca, tmp_path / "server", "server", ip_addresses=["127.0.0.1"])
+        new = await s.connect(tls=trusting)
+        assert _serial(new) != old_serial  # the new handshake: the new certificate
+        assert await old.request(KeepAlive()) == KeepAlive()  # the old connection lives on
+        assert _serial(old) == old_serial
+        for c in (old, new):
+            await c.close()
+    finally:
+        await s.server.close()
+        await s.store.close()
+
+
+def _serial(c: WireClient) -> int:
+    from cryptography import x509
+
+    der = c.writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
 # --- limits --------------------------------------------------------------------------------
 
 
