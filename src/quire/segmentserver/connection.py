@@ -200,22 +200,24 @@ class WireConnection(asyncio.Protocol):
     def stalled_since(self) -> float | None:
         """Since when this connection has owed the server its handshake (no
         Hello yet) or the rest of a frame it started; None if it owes nothing
-        (or is closing)."""
+        (or is closing, or paused: then the server is the one not reading)."""
         if self._transport is None:
             return None
         if not self._greeted:
             return self.opened_at
-        if self._decoder.buffered_bytes:
+        if self._decoder.buffered_bytes and not self._paused:
             return self._progress_at
         return None
 
     # --- replies, in arrival order ---------------------------------------------------
 
-    def close(self, why: str) -> None:
-        """Close the connection (what is written still goes out), saying why in the log."""
+    def close(self, why: str, quiet: bool = False) -> None:
+        """Close the connection (what is written still goes out), saying why
+        in the log (at debug level if ``quiet``: the caller logs for many)."""
         if self._transport is not None:
-            log.warning("closing connection from %s: %s",
-                        self._transport.get_extra_info("peername"), why)
+            (log.debug if quiet else log.warning)(
+                "closing connection from %s: %s", self._transport.get_extra_info("peername"),
+                why)
             self._transport.close()
             self._transport = None
 

@@ -207,7 +207,7 @@ class SegmentServer:
                 if since is not None and now - since > timeout_s:
                     self._refused("idle_timeout", connection.peer)
                     connection.close(f"no Hello or an unfinished frame for over "
-                                     f"{self.config.idle_timeout_ms} ms")
+                                     f"{self.config.idle_timeout_ms} ms", quiet=True)
 
     # --- lifetime ------------------------------------------------------------------------
 
