@@ -111,6 +111,12 @@ class RoleNotAllowedError(PermissionDeniedError):
     """A peer certificate without a role, or with one outside the allowed set."""
 
 
+class TlsHandshakeError(SecurityError):
+    """A client's TLS handshake with a server failed: the server's
+    certificate is not trusted (another CA, a name it does not cover) or
+    the server does not speak TLS.  Not retried: trying again cannot help."""
+
+
 class UserExistsError(SecurityError):
     """``quire auth user add`` of a name the user database holds already."""
 

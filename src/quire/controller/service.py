@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from quire.controller.access import TokenIssuer
 from quire.controller.core import ControllerCore
 from quire.controller.messages import (
     config_message,
@@ -93,6 +94,8 @@ class ControllerService:
     def __init__(self, core: ControllerCore, locate: SegmentLocator) -> None:
         self.core = core
         self._locate = locate
+        self.tokens: TokenIssuer | None = None
+        """Issues delegation tokens (None: auth is off, tokens are "")."""
 
     # --- scopes ----------------------------------------------------------------
 
@@ -245,7 +248,9 @@ class ControllerService:
         return pb.NodeUri(endpoint=host, port=port)
 
     async def getDelegationToken(self, request: pb.StreamInfo) -> pb.DelegationToken:
-        return pb.DelegationToken(delegationToken="")
+        # the caller's own permission on the stream (quire.controller.access)
+        token = self.tokens.issue(request) if self.tokens is not None else ""
+        return pb.DelegationToken(delegationToken=token)
 
     # --- scaling --------------------------------------------------------------------
 

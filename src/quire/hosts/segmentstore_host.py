@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +33,13 @@ from quire.hosts.segmentstore_admin import SegmentStoreAdmin
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_leased_store
-from quire.security import SecurityConfig, read_secret
-from quire.segmentserver import SegmentServer, SegmentServerConfig, SegmentServerMetrics
+from quire.security import SecurityConfig, TokenSigner, read_secret
+from quire.segmentserver import (
+    SegmentServer,
+    SegmentServerConfig,
+    SegmentServerMetrics,
+    WireAuth,
+)
 from quire.segmentstore import (
     ContainerConfig,
     ContainerOwnership,
@@ -57,6 +63,11 @@ class SegmentStoreHostConfig:
     host: str = "127.0.0.1"
     port: int = 12345
     """The wire server's port (Pravega's default; 0: any free one)."""
+    advertise_host: str = ""
+    """The host name clients are given for this store (the ownership
+    records, so the controller's getURI) ("" : ``host``).  Under TLS it
+    must be a DNS name the certificate covers (e.g. ``localhost``): the
+    official client cannot check an IP address."""
     metrics_port: int = -1
     """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
     container_count: int = 0
@@ -72,10 +83,6 @@ class SegmentStoreHostConfig:
     ZooKeeper's session timeout (0: the driver's default).  A host cut off
     from the store this long loses its host record, and its containers
     move to the others."""
-    tail_read_wait_ms: int = 5_000
-    tail_read_linger_ms: int = 10
-    """How long an answer reaching the tail of a segment being written waits
-    for more of a writer's burst (see the segment server's ``_burst``)."""
     tier2_uri: str = ""
     """Long-term storage (``file:///abs/path``, ``s3://bucket/prefix?...``):
     each container's storage writer flushes there and tier-1 is truncated
@@ -95,8 +102,16 @@ class SegmentStoreHostConfig:
     few hundred appends on a busy host)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
-    see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
-    TLS and authenticates against the metadata store's users when set."""
+    see :class:`~quire.security.SecurityConfig`): the wire server and
+    ``/metrics`` serve over TLS; with ``auth_enabled`` the wire checks every
+    request's delegation token (signed with ``auth_token_secret_file``,
+    which it then needs) and ``/metrics`` authenticates against the
+    metadata store's users."""
+    wire: SegmentServerConfig = field(default_factory=SegmentServerConfig)
+    """The wire server's settings and limits (flat keys ``tail_read_wait_ms``,
+    ``max_connections``, ``max_connections_per_peer``, ``idle_timeout_ms``,
+    ``max_buffered_reply_bytes``, ``max_outstanding_bytes``..., see
+    :class:`~quire.segmentserver.SegmentServerConfig`)."""
     autoscale_windows_s: tuple[int, ...] = (120, 300, 600, 1200)
     autoscale_cooldown_s: int = 600
     autoscale_mute_s: int = 600
@@ -127,16 +142,16 @@ class SegmentStoreHostConfig:
             raise ConfigError("read_index_budget_bytes must not be negative")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
-        self.autoscaler()  # checks the auto-scaling settings
-
-    def autoscaler(self) -> AutoScalerConfig:
-        return AutoScalerConfig(self.autoscale_windows_s, self.autoscale_cooldown_s,
-                                self.autoscale_mute_s, self.autoscale_tick_ms)
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
                               "<= tier1_ensemble_size")
         self.tier1_client()  # ConfigError for TLS files that do not go together
+        self.autoscaler()  # checks the auto-scaling settings
+
+    def autoscaler(self) -> AutoScalerConfig:
+        return AutoScalerConfig(self.autoscale_windows_s, self.autoscale_cooldown_s,
+                                self.autoscale_mute_s, self.autoscale_tick_ms)
 
     def tier1_client(self) -> ClientConfig:
         """The settings of the ledger client of the tier-1 logs."""
@@ -152,6 +167,36 @@ class SegmentStoreHostConfig:
                         "fence or write them; set one secret per cluster")
             return tier1_passwords(None)
         return tier1_passwords(read_secret(self.ledger_password_file))
+
+
+def wire_auth(security: SecurityConfig) -> WireAuth | None:
+    """The wire's token check of a segment store's settings (None without
+    ``auth_enabled``); ConfigError if the cluster secret is missing or
+    open to others."""
+    if not security.auth_enabled:
+        return None
+    if not security.auth_token_secret_file:
+        raise ConfigError("auth_enabled on a segment store needs auth_token_secret_file (the "
+                          "cluster secret its controllers sign delegation tokens with)")
+    return WireAuth(TokenSigner.from_file(security.auth_token_secret_file))
+
+
+def advertised_host(cfg: SegmentStoreHostConfig) -> str:
+    """The host name this store is known by (``advertise_host``, else ``host``)."""
+    host = cfg.advertise_host or cfg.host
+    if cfg.security.tls_enabled and _is_ip_literal(host):
+        log.warning("TLS is on but clients are given the IP address %s: the official Pravega "
+                    "client cannot check it (set advertise_host to a DNS name the "
+                    "certificate covers, e.g. localhost)", host)
+    return host
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class _StoreCollector(Collector):
@@ -263,14 +308,14 @@ class SegmentStoreHost:
                                         write_quorum_size=cfg.tier1_write_quorum_size,
                                         ack_quorum_size=cfg.tier1_ack_quorum_size),
                     tier1_passwords=passwords))
-            self.server = SegmentServer(self.segments, SegmentServerConfig(
-                tail_read_wait_ms=cfg.tail_read_wait_ms,
-                tail_read_linger_ms=cfg.tail_read_linger_ms), SegmentServerMetrics(self.registry))
+            security = server_security(cfg.security, self.metadata)
+            self.server = SegmentServer(self.segments, cfg.wire,
+                                        SegmentServerMetrics(self.registry), tls=security.tls,
+                                        auth=wire_auth(cfg.security))
             await self.server.start(cfg.host, cfg.port)
-            self.address = f"{cfg.host}:{self.server.port}"
+            self.address = f"{advertised_host(cfg)}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
             if cfg.metrics_port >= 0:  # before ownership: it registers the address
-                security = server_security(cfg.security, self.metadata)
                 self.registry.register(_StoreCollector(self))
                 self._http = HttpServer(self.registry, self._admin.routes(), tls=security.tls,
                                         authenticator=security.authenticator,
