@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.auth import server_security
+from quire.config import ServerAddressConfig
 from quire.controller import Controller, ControllerConfig, NodeAddress
 from quire.controller.cluster import MetadataCluster
 from quire.controller.cluster_view import ClusterView, PeerHttp
@@ -34,9 +35,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ControllerHostConfig:
+class ControllerHostConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (gRPC and the HTTP port
+    listen on the listen host; the member record and the ready line carry
+    the advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
-    host: str = "127.0.0.1"
     port: int = 9090
     """The gRPC port (Pravega's default; 0: any free one)."""
     metrics_port: int = -1
@@ -66,6 +71,7 @@ class ControllerHostConfig:
     TLS and authenticates against the metadata store's users when set."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.segment_request_timeout_ms <= 0:
             raise ConfigError("segment_request_timeout_ms must be positive")
         if self.lease_ms < 0:
@@ -99,14 +105,14 @@ class ControllerHost:
                 retry_deadline_ms=cfg.segment_request_timeout_ms))
             self.controller = Controller(
                 self.segments, self._controller_config(), locate,
-                cluster=MetadataCluster(self.metadata, f"{cfg.host}:{cfg.port}"),
+                cluster=MetadataCluster(self.metadata, cfg.advertised_address(cfg.port)),
                 requests=ScaleRequests(self.metadata),
                 security=server_security(cfg.security, self.metadata))
             self._add_page(self.controller, self.metadata)
-            port = await self.controller.start(cfg.host, cfg.port)
-            self.address = f"{cfg.host}:{port}"
+            port = await self.controller.start(cfg.resolved_listen_host, cfg.port)
+            self.address = cfg.advertised_address(port)
             if self.controller.metrics_port is not None:
-                self.metrics_address = f"{cfg.host}:{self.controller.metrics_port}"
+                self.metrics_address = cfg.advertised_address(self.controller.metrics_port)
                 if self.view is not None:
                     self.view.start()
         except BaseException:

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from quire.auth import server_security
 from quire.client import Client, ClientConfig, LedgerPasswords
+from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.hosts.segmentstore_admin import SegmentStoreAdmin
@@ -50,11 +51,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SegmentStoreHostConfig:
+class SegmentStoreHostConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (the wire server and
+    ``/metrics`` listen on the listen host; the host record, which the
+    controller's ``getURI`` answers from, carries the advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
     host_id: str = ""
-    """This host's name in the ownership records ("" : ``segmentstore-<host>-<port>``)."""
-    host: str = "127.0.0.1"
+    """This host's name in the ownership records ("" :
+    ``segmentstore-<advertised host>-<port>``)."""
     port: int = 12345
     """The wire server's port (Pravega's default; 0: any free one)."""
     metrics_port: int = -1
@@ -121,6 +127,7 @@ class SegmentStoreHostConfig:
     """PEM private key of ``tier1_tls_cert_file`` (a secret file, mode 0600)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.container_count < 0:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
         if self.read_index_budget_bytes < 0:
@@ -128,15 +135,15 @@ class SegmentStoreHostConfig:
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
         self.autoscaler()  # checks the auto-scaling settings
-
-    def autoscaler(self) -> AutoScalerConfig:
-        return AutoScalerConfig(self.autoscale_windows_s, self.autoscale_cooldown_s,
-                                self.autoscale_mute_s, self.autoscale_tick_ms)
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
                               "<= tier1_ensemble_size")
         self.tier1_client()  # ConfigError for TLS files that do not go together
+
+    def autoscaler(self) -> AutoScalerConfig:
+        return AutoScalerConfig(self.autoscale_windows_s, self.autoscale_cooldown_s,
+                                self.autoscale_mute_s, self.autoscale_tick_ms)
 
     def tier1_client(self) -> ClientConfig:
         """The settings of the ledger client of the tier-1 logs."""
@@ -266,17 +273,18 @@ class SegmentStoreHost:
             self.server = SegmentServer(self.segments, SegmentServerConfig(
                 tail_read_wait_ms=cfg.tail_read_wait_ms,
                 tail_read_linger_ms=cfg.tail_read_linger_ms), SegmentServerMetrics(self.registry))
-            await self.server.start(cfg.host, cfg.port)
-            self.address = f"{cfg.host}:{self.server.port}"
-            self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
+            await self.server.start(cfg.resolved_listen_host, cfg.port)
+            self.address = cfg.advertised_address(self.server.port)
+            self.host_id = cfg.host_id or \
+                f"segmentstore-{cfg.resolved_advertised_host}-{self.server.port}"
             if cfg.metrics_port >= 0:  # before ownership: it registers the address
                 security = server_security(cfg.security, self.metadata)
                 self.registry.register(_StoreCollector(self))
                 self._http = HttpServer(self.registry, self._admin.routes(), tls=security.tls,
                                         authenticator=security.authenticator,
                                         ready=self._admin.readiness)
-                http_port = await self._http.start(cfg.host, cfg.metrics_port)
-                self.metrics_address = f"{cfg.host}:{http_port}"
+                http_port = await self._http.start(cfg.resolved_listen_host, cfg.metrics_port)
+                self.metrics_address = cfg.advertised_address(http_port)
             self.ownership = ContainerOwnership(
                 self.metadata, self.segments, self.host_id, self.address,
                 OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms),
