@@ -22,9 +22,9 @@ hiccup would turn it into an outage of the data path.  Reads are not
 fenced that way, so meanwhile the host sets the store's
 :attr:`~quire.segmentstore.store.SegmentStore.confirm_reads`: each read
 first proves through tier-1 that its container is still this host's, and
-is refused (WrongHost) once another host took it over.  Pravega keeps its
-containers across a lost ZooKeeper connection too, but serves reads from
-them unchecked.
+is refused (WrongHost) once another host took it over.  (Pravega's segment
+store keeps its containers across a lost ZooKeeper connection too: its
+container monitor acts on the last assignment it saw.)
 
 The assignment is sticky and balanced (:func:`balanced_assignment`): a
 container stays where it is while its host lives and holds no more than
