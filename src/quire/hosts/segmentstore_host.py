@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from quire.auth import server_security
 from quire.client import Client, ClientConfig, LedgerPasswords
+from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.hosts.segmentstore_admin import SegmentStoreAdmin
@@ -56,18 +57,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SegmentStoreHostConfig:
+class SegmentStoreHostConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (the wire server and
+    ``/metrics`` listen on the listen host; the host record, which the
+    controller's ``getURI`` answers from, carries the advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
     host_id: str = ""
-    """This host's name in the ownership records ("" : ``segmentstore-<host>-<port>``)."""
-    host: str = "127.0.0.1"
+    """This host's name in the ownership records ("" :
+    ``segmentstore-<advertised host>-<port>``)."""
     port: int = 12345
     """The wire server's port (Pravega's default; 0: any free one)."""
-    advertise_host: str = ""
-    """The host name clients are given for this store (the ownership
-    records, so the controller's getURI) ("" : ``host``).  Under TLS it
-    must be a DNS name the certificate covers (e.g. ``localhost``): the
-    official client cannot check an IP address."""
     metrics_port: int = -1
     """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
     container_count: int = 0
@@ -136,6 +137,7 @@ class SegmentStoreHostConfig:
     """PEM private key of ``tier1_tls_cert_file`` (a secret file, mode 0600)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.container_count < 0:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
         if self.read_index_budget_bytes < 0:
@@ -181,14 +183,14 @@ def wire_auth(security: SecurityConfig) -> WireAuth | None:
     return WireAuth(TokenSigner.from_file(security.auth_token_secret_file))
 
 
-def advertised_host(cfg: SegmentStoreHostConfig) -> str:
-    """The host name this store is known by (``advertise_host``, else ``host``)."""
-    host = cfg.advertise_host or cfg.host
+def warn_of_ip_under_tls(cfg: SegmentStoreHostConfig) -> None:
+    """Log that clients will be given an IP address under TLS, which the
+    official Pravega client cannot check against a certificate."""
+    host = cfg.resolved_advertised_host
     if cfg.security.tls_enabled and _is_ip_literal(host):
         log.warning("TLS is on but clients are given the IP address %s: the official Pravega "
-                    "client cannot check it (set advertise_host to a DNS name the "
+                    "client cannot check it (set advertised_host to a DNS name the "
                     "certificate covers, e.g. localhost)", host)
-    return host
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -312,16 +314,18 @@ class SegmentStoreHost:
             self.server = SegmentServer(self.segments, cfg.wire,
                                         SegmentServerMetrics(self.registry), tls=security.tls,
                                         auth=wire_auth(cfg.security))
-            await self.server.start(cfg.host, cfg.port)
-            self.address = f"{advertised_host(cfg)}:{self.server.port}"
-            self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
+            await self.server.start(cfg.resolved_listen_host, cfg.port)
+            self.address = cfg.advertised_address(self.server.port)
+            warn_of_ip_under_tls(cfg)
+            self.host_id = cfg.host_id or \
+                f"segmentstore-{cfg.resolved_advertised_host}-{self.server.port}"
             if cfg.metrics_port >= 0:  # before ownership: it registers the address
                 self.registry.register(_StoreCollector(self))
                 self._http = HttpServer(self.registry, self._admin.routes(), tls=security.tls,
                                         authenticator=security.authenticator,
                                         ready=self._admin.readiness)
-                http_port = await self._http.start(cfg.host, cfg.metrics_port)
-                self.metrics_address = f"{cfg.host}:{http_port}"
+                http_port = await self._http.start(cfg.resolved_listen_host, cfg.metrics_port)
+                self.metrics_address = cfg.advertised_address(http_port)
             self.ownership = ContainerOwnership(
                 self.metadata, self.segments, self.host_id, self.address,
                 OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms),

@@ -68,6 +68,7 @@ from quire.segmentstore.operations import (
     MergeOp,
     Operation,
     PackedAppend,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
@@ -304,6 +305,13 @@ class SegmentContainer:
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
         """A future giving ``result`` once every operation accepted so far is durable."""
         return self._oplog.barrier(result)
+
+    def confirm_ownership(self) -> asyncio.Future[Any]:
+        """Done once a :class:`~quire.segmentstore.operations.ProbeOp` logged
+        now (it changes nothing; it shares the next frame) is durable: the
+        container still owned its log then.  Fails with ContainerFencedError,
+        and fails the container, once another owner took the log."""
+        return call_as_future(lambda: self._log_op(ProbeOp(*self._next())))
 
     def _next(self) -> tuple[int, int]:
         return self.accepted.sequence + 1, self._clock_ms()
