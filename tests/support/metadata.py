@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from quire.metadata import MetadataStore, open_store
-from quire.security import write_secret
+from quire.security import LedgerKeys, write_secret
 from tests.support.zookeeper import ZooKeeperServer
 
 T = TypeVar("T")
@@ -58,6 +58,15 @@ def target_for(driver: str, tmp_path: Path, zookeeper: ZooKeeperServer | None) -
         digest = write_secret(tmp_path / f"zk-{unique}.digest", ZK_DIGEST)
         options["zookeeper_digest_file"] = str(digest)
     return Target(f"zk://{zookeeper.connect_string}/quire-test/{unique}", options)
+
+
+async def ledger_keys(metadata_uri: str, **options: Any) -> dict[int, LedgerKeys]:
+    """Every ledger's keys, as the store at ``metadata_uri`` keeps them."""
+    store = await open_store(metadata_uri, **options)
+    try:
+        return {i: (await store.read_ledger(i)).value.keys for i in await store.list_ledgers()}
+    finally:
+        await store.close()
 
 
 async def next_matching(queue: asyncio.Queue[T], predicate: Callable[[T], bool],
