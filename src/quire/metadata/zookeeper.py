@@ -130,19 +130,6 @@ class ZooKeeperStore(LeaseHolder):
         finally:
             self._tasks.pop(key, None)
 
-    async def _open_layout(self, create: bool, warn_if_open: bool) -> None:
-        """Find the layout, or create it (``create``; else NoMetadataError),
-        and check that this session may read it (see ``_zkaccess``)."""
-        if not await has_layout(self._kazoo, self._paths):
-            if not create:
-                raise NoMetadataError(self.uri)
-            await ensure_layout(self._kazoo, self._paths)
-            self.initialised = True
-        await check_access(self._kazoo, self._paths, self._access, warn_if_open=warn_if_open)
-
-    async def _secure(self, progress: Callable[[SecuredTree], None] | None) -> SecuredTree:
-        return await secure_tree(self._kazoo, self._paths, self._access, progress)
-
     # --- ledgers ---------------------------------------------------------
 
     async def new_ledger_id(self) -> int:
@@ -529,7 +516,7 @@ async def secure_zookeeper(uri: str, settings: ZooKeeperSecurityConfig, *,
     store = await _open(uri, settings, session_timeout_ms, connect_timeout_ms, create=False,
                         warn_if_open=False)
     try:
-        return await store._secure(progress)
+        return await secure_tree(store._kazoo, store._paths, store._access, progress)
     finally:
         await store.close()
 
@@ -554,7 +541,13 @@ async def _open(uri: str, settings: ZooKeeperSecurityConfig, session_timeout_ms:
     store = ZooKeeperStore(uri, client, root, session_timeout_ms=session_timeout_ms,
                            access=access)
     try:
-        await store._open_layout(create, warn_if_open)
+        # find the layout, or create it; then check that this session may read it
+        if not await has_layout(store._kazoo, store._paths):
+            if not create:
+                raise NoMetadataError(uri)
+            await ensure_layout(store._kazoo, store._paths)
+            store.initialised = True
+        await check_access(store._kazoo, store._paths, access, warn_if_open=warn_if_open)
     except BaseException:
         await store.close()
         raise
