@@ -272,6 +272,13 @@ class NoMetadataError(MetadataError):
         self.uri = uri
 
 
+class MetadataAccessDeniedError(MetadataError):
+    """The metadata store refused this process a definite no: ZooKeeper
+    answered NoAuth, because Quire's znodes carry digest ACLs and this
+    process has no credentials for them, or other ones.  The message names
+    the fix (``zookeeper_digest_file``)."""
+
+
 class TransactionError(MetadataError):
     """A transaction failed as a whole; ``failed_index`` names the op that
     caused it (when the driver can tell) and ``cause`` the reason."""

@@ -135,7 +135,8 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
+            self.metadata = await open_leased_store(
+                cfg.metadata_uri, cfg.lease_ms, **cfg.security.zookeeper.store_options())
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:

@@ -295,7 +295,8 @@ class SegmentStoreHost:
         cfg = self.config
         try:
             passwords = cfg.tier1_passwords()
-            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
+            self.metadata = await open_leased_store(
+                cfg.metadata_uri, cfg.lease_ms, **cfg.security.zookeeper.store_options())
             self.client = await Client.over(self.metadata, cfg.tier1_client())
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(

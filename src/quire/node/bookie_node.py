@@ -168,8 +168,9 @@ class BookieNode:
             raise QuireError("set bookie_id when port is 0 (the id must be stable)")
 
     async def _open_metadata(self) -> MetadataStore:
-        self._store = await open_leased_store(self.config.metadata_uri,
-                                              self.config.registration_lease_ms)
+        self._store = await open_leased_store(
+            self.config.metadata_uri, self.config.registration_lease_ms,
+            **self.config.security.zookeeper.store_options())
         try:
             self._security = server_security(self.config.security, self._store)
         except QuireError:
