@@ -42,7 +42,6 @@ from quire.controller.model import (
     StreamState,
     TxnRecord,
     TxnState,
-    check_name,
     segment_name,
     txn_segment_name,
 )
@@ -65,6 +64,7 @@ from quire.errors import (
     TransactionNotFoundError,
 )
 from quire.segmentstore import NOT_EXISTS, SegmentType
+from quire.segmentstore.names import check_name
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from quire.controller.model import (
     StreamConfig,
     StreamRecord,
     TxnState,
-    check_name,
     segment_name,
     txn_id_of,
     txn_id_parts,
@@ -45,6 +44,7 @@ from quire.errors import (
     StreamNotFoundError,
     TransactionNotFoundError,
 )
+from quire.segmentstore.names import check_name
 
 log = logging.getLogger(__name__)
 

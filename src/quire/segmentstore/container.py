@@ -55,6 +55,7 @@ from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
 from quire.segmentstore.futures import call_as_future, failed_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
+from quire.segmentstore.names import check_name
 from quire.segmentstore.operation_log import OperationLog
 from quire.segmentstore.operations import (
     APPEND,
@@ -98,7 +99,6 @@ _WRITER_APPEND_LENGTH = WRITER_APPEND_HEAD.size - 4
 """The same for an APPEND carrying one attribute (a writer's number)."""
 _KEY_LIMIT = ATTRIBUTE_KEY_LIMIT
 _LOW_64 = (1 << 64) - 1
-MAX_NAME_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,10 +311,7 @@ class SegmentContainer:
         """Create a segment (SegmentExistsError if the name is taken)."""
         def make() -> asyncio.Future[None]:
             self._oplog.check()
-            encoded = name.encode() if isinstance(name, str) else b""
-            if not encoded or len(encoded) > MAX_NAME_BYTES:
-                raise SegmentStoreError(f"a segment name is 1 to {MAX_NAME_BYTES} bytes of "
-                                        f"UTF-8, got {name!r}")
+            check_name("segment", name)
             if self.accepted.get(name) is not None:
                 raise SegmentExistsError(f"segment {name!r} exists")
             kind = SegmentType(segment_type)

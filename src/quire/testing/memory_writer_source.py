@@ -36,6 +36,7 @@ from quire.errors import (
 )
 from quire.segmentstore.container import resolve_updates
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
+from quire.segmentstore.names import check_name
 from quire.segmentstore.operations import (
     AppendOp,
     AttributesOp,
@@ -122,6 +123,7 @@ class MemoryWriterSource:
 
     async def create_segment(self, name: str,
                              segment_type: SegmentType = SegmentType.STREAM) -> None:
+        check_name("segment", name)
         if self.metadata.get(name) is not None:
             raise SegmentExistsError(f"segment {name!r} exists")
         segment_id = self.metadata.next_segment_id
