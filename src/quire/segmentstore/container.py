@@ -26,6 +26,12 @@ and writes a checkpoint, which also proves the log is still ours.
 Table requests are served by the container's :attr:`SegmentContainer.tables`
 (:class:`~quire.segmentstore.container_tables.ContainerTables`) on its
 segments; the committed side hands it each committed table update.
+
+With tier-2, the container's tier-1 log has a ceiling
+(:attr:`ContainerConfig.tier1_ceiling_bytes`): past it the appends'
+acknowledgements are held (:mod:`~quire.segmentstore.throttle`).  Its
+storage writer may quarantine a segment (:meth:`SegmentContainer.quarantine`)
+and lets it drop deleted segments (:meth:`SegmentContainer.forget`).
 """
 
 from __future__ import annotations
@@ -38,19 +44,20 @@ from typing import Any
 
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
-    BadAttributeUpdateError,
     BadOffsetError,
     ContainerClosedError,
     ContainerFencedError,
     QuireError,
     SegmentExistsError,
     SegmentNotFoundError,
+    SegmentQuarantinedError,
     SegmentSealedError,
     SegmentStoreError,
     SegmentTruncatedError,
 )
 from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore import frames
+from quire.segmentstore.attribute_updates import initial_attributes, resolve_updates
 from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
 from quire.segmentstore.futures import call_as_future, failed_future, retrieve
@@ -73,10 +80,11 @@ from quire.segmentstore.operations import (
     SegmentMapOp,
     TruncateOp,
 )
+from quire.segmentstore.throttle import Tier1Throttle
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
     MAX_APPEND_BYTES,
-    NULL_ATTRIBUTE_VALUE,
+    QUARANTINED_ATTRIBUTE,
     VALUE_MAX,
     VALUE_MIN,
     AppendResult,
@@ -85,7 +93,6 @@ from quire.segmentstore.types import (
     ReadResult,
     SegmentInfo,
     SegmentType,
-    UpdateType,
     check_key,
     check_value,
 )
@@ -118,57 +125,17 @@ class ContainerConfig:
     dropped and read back from tier-1, or tier-2 once flushed there."""
     checkpoint_every_bytes: int = 64 << 20
     """Write a metadata checkpoint after this many bytes of operations."""
+    tier1_ceiling_bytes: int = 2 << 30
+    """With tier-2: what the tier-1 log may hold before appends are
+    acknowledged only as tier-2 takes the backlog (half of it: flush all)."""
 
 
-def resolve_updates(current: Mapping[int, int], updates: Iterable[AttributeUpdate],
-                    extra: Iterable[tuple[int, int]] = ()) -> Attributes:
-    """The final values ``updates`` give against ``current``, in order
-    (BadAttributeUpdateError if a condition fails: then nothing applies)."""
-    changed: dict[int, int] = {}
-    for u in updates:
-        if not isinstance(u, AttributeUpdate):
-            raise BadAttributeUpdateError(f"not an AttributeUpdate: {u!r}")
-        old = changed.get(u.key, current.get(u.key))
-        kind = u.update_type
-        if kind is UpdateType.REPLACE:
-            value = u.value
-        elif kind is UpdateType.REPLACE_IF_EQUALS:
-            if (NULL_ATTRIBUTE_VALUE if old is None else old) != u.comparison_value:
-                raise BadAttributeUpdateError(
-                    f"attribute {u.key:#x} is {old}, not {u.comparison_value}")
-            value = u.value
-        elif kind is UpdateType.REPLACE_IF_GREATER:
-            if old is not None and u.value <= old:
-                raise BadAttributeUpdateError(
-                    f"attribute {u.key:#x} is {old}, not below {u.value}")
-            value = u.value
-        elif kind is UpdateType.ACCUMULATE:
-            value = (old or 0) + u.value
-            try:
-                check_value(value)
-            except BadAttributeUpdateError:
-                raise BadAttributeUpdateError(
-                    f"attribute {u.key:#x}: {old} + {u.value} overflows") from None
-        else:
-            raise BadAttributeUpdateError(f"unknown update type {kind!r}")
-        changed[u.key] = value
-    for key, value in extra:
-        changed[key] = value
-    return tuple(changed.items())
-
-
-def initial_attributes(attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None
-                       ) -> Attributes:
-    """A new segment's attributes, checked: given as values, or as updates
-    (resolved against none)."""
-    if attributes is None:
-        return ()
-    if isinstance(attributes, Mapping):
-        for k, v in attributes.items():
-            check_key(k)
-            check_value(v)
-        return tuple(attributes.items())
-    return resolve_updates({}, attributes)
+def sealed_error(s: SegmentMetadata) -> SegmentSealedError:
+    """The refusal of a change to sealed segment ``s`` (quarantined or not)."""
+    if QUARANTINED_ATTRIBUTE in s.attributes:
+        return SegmentQuarantinedError(f"segment {s.name!r} is quarantined: tier-2 refused "
+                                       "it, so it was sealed with every byte acknowledged")
+    return SegmentSealedError(f"segment {s.name!r} is sealed")
 
 
 class SegmentContainer:
@@ -190,6 +157,11 @@ class SegmentContainer:
         self.accepted = side.metadata
         """The accepted state: every operation queued so far (a copy of the
         committed state made once the log is replayed)."""
+        self.throttle = Tier1Throttle(container_id, config.tier1_ceiling_bytes,
+                                      lambda: side.tier1_bytes, clock.wall_ms)
+        """The tier-1 ceiling (active with tier-2)."""
+        side.after_truncation = self.throttle.update
+        self._forgettable: set[int] = set()
         self._oplog = OperationLog(log, side.commit, max_frame_bytes=config.max_frame_bytes,
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    cut_ops=config.frame_cut_ops,
@@ -197,7 +169,8 @@ class SegmentContainer:
                                    on_failure=side.failed,
                                    on_frame_committed=side.commit_frame,
                                    checkpoint_every_bytes=config.checkpoint_every_bytes,
-                                   on_checkpoint_due=self._checkpoint_due)
+                                   on_checkpoint_due=self._checkpoint_due,
+                                   on_bytes_committed=self._bytes_committed)
 
     @property
     def epoch(self) -> int:
@@ -231,6 +204,7 @@ class SegmentContainer:
             await container.committed_side.replay()
             container.accepted = container.committed.copy()
             container.tables.accept_committed()
+            container.throttle.active = tier2_read is not None
             await container._add_checkpoint()
         except LogFencedError as e:
             await log.close()
@@ -251,9 +225,28 @@ class SegmentContainer:
 
     def _add_checkpoint(self) -> asyncio.Future[Any]:
         accepted = self.accepted
+        segments = accepted.segments
+        if self.committed_side.tier2_read is None:  # no tier-2 data to wait for
+            gone = {sid for sid, s in segments.items() if s.deleted}
+        else:
+            gone = {sid for sid in self._forgettable if sid in segments and segments[sid].deleted}
+        self._forgettable.clear()
+        accepted.purge(gone)
         op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
+        if gone:
+            self.committed_side.purge_at[op.sequence] = gone
         accepted.apply(op)
         return self._oplog.add(op)
+
+    def forget(self, segment_ids: Iterable[int]) -> None:
+        """These deleted segments are gone from tier-2 (the storage writer's
+        word): the next checkpoint leaves them out."""
+        self._forgettable.update(segment_ids)
+
+    def _bytes_committed(self, size: int) -> None:
+        self.committed_side.bytes_committed(size)
+        if self.throttle.active:
+            self.throttle.update()
 
     def _checkpoint_due(self) -> None:
         """The operation log's call once enough was logged since the last checkpoint."""
@@ -284,7 +277,7 @@ class SegmentContainer:
         if it failed."""
         s = self._segment(name)
         if s.sealed:
-            raise SegmentSealedError(f"segment {name!r} is sealed")
+            raise sealed_error(s)
         return s
 
     def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
@@ -345,7 +338,7 @@ class SegmentContainer:
             s = accepted.segments[segment_id]
             if s.sealed or s.type is _TABLE:
                 if s.sealed:
-                    raise SegmentSealedError(f"segment {name!r} is sealed")
+                    raise sealed_error(s)
                 raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
             if type(data) is not bytes:
                 data = bytes(data)
@@ -391,6 +384,8 @@ class SegmentContainer:
                     result = AppendResult(end, number, last)
                 apply_append(s, end, changed, now)
                 accepted.sequence = sequence
+                if self.throttle.throttled:
+                    return self.throttle.hold(oplog.add_encoded(queued, raw, result, size))
                 return oplog.add_encoded(queued, raw, result, size)
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None
@@ -412,7 +407,8 @@ class SegmentContainer:
             op = AppendOp(sequence, now, segment_id, offset, data, resolved)
             apply_append(s, offset + size, resolved, now)  # accepted.apply(op): checked above
             accepted.sequence = sequence
-            return oplog.add(op, AppendResult(offset + size, event_number, previous))
+            added = oplog.add(op, AppendResult(offset + size, event_number, previous))
+            return self.throttle.hold(added) if self.throttle.throttled else added
         except QuireError as e:
             return failed_future(e)
 
@@ -475,6 +471,20 @@ class SegmentContainer:
             seq, now = self._next()
             op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
             return self._log_op(op, MergeResult(t.length + src.length))
+        return call_as_future(make)
+
+    def quarantine(self, name: str) -> asyncio.Future[None]:
+        """Mark the segment quarantined (:data:`QUARANTINED_ATTRIBUTE`) and seal
+        it: its storage writer's call (:mod:`~quire.segmentstore.quarantine`)."""
+        def make() -> asyncio.Future[None]:
+            s = self._segment(name)
+            if QUARANTINED_ATTRIBUTE not in s.attributes:
+                seq, now = self._next()
+                self._log_op(AttributesOp(seq, now, s.segment_id, ((QUARANTINED_ATTRIBUTE, now),)))
+            if not s.sealed:
+                seq, now = self._next()
+                self._log_op(SealOp(seq, now, s.segment_id))
+            return self._oplog.barrier()
         return call_as_future(make)
 
     def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
@@ -558,6 +568,7 @@ class SegmentContainer:
 
     async def close(self) -> None:
         """Wait for the queued operations, then give up the log (idempotent)."""
+        self.throttle.release_all()
         try:
             await self._oplog.close()
         except (ContainerFencedError, ContainerClosedError):

@@ -371,10 +371,10 @@ def _segment_type(name: str, records: StorageRecords) -> SegmentType:
 
 
 async def _read_all(storage: ChunkStorage, layout: SegmentLayout) -> bytes:
-    if layout.start_offset != 0:
-        raise RecoveryError(f"{layout.segment} is truncated at {layout.start_offset}: its "
-                            "batches cannot be read from the start")
-    return await read_segment(storage, layout, 0, layout.length)
+    """An ``$attributes``/``$index`` segment's batches from its start offset
+    (the storage writer truncates one before a whole batch of its values)."""
+    return await read_segment(storage, layout, layout.start_offset,
+                              layout.length - layout.start_offset)
 
 
 def _seed_records(metadata: ContainerMetadata, max_frame_bytes: int) -> list[bytes]:
@@ -432,12 +432,11 @@ async def _index_agrees(storage: ChunkStorage, records: StorageRecords, table: S
     their last ``indexed_length`` L) agrees with the index the container
     rebuilt from the table's data: every live key at a version below L has
     that version in the ``$index``, and no key the ``$index`` holds is at
-    another version below L.  A table without an ``$index`` record, or
-    truncated, is not compared."""
+    another version below L.  A table without an ``$index`` record is not
+    compared (a compacted table's copied entries keep their versions)."""
     name = table.name + INDEX_SUFFIX
     layout = records.layouts.get(name)
-    if layout is None or layout.deleted or records.owners.get(name) != table.segment_id \
-            or table.start_offset != 0:
+    if layout is None or layout.deleted or records.owners.get(name) != table.segment_id:
         return True
     indexed = 0
     folded: dict[bytes, int] = {}
