@@ -216,9 +216,11 @@ class SegmentContainer:
 
     def add_checkpoint(self) -> asyncio.Future[Any] | None:
         """Write a checkpoint now, unless nothing was logged since the last
-        one; its future completes when it is durable."""
+        one and no segment is to be forgotten; its future completes when it
+        is durable."""
         checkpoints = self.committed_side.checkpoints
-        if checkpoints and checkpoints[-1][0] == self.accepted.sequence:
+        if checkpoints and checkpoints[-1][0] == self.accepted.sequence \
+                and not self._forgettable:
             return None
         self._oplog.check()
         return self._add_checkpoint()
@@ -290,6 +292,12 @@ class SegmentContainer:
         is durable."""
         seq, now = self._next()
         return self._log_op(AppendOp(seq, now, s.segment_id, s.length, data), result)
+
+    def log_truncate(self, s: SegmentMetadata, offset: int) -> asyncio.Future[Any]:
+        """Accept and log a truncation of accepted segment ``s`` at ``offset``
+        (checked by the caller: a table's compaction)."""
+        seq, now = self._next()
+        return self._log_op(TruncateOp(seq, now, s.segment_id, offset))
 
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
         """A future giving ``result`` once every operation accepted so far is durable."""
