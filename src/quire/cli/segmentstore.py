@@ -1,4 +1,4 @@
-"""``quire segmentstore start`` and ``quire segmentstore recover``."""
+"""``quire segmentstore start``, ``status`` and ``recover``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ from typing import Any
 
 import click
 
-from quire.cli.common import emit_json, json_option, metadata_option, with_client
+from quire.cli.common import (
+    default_metadata_uri,
+    emit_json,
+    json_option,
+    metadata_option,
+    run_async,
+    with_client,
+)
 from quire.cli.options import config_options, pick_overrides
 from quire.config import load_config
 from quire.errors import QuireError
@@ -41,6 +48,56 @@ def start(config_path: str | None, **kwargs: Any) -> None:
     except QuireError as e:
         click.echo(f"error: segment store refused to start: {e}", err=True)
         raise SystemExit(2) from e
+
+
+@segmentstore.command("status")
+@click.option("--timeout-s", type=float, default=10.0, show_default=True,
+              help="How long to wait for each segment store's answer.")
+@click.option("--tls-ca", "tls_ca", type=click.Path(dir_okay=False), default=None,
+              help="Speak HTTPS to the segment stores, trusting this CA (PEM).")
+@click.option("--credentials", "credentials_path", type=click.Path(dir_okay=False),
+              default=None, help="TOML file (mode 0600) with the username and password of a "
+                                 "user with READ on prn::/ (segment stores with auth_enabled).")
+@metadata_option
+@json_option
+def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
+           metadata_uri: str | None, as_json: bool) -> None:
+    """Show each container's owner and health, from the segment stores' /health.
+
+    One line per container: ``container N: <owner>: ok``, or ``degraded:
+    tier-2 unavailable since <UTC> (<cause>)`` while its tier-2 flushing
+    fails, with its throttled appends and quarantined segments if any.
+    Exits 1 when a container is not ok (or cannot be told)."""
+    from quire.hosts.segmentstore_status import cluster_status
+    from quire.metadata import open_store
+    from quire.security import basic_authorization, client_context, read_credentials
+
+    tls = client_context(tls_ca) if tls_ca else None
+    authorization = None
+    if credentials_path:
+        credentials = read_credentials(credentials_path)
+        authorization = basic_authorization(credentials.username, credentials.password)
+
+    async def fetch() -> list[Any]:
+        store = await open_store(metadata_uri or default_metadata_uri())
+        try:
+            return await cluster_status(store, timeout_s=timeout_s, tls=tls,
+                                        authorization=authorization)
+        finally:
+            await store.close()
+
+    containers = run_async(fetch)
+    if as_json:
+        emit_json({"containers": [c.as_json() for c in containers],
+                   "ok": all(c.ok for c in containers)})
+    else:
+        if not containers:
+            click.echo("no container: no segment store has run on this metadata store")
+        for c in containers:
+            for line in c.lines():
+                click.echo(line)
+    if not all(c.ok for c in containers):
+        raise SystemExit(1)
 
 
 @segmentstore.command("recover")

@@ -25,6 +25,7 @@ from quire.auth import server_security
 from quire.client import Client, ClientConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
+from quire.hosts.segmentstore_metrics import HealthCollector
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_store
@@ -37,6 +38,7 @@ from quire.segmentstore import (
     SegmentStore,
     SegmentStoreConfig,
 )
+from quire.segmentstore.health import store_health
 from quire.segmentstore.storage_writer import StorageWriterConfig
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,10 @@ class SegmentStoreHostConfig:
     """Each container's in-memory data (its read index, Pravega's cache):
     recent appends are served from it; older data is read back from tier-1,
     or from tier-2 once flushed there."""
+    tier1_ceiling_bytes: int = 2 << 30
+    """With tier-2: what each container's tier-1 log may hold before its
+    appends are acknowledged only as tier-2 takes the backlog (see
+    :class:`~quire.segmentstore.ContainerConfig`)."""
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
@@ -89,8 +95,9 @@ class SegmentStoreHostConfig:
     def __post_init__(self) -> None:
         if self.container_count < 0:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
-        if self.read_index_budget_bytes < 0:
-            raise ConfigError("read_index_budget_bytes must not be negative")
+        if self.read_index_budget_bytes < 0 or self.tier1_ceiling_bytes <= 0:
+            raise ConfigError("read_index_budget_bytes must not be negative, "
+                              "tier1_ceiling_bytes must be positive")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
@@ -174,7 +181,8 @@ class SegmentStoreHost:
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
                     container=ContainerConfig(
-                        read_index_budget_bytes=cfg.read_index_budget_bytes),
+                        read_index_budget_bytes=cfg.read_index_budget_bytes,
+                        tier1_ceiling_bytes=cfg.tier1_ceiling_bytes),
                     storage_writer=StorageWriterConfig(
                         flush_threshold_bytes=cfg.tier2_flush_threshold_bytes,
                         flush_threshold_ms=cfg.tier2_flush_threshold_ms,
@@ -187,17 +195,20 @@ class SegmentStoreHost:
             await self.server.start(cfg.host, cfg.port)
             self.address = f"{cfg.host}:{self.server.port}"
             self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
-            self.ownership = ContainerOwnership(
-                self.metadata, self.segments, self.host_id, self.address,
-                OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms))
-            await self.ownership.start()
-            if cfg.metrics_port >= 0:
+            if cfg.metrics_port >= 0:  # before ownership: it registers the address
                 security = server_security(cfg.security, self.metadata)
                 self.registry.register(_StoreCollector(self))
+                self.registry.register(HealthCollector(self))
                 self._http = HttpServer(self.registry, tls=security.tls,
-                                        authenticator=security.authenticator)
+                                        authenticator=security.authenticator,
+                                        health=self.health)
                 http_port = await self._http.start(cfg.host, cfg.metrics_port)
                 self.metrics_address = f"{cfg.host}:{http_port}"
+            self.ownership = ContainerOwnership(
+                self.metadata, self.segments, self.host_id, self.address,
+                OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms),
+                metrics_address=self.metrics_address)
+            await self.ownership.start()
         except BaseException:
             await self.stop()
             raise
@@ -224,6 +235,10 @@ class SegmentStoreHost:
             await self.metadata.close()
             self.metadata = None
         self._stopped.set()
+
+    def health(self) -> dict[str, Any]:
+        """``/health``'s answer: this host and its containers' health."""
+        return {"host": self.host_id, **store_health(self.segments)}
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

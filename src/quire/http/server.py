@@ -7,7 +7,9 @@ process's event loop:
 * ``GET /metrics``: Prometheus text (or OpenMetrics, by the ``Accept``
   header) of the registry it was given;
 * ``GET /health``: ``{"status": "ok"}``, never authenticated (a load
-  balancer's or supervisor's probe), and saying nothing else;
+  balancer's or supervisor's probe); a process that gives a ``health``
+  callable adds what it returns (a segment store: each container's
+  health, ``"status": "degraded"`` when one is);
 * the caller's :class:`Route` s (e.g. :func:`json_route`).
 
 **TLS** when given a :class:`~quire.security.ServerTls` (its context, so
@@ -136,11 +138,13 @@ class HttpServer:
 
     def __init__(self, registry: CollectorRegistry, routes: Sequence[Route] = (), *,
                  tls: ServerTls | None = None,
-                 authenticator: Authenticator | None = None) -> None:
+                 authenticator: Authenticator | None = None,
+                 health: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = registry
         self.routes = tuple(routes)
         self.tls = tls
         self.authenticator = authenticator
+        self.health = health
         self.refusals = Counter("quire_http_refusals", "HTTP requests refused, by reason",
                                 ["reason"], registry=registry)
         for reason in ("unauthenticated", "forbidden", "not_found", "method_not_allowed"):
@@ -238,4 +242,4 @@ class HttpServer:
         return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
 
     async def _health(self, _request: web.Request) -> web.StreamResponse:
-        return json_response(200, {"status": "ok"})
+        return json_response(200, {"status": "ok", **(self.health() if self.health else {})})

@@ -1,7 +1,9 @@
 """Which segment store hosts which container: leased hosts, one assignment.
 
 Every segment store process registers itself as a *leased* record
-``segmentstore/hosts/<host id>`` holding its wire address; the record lives
+``segmentstore/hosts/<host id>`` holding its wire address (and its HTTP
+address, ``metrics``, when it serves one: the controller's cluster page
+reads it there); the record lives
 while the process's metadata-store lease does, so a process that dies (or
 is cut off from the store) drops out on its own.  One of them, elected
 through the store (group ``segmentstore/assigner``), is the **assigner**:
@@ -117,6 +119,19 @@ async def live_hosts(store: MetadataStore) -> dict[str, str]:
     return hosts
 
 
+async def host_registrations(store: MetadataStore) -> dict[str, dict[str, str]]:
+    """Host id -> registration (``address``, and ``metrics`` if it serves
+    HTTP) of every live segment store."""
+    hosts: dict[str, dict[str, str]] = {}
+    for key in await store.list_records(HOSTS_PREFIX):
+        try:
+            record = await store.read_record(key)
+        except MetadataNotFoundError:
+            continue
+        hosts[key[len(HOSTS_PREFIX):]] = json.loads(record.value)
+    return hosts
+
+
 async def owner_address(store: MetadataStore, container_id: int) -> str | None:
     """The wire address of the live host assigned ``container_id``; None
     while nobody live is (a caller answers "try again", never "no such")."""
@@ -139,11 +154,13 @@ class ContainerOwnership:
     stops the containers this host runs and deregisters it."""
 
     def __init__(self, metadata: MetadataStore, segments: SegmentStore, host_id: str,
-                 address: str, settings: OwnershipSettings | None = None) -> None:
+                 address: str, settings: OwnershipSettings | None = None,
+                 metrics_address: str | None = None) -> None:
         self.metadata = metadata
         self.segments = segments
         self.host_id = host_id
         self.address = address
+        self.metrics_address = metrics_address
         self.settings = settings or OwnershipSettings()
         self.assignment: dict[int, str] = {}
         """The assignment as last read from the record."""
@@ -171,8 +188,11 @@ class ContainerOwnership:
                                            name="quire-ownership-assigner")]
 
     async def _register(self) -> None:
-        await self.metadata.create_leased_record(
-            HOSTS_PREFIX + self.host_id, json.dumps({"address": self.address}).encode())
+        record: dict[str, str] = {"address": self.address}
+        if self.metrics_address is not None:
+            record["metrics"] = self.metrics_address
+        await self.metadata.create_leased_record(HOSTS_PREFIX + self.host_id,
+                                                 json.dumps(record).encode())
 
     def _on_assignment(self, record: Versioned[bytes] | None) -> None:
         try:
@@ -187,6 +207,11 @@ class ContainerOwnership:
         (as last read), all open."""
         async with self._settled:
             await self._settled.wait_for(self._converged)
+
+    def converged(self) -> bool:
+        """Whether this host runs exactly its assigned containers, all open
+        (``/ready``), as last read."""
+        return self._converged()
 
     def _converged(self) -> bool:
         return set(self.segments.container_ids) == self.mine \
