@@ -111,9 +111,15 @@ def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
 @click.option("--replace-logs", is_flag=True,
               help="Drop the containers' tier-1 logs if the metadata store still has them "
                    "(their ledgers are not read; stop the segment stores first).")
+@click.option("--delete-covered-ledgers", is_flag=True,
+              help="Recover nothing: delete the tier-1 ledgers an earlier --replace-logs "
+                   "abandoned whose every entry tier-2 holds; list the others.")
+@click.option("--dry-run", is_flag=True,
+              help="With --delete-covered-ledgers: only say which would be deleted.")
 @json_option
 def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
-            container_count: int | None, replace_logs: bool, as_json: bool) -> None:
+            container_count: int | None, replace_logs: bool, delete_covered_ledgers: bool,
+            dry_run: bool, as_json: bool) -> None:
     """Rebuild every container from tier-2 alone onto fresh tier-1 logs.
 
     For a lost bookie cluster and/or a lost metadata store: --metadata names
@@ -131,6 +137,11 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     from quire.tier2 import Tier2Config
 
     tier2 = Tier2Config(uri=tier2_uri)  # a bad URI fails before anything connects
+    if delete_covered_ledgers:
+        _delete_covered(tier2, metadata_uri, dry_run, as_json)
+        return
+    if dry_run:
+        raise click.UsageError("--dry-run goes with --delete-covered-ledgers")
     console = Console(stderr=True)
     bar = Progress("recovering segments", BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=console, disable=as_json, transient=False)
@@ -172,10 +183,32 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     if report.abandoned_ledgers:
         ids = " ".join(str(i) for i in report.abandoned_ledgers)
         out.print(f"the replaced tier-1 logs' ledgers are left as they were: {ids} (what was "
-                  "acknowledged after their last flush is only there; `quire ledger delete "
-                  "ID` once it is not needed)")
+                  "acknowledged after their last flush is only there; `quire segmentstore "
+                  "recover --delete-covered-ledgers` deletes those tier-2 covers)")
     rate = report.segments / report.elapsed_s if report.elapsed_s > 0 else 0.0
     out.print(f"recovered {len(report.containers)} container(s) of {report.container_count}, "
               f"{report.segments:,} segment(s), {report.bytes:,} bytes, "
               f"{len(report.orphans)} orphan chunk(s) in {report.elapsed_s:.1f} s "
               f"({rate:,.0f} segments/s)")
+
+
+def _delete_covered(tier2: Any, metadata_uri: str | None, dry_run: bool, as_json: bool) -> None:
+    """``recover --delete-covered-ledgers``: see
+    :mod:`quire.segmentstore.covered_ledgers`."""
+    from quire.client import Client
+    from quire.segmentstore.covered_ledgers import CoverageReport, delete_covered
+
+    async def go(client: Client) -> CoverageReport:
+        return await delete_covered(client, tier2, dry_run=dry_run)
+
+    report = with_client(metadata_uri, go)
+    if as_json:
+        emit_json({**report.as_json(), "dry_run": dry_run})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for ledger_id in report.deleted:
+        click.echo(f"ledger {ledger_id}: {verb}: tier-2 holds every entry")
+    for kept in report.kept:
+        click.echo(f"ledger {kept.ledger_id} (container {kept.container_id}): kept: "
+                   f"{kept.reason}")
+    click.echo(f"{len(report.deleted)} abandoned ledger(s) {verb}, {len(report.kept)} kept")

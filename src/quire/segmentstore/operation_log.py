@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from quire.errors import (
     ContainerClosedError,
@@ -68,6 +68,7 @@ _InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Po
 """A frame's append, the operations it completes, for the last part
 frame of an operation written in parts the append of its first part (the
 operation's address), and the frame's bytes."""
+T = TypeVar("T")
 OPERATION_WEIGHT = 64
 """What an operation weighs towards the next checkpoint besides its data."""
 _NEVER = 1 << 62
@@ -374,22 +375,32 @@ async def read_operations(log: DurableDataLog, from_address: Position | None = N
     was never acknowledged).  CorruptRecordError for a record that does not
     decode.  ``counted(n)`` is told each record's size as it is read."""
     records = log.read(from_address)
-    assembler: frames.PartAssembler[Position] = frames.PartAssembler()
     try:
-        async for address, frame in records:
-            if counted is not None:
-                counted(len(frame))
-            if frames.is_part(frame):
-                whole = assembler.add(frame, address)
-                if whole is not None:
-                    yield whole[1], [decode(whole[0])]
-            else:
-                assembler.abandon()  # parts cut short were never acknowledged
-                yield address, [decode(raw) for raw in frames.unpack(frame)]
+        async for found in operations_of(records, counted):
+            yield found
     finally:
         aclose = getattr(records, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def operations_of(records: AsyncIterator[tuple[T, bytes]],
+                        counted: Callable[[int], None] | None = None,
+                        ) -> AsyncGenerator[tuple[T, list[Operation]], None]:
+    """The operations of tier-1 records ``(address, frame)`` in log order (see
+    :func:`read_operations`; the records may be a log's, or its ledgers' read
+    one after another)."""
+    assembler: frames.PartAssembler[T] = frames.PartAssembler()
+    async for address, frame in records:
+        if counted is not None:
+            counted(len(frame))
+        if frames.is_part(frame):
+            whole = assembler.add(frame, address)
+            if whole is not None:
+                yield whole[1], [decode(whole[0])]
+        else:
+            assembler.abandon()  # parts cut short were never acknowledged
+            yield address, [decode(raw) for raw in frames.unpack(frame)]
 
 
 async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:
