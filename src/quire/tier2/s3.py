@@ -32,6 +32,7 @@ such bucket) a :class:`~quire.errors.Tier2RefusedError`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
@@ -95,6 +96,7 @@ class S3ChunkStorage:
         self._max_chunk_bytes = config.max_chunk_bytes
         self._client = client
         self._exit_stack = exit_stack
+        self._deadline_s = config.s3_request_deadline_ms / 1000
 
     @classmethod
     async def open(cls, uri: str, location: S3Location, config: Tier2Config) -> S3ChunkStorage:
@@ -115,9 +117,11 @@ class S3ChunkStorage:
 
     @contextlib.asynccontextmanager
     async def _request(self, name: str, doing: str) -> AsyncIterator[None]:
-        """Turn every failure inside into a typed error about chunk ``name``."""
+        """Turn every failure inside into a typed error about chunk ``name``;
+        and fail what takes longer than ``s3_request_deadline_ms``."""
         try:
-            yield
+            async with asyncio.timeout(self._deadline_s):
+                yield
         except ClientError as e:
             code = _error_code(e)
             if code in _NOT_FOUND_CODES:
