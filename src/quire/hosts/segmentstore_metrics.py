@@ -11,6 +11,9 @@ Read from the store at scrape time (nothing on the append path):
   acknowledged only as tier-2 takes the backlog (the ceiling);
 * ``quire_segmentstore_quarantined_segments{container}``: segments its
   writer quarantined;
+* ``quire_segmentstore_table_bytes{container}``: the bytes its table
+  segments hold (from their start offsets: compaction keeps it near their
+  live entries');
 * ``quire_segmentstore_tier2_flush_failures_total{cause}``: failed flush
   attempts of this process's storage writers, by cause (the error's type).
 """
@@ -21,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from quire.segmentstore.types import SegmentType
 
 if TYPE_CHECKING:
     from quire.hosts.segmentstore_host import SegmentStoreHost
@@ -46,6 +51,9 @@ class HealthCollector(Collector):
         quarantined = GaugeMetricFamily("quire_segmentstore_quarantined_segments",
                                         "Segments tier-2 refused, quarantined",
                                         labels=["container"])
+        tables = GaugeMetricFamily("quire_segmentstore_table_bytes",
+                                   "Bytes the container's table segments hold",
+                                   labels=["container"])
         failures = CounterMetricFamily("quire_segmentstore_tier2_flush_failures",
                                        "Failed tier-2 flush attempts, by cause",
                                        labels=["cause"])
@@ -61,6 +69,9 @@ class HealthCollector(Collector):
                 throttled.add_metric(label, 1 if container.throttle.throttled else 0)
                 quarantined.add_metric(label, 0 if writer is None
                                        else len(writer.quarantine.quarantined))
+                tables.add_metric(label, sum(s.length - s.start_offset
+                                             for s in container.committed.segments.values()
+                                             if s.type is SegmentType.TABLE and not s.deleted))
             for cause, count in sorted(store.flush_failures.items()):
                 failures.add_metric([cause], count)
-        yield from (degraded, backlog, throttled, quarantined, failures)
+        yield from (degraded, backlog, throttled, quarantined, tables, failures)
