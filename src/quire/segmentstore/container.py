@@ -60,6 +60,7 @@ from quire.segmentstore import frames
 from quire.segmentstore.attribute_updates import initial_attributes, resolve_updates
 from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
+from quire.segmentstore.container_upkeep import ContainerUpkeep
 from quire.segmentstore.futures import call_as_future, failed_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
 from quire.segmentstore.names import check_name
@@ -71,10 +72,8 @@ from quire.segmentstore.operations import (
     AppendOp,
     Attributes,
     AttributesOp,
-    CheckpointOp,
     DeleteOp,
     MergeOp,
-    Operation,
     PackedAppend,
     SealOp,
     SegmentMapOp,
@@ -138,7 +137,7 @@ def sealed_error(s: SegmentMetadata) -> SegmentSealedError:
     return SegmentSealedError(f"segment {s.name!r} is sealed")
 
 
-class SegmentContainer:
+class SegmentContainer(ContainerUpkeep):
     """One container on its tier-1 log; get one with :meth:`open`."""
 
     def __init__(self, container_id: int, log: DurableDataLog, config: ContainerConfig,
@@ -214,47 +213,6 @@ class SegmentContainer:
             raise
         return container
 
-    def add_checkpoint(self) -> asyncio.Future[Any] | None:
-        """Write a checkpoint now, unless nothing was logged since the last
-        one and no segment is to be forgotten; its future completes when it
-        is durable."""
-        checkpoints = self.committed_side.checkpoints
-        if checkpoints and checkpoints[-1][0] == self.accepted.sequence \
-                and not self._forgettable:
-            return None
-        self._oplog.check()
-        return self._add_checkpoint()
-
-    def _add_checkpoint(self) -> asyncio.Future[Any]:
-        accepted = self.accepted
-        segments = accepted.segments
-        if self.committed_side.tier2_read is None:  # no tier-2 data to wait for
-            gone = {sid for sid, s in segments.items() if s.deleted}
-        else:
-            gone = {sid for sid in self._forgettable if sid in segments and segments[sid].deleted}
-        self._forgettable.clear()
-        accepted.purge(gone)
-        op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
-        if gone:
-            self.committed_side.purge_at[op.sequence] = gone
-        accepted.apply(op)
-        return self._oplog.add(op)
-
-    def forget(self, segment_ids: Iterable[int]) -> None:
-        """These deleted segments are gone from tier-2 (the storage writer's
-        word): the next checkpoint leaves them out."""
-        self._forgettable.update(segment_ids)
-
-    def _bytes_committed(self, size: int) -> None:
-        self.committed_side.bytes_committed(size)
-        if self.throttle.active:
-            self.throttle.update()
-
-    def _checkpoint_due(self) -> None:
-        """The operation log's call once enough was logged since the last checkpoint."""
-        # its failure, if any, is the log's and reaches every later request
-        self._add_checkpoint().add_done_callback(retrieve)
-
     @property
     def failure(self) -> BaseException | None:
         """Why the container stopped serving (fenced by another owner, a
@@ -266,13 +224,6 @@ class SegmentContainer:
 
     # --- requests ------------------------------------------------------------
 
-    def _segment(self, name: str) -> SegmentMetadata:
-        self._oplog.check()
-        s = self.accepted.get(name)
-        if s is None:
-            raise SegmentNotFoundError(f"no segment {name!r}")
-        return s
-
     def writable_segment(self, name: str) -> SegmentMetadata:
         """The accepted segment ``name``: SegmentNotFoundError if there is
         none, SegmentSealedError if it is sealed, the container's failure
@@ -281,10 +232,6 @@ class SegmentContainer:
         if s.sealed:
             raise sealed_error(s)
         return s
-
-    def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
-        self.accepted.apply(op)
-        return self._oplog.add(op, result)
 
     def log_append(self, s: SegmentMetadata, data: bytes, result: object) -> asyncio.Future[Any]:
         """Accept and log an append of ``data`` at accepted segment ``s``'s
@@ -302,9 +249,6 @@ class SegmentContainer:
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
         """A future giving ``result`` once every operation accepted so far is durable."""
         return self._oplog.barrier(result)
-
-    def _next(self) -> tuple[int, int]:
-        return self.accepted.sequence + 1, self._clock_ms()
 
     def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
                        attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
@@ -479,20 +423,6 @@ class SegmentContainer:
             seq, now = self._next()
             op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
             return self._log_op(op, MergeResult(t.length + src.length))
-        return call_as_future(make)
-
-    def quarantine(self, name: str) -> asyncio.Future[None]:
-        """Mark the segment quarantined (:data:`QUARANTINED_ATTRIBUTE`) and seal
-        it: its storage writer's call (:mod:`~quire.segmentstore.quarantine`)."""
-        def make() -> asyncio.Future[None]:
-            s = self._segment(name)
-            if QUARANTINED_ATTRIBUTE not in s.attributes:
-                seq, now = self._next()
-                self._log_op(AttributesOp(seq, now, s.segment_id, ((QUARANTINED_ATTRIBUTE, now),)))
-            if not s.sealed:
-                seq, now = self._next()
-                self._log_op(SealOp(seq, now, s.segment_id))
-            return self._oplog.barrier()
         return call_as_future(make)
 
     def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
