@@ -81,6 +81,15 @@ def flushed(store: SegmentStore) -> bool:
                for w in store.writers.values())
 
 
+async def until_flushed(store: SegmentStore, what: str) -> None:
+    """Until every byte is in tier-2 and recorded there (two whole
+    iterations of every writer after that)."""
+    await until(lambda: flushed(store), what)
+    start = {cid: w.iterations for cid, w in store.writers.items()}
+    await until(lambda: all(w.iterations >= start[cid] + 2
+                            for cid, w in store.writers.items()), what)
+
+
 async def tier2_holds(tier2: Tier2Config, expected: dict[str, bytes]) -> None:
     """PDP-40's check is clean and tier-2 alone holds every byte acknowledged."""
     assert await check(tier2) == []
@@ -120,7 +129,7 @@ async def test_s3_down_for_20_s_under_appends(cluster: Cluster, moto: MotoS3Serv
         for name in SEGMENTS:
             await store.create_segment(name)
         await appending(store, expected, 1)
-        await until(lambda: flushed(store), "a first flush")
+        await until_flushed(store, "a first flush")
         moto.send_signal(signal.SIGSTOP)
         try:
             rounds = await appending(store, expected, 20)
@@ -128,7 +137,7 @@ async def test_s3_down_for_20_s_under_appends(cluster: Cluster, moto: MotoS3Serv
             await until(lambda: degraded(store), "the containers degraded")
         finally:
             moto.send_signal(signal.SIGCONT)
-        await until(lambda: flushed(store), "flushing to resume by itself")
+        await until_flushed(store, "flushing to resume by itself")
         assert sum(store.flush_failures.values()) >= 2
     finally:
         await store.close()
@@ -152,7 +161,7 @@ async def test_s3_answering_503_and_hanging_through_a_proxy(cluster: Cluster,
         for name in SEGMENTS:
             await store.create_segment(name)
         await appending(store, expected, 1)
-        await until(lambda: flushed(store), "a first flush")
+        await until_flushed(store, "a first flush")
         for mode in ("error", "slow"):
             proxy.mode = mode
             await appending(store, expected, 3)
@@ -162,7 +171,7 @@ async def test_s3_answering_503_and_hanging_through_a_proxy(cluster: Cluster,
                       if c["container"] in written}
             assert causes == {"Tier2Error"}, causes
             proxy.mode = "pass"
-            await until(lambda: flushed(store), f"flushing to resume after {mode}")
+            await until_flushed(store, f"flushing to resume after {mode}")
         assert proxy.faulted > 0
     finally:
         await store.close()
@@ -217,13 +226,21 @@ def cli_status(metadata_uri: str) -> tuple[int, dict[str, object]]:
 
 
 async def until_healthy(metadata_uri: str, what: str) -> None:
-    """Until ``quire segmentstore status`` says all is ok and flushed."""
+    """Until ``quire segmentstore status`` says all is ok and flushed, and
+    every writer ran two more iterations (the records are in tier-2 too)."""
     deadline = time.monotonic() + 60
+    flushed_at: dict[int, int] | None = None
     while True:
         code, body = await asyncio.to_thread(cli_status, metadata_uri)
-        if code == 0 and all(c["tier2_backlog_bytes"] == 0
-                             for c in body["containers"]):  # type: ignore[attr-defined]
-            return
+        containers: list[dict[str, int]] = body["containers"]  # type: ignore[assignment]
+        if code == 0 and all(c["tier2_backlog_bytes"] == 0 for c in containers):
+            if flushed_at is None:
+                flushed_at = {c["container"]: c["flush_iterations"] for c in containers}
+            elif all(c["flush_iterations"] >= flushed_at[c["container"]] + 2
+                     for c in containers):
+                return
+        else:
+            flushed_at = None
         assert time.monotonic() < deadline, f"timed out waiting for {what}: {body}"
         await asyncio.sleep(0.1)  # polling the status, with a deadline
 

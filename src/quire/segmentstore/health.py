@@ -33,6 +33,7 @@ def container_health(store: SegmentStore, container_id: int) -> dict[str, Any]:
     if writer is not None:
         found.update(writer.health.as_json())
         found["tier2_backlog_bytes"] = writer.backlog_bytes()
+        found["flush_iterations"] = writer.iterations
         found["quarantined"] = [{"segment": q.segment, "since": utc(q.since_ms),
                                  "cause": q.cause}
                                 for q in writer.quarantine.quarantined.values()]
