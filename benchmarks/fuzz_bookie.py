@@ -51,6 +51,7 @@ from quire.protocol import (
     BookieInfoRequest,
     Decoder,
     DigestManager,
+    LedgerKeys,
     ReadLacRequest,
     ReadRequest,
     SyncRequest,
@@ -301,7 +302,7 @@ async def _register(metadata_uri: str, ledger: int, bookie_id: str) -> None:
     store = await open_store(metadata_uri)
     try:
         await store.create_ledger(ledger, LedgerMetadata(
-            1, 1, 1, password=VALID_PASSWORD, ensembles=((0, (bookie_id,)),)))
+            1, 1, 1, keys=LedgerKeys.of_password(VALID_PASSWORD), ensembles=((0, (bookie_id,)),)))
     finally:
         await store.close()
 

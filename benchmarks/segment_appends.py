@@ -72,7 +72,7 @@ from quire.log import NamedDataLog, Position
 from quire.sandbox import BookieProcess, sqlite_uri, start_all, stop_all
 from quire.segmentstore import ContainerConfig, SegmentStore, SegmentStoreConfig
 from quire.segmentstore.names import container_log_name
-from quire.segmentstore.store import LOG_PASSWORD
+from quire.segmentstore.store import LEGACY_LOG_PASSWORD
 
 
 class TimedLog(NamedDataLog):
@@ -277,8 +277,8 @@ async def run(uri: str, args: argparse.Namespace, reopen: bool = True) -> list[d
     config = SegmentStoreConfig()
 
     def open_log(container_id: int) -> TimedLog:
-        phases.log = TimedLog(client, container_log_name(container_id), password=LOG_PASSWORD,
-                              options=config.tier1)
+        phases.log = TimedLog(client, container_log_name(container_id),
+                              password=LEGACY_LOG_PASSWORD, options=config.tier1)
         return phases.log
     try:
         store = await SegmentStore.open(client, [0], open_log=open_log, config=SegmentStoreConfig(

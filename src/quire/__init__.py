@@ -43,13 +43,14 @@ if TYPE_CHECKING:
         Client,
         ClientConfig,
         LedgerEntry,
+        LedgerPasswords,
         ReadHandle,
         SyncClient,
         WriteHandle,
     )
 
-_CLIENT_NAMES = frozenset({"Client", "ClientConfig", "LedgerEntry", "ReadHandle", "SyncClient",
-                           "WriteHandle"})
+_CLIENT_NAMES = frozenset({"Client", "ClientConfig", "LedgerEntry", "LedgerPasswords",
+                           "ReadHandle", "SyncClient", "WriteHandle"})
 
 
 def __getattr__(name: str) -> Any:
@@ -76,6 +77,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerFencedError",
     "LedgerNotSyncedError",
+    "LedgerPasswords",
     "LedgerRecoveryError",
     "LedgerState",
     "LedgerType",

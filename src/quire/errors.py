@@ -111,6 +111,12 @@ class RoleNotAllowedError(PermissionDeniedError):
     """A peer certificate without a role, or with one outside the allowed set."""
 
 
+class TlsHandshakeError(SecurityError):
+    """A client's TLS handshake with a server failed: the server's
+    certificate is not trusted (another CA, a name it does not cover) or
+    the server does not speak TLS.  Not retried: trying again cannot help."""
+
+
 class UserExistsError(SecurityError):
     """``quire auth user add`` of a name the user database holds already."""
 
@@ -255,6 +261,17 @@ class MetadataNotFoundError(MetadataError):
     """A direct read found that the key does not exist (a definite answer)."""
 
 
+class NoMetadataError(MetadataError):
+    """A store opened only to read (``open_store(..., create=False)``) names
+    nothing: no SQLite file, or a ZooKeeper chroot without Quire's layout.
+    Reading never creates a store, so a mistyped URI is not taken for an
+    empty cluster."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(f"no Quire metadata at {uri}")
+        self.uri = uri
+
+
 class TransactionError(MetadataError):
     """A transaction failed as a whole; ``failed_index`` names the op that
     caused it (when the driver can tell) and ``cause`` the reason."""
@@ -282,6 +299,16 @@ class CookieMissingError(CookieMismatchError):
 
 class StorageError(QuireError):
     """The bookie's local storage failed or found corruption."""
+
+
+class HttpRequestError(QuireError):
+    """An HTTP request refused by a route of :mod:`quire.http` (a bad body,
+    an unknown resource, a state that does not allow it): answered with
+    ``http_status`` and ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.http_status = status
 
 
 class AdminRequestError(QuireError):

@@ -24,10 +24,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quire.bookie.storage.files import lock_holder
 from quire.errors import QuireError
+
+if TYPE_CHECKING:
+    from quire.sandbox_security import SandboxSecurity
 
 _PR_SET_PDEATHSIG = 1
 
@@ -97,6 +100,14 @@ class ServiceProcess:
         self.ends_with_parent = False
         """SIGTERM the process when the process that started it dies (see
         :func:`parent_death_hook`); the sandbox sets it."""
+        self.command_prefix: list[str] = []
+        """Run the command through this one, which must exec it in place
+        (e.g. ``ip netns exec NS``: the process keeps its pid and gets its
+        signals)."""
+        self.entry_module = "quire.cli.main"
+        """The module ``python -m`` runs, given the CLI's arguments."""
+        self.extra_env: dict[str, str] = {}
+        """Environment variables set for the process besides the caller's."""
 
     @property
     def running(self) -> bool:
@@ -113,10 +124,10 @@ class ServiceProcess:
         config = self.write_config()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "quire.cli.main", self.service, "start", "--config",
-                 str(config)],
+                [*self.command_prefix, sys.executable, "-m", self.entry_module, self.service,
+                 "start", "--config", str(config)],
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env},
                 preexec_fn=parent_death_hook() if self.ends_with_parent else None)
         if expect_ready:
             self._wait_ready(timeout_s)
@@ -246,19 +257,19 @@ class SegmentStoreProcess(ServiceProcess):
 
 
 class ControllerProcess(ServiceProcess):
-    """The controller child process (``quire controller start``); ``settings``
+    """A controller child process (``quire controller start``); ``settings``
     are ControllerHostConfig's keys."""
 
     service = "controller"
 
-    def __init__(self, root: Path, metadata_uri: str, **settings: Any) -> None:
-        super().__init__(root, "controller", {"metadata_uri": metadata_uri, "port": 0,
-                                              **settings})
+    def __init__(self, root: Path, metadata_uri: str, name: str = "controller",
+                 **settings: Any) -> None:
+        super().__init__(root, name, {"metadata_uri": metadata_uri, "port": 0, **settings})
 
     @property
     def uri(self) -> str:
-        """``tcp://host:port``, what a Pravega client is given."""
-        return f"tcp://{self.address}"
+        """``tcp://host:port`` (``tls://`` under TLS), what a Pravega client is given."""
+        return str(self.ready_event.get("uri") or f"tcp://{self.address}")
 
 
 _LOWEST_PORT = 10_000
@@ -311,6 +322,29 @@ def tier1_quorums(bookies: int) -> dict[str, int]:
 
 CONTROLLER_PORT = 9090
 """Pravega's default controller port, which the sandbox takes when it is free."""
+CONTROLLERS_HOST = "quire-controllers"
+"""A name for all the sandbox's controllers (127.0.0.1 .. 127.0.0.9 in
+``/etc/hosts``, which ``scripts/setup --system`` writes): the Pravega
+client, which takes one ``host:port``, fails over through its addresses."""
+
+
+def resolves_to(name: str, count: int) -> bool:
+    """Whether ``name`` resolves to 127.0.0.1 .. 127.0.0.``count``."""
+    try:
+        found = {a[4][0] for a in socket.getaddrinfo(name, None, socket.AF_INET)}
+    except OSError:
+        return False
+    return all(f"127.0.0.{i}" in found for i in range(1, count + 1))
+
+
+def autoscale_settings(interval_s: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Segment store and controller settings that scale streams within
+    seconds: windows, cooldown and mute of ``interval_s`` (0: Pravega's)."""
+    if interval_s <= 0:
+        return {}, {}
+    return ({"autoscale_windows_s": [interval_s] * 4, "autoscale_cooldown_s": interval_s,
+             "autoscale_mute_s": interval_s, "autoscale_tick_ms": max(100, interval_s * 200)},
+            {"autoscale_interval_ms": min(1000, max(100, interval_s * 200))})
 
 
 def preferred_port(port: int) -> int:
@@ -357,13 +391,21 @@ class Sandbox:
     controller on 9090 when that is free) are chosen on first start and
     kept in ``directory/sandbox.json``, so a restart serves the same
     ledgers and segments at the same addresses.
+
+    With ``security`` (:mod:`quire.sandbox_security`) every process gets
+    its TLS and auth settings from it.
     """
 
     def __init__(self, directory: Path, bookies: int = 3, metadata_uri: str | None = None,
-                 segment_stores: int = 1, controller: bool = True,
+                 segment_stores: int = 1, controller: bool = True, controllers: int = 1,
+                 autoscale_interval_s: int = 0, retention_interval_s: int = 0,
+                 security: SandboxSecurity | None = None,
                  **bookie_settings: Any) -> None:
         self.directory = directory
         self.count = bookies
+        self.security = security
+        if security is not None:
+            bookie_settings = {**bookie_settings, **security.bookie_settings()}
         self.bookie_settings = bookie_settings
         state = self._load_state()
         self.metadata_uri = (metadata_uri or state.get("metadata")
@@ -377,27 +419,47 @@ class Sandbox:
                                     **bookie_settings)
             process.ends_with_parent = True
             self.bookies.append(process)
+        store_autoscale, controller_autoscale = autoscale_settings(autoscale_interval_s)
         self.segment_stores: list[SegmentStoreProcess] = []
         for i in range(1, segment_stores + 1):
             name = f"segmentstore-{i}"
             store = SegmentStoreProcess(directory, self.metadata_uri, name,
                                         port=ports.get(name) or free_port(), metrics_port=0,
                                         tier2_uri=(directory / "tier2").resolve().as_uri(),
-                                        **tier1_quorums(bookies))
+                                        **tier1_quorums(bookies), **store_autoscale,
+                                        **(security.segment_store_settings() if security
+                                           else {}))
             store.ends_with_parent = True
             self.segment_stores.append(store)
-        self.controller: ControllerProcess | None = None
-        if controller:
-            port = ports.get("controller") or preferred_port(CONTROLLER_PORT)
-            self.controller = ControllerProcess(directory, self.metadata_uri, port=port,
-                                                metrics_port=0)
-            self.controller.ends_with_parent = True
+        # controllers on 127.0.0.1 .. 127.0.0.N, one port (see CONTROLLERS_HOST)
+        self.controllers: list[ControllerProcess] = []
+        port = ports.get("controller") or preferred_port(CONTROLLER_PORT)
+        retention = {"retention_interval_ms": retention_interval_s * 1000} \
+            if retention_interval_s > 0 else {}
+        count = controllers if controller else 0
+        for i in range(1, count + 1):
+            secure = security.controller_settings(i, count) if security else {}
+            controller_process = ControllerProcess(
+                directory, self.metadata_uri, "controller" if i == 1 else f"controller-{i}",
+                host=f"127.0.0.{i}", port=port, metrics_port=0, **controller_autoscale,
+                **retention, **secure)
+            controller_process.ends_with_parent = True
+            self.controllers.append(controller_process)
+        self.controller = self.controllers[0] if self.controllers else None
+
+    @property
+    def controller_uri(self) -> str:
+        """Every controller, for Quire's clients: ``tcp://a:p,b:p,...``
+        (``tls://`` under TLS)."""
+        scheme = "tls" if self.security is not None else "tcp"
+        return f"{scheme}://" + ",".join(
+            c.uri.partition("://")[2] if c.address else f"{c.settings['host']}:{c.settings['port']}"
+            for c in self.controllers)
 
     @property
     def processes(self) -> list[ServiceProcess]:
         """Every process, in start order."""
-        controller: list[ServiceProcess] = [self.controller] if self.controller else []
-        return [*self.bookies, *self.segment_stores, *controller]
+        return [*self.bookies, *self.segment_stores, *self.controllers]
 
     def _load_state(self) -> dict[str, Any]:
         path = self.directory / "sandbox.json"
@@ -424,10 +486,7 @@ class Sandbox:
         start_all(self.bookies, timeout_s, on_ready)
         try:
             start_all(self.segment_stores, timeout_s, on_ready)
-            if self.controller is not None:
-                self.controller.start(timeout_s)
-                if on_ready is not None:
-                    on_ready(self.controller)
+            start_all(self.controllers, timeout_s, on_ready)
         except BaseException:
             self.stop()
             raise
@@ -448,8 +507,7 @@ class Sandbox:
     def stop(self) -> None:
         """Stop the controller, then the segment stores (their containers
         drained), then the bookies."""
-        if self.controller is not None:
-            self.controller.stop()
+        stop_all(self.controllers)
         stop_all(self.segment_stores)
         stop_all(self.bookies)
 
@@ -465,8 +523,14 @@ class Sandbox:
                                     "metrics": s.metrics_address, "pid": pid(s)}
                                    for s in self.segment_stores],
                 "controller": None if self.controller is None else {
-                    "uri": self.controller.uri, "metrics": self.controller.metrics_address,
-                    "pid": pid(self.controller)}}
+                    "uri": self.controller_uri, "metrics": self.controller.metrics_address,
+                    "page": self.controller.ready_event.get("page"),
+                    "pid": pid(self.controller)},
+                "controllers": [{"address": c.address, "metrics": c.metrics_address,
+                                 "pid": pid(c)} for c in self.controllers],
+                "security": None if self.security is None else {
+                    "tls_ca": str(self.security.ca_file.resolve()),
+                    "credentials": str(self.security.credentials_file.resolve())}}
 
 
 @dataclass(frozen=True)

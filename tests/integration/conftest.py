@@ -44,7 +44,8 @@ async def connect() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
     clients: list[Client] = []
 
     async def make(on: Cluster, **config: Any) -> Client:
-        client = await Client.connect(on.metadata_uri, ClientConfig(**config))
+        client = await Client.connect(on.metadata_uri,
+                                      ClientConfig(**{**on.client_settings, **config}))
         clients.append(client)
         return client
 

@@ -1,7 +1,10 @@
 """Autorecovery on real bookie processes: the auditor marks the ledgers of a
 bookie lost for good, workers copy its entries to live bookies and swap them
 into the ensembles; a worker killed half way leaves its ledger marked for
-another; a decommissioned bookie's data moves while it is still up."""
+another; a decommissioned bookie's data moves while it is still up.  The
+idle open ledger's scenario runs again with TLS and mutual TLS on: the
+auditor, the recovery (with the keys the metadata holds, no password) and
+the copies go over TLS, each bookie showing its own certificate."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from quire.client import Client
 from quire.client.placement import write_set_bookies
 from quire.errors import StatusCode
@@ -23,6 +28,7 @@ from quire.types import DigestType, LedgerState
 from tests.support.bookies import RawBookieClient
 from tests.support.cluster import Cluster
 from tests.support.repair import scrape
+from tests.support.tls import Pki, secure_bookies
 
 Connect = Callable[..., Awaitable[Client]]
 PW = b"pw"
@@ -73,7 +79,7 @@ async def fully_replicated(store: MetadataStore, ledger_ids: list[int], gone: st
 async def check_every_replica(cluster: Cluster, ledgers: dict[int, LedgerMetadata],
                               entries: int) -> None:
     """Read each entry from each bookie of its write set: all there, all intact."""
-    conns = {b.bookie_id: await RawBookieClient.connect(b.address)
+    conns = {b.bookie_id: await RawBookieClient.connect(b.address, cluster.client_tls)
              for b in cluster.bookies if b.running}
     try:
         for ledger_id, md in ledgers.items():
@@ -215,9 +221,13 @@ async def test_decommission_moves_everything_off_a_running_bookie(
         cluster.close()
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 async def test_an_idle_open_ledger_is_closed_after_its_grace_and_re_replicated(
-        tmp_path: Path, connect: Connect) -> None:
-    cluster = Cluster(tmp_path / "cluster", 4, autorecovery_enabled=True, **FAST).start()
+        tmp_path: Path, connect: Connect, tls: bool) -> None:
+    cluster = Cluster(tmp_path / "cluster", 4, autorecovery_enabled=True, **FAST)
+    if tls:
+        secure_bookies(cluster, Pki(tmp_path / "pki"))
+    cluster.start()
     try:
         client = await connect(cluster)
         writer = await client.create_ledger(3, 3, 2, password=PW)

@@ -6,6 +6,8 @@ phase one fences its ledgers and puts the open ones in limbo before it
 answers anything; phase two, while it serves, recovers the limbo ledgers
 and copies every entry it should hold back from its peers, each copy
 checked against the ledger's digest, retrying what it cannot do yet.
+The first scenario runs again with TLS and mutual TLS on: phase two
+recovers and copies over TLS, the bookie showing its own certificate.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from quire.types import DigestType, LedgerState
 from tests.support.bookies import RawBookieClient, wait_until_stored
 from tests.support.cluster import Cluster
 from tests.support.repair import wait_for_repair
+from tests.support.tls import Pki, secure_bookies
 
 Connect = Callable[..., Awaitable[Client]]
 PW = b"pw"
@@ -51,7 +54,7 @@ def payload(ledger: int, entry_id: int) -> bytes:
 async def stored_on(cluster: Cluster, index: int, ledger_id: int,
                     entry_ids: range) -> dict[int, bytes]:
     """The entries bookie ``index`` serves (entry id -> stored bytes)."""
-    raw = await RawBookieClient.connect(cluster.bookies[index].address)
+    raw = await RawBookieClient.connect(cluster.bookies[index].address, cluster.client_tls)
     try:
         found = {}
         for entry_id in entry_ids:
@@ -71,8 +74,11 @@ def protected_cluster(tmp_path: Path) -> Cluster:
     return cluster
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 async def test_a_power_lost_bookie_fences_recovers_and_copies_back_what_it_lost(
-        protected_cluster: Cluster, connect: Connect) -> None:
+        protected_cluster: Cluster, connect: Connect, tls: bool, tmp_path: Path) -> None:
+    if tls:
+        secure_bookies(protected_cluster, Pki(tmp_path / "pki"))
     cluster = protected_cluster.start()
     try:
         client = await connect(cluster)
@@ -83,7 +89,8 @@ async def test_a_power_lost_bookie_fences_recovers_and_copies_back_what_it_lost(
         writing = await client.create_ledger(3, 3, 2, password=PW)
         await asyncio.gather(*(writing.append(payload(writing.ledger_id, i)) for i in range(40)))
         for ledger_id in (closed.ledger_id, writing.ledger_id):
-            await wait_until_stored(cluster.bookies[2].address, ledger_id, 39)
+            await wait_until_stored(cluster.bookies[2].address, ledger_id, 39,
+                                    cluster.client_tls)
 
         victim = cluster.bookies[2]
         victim.power_loss()  # kill -9, and the write cache never reached the disk
@@ -108,7 +115,7 @@ async def test_a_power_lost_bookie_fences_recovers_and_copies_back_what_it_lost(
                     for i, e in sorted(mine.items())] == [payload(ledger_id, i)
                                                            for i in range(40)]
         # the closed ledger is fenced on it too: a writer that missed the close is refused
-        raw = await RawBookieClient.connect(victim.address)
+        raw = await RawBookieClient.connect(victim.address, cluster.client_tls)
         try:
             late = DigestManager(closed.ledger_id, DigestType.CRC32C, PW).encode(
                 40, 39, 0, b"late")

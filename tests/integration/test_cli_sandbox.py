@@ -20,7 +20,7 @@ import pytest
 
 from quire.bookie.config import BookieConfig
 from quire.config import load_config
-from tests.integration.test_pravega_client import read_slices
+from tests.support.pravega_reading import read_slices
 
 QUIRE = [sys.executable, "-m", "quire.cli.main"]
 

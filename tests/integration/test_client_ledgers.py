@@ -18,6 +18,7 @@ from quire.errors import (
     ReadBeyondLastAddConfirmedError,
     UnauthorizedError,
 )
+from quire.security import LedgerKeys
 from quire.types import DigestType, LedgerState
 from tests.support.cluster import Cluster
 
@@ -80,8 +81,8 @@ async def test_wrong_password_is_refused_by_client_and_bookies(
     # metadata that lies about the password: the bookies refuse the master key
     store = other.metadata_store
     current = await store.read_ledger(ledger.ledger_id)
-    await store.write_ledger(ledger.ledger_id, current.value.with_(password=b"wrong"),
-                             current.version)
+    await store.write_ledger(ledger.ledger_id, current.value.with_(
+        keys=LedgerKeys.of_password(b"wrong")), current.version)
     with pytest.raises(UnauthorizedError):
         await other.open_ledger(ledger.ledger_id, password=b"wrong", recovery=True)
 

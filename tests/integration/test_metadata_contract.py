@@ -39,6 +39,7 @@ from quire.metadata import (
     watch_leader,
 )
 from quire.metadata.election import leader_key
+from quire.security.ledger_keys import LedgerKeys
 from quire.types import BookieState, DigestType, LedgerState, LedgerType
 from tests.support.metadata import Target, next_matching, target_for
 
@@ -130,7 +131,7 @@ async def test_ledger_lifecycle(store: MetadataStore) -> None:
 async def test_creating_an_existing_ledger_fails(store: MetadataStore) -> None:
     await store.create_ledger(1, ledger())
     with pytest.raises(MetadataExistsError):
-        await store.create_ledger(1, ledger(password=b"other"))
+        await store.create_ledger(1, ledger(keys=LedgerKeys.of_password(b"other")))
     assert (await store.read_ledger(1)).value == ledger()
 
 
@@ -138,8 +139,8 @@ async def test_metadata_round_trips_through_the_store(store: MetadataStore) -> N
     md = LedgerMetadata(
         ensemble_size=3, write_quorum_size=3, ack_quorum_size=2,
         ledger_type=LedgerType.VD_JOURNAL, digest_type=DigestType.HMAC_SHA1,
-        password=b"\x00secret\xff", state=LedgerState.IN_RECOVERY, last_entry_id=99,
-        length=12345,
+        keys=LedgerKeys.of_password(b"\x00secret\xff"), state=LedgerState.IN_RECOVERY,
+        last_entry_id=99, length=12345,
         ensembles=((0, ("b1", "b2", "b3")), (50, ("b1", "b4", "b3")), (80, ("b5", "b4", "b3"))),
         custom_metadata={"application": b"quire-test", "raw": bytes(range(256))},
         creation_time_ms=1_700_000_000_000)

@@ -92,3 +92,32 @@ async def test_session_expiry_deposes_the_leader_and_it_campaigns_again(
     await next_matching(leases, lambda state: state is LeaseState.LIVE, 15)  # a new session
     await next_matching(views, lambda v: v == ElectionView(Leadership.FOLLOWER, "b"), 15)
     assert second.is_leader and not first.is_leader
+
+
+async def test_reading_never_creates_a_zookeeper_chroot(
+        zookeeper_server: ZooKeeperServer, tmp_path: Path) -> None:
+    """A chroot without Quire's layout is NoMetadataError for a reader
+    (``create=False``), and the reader leaves no znode behind; a server's
+    open creates the layout and says so; a reader then finds it."""
+    from quire.errors import NoMetadataError
+    from quire.metadata import open_store
+
+    chroot = f"/read-only-{tmp_path.name}"
+    uri = f"zk://{zookeeper_server.connect_string}{chroot}"
+    with pytest.raises(NoMetadataError, match=f"no Quire metadata at {uri}"):
+        await open_store(uri, create=False)
+    zk = KazooClient(hosts=zookeeper_server.connect_string)
+    zk.start(timeout=10)
+    try:
+        assert zk.exists(chroot) is None
+    finally:
+        zk.stop()
+        zk.close()
+    created = await open_store(uri)
+    assert created.initialised  # type: ignore[attr-defined]
+    await created.close()
+    reader = await open_store(uri, create=False)
+    try:
+        assert await reader.list_ledgers() == []
+    finally:
+        await reader.close()

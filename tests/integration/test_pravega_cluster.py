@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from quire.metadata import open_store
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port, start_all, stop_all
 from quire.segmentstore.ownership import read_assignment
-from tests.integration.test_pravega_client import read_slices
 from tests.support.cluster import Cluster
+from tests.support.pravega_reading import read_slices
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = 4

@@ -23,8 +23,8 @@ import pravega_client
 import pytest
 
 from quire.streams import ControllerClient, RemoteSegmentStore, controller_resolver
-from tests.integration.test_pravega_client import read_slices
 from tests.integration.test_pravega_cluster import next_line
+from tests.support.pravega_reading import read_slices
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}

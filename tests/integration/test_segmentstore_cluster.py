@@ -34,7 +34,7 @@ from quire.segmentstore import (
     SegmentStoreConfig,
 )
 from quire.segmentstore.names import container_log_name
-from quire.segmentstore.store import LOG_PASSWORD
+from quire.segmentstore.store import LEGACY_LOG_PASSWORD
 from tests.support.cluster import Cluster
 from tests.support.segment_writer import segment_name
 
@@ -101,7 +101,7 @@ async def test_a_second_owner_fences_the_first_mid_write(
     name = "sc/st/0.#epoch.0"
     log_name = container_log_name(0)
     first = await SegmentContainer.open(
-        0, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD))
+        0, NamedDataLog(await connect(cluster), log_name, password=LEGACY_LOG_PASSWORD))
     await first.create_segment(name)
     futures: list[asyncio.Future[AppendResult]] = []
     some_acked = asyncio.Event()
@@ -124,7 +124,7 @@ async def test_a_second_owner_fences_the_first_mid_write(
     writer = asyncio.ensure_future(write())
     await some_acked.wait()
     second = await SegmentContainer.open(
-        0, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD))
+        0, NamedDataLog(await connect(cluster), log_name, password=LEGACY_LOG_PASSWORD))
     try:
         await writer
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
@@ -155,7 +155,7 @@ async def test_an_8_mib_append_spans_ledger_entries_and_comes_back_whole(
     config = ContainerConfig(read_index_budget_bytes=1 << 20)
     big = os.urandom(8 << 20)
     first = await SegmentContainer.open(
-        3, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD), config)
+        3, NamedDataLog(await connect(cluster), log_name, password=LEGACY_LOG_PASSWORD), config)
     try:
         await first.create_segment(name)
         results = await asyncio.gather(first.append(name, b"<"), first.append(name, big),
@@ -165,7 +165,7 @@ async def test_an_8_mib_append_spans_ledger_entries_and_comes_back_whole(
     finally:
         await first.close()
     second = await SegmentContainer.open(
-        3, NamedDataLog(await connect(cluster), log_name, password=LOG_PASSWORD), config)
+        3, NamedDataLog(await connect(cluster), log_name, password=LEGACY_LOG_PASSWORD), config)
     try:
         assert (await second.read(name, 1, 1 << 24)).data == big + b">"
     finally:

@@ -1,7 +1,8 @@
 """The ``quire`` Spark data source on a real local Spark (``local[2,2]``)
-against real bookie processes: round trips, failed and retried tasks,
-overwrite, streaming reads restarted from a checkpoint, exactly-once
-streaming writes, and ``format("quire")`` without a register call.
+against real bookie processes: round trips (one of them to bookies that
+serve mutual TLS), failed and retried tasks, overwrite, streaming reads
+restarted from a checkpoint, exactly-once streaming writes, and
+``format("quire")`` without a register call.
 
 One SparkSession and one 3-bookie cluster serve the whole module (session
 fixtures in conftest); every test uses its own log names.
@@ -31,6 +32,7 @@ from quire.log import records as rec
 from quire.spark import QuireDataSource, collect_garbage
 from tests.support.cluster import Cluster
 from tests.support.spark import forget_last_commit, read_available_now, run_available_now
+from tests.support.tls import Pki, secure_bookies
 
 T = TypeVar("T")
 
@@ -166,6 +168,27 @@ def test_round_trip_of_a_dataframe(spark: SparkSession, spark_cluster: Cluster) 
     assert [(s, e) for s, e, _ in rows_of(ranged)] == expected
     assert reader(spark, uri, "round").agg(F.sum(F.length("payload"))).first()[0] == (
         sum(len(f"row-{i:05d}") for i in range(3000)) + sum(i % 50 for i in range(500)))
+
+
+def test_a_round_trip_to_bookies_that_serve_mutual_tls(
+        spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The sink's tasks and the source's planner and tasks (Spark's Python
+    workers) reach the bookies with the TLS options' client certificate."""
+    root = tmp_path_factory.mktemp("spark-tls")
+    cluster = Cluster(root / "cluster", 3)
+    secure_bookies(cluster, Pki(root / "pki"))
+    cluster.start()
+    try:
+        uri, tls = cluster.metadata_uri, cluster.client_settings
+        df = spark.createDataFrame([(f"tls-{i:04d}",) for i in range(500)], "payload string")
+        save(df.repartition(2), uri, "secure", **tls)
+        back = rows_of(reader(spark, uri, "secure", partition_entries="100", **tls))
+        assert sorted(p for _, _, p in back) == [f"tls-{i:04d}".encode() for i in range(500)]
+        without = {"tls_ca": tls["tls_ca"]}  # trusts the bookies, shows no certificate
+        with pytest.raises(Exception, match=r"BookieUnavailableError|EntryNotAvailableError"):
+            reader(spark, uri, "secure", **without).collect()
+    finally:
+        cluster.close()
 
 
 def wait_until_writing(uri: str, name: str, attempt: int, timeout_s: float = 60.0) -> None:
@@ -460,6 +483,13 @@ def test_options_are_parsed_and_checked(monkeypatch: pytest.MonkeyPatch) -> None
     assert opts.quorums(5) == (3, 3, 2) and opts.quorums(2) == (2, 2, 2)
     assert opts.quorums(1) == (1, 1, 1)
     assert QuireOptions.parse({"metadata": "m", "log": "l", "start": "LATEST"}).start == "latest"
+    monkeypatch.setenv("QUIRE_TLS_CA", "ca.pem")
+    tls = QuireOptions.parse({"metadata": "m", "log": "l", "tls_cert": "c.pem",
+                              "tls_key": "c.key"})
+    assert (tls.client_config.tls_ca, tls.client_config.tls_cert) == ("ca.pem", "c.pem")
+    with pytest.raises(ValueError, match="tls_cert and tls_key go together"):
+        QuireOptions.parse({"metadata": "m", "log": "l", "tls_cert": "c.pem"})
+    monkeypatch.delenv("QUIRE_TLS_CA")
     assert [parse_duration_ms(t) for t in ("90", "250ms", "2h", "1d")] == [
         90_000, 250, 7_200_000, 86_400_000]
     for bad in ({"log": "l"}, {"metadata": "m"}, {"metadata": "m", "log": "a/b"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -67,10 +68,11 @@ class RawBookieClient(asyncio.Protocol):
         self._ids = itertools.count(1)
 
     @classmethod
-    async def connect(cls, address: str) -> RawBookieClient:
+    async def connect(cls, address: str, tls: ssl.SSLContext | None = None) -> RawBookieClient:
+        """Connected to ``address`` (over TLS with ``tls``)."""
         host, port = address.rsplit(":", 1)
         loop = asyncio.get_running_loop()
-        _transport, protocol = await loop.create_connection(cls, host, int(port))
+        _transport, protocol = await loop.create_connection(cls, host, int(port), ssl=tls)
         return protocol
 
     def next_id(self) -> int:
@@ -127,10 +129,11 @@ def put_in_limbo(process: BookieProcess, ledger_ids: list[int]) -> None:
         storage.close()
 
 
-async def wait_until_stored(address: str, ledger_id: int, entry_id: int) -> None:
+async def wait_until_stored(address: str, ledger_id: int, entry_id: int,
+                            tls: ssl.SSLContext | None = None) -> None:
     """Poll one bookie until it serves ``entry_id`` (the third replica's add
     may still be on its way when the ack quorum answered)."""
-    raw = await RawBookieClient.connect(address)
+    raw = await RawBookieClient.connect(address, tls)
     try:
         deadline = time.monotonic() + 10
         while True:

@@ -8,6 +8,7 @@ are addressed by index: :meth:`kill9`, :meth:`stop`, :meth:`restart`.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,10 @@ class Cluster:
             BookieProcess(root, self.metadata_uri, f"bookie-{i}", port=free_port(),
                           **bookie_settings)
             for i in range(size)]
+        self.client_settings: dict[str, Any] = {}
+        """ClientConfig keys its tests' clients take (TLS: tests.support.tls)."""
+        self.client_tls: ssl.SSLContext | None = None
+        """The context of raw connections to its bookies (None: plaintext)."""
 
     def __len__(self) -> int:
         return len(self.bookies)

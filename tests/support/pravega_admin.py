@@ -43,6 +43,8 @@ def main(port: int) -> None:
         ("delete_scope_with_streams", lambda: manager.delete_scope("sc")),
         ("seal", lambda: manager.seal_stream("sc", "st")),
         ("delete", lambda: manager.delete_stream("sc", "st")),
+        ("seal_auto", lambda: manager.seal_stream("sc", "auto")),
+        ("delete_auto", lambda: manager.delete_stream("sc", "auto")),
         ("seal_tagged", lambda: manager.seal_stream("sc", "tagged")),
         ("delete_tagged", lambda: manager.delete_stream("sc", "tagged")),
         ("delete_scope", lambda: manager.delete_scope("sc")),

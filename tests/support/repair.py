@@ -7,15 +7,21 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+from quire.security import client_context
 from tests.support.bookies import BookieProcess
 
 REPAIR = "quire_bookie_repair_"
 
 
 def scrape(process: BookieProcess) -> dict[str, float]:
-    """The bookie's metrics (``metrics_port`` must be set), by sample name."""
+    """The bookie's metrics (``metrics_port`` must be set), by sample name
+    (over TLS, trusting its ``tls_ca_file``, when it serves TLS)."""
     assert process.metrics_address, f"{process.bookie_id} serves no metrics"
-    with urllib.request.urlopen(f"http://{process.metrics_address}/metrics", timeout=10) as r:
+    settings = process.settings
+    tls = client_context(settings["tls_ca_file"]) if settings.get("tls_cert_file") else None
+    scheme = "https" if tls is not None else "http"
+    with urllib.request.urlopen(f"{scheme}://{process.metrics_address}/metrics", timeout=10,
+                                context=tls) as r:
         text = r.read().decode()
     samples = {}
     for line in text.splitlines():

@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,22 +50,28 @@ class S3Endpoint:
 class MotoS3Server:
     """``start()``, then :attr:`endpoint_url`; ``stop()``."""
 
-    def __init__(self, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, start_timeout_s: float = 30.0, host: str = "127.0.0.1", port: int = 0,
+                 command_prefix: Sequence[str] = ()) -> None:
+        """``host``/``port``: where it listens (0: a free loopback port);
+        ``command_prefix``: run it through that (``ip netns exec NS``)."""
         self._start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
-        self.port = 0
+        self.host = host
+        self.port = port
+        self._command_prefix = list(command_prefix)
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        self.port = free_port()
+        self.port = self.port or free_port()
         self._log_path = Path(tempfile.mkstemp(prefix="quire-moto-", suffix=".log")[1])
         with open(self._log_path, "wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [*self._command_prefix, sys.executable, "-m", "moto.server", "-H", self.host,
+                 "-p", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent)
         try:

@@ -48,7 +48,7 @@ from quire.segmentstore import (
     UpdateType,
 )
 from quire.segmentstore.storage_writer import StorageWriterConfig
-from quire.segmentstore.store import LOG_PASSWORD
+from quire.segmentstore.store import LEGACY_LOG_PASSWORD
 
 OPEN_TIMEOUT_S = 45.0
 TIER2_ENV = "QUIRE_DRIVER_TIER2"
@@ -174,7 +174,7 @@ async def main(uri: str, log_name: str, config: dict[str, int]) -> None:
                 OPEN_TIMEOUT_S)
         else:
             container = await asyncio.wait_for(SegmentContainer.open(
-                0, NamedDataLog(client, log_name, password=LOG_PASSWORD),
+                0, NamedDataLog(client, log_name, password=LEGACY_LOG_PASSWORD),
                 ContainerConfig(**config)), OPEN_TIMEOUT_S)
     except BaseException:  # the test sees the exit and this on stderr
         traceback.print_exc()

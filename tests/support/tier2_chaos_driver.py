@@ -62,7 +62,7 @@ from quire.segmentstore import (
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX
 from quire.segmentstore.storage_records import decode_attribute_batches
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
-from quire.segmentstore.store import LOG_PASSWORD
+from quire.segmentstore.store import LEGACY_LOG_PASSWORD
 from quire.testing.chaos_writer import ChaosStorageWriter
 from quire.tier2 import Tier2Config, read_segment
 from tests.support.tier2_workload import Op, digest, generate
@@ -261,7 +261,7 @@ async def main(metadata_uri: str, tier2_uri: str, log_name: str, cfg: dict[str, 
         store = await asyncio.wait_for(SegmentStore.open(
             client, [0], Tier2Config(uri=tier2_uri, max_chunk_bytes=cfg["max_chunk_bytes"]),
             config=config,
-            open_log=lambda _cid: NamedDataLog(client, log_name, password=LOG_PASSWORD),
+            open_log=lambda _cid: NamedDataLog(client, log_name, password=LEGACY_LOG_PASSWORD),
             start_writer=ChaosStorageWriter.starter(
                 cfg.get("unordered_seed", 0) if unordered else None)),
             OPEN_TIMEOUT_S)

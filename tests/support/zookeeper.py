@@ -1,13 +1,18 @@
 """A real, throw-away ZooKeeper server for tests (Debian's ``zookeeper`` package).
 
 The server listens on a free loopback port with its data in a temporary
-directory, ticks every 500 ms (so sessions as short as 1 s work), and runs
-without the admin server or four-letter-word commands.
+directory, ticks every 500 ms (so sessions from 1 s to 10 s work), and runs
+without the admin server or four-letter-word commands.  For the network
+harness it may instead listen on a given address and port, be run through a
+command prefix (``ip netns exec NS``), and be one member of an ensemble
+(``peers``: every member's address, ``my_id`` its own 1-based place there);
+such a member can be killed and restarted on its data, or paused.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import shlex
 import shutil
 import signal
@@ -15,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -26,7 +32,9 @@ ENVIRONMENT = Path("/etc/zookeeper/conf/environment")
 # A logging backend for slf4j (Debian's libslf4j-java, a zookeeper dependency).
 SLF4J_SIMPLE = Path("/usr/share/java/slf4j-simple.jar")
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 TICK_MS = 500
+CLIENT_PORT = 2181
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -37,21 +45,33 @@ class ZooKeeperServer:
     """One standalone ZooKeeper server: :meth:`start`, use
     :attr:`connect_string`, :meth:`stop`."""
 
-    def __init__(self, start_timeout: float = 60.0) -> None:
+    def __init__(self, start_timeout: float = 60.0, host: str = "127.0.0.1", port: int = 0,
+                 command_prefix: Sequence[str] = (), peers: Sequence[str] = (),
+                 my_id: int = 1) -> None:
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
-        self._port = 0
+        self.host = host
+        self._port = port
+        self._command_prefix = list(command_prefix)
+        self._peers = list(peers)
+        self._my_id = my_id
 
     @property
     def connect_string(self) -> str:
         """``host:port`` for kazoo (and ``zk://`` URIs)."""
         if self._process is None:
             raise RuntimeError("ZooKeeper server is not running")
-        return f"127.0.0.1:{self._port}"
+        return f"{self.host}:{self._port}"
 
-    def start(self) -> None:
-        """Start the server and return once it accepts sessions."""
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def start(self, wait: bool = True) -> None:
+        """Start the server and (with ``wait``) return once it accepts
+        sessions; an ensemble member serves once a quorum is up, so start
+        every member without waiting, then :meth:`wait_serving` on each."""
         java = shutil.which("java")
         if java is None:
             raise ZooKeeperUnavailable(
@@ -62,28 +82,66 @@ class ZooKeeperServer:
                 "(apt-get install zookeeper)")
         self._workdir = Path(tempfile.mkdtemp(prefix="quire-zookeeper-"))
         (self._workdir / "data").mkdir()
-        self._port = free_port()
+        self._port = self._port or free_port()
         config = self._workdir / "zoo.cfg"
         config.write_text(
             f"tickTime={TICK_MS}\n"
             f"dataDir={self._workdir / 'data'}\n"
             f"clientPort={self._port}\n"
-            "clientPortAddress=127.0.0.1\n"
+            f"clientPortAddress={self.host}\n"
             "maxClientCnxns=0\n"
             "admin.enableServer=false\n"
-            "4lw.commands.whitelist=\n")
-        command = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                   "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                   "-cp", _classpath(), MAIN_CLASS, str(config)]
-        with open(self._workdir / "server.log", "wb") as log:
+            "4lw.commands.whitelist=\n" + self._ensemble_config())
+        self._launch()
+        if wait:
+            self.wait_serving()
+
+    def _ensemble_config(self) -> str:
+        if not self._peers:
+            return ""
+        assert self._workdir is not None
+        (self._workdir / "data" / "myid").write_text(f"{self._my_id}\n")
+        # a follower that loses its leader gives up after syncLimit ticks (2 s)
+        return "initLimit=20\nsyncLimit=4\n" + "".join(
+            f"server.{i}={peer}:2888:3888\n" for i, peer in enumerate(self._peers, 1))
+
+    def _launch(self) -> None:
+        assert self._workdir is not None
+        java = shutil.which("java") or "java"
+        main = QUORUM_MAIN_CLASS if self._peers else MAIN_CLASS
+        command = [*self._command_prefix, java, "-Xmx256m", "-XX:+UseSerialGC",
+                   "-XX:TieredStopAtLevel=1", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                   "-cp", _classpath(), main, str(self._workdir / "zoo.cfg")]
+        with open(self._workdir / "server.log", "ab") as log:
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                              stderr=subprocess.STDOUT,
                                              preexec_fn=_die_with_parent)
+
+    def wait_serving(self) -> None:
         try:
             self._wait_until_serving()
         except BaseException:
             self.stop()
             raise
+
+    def kill(self) -> None:
+        """``kill -9``, keeping the data for :meth:`restart`."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+    def restart(self) -> None:
+        """Start again on the same data (after :meth:`kill`), without waiting."""
+        self.kill()
+        self._launch()
+
+    def pause(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGCONT)
 
     def _wait_until_serving(self) -> None:
         deadline = time.monotonic() + self._start_timeout
@@ -114,6 +172,7 @@ class ZooKeeperServer:
     def stop(self) -> None:
         """Stop the server and delete its data."""
         if self._process is not None:
+            self.resume()
             self._process.terminate()
             try:
                 self._process.wait(timeout=10)

@@ -1,5 +1,6 @@
-"""BookieConnection with a fake transport: back-pressure and malformed input
-against a fake RequestHandler, the timing of answers against a real server."""
+"""BookieConnection with a fake transport: back-pressure, limits and
+malformed input against a fake RequestHandler, the timing of answers
+against a real server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from quire.bookie.config import ConnectionLimits
 from quire.bookie.connection import BookieConnection, ConnectionHub
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
@@ -81,6 +83,116 @@ async def test_socket_buffer_full_pauses_reading_too() -> None:
     assert not transport.reading
     conn.resume_writing()
     assert transport.reading
+    assert paused(conn.hub, "replies_unread") == 1
+
+
+def paused(hub: ConnectionHub, reason: str) -> float:
+    return hub.metrics.reads_paused.labels(reason)._value.get()  # type: ignore[no-any-return]
+
+
+def refused(hub: ConnectionHub, reason: str) -> float:
+    return hub.metrics.connection_refusals.labels(reason)._value.get()  # type: ignore[no-any-return]
+
+
+async def test_requests_past_the_budget_wait_unread_until_half_of_it_is_free() -> None:
+    """One read of three requests holding 600 bytes each, a budget of 1000:
+    the third waits in the buffer (not taken) and the socket stops being
+    read; once answers free the budget it is taken, in order."""
+    conn, transport, handler = connect()
+    conn.data_received(ReadLacRequest(1, 5).encode() + ReadLacRequest(2, 5).encode()
+                       + ReadLacRequest(3, 5).encode())
+    assert [r.request_id for r in handler.handled] == [1, 2]  # type: ignore[attr-defined]
+    assert not transport.reading and paused(conn.hub, "request_budget") == 1
+    conn.data_received(ReadLacRequest(4, 5).encode())  # (arrived before the pause took)
+    assert len(handler.handled) == 2
+    conn.send(b"answer-1", 600)
+    conn.send(b"answer-2", 600)
+    conn.flush()
+    assert transport.reading
+    await asyncio.sleep(0)  # the buffered requests are taken on the next iteration
+    assert [r.request_id for r in handler.handled] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+
+
+class Replier(FakeHandler):
+    """Answers every request at once with 3,000 bytes."""
+
+    def take_request(self, conn: BookieConnection, request: object) -> None:
+        self.handled.append(request)
+        conn.send(b"r" * 3000)
+
+
+async def test_answers_queued_in_one_iteration_are_held_to_the_reply_limit() -> None:
+    hub = ConnectionHub(BookieMetrics(), max_frame_bytes=1 << 20,
+                        max_connection_pending_bytes=1 << 20,
+                        limits=ConnectionLimits(max_buffered_reply_bytes=5000))
+    handler = Replier()
+    conn = BookieConnection(hub, handler)
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    assert transport.write_buffer_limits == (5000, None)  # write back-pressure past it
+    conn.data_received(b"".join(ReadLacRequest(i, 5).encode() for i in range(1, 11)))
+    assert len(handler.handled) == 2  # 6,000 bytes of answers queued: the rest waits
+    hub.flush_all()  # (the iteration's flush) writes them: reading resumes
+    assert transport.written == [b"r" * 6000] and transport.reading
+    await asyncio.sleep(0)  # and the buffered requests are taken again, two by two
+    assert len(handler.handled) == 4
+
+
+def connection_from(hub: ConnectionHub, host: str) -> tuple[BookieConnection, FakeTransport]:
+    conn = BookieConnection(hub, FakeHandler())
+    transport = FakeTransport((host, 1))
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport
+
+
+async def test_connections_are_admitted_per_peer_and_in_all() -> None:
+    hub = ConnectionHub(BookieMetrics(), max_frame_bytes=1 << 20,
+                        max_connection_pending_bytes=1000,
+                        limits=ConnectionLimits(max_connections=3,
+                                                max_connections_per_peer=2))
+    a1, a2, a3 = (connection_from(hub, "10.0.0.1") for _ in range(3))
+    assert not a1[1].aborted and not a2[1].aborted and a3[1].aborted
+    b1 = connection_from(hub, "10.0.0.2")
+    c1 = connection_from(hub, "10.0.0.3")
+    assert not b1[1].aborted and c1[1].aborted
+    assert refused(hub, "max_connections_per_peer") == 1
+    assert refused(hub, "max_connections") == 1
+    for conn, _transport in (a3, c1):
+        conn.connection_lost(None)  # a refused connection gives nothing back
+    a1[0].connection_lost(None)
+    assert hub.admitted == 2
+    again = connection_from(hub, "10.0.0.1")
+    assert not again[1].aborted and hub.admitted == 3 and len(hub.connections) == 3
+
+
+async def test_connections_that_never_finish_a_request_or_read_no_answer_are_closed(
+        ) -> None:
+    hub = ConnectionHub(BookieMetrics(), max_frame_bytes=1 << 20,
+                        max_connection_pending_bytes=1000,
+                        limits=ConnectionLimits(idle_timeout_ms=1000))
+    silent = connection_from(hub, "10.0.0.1")
+    partial = connection_from(hub, "10.0.0.2")
+    partial[0].data_received(ReadLacRequest(1, 5).encode()[:7])
+    served = connection_from(hub, "10.0.0.3")
+    served[0].data_received(ReadLacRequest(1, 5).encode())
+    served[0].send(b"answer", 600)
+    served[0].flush()
+    unread, reading = (connection_from(hub, f"10.0.0.{i}") for i in (5, 6))
+    for conn, transport in (unread, reading):  # answers wait in the write buffer
+        conn.data_received(ReadLacRequest(1, 5).encode())
+        transport.write_buffer_size = 10_000
+        conn.pause_writing()
+    now = asyncio.get_running_loop().time()
+    assert hub.sweep_idle(now + 0.5) == 0  # not idle long enough yet
+    reading[1].write_buffer_size = 6_000  # its client reads a little
+    # (idle from the sweep that saw its last change: the partial one from 0.5)
+    assert hub.sweep_idle(now + 1.6) == 3
+    assert silent[1].aborted and partial[1].aborted and not served[1].aborted
+    assert unread[1].aborted and not reading[1].aborted
+    assert refused(hub, "idle_timeout") == 2 and refused(hub, "replies_unread_timeout") == 1
+    partial_more = connection_from(hub, "10.0.0.4")
+    partial_more[0].data_received(ReadLacRequest(1, 5).encode()[:7])
+    assert hub.sweep_idle(now + 2.0) == 0  # it sent something in the period
 
 
 async def test_a_throttled_hub_pauses_reading_until_released() -> None:

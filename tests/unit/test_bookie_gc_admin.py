@@ -199,10 +199,12 @@ async def test_cli_gc_now_asks_every_registered_bookie(
     metadata = f"sqlite:///{tmp_path / 'meta.db'}"
     assert (await asyncio.to_thread(run, "--metadata", metadata)).exit_code == 2  # no --now
     result = await asyncio.to_thread(run, "--now", "--metadata", metadata)
-    assert result.exit_code == 1 and "error: no bookie is registered" in result.stderr
+    assert result.exit_code == 1 and f"error: no Quire metadata at {metadata}" in result.stderr
     address, _actions = admin
     store = await open_store(metadata)  # (registrations last while it is open)
     try:
+        result = await asyncio.to_thread(run, "--now", "--metadata", metadata)
+        assert result.exit_code == 1 and "error: no bookie is registered" in result.stderr
         await store.register_bookie(BookieInfo("b1", "127.0.0.1:1", BookieState.WRITABLE,
                                                address))
         result = await asyncio.to_thread(run, "--now", "--metadata", metadata, "--json")

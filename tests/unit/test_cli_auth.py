@@ -71,7 +71,9 @@ def test_a_password_argument_is_refused_saying_why(metadata: str) -> None:
         assert refused.exit_code == 2
         assert "not taken on the command line" in refused.stderr
         assert "--password-file" in refused.stderr
-    assert json.loads(run("auth", "user", "list", "--metadata", metadata, "--json").stdout) == []
+    # nothing was added: not even the store was created (reading never creates)
+    assert json.loads(run("auth", "user", "list", "--metadata", metadata, "--json").stdout) == {
+        "error": f"no Quire metadata at {metadata}"}
 
 
 def test_a_password_file_must_be_the_owners_alone(metadata: str, tmp_path: Path) -> None:

@@ -19,7 +19,15 @@ from quire.types import BookieState
 
 @pytest.fixture
 def metadata(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
+    """A metadata store as a cluster's first bookie leaves it (created: the
+    commands under test only read or change it)."""
+    uri = f"sqlite:///{tmp_path / 'meta.db'}"
+
+    async def create() -> None:
+        await (await open_store(uri)).close()
+
+    asyncio.run(create())
+    return uri
 
 
 def run(*args: str) -> Result:

@@ -4,6 +4,7 @@ with ``--json``, and a ``quire stream tail`` subprocess."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from quire.cli.main import cli
+from quire.streams import ControllerClient
 from tests.support.streams import SystemThread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +104,45 @@ def test_write_cat_and_tail(controller: str) -> None:
     finally:
         tail.kill()
         tail.wait()
+
+
+def test_update_truncate_merge_tags_history_and_transactions(controller: str) -> None:
+    quire(controller, "scope", "create", "ops")
+    assert quire(controller, "stream", "create", "ops/auto", "--scaling", "events",
+                 "--target-rate", "50", "--scale-factor", "3", "--segments", "2",
+                 "--tags", "blue,green")["created"]
+    quire(controller, "stream", "create", "ops/plain")
+    assert quire(controller, "stream", "list", "ops", "--tag", "green") == ["auto"]
+    info = quire(controller, "stream", "info", "ops/auto")
+    assert (info["scaling"], info["target_rate"], info["scale_factor"]) == ("events", 50, 3)
+    assert [s["id"] for s in info["current_segments"]] == [0, 1] and info["history"] == []
+    assert quire(controller, "stream", "update", "ops/auto", "--scaling", "fixed",
+                 "--segments", "3", "--tags", "red")["updated"] == ["scaling", "segments",
+                                                                     "tags"]
+    info = quire(controller, "stream", "info", "ops/auto")
+    assert (info["scaling"], len(info["current_segments"]), info["tags"]) == \
+        ("fixed", 3, ["red"])
+    assert [(h["reason"], h["sealed"]) for h in info["history"]] == [("update", [0, 1])]
+    first, second = (s["id"] for s in info["current_segments"][:2])
+    merged = quire(controller, "stream", "scale", "ops/auto", str(first), str(second))
+    assert merged["sealed"] == sorted([first, second]) and len(merged["created"]) == 1
+    assert [h["reason"] for h in quire(controller, "stream", "info", "ops/auto")["history"]] \
+        == ["update", "manual"]
+    quire(controller, "stream", "write", "ops/plain", "a", "b", "--key", "k")
+    assert quire(controller, "stream", "truncate", "ops/plain", "--cut", "0=9") == \
+        {"stream": "ops/plain", "cut": {"0": 9}}
+    assert [base64.b64decode(e["data"]) for e in quire(controller, "stream", "cat",
+                                                       "ops/plain")] == [b"b"]
+    assert quire(controller, "stream", "truncate", "ops/plain", "--tail")["cut"] == {"0": 18}
+    assert quire(controller, "stream", "cat", "ops/plain") == []
+
+    async def open_txn() -> int:
+        async with ControllerClient(controller) as client:
+            return (await client.create_transaction("ops", "plain", 60_000)).id
+
+    txn_id = f"{asyncio.run(open_txn()):032x}"
+    listed = quire(controller, "txn", "list", "ops/plain")
+    assert [(t["id"], t["state"]) for t in listed] == [(txn_id, "OPEN")]
+    assert quire(controller, "txn", "abort", "ops/plain", txn_id)["aborted"] is True
+    assert [t["state"] for t in quire(controller, "txn", "list", "ops/plain")] == ["ABORTED"]
+    assert quire(controller, "readergroup", "list", "ops") == []

@@ -37,6 +37,7 @@ from quire.protocol import (
     LAST_ENTRY_ID,
     DigestManager,
     ErrorResponse,
+    LedgerKeys,
     OpCode,
     ReadRequest,
     ReadResponse,
@@ -272,9 +273,10 @@ async def test_recovery_bad_digest_is_not_a_no() -> None:
 
 def recovery_op(ctx: ClientContext, ensemble_size: int, ack_quorum: int) -> LedgerRecoveryOp:
     ensemble = tuple(f"b{i}" for i in range(ensemble_size))
-    md = LedgerMetadata(ensemble_size, min(ensemble_size, 3), ack_quorum, password=b"pw",
-                        state=LedgerState.IN_RECOVERY, ensembles=((0, ensemble),))
-    return LedgerRecoveryOp(ctx, LEDGER, Versioned(md, 1), b"pw")
+    md = LedgerMetadata(ensemble_size, min(ensemble_size, 3), ack_quorum,
+                        keys=LedgerKeys.of_password(b"pw"), state=LedgerState.IN_RECOVERY,
+                        ensembles=((0, ensemble),))
+    return LedgerRecoveryOp(ctx, LEDGER, Versioned(md, 1), md.keys)
 
 
 async def test_fencing_completes_at_ensemble_coverage() -> None:

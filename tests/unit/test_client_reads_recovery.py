@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from quire.client import SyncClient, WriteHandle
+from quire.client import LedgerPasswords, SyncClient, WriteHandle
 from quire.errors import (
     DigestMismatchError,
     EntryNotAvailableError,
+    LedgerFencedError,
     LedgerRecoveryError,
     MetadataNotFoundError,
     ReadBeyondLastAddConfirmedError,
@@ -76,6 +77,38 @@ async def test_wrong_password_is_refused(fakes: FakeCluster) -> None:
         await client.open_ledger(ledger.ledger_id, password=b"nope", recovery=True)
     md = (await client.metadata_store.read_ledger(ledger.ledger_id)).value
     assert md.state is LedgerState.OPEN  # a refused recovery changed nothing
+
+
+async def test_each_ledger_opens_with_the_password_it_was_made_with(fakes: FakeCluster) -> None:
+    client = await fakes.client()
+    rotated = LedgerPasswords(b"new", previous=(b"old",))
+    old = await client.create_ledger(3, 3, 2, password=b"old")
+    new = await client.create_ledger(3, 3, 2, password=rotated)  # its current password
+    for ledger in (old, new):
+        await ledger.append(b"x")
+        await ledger.close()
+    other = await fakes.client()
+    for ledger_id in (old.ledger_id, new.ledger_id):
+        reader = await other.open_ledger(ledger_id, password=rotated, recovery=True)
+        assert [e.data for e in await reader.read(0, 0)] == [b"x"]
+    await other.open_ledger(new.ledger_id, password=b"new", recovery=False)
+    with pytest.raises(UnauthorizedError):
+        await other.open_ledger(old.ledger_id, password=b"new", recovery=False)
+    with pytest.raises(UnauthorizedError):
+        await other.open_ledger(new.ledger_id, password=b"old", recovery=False)
+    assert "new" not in repr(rotated) and "old" not in repr(rotated)
+
+
+async def test_an_admin_recovers_with_the_stored_keys_no_password(fakes: FakeCluster) -> None:
+    # an HMAC ledger: the stored mac key verifies its entries, the stored
+    # master key fences it and writes the recovered entries back
+    ledger = await written(fakes, 4, digest_type=DigestType.HMAC_SHA1)
+    admin = await fakes.client()
+    recovered = await admin.open_ledger_as_admin(ledger.ledger_id, recovery=True)
+    assert recovered.is_closed and recovered.last_add_confirmed == 3
+    assert [e.data for e in await recovered.read(0, 3)] == [b"entry-%d" % i for i in range(4)]
+    with pytest.raises(LedgerFencedError):
+        await ledger.append(b"after the recovery")
 
 
 async def test_corrupt_replica_is_skipped_and_all_corrupt_is_an_error(fakes: FakeCluster) -> None:

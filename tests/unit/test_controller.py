@@ -286,10 +286,6 @@ async def test_transactions_commit_merges_abort_discards(cluster: Cluster) -> No
                                                          lease=10**9))).status == \
         pb.PingTxnStatus.LEASE_TOO_LARGE
     opened = await stub.createTransaction(pb.CreateTxnRequest(streamInfo=info(), lease=30_000))
-    assert (await stub.scale(pb.ScaleRequest(  # no scale under open transactions
-        streamInfo=info(), sealedSegments=[0],
-        newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.0, end=0.5)]))).status == \
-        pb.ScaleResponse.PRECONDITION_FAILED
 
     assert (await stub.commitTransaction(txn_request(txn))).status == pb.TxnStatus.SUCCESS
     assert await txn_state(cluster, txn) == pb.TxnState.COMMITTED
@@ -401,7 +397,7 @@ async def test_unserved_methods_are_unimplemented_and_bad_input_invalid(
     stub = cluster.stub
     assert await status_of(stub.isSegmentValid(pb.SegmentId(streamInfo=info()))) == \
         grpc.StatusCode.UNIMPLEMENTED
-    assert await status_of(stub.createReaderGroup(pb.ReaderGroupConfiguration(scope="sc"))) \
+    assert await status_of(stub.createKeyValueTable(pb.KeyValueTableConfig(scope="sc"))) \
         == grpc.StatusCode.UNIMPLEMENTED
     await make_stream(cluster, 1)
     assert await status_of(stub.getCurrentSegments(info(scope=""))) == \

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quire.controller.cuts import check_cut
 from quire.controller.model import (
     RetentionType,
     StreamConfig,
@@ -20,6 +21,12 @@ from quire.controller.model import (
     txn_id_of,
     txn_id_parts,
     txn_segment_name,
+)
+from quire.controller.records import (
+    stream_from_json,
+    stream_to_json,
+    txn_from_json,
+    txn_to_json,
 )
 from quire.errors import ControllerInvalidArgumentError, ControllerPreconditionError
 from quire.segmentstore.names import check_name
@@ -68,8 +75,8 @@ def test_scales_keep_the_key_space_covered_and_successors_follow(record: StreamR
         assert max(s.max_key for s, _ in successors) >= segment.max_key
         assert all(sid in preds for _, preds in successors)
     # the current epoch as a stream cut: everything sealed is before it
-    assert record.check_cut({sid: 0 for sid in current}) == sorted(set(every) - current)
-    again = StreamRecord.from_json(record.to_json())
+    assert check_cut(record, {sid: 0 for sid in current}) == sorted(set(every) - current)
+    again = stream_from_json(stream_to_json(record))
     assert again == record
 
 
@@ -108,7 +115,7 @@ def test_transaction_ids_and_names() -> None:
     assert txn_segment_name("sc", "st", segment_id(3, 7), txn_id) == \
         "sc/st/7.#epoch.3#transaction.00000003000000007fffffffffffffff"
     record = TxnRecord(txn_id, (1, 2), TxnState.COMMITTING, 99, 0)
-    assert TxnRecord.from_json(record.to_json()) == record
+    assert txn_from_json(txn_to_json(record)) == record
 
 
 def test_names() -> None:

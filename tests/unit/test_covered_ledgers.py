@@ -21,7 +21,7 @@ from quire.segmentstore.covered_ledgers import abandoned_ledgers, delete_covered
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import container_of
 from quire.segmentstore.storage_writer import StorageWriterConfig
-from quire.segmentstore.store import LOG_PASSWORD
+from quire.segmentstore.store import LEGACY_LOG_PASSWORD
 from tests.support.fake_bookie import FakeCluster
 
 FLUSH = StorageWriterConfig(flush_threshold_bytes=1, flush_threshold_ms=0,
@@ -77,8 +77,9 @@ async def test_covered_abandoned_ledgers_are_deleted_an_uncovered_one_kept() -> 
         assert kept.container_id == 1 and f"{lost!r} bytes 80..107" in kept.reason
         for ledger_id in abandoned[0]:
             with pytest.raises(MetadataNotFoundError):
-                await client.open_ledger(ledger_id, password=LOG_PASSWORD, recovery=False)
-        handle = await client.open_ledger(kept.ledger_id, password=LOG_PASSWORD, recovery=False)
+                await client.open_ledger(ledger_id, password=LEGACY_LOG_PASSWORD, recovery=False)
+        handle = await client.open_ledger(kept.ledger_id, password=LEGACY_LOG_PASSWORD,
+                                          recovery=False)
         assert handle.last_add_confirmed >= 0
         again = await delete_covered(client, uri)
         assert again.deleted == [] and [k.ledger_id for k in again.kept] == [kept.ledger_id]

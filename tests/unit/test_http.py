@@ -208,3 +208,115 @@ async def test_a_route_may_ask_another_permission_and_an_unreachable_database_is
         assert authenticator.calls == 3
     finally:
         await server.close()
+
+
+async def test_ready_public_routes_request_errors_and_json_bodies() -> None:
+    """``/ready`` answers what the process says (503 with the reason until
+    it is ready) and, like ``/health``, is never authenticated; a public
+    route needs no credentials; HttpRequestError and a bad JSON body answer
+    their status and message, counted."""
+    from quire.errors import HttpRequestError
+    from quire.http import read_json
+
+    state = {"ready": False}
+    operator = Principal("operator", Acl.parse("prn::/,READ_UPDATE"))
+
+    async def echo(request: Any) -> Any:
+        body = await read_json(request)
+        if body.get("missing"):
+            raise HttpRequestError(404, "no such thing")
+        return json_response(200, body)
+
+    async def page(_request: Any) -> Any:
+        return json_response(200, {"page": True})
+
+    server = HttpServer(CollectorRegistry(), [
+        Route("POST", "/echo/{name}", echo), Route("GET", "/page", page, public=True)],
+        authenticator=StaticAuthenticator({"Basic op": operator}),
+        ready=lambda: (state["ready"], "containers are opening"))
+    port = await server.start("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        answer = await call(f"{base}/ready")
+        assert (answer.status, answer.body) == (
+            503, {"status": "not ready", "reason": "containers are opening"})
+        state["ready"] = True
+        assert (await call(f"{base}/ready")).body == {"status": "ready"}
+        assert (await call(f"{base}/page")).body == {"page": True}
+        assert (await call(f"{base}/echo/x", "POST")).status == 401
+        async with aiohttp.ClientSession() as session:
+            for data, status, error in [(b"{nope", 400, "the body is not JSON"),
+                                        (b"[1]", 400, "the body must be a JSON object"),
+                                        (b'{"missing": 1}', 404, "no such thing")]:
+                async with session.post(f"{base}/echo/x", data=data,
+                                        headers={"Authorization": "Basic op"}) as response:
+                    assert response.status == status
+                    assert error in (await response.json())["error"]
+            async with session.post(f"{base}/echo/x", data=b'{"a": 1}',
+                                    headers={"Authorization": "Basic op"}) as response:
+                assert await response.json() == {"a": 1}
+        metrics = (await call(f"{base}/metrics", authorization="Basic op")).body
+        assert 'quire_http_refusals_total{reason="bad_request"} 2.0' in metrics
+    finally:
+        await server.close()
+
+
+async def test_a_session_cookie_stands_for_credentials_and_a_change_needs_its_csrf_token(
+        ) -> None:
+    from quire.http import COOKIE_NAME, CSRF_HEADER, QUIET_HEADER, SessionStore
+
+    operator = Principal("operator", Acl.parse("prn::/,READ_UPDATE"))
+    sessions = SessionStore()
+    session = sessions.create(operator)
+
+    async def who(request: Any) -> Any:
+        principal = principal_of(request)
+        return json_response(200, {"name": principal.name if principal else None})
+
+    server = HttpServer(CollectorRegistry(), [Route("GET", "/who", who),
+                                              Route("POST", "/change", who)],
+                        authenticator=StaticAuthenticator({}), sessions=sessions)
+    port = await server.start("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(cookies={COOKIE_NAME: session.id}) as browser:
+            async with browser.get(f"{base}/who") as response:
+                assert await response.json() == {"name": "operator"}
+            async with browser.post(f"{base}/change") as response:
+                assert response.status == 403
+                assert CSRF_HEADER in (await response.json())["error"]
+            async with browser.post(f"{base}/change",
+                                    headers={CSRF_HEADER: "a guess"}) as response:
+                assert response.status == 403
+            async with browser.post(f"{base}/change",
+                                    headers={CSRF_HEADER: session.csrf_token}) as response:
+                assert await response.json() == {"name": "operator"}
+        async with aiohttp.ClientSession(cookies={COOKIE_NAME: "forged"}) as stranger, \
+                stranger.get(f"{base}/who", headers={QUIET_HEADER: "1"}) as response:
+            assert response.status == 401  # the page's own request: no browser dialog
+            assert "WWW-Authenticate" not in response.headers
+        sessions.delete(session.id)
+        answer = await call(f"{base}/who")
+        assert answer.status == 401 and "WWW-Authenticate" in answer.headers
+    finally:
+        await server.close()
+
+
+def test_sessions_end_when_idle_or_old_and_the_oldest_go_first() -> None:
+    from quire.http import SessionStore
+
+    now = [0.0]
+    store = SessionStore(idle_timeout_s=10, max_age_s=25, max_sessions=2,
+                         clock=lambda: now[0])
+    alice = Principal("alice", Acl.parse(""))
+    first = store.create(alice)
+    now[0] = 9
+    assert store.get(first.id) is first
+    now[0] = 18
+    assert store.get(first.id) is first  # used at 9: not idle for 10 s yet
+    now[0] = 26
+    assert store.get(first.id) is None  # 26 s after the login
+    a, b, c = store.create(alice), store.create(alice), store.create(alice)
+    assert store.get(a.id) is None and store.get(b.id) is b and store.get(c.id) is c
+    now[0] = 40
+    assert store.get(b.id) is None and len(store) == 1

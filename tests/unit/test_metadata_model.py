@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from quire.errors import MetadataError
 from quire.metadata import LedgerMetadata, deserialize, serialize
 from quire.metadata.model import BookieInfo, deserialize_bookie, serialize_bookie
+from quire.security.ledger_keys import EMPTY_PASSWORD_KEYS, LedgerKeys
 from quire.types import BookieState, DigestType, LedgerState, LedgerType
 
 bookie_ids = st.text(st.characters(codec="utf-8"), min_size=1)
@@ -31,7 +32,7 @@ def ledger_metadata(draw: st.DrawFn) -> LedgerMetadata:
         ack_quorum_size=ack_quorum,
         ledger_type=draw(st.sampled_from(LedgerType)),
         digest_type=draw(st.sampled_from(DigestType)),
-        password=draw(st.binary(max_size=32)),
+        keys=LedgerKeys.of_password(draw(st.binary(max_size=32))),
         state=draw(st.sampled_from(LedgerState)),
         last_entry_id=draw(st.integers(-1, 2**62)),
         length=draw(st.integers(0, 2**62)),
@@ -45,7 +46,7 @@ def ledger_metadata(draw: st.DrawFn) -> LedgerMetadata:
 @given(ledger_metadata())
 def test_serialize_round_trips(md: LedgerMetadata) -> None:
     data = serialize(md)
-    assert json.loads(data)["format_version"] == 1
+    assert json.loads(data)["format_version"] == 2
     assert deserialize(data) == md
 
 
@@ -86,13 +87,15 @@ GOOD = json.loads(serialize(LedgerMetadata(1, 1, 1, ensembles=((0, ("a",)),))))
 
 @pytest.mark.parametrize("data", [
     b"", b"not json", b"\xff\xfe", b"[]", b"null", b'{"format_version": 1}',
-    json.dumps({**GOOD, "format_version": 2}).encode(),
+    json.dumps({**GOOD, "format_version": 3}).encode(),
     json.dumps({**GOOD, "format_version": "1"}).encode(),
     json.dumps({**GOOD, "ensemble_size": "1"}).encode(),
     json.dumps({**GOOD, "ensemble_size": True}).encode(),
     json.dumps({**GOOD, "ack_quorum_size": 2}).encode(),
     json.dumps({**GOOD, "digest_type": "MD5"}).encode(),
-    json.dumps({**GOOD, "password": "not base64!"}).encode(),
+    json.dumps({**GOOD, "master_key": "not base64!"}).encode(),
+    json.dumps({k: v for k, v in GOOD.items() if k != "mac_key"}).encode(),
+    json.dumps({**GOOD, "format_version": 1, "password": "not base64!"}).encode(),
     json.dumps({**GOOD, "custom_metadata": {"k": 1}}).encode(),
     json.dumps({**GOOD, "ensembles": [[0]]}).encode(),
     json.dumps({**GOOD, "ensembles": [[0, "a"]]}).encode(),
@@ -101,6 +104,29 @@ GOOD = json.loads(serialize(LedgerMetadata(1, 1, 1, ensembles=((0, ("a",)),))))
 def test_malformed_metadata_raises_metadata_error(data: bytes) -> None:
     with pytest.raises(MetadataError):
         deserialize(data)
+
+
+def test_the_keys_are_kept_never_the_password() -> None:
+    md = LedgerMetadata(1, 1, 1, digest_type=DigestType.HMAC_SHA1,
+                        keys=LedgerKeys.of_password(b"s3cret"))
+    doc = json.loads(serialize(md))
+    assert "password" not in doc and b"s3cret" not in serialize(md)
+    assert (doc["master_key"], doc["mac_key"]) == (
+        "RgaMSVsWifj+Stj/YV4ovwkfeHs=", "BHAb1Qphx/PhSrpCWb+gTNMSTA8=")  # BookKeeper's SHA-1s
+    assert "s3cret" not in repr(md)
+
+
+def test_a_version_1_record_with_a_password_reads_as_its_keys() -> None:
+    old = {**GOOD, "format_version": 1, "password": "czNjcmV0"}  # b"s3cret"
+    del old["master_key"], old["mac_key"]
+    md = deserialize(json.dumps(old).encode())
+    assert md.keys == LedgerKeys.of_password(b"s3cret")
+    assert md.ensembles == ((0, ("a",)),)
+    again = json.loads(serialize(md))  # its next write: version 2, the keys only
+    assert again["format_version"] == 2 and "password" not in again
+    assert deserialize(serialize(md)) == md
+    no_password = {k: v for k, v in old.items() if k != "password"}
+    assert deserialize(json.dumps(no_password).encode()).keys == EMPTY_PASSWORD_KEYS
 
 
 def test_bookie_info_round_trips() -> None:

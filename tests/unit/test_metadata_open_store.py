@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.errors import ConfigError
+from quire.errors import ConfigError, NoMetadataError
 from quire.metadata import open_store
 
 
@@ -47,3 +47,29 @@ async def test_named_memory_stores_share_data_until_the_last_closes() -> None:
     third = await open_store("memory://shared-test")
     assert await third.list_records("") == []
     await third.close()
+
+
+async def test_reading_never_creates_a_sqlite_store(tmp_path: Path) -> None:
+    """``create=False`` (what every read-only command passes): a path that
+    names nothing, an empty file or a file that is not SQLite is
+    NoMetadataError, and nothing is created or changed."""
+    missing = tmp_path / "nonexistent-dir" / "none" / "m.db"
+    uri = f"sqlite:///{missing}"
+    with pytest.raises(NoMetadataError, match=f"no Quire metadata at {uri}"):
+        await open_store(uri, create=False)
+    assert not (tmp_path / "nonexistent-dir").exists()
+    for content in (b"", b"not a database at all, some text " * 10):
+        other = tmp_path / "other.db"
+        other.write_bytes(content)
+        with pytest.raises(NoMetadataError):
+            await open_store(f"sqlite:///{other}", create=False)
+        assert other.read_bytes() == content
+    created = await open_store(uri)  # a server's open initialises it, and says so
+    assert created.initialised  # type: ignore[attr-defined]
+    await created.close()
+    again = await open_store(uri, create=False)
+    try:
+        assert not again.initialised  # type: ignore[attr-defined]
+        assert await again.list_bookies() == []
+    finally:
+        await again.close()

@@ -148,6 +148,17 @@ async def test_the_controller_refuses_what_pravega_refuses_and_takes_what_it_tak
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.getCurrentSegments(pb.StreamInfo(scope="a_b", stream="st"))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert cluster.controller is not None
+        for group in REFUSED["reader group"]:
+            answer = await stub.createReaderGroup(pb.ReaderGroupConfiguration(
+                scope="..", readerGroupName=group))
+            assert answer.status == pb.CreateReaderGroupResponse.INVALID_RG_NAME, group
+            with pytest.raises(InvalidNameError):  # the core's door too, not only the RPC's
+                await cluster.controller.core.create_reader_group("..", group, {})
+        for group in ACCEPTED["reader group"]:
+            answer = await stub.createReaderGroup(pb.ReaderGroupConfiguration(
+                scope="..", readerGroupName=group))
+            assert answer.status == pb.CreateReaderGroupResponse.SUCCESS, group
     finally:
         await cluster.stop()
         await cluster.metadata.close()

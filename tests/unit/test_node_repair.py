@@ -15,7 +15,7 @@ from quire.errors import ClientTimeoutError, NoSuchEntryError, QuireError, Unkno
 from quire.metadata import LedgerMetadata
 from quire.node.entry_copier import EntryCopier
 from quire.node.repair import LedgerRepair
-from quire.protocol import BatchReadResponse, DigestManager
+from quire.protocol import BatchReadResponse, DigestManager, LedgerKeys
 from quire.types import DigestType, LedgerState
 
 PW = b"pw"
@@ -24,8 +24,9 @@ LEDGER = 5
 
 def closed(ensemble_size: int, write_quorum: int, fragments: Sequence[tuple[int, tuple[str, ...]]],
            last: int) -> LedgerMetadata:
-    return LedgerMetadata(ensemble_size, write_quorum, 1, password=PW, state=LedgerState.CLOSED,
-                          last_entry_id=last, ensembles=tuple(fragments))
+    return LedgerMetadata(ensemble_size, write_quorum, 1, keys=LedgerKeys.of_password(PW),
+                          state=LedgerState.CLOSED, last_entry_id=last,
+                          ensembles=tuple(fragments))
 
 
 class StoredIds:
@@ -133,8 +134,8 @@ def copier(peers: dict[str, Peer]) -> EntryCopier:
                        batch_max_bytes=1 << 20)
 
 
-METADATA = LedgerMetadata(3, 3, 2, password=PW, state=LedgerState.CLOSED, last_entry_id=599,
-                          ensembles=((0, ("me", "p1", "p2")),))
+METADATA = LedgerMetadata(3, 3, 2, keys=LedgerKeys.of_password(PW), state=LedgerState.CLOSED,
+                          last_entry_id=599, ensembles=((0, ("me", "p1", "p2")),))
 
 
 async def test_copies_come_in_runs_verified_and_from_both_peers() -> None:

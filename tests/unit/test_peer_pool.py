@@ -50,6 +50,17 @@ def test_the_client_config_gives_the_peer_settings() -> None:
                                               timeout_check_interval_ms=7)
 
 
+def test_the_client_tls_settings_reach_the_peers_and_must_go_together() -> None:
+    config = ClientConfig(tls_ca="ca.pem", tls_cert="c.pem", tls_key="c.key")
+    peers = config.peer_config()
+    assert (peers.tls_ca, peers.tls_cert, peers.tls_key) == ("ca.pem", "c.pem", "c.key")
+    assert peers.tls_enabled and not PeerConfig().tls_enabled
+    with pytest.raises(ConfigError, match="go together"):
+        ClientConfig(tls_ca="ca.pem", tls_cert="c.pem")
+    with pytest.raises(ConfigError, match="needs tls_ca"):
+        PeerConfig(tls_cert="c.pem", tls_key="c.key")
+
+
 @pytest.mark.parametrize("field", ["connect_timeout_ms", "max_frame_bytes",
                                    "timeout_check_interval_ms"])
 @pytest.mark.parametrize("value", [0, -1, 1.5])

@@ -19,6 +19,7 @@ from cryptography import x509
 from quire.errors import InsecureSecretFileError, RoleNotAllowedError, TlsConfigError
 from quire.security import (
     ClientCertificates,
+    ClientTls,
     SecurityConfig,
     ServerTls,
     certificate_role,
@@ -214,6 +215,26 @@ def test_reloads_are_looked_for_at_most_every_interval(pki: Pki, tmp_path: Path)
     now[0] += 0.6
     assert tls.check() and tls.generation == 1
     assert not tls.check(force=True)  # nothing changed since
+
+
+def test_a_long_lived_clients_files_are_reloaded_when_they_change(
+        pki: Pki, tmp_path: Path) -> None:
+    now = [100.0]
+    tls = ClientTls(pki.ca.cert_file, pki.client.cert_file, pki.client.key_file,
+                    reload_interval_ms=1000, clock=lambda: now[0])
+    first = tls.context()
+    assert tls.context() is first  # nothing changed: the same context
+    renewed = issue_certificate(pki.ca, tmp_path / "client", "client", role="client")
+    assert renewed == pki.client
+    assert tls.context() is first  # too soon to look
+    now[0] += 1.1
+    second = tls.context()
+    assert second is not first  # the renewed certificate, from the next connection on
+    pki.client.key_file.write_bytes(b"not a key")  # a half-done replacement: kept the last
+    now[0] += 1.1
+    assert tls.context() is second
+    with pytest.raises(TlsConfigError):
+        ClientTls(pki.ca.cert_file, pki.client.cert_file, pki.client.key_file)
 
 
 def test_bad_files_refuse_the_start(pki: Pki, tmp_path: Path) -> None:

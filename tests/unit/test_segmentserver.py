@@ -43,6 +43,7 @@ from quire.pravega_wire import (
     Hello,
     KeepAlive,
     MergeSegments,
+    MergeTableSegments,
     NoSuchSegment,
     OperationUnsupported,
     ReadSegment,
@@ -58,6 +59,7 @@ from quire.pravega_wire import (
     SegmentDeleted,
     SegmentIsSealed,
     SegmentIsTruncated,
+    SegmentPolicyUpdated,
     SegmentRead,
     SegmentSealed,
     SegmentsMerged,
@@ -84,6 +86,7 @@ from quire.pravega_wire import (
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
 from quire.segmentstore import SegmentExistsError, SegmentStore, SegmentStoreConfig
 from quire.segmentstore.names import container_of
+from quire.segmentstore.segment_rates import SCALE_POLICY_RATE_KEY, SCALE_POLICY_TYPE_KEY
 from quire.segmentstore.types import MAX_APPEND_BYTES
 from quire.testing.memory_data_log import MemoryDataLog, MemoryDataLogs
 from tests.support.fake_transport import FakeTransport
@@ -178,9 +181,23 @@ async def test_bad_frame_closes_that_connection_only(served: Served, bad: bytes)
 
 async def test_known_but_unserved_command_is_answered_unsupported(served: Served) -> None:
     c = await served.connect()
-    assert await c.request(UpdateSegmentPolicy(4, S, 10, 1, "")) == \
-        OperationUnsupported(4, "UpdateSegmentPolicy", "")
+    assert await c.request(MergeTableSegments(4, S, "other", "")) == \
+        OperationUnsupported(4, "MergeTableSegments", "")
     assert await c.request(KeepAlive()) == KeepAlive()
+
+
+async def test_a_segment_scaling_policy_is_set_at_creation_and_updated(served: Served) -> None:
+    c = await served.connect()
+    policy = [SCALE_POLICY_TYPE_KEY, SCALE_POLICY_RATE_KEY]
+    assert await c.request(CreateSegment(1, S, 100, 2, "")) == SegmentCreated(1, S)
+    assert await served.store.get_attributes(S, policy) == {SCALE_POLICY_TYPE_KEY: 2,
+                                                           SCALE_POLICY_RATE_KEY: 100}
+    assert await c.request(UpdateSegmentPolicy(2, S, 7, 1, "")) == SegmentPolicyUpdated(2, S)
+    assert await served.store.get_attributes(S, policy) == {SCALE_POLICY_TYPE_KEY: 1,
+                                                           SCALE_POLICY_RATE_KEY: 7}
+    plain = name_in(0, "sc/plain")
+    await created(c, plain)
+    assert await served.store.get_attributes(plain, policy) == {}
 
 
 # --- appends -----------------------------------------------------------------------

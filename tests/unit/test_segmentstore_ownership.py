@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import LeaseState, MetadataStore, open_store
+from quire.pravega_wire import WrongHost
+from quire.segmentserver.replies import error_reply
 from quire.segmentstore import (
     ContainerFencedError,
     ContainerNotOwnedError,
@@ -21,9 +23,11 @@ from quire.segmentstore import (
     SegmentStoreConfig,
 )
 from quire.segmentstore.ownership import (
+    HOSTS_PREFIX,
     ContainerOwnership,
     OwnershipSettings,
     balanced_assignment,
+    live_hosts,
     owner_address,
     read_assignment,
 )
@@ -67,11 +71,11 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
 class Host:
     """One segment store 'process': its own metadata session, store and ownership."""
 
-    def __init__(self, uri: str, logs: MemoryDataLogs, name: str) -> None:
-        self.uri, self.logs, self.name = uri, logs, name
+    def __init__(self, uri: str, logs: MemoryDataLogs, name: str, lease_ms: int = 400) -> None:
+        self.uri, self.logs, self.name, self.lease_ms = uri, logs, name, lease_ms
 
     async def start(self) -> Host:
-        self.metadata: MetadataStore = await open_store(self.uri, lease_ms=400)
+        self.metadata: MetadataStore = await open_store(self.uri, lease_ms=self.lease_ms)
         self.store = await SegmentStore.open(
             None, (), config=SegmentStoreConfig(container_count=COUNT),
             metadata_store=self.metadata, open_log=lambda c: self.logs.open(f"c{c}"))
@@ -136,6 +140,46 @@ async def test_two_hosts_split_the_containers_and_one_takes_over_from_a_dead_one
     await a.ownership.close()
 
 
+async def test_a_host_whose_lease_expired_and_came_back_at_once_registers_again(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """A host cut off from ZooKeeper past its session: the server drops its
+    host record and the others take its containers.  Healed, its client
+    reports the expiry and a new live session one right after the other,
+    before the host's converging loop looks: it must still stop its
+    containers and register again, and get its share back.  (Found by a
+    network round: the segment store never rejoined.)"""
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a").start()
+    b = await Host(uri, logs, "host-b").start()
+    hosts += [a, b]
+    await until(lambda: len(a.store.container_ids) == len(b.store.container_ids) == COUNT // 2)
+    await b.metadata.delete_record(HOSTS_PREFIX + "host-a")  # the session expired
+    await until(lambda: set(b.store.container_ids) == set(range(COUNT))
+                and not a.store.container_ids)
+    a.metadata._set_lease(LeaseState.EXPIRED)  # type: ignore[attr-defined]
+    a.metadata._set_lease(LeaseState.LIVE)  # type: ignore[attr-defined]
+    await until(lambda: len(a.store.container_ids) == len(b.store.container_ids) == COUNT // 2)
+    assert "host-a" in await live_hosts(b.metadata)
+
+
+async def test_a_host_restarted_before_its_old_lease_ended_waits_for_it_and_starts(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """kill -9 and a restart faster than the old session's timeout: the old
+    run's host record is still there; the new run waits for it to go
+    instead of refusing to start.  (Found by a network round: a segment
+    store restarted 2-4 s after kill -9 exited with "record
+    segmentstore/hosts/ss-1 already exists".)"""
+    uri, logs, hosts = cluster
+    dead = await open_store(uri, lease_ms=300)  # the killed run's session
+    await dead.create_leased_record(HOSTS_PREFIX + "host-a", b'{"address": "gone:1"}')
+    dead._heartbeat.cancel()  # type: ignore[attr-defined]  # it renews no more
+    a = await asyncio.wait_for(Host(uri, logs, "host-a").start(), 10)
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    assert (await live_hosts(a.metadata))["host-a"] == a.ownership.address
+    await dead.close()
+
+
 async def test_a_host_that_closes_hands_its_containers_over(
         cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
     uri, logs, hosts = cluster
@@ -148,3 +192,58 @@ async def test_a_host_that_closes_hands_its_containers_over(
     await until(lambda: set(b.store.container_ids) == set(range(COUNT)))
     await b.ownership.wait_converged()
     assert all(b.store.container(c).failure is None for c in range(COUNT))
+
+
+async def test_a_host_whose_lease_is_uncertain_confirms_ownership_before_each_read(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """A host cut off from the metadata store (its lease UNCERTAIN) keeps
+    its containers, but each read first writes a probe to its container's
+    tier-1 log; once another store took the container over (fencing the
+    log) and wrote on, the read is refused as not owned (WrongHost on the
+    wire), never answered from the old state.  (Found by a network round: a
+    quiet store cut off from ZooKeeper answered the length it had.)"""
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a", lease_ms=60_000).start()  # (no expiry meanwhile)
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    name = "sc/st/0"
+    await a.store.create_segment(name)
+    await a.store.append(name, b"x" * 10)
+    c = a.store.container_for(name)
+    oplog = a.store.container(c).operation_log
+
+    written = oplog.operations_written
+    assert (await a.store.get_info(name)).length == 10  # a live lease: nothing written
+    assert (await a.store.read(name, 0, 100)).data == b"x" * 10
+    assert oplog.operations_written == written and not a.store.confirm_reads
+
+    a.metadata._heartbeat.cancel()  # type: ignore[attr-defined]  # cut off: no renewals
+    a.metadata._set_lease(LeaseState.UNCERTAIN)  # type: ignore[attr-defined]
+    await until(lambda: a.store.confirm_reads)  # (the watch calls back on the loop)
+    assert (await a.store.get_info(name)).length == 10  # still its own: confirmed first
+    assert oplog.operations_written == written + 1
+    await asyncio.gather(a.store.read(name, 0, 100), a.store.get_attributes(name, [1]))
+    assert oplog.operations_written == written + 3
+    assert set(a.store.container_ids) == set(range(COUNT))  # it kept its containers
+    a.metadata._set_lease(LeaseState.LIVE)  # type: ignore[attr-defined]  # back in time
+    await until(lambda: not a.store.confirm_reads)
+    await a.store.get_info(name)
+    assert oplog.operations_written == written + 3
+    a.metadata._set_lease(LeaseState.UNCERTAIN)  # type: ignore[attr-defined]  # cut off again
+    await until(lambda: a.store.confirm_reads)
+
+    # another store takes the container over (as once a's session is gone) and writes
+    other_metadata = await open_store(uri)
+    other = await SegmentStore.open(None, (c,), config=SegmentStoreConfig(container_count=COUNT),
+                                    metadata_store=other_metadata,
+                                    open_log=lambda i: logs.open(f"c{i}"))
+    try:
+        await other.append(name, b"y" * 10)
+        for read in (a.store.get_info(name), a.store.read(name, 0, 100)):
+            with pytest.raises(ContainerFencedError) as refused:
+                await read
+            assert isinstance(error_reply(refused.value, 1, name, 0), WrongHost)
+        assert (await other.get_info(name)).length == 20
+    finally:
+        await other.close()
+        await other_metadata.close()

@@ -1,10 +1,11 @@
-"""A segment store's health as an operator sees it: ``/health``, the gauges
-on ``/metrics`` and what ``quire segmentstore status`` gathers from them.
+"""A segment store's health as an operator sees it: ``/api/v1/health`` (and
+the status word on ``/health``), the gauges on ``/metrics`` and what
+``quire segmentstore status`` gathers from them.
 
 A segment store host runs in-process over fake bookies and a memory://
 tier-2; its writers' tier-2 is then made to refuse everything: the
 container is shown ``degraded: tier-2 unavailable since <UTC> (<cause>)``
-in ``/health`` and by :func:`~quire.hosts.segmentstore_status.cluster_status`,
+in ``/api/v1/health`` and by :func:`~quire.hosts.segmentstore_status.cluster_status`,
 ``quire_segmentstore_container_degraded`` is 1 and the failures are
 counted by cause; once tier-2 accepts again, all is ok."""
 
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from quire.hosts import SegmentStoreHost, SegmentStoreHostConfig
+from quire.hosts.segmentstore_admin import HEALTH_DETAIL_PATH
 from quire.hosts.segmentstore_status import cluster_status
 from quire.http import HEALTH_PATH
 from quire.http.client import request_json
@@ -76,8 +78,11 @@ async def test_a_degraded_container_is_shown_everywhere_and_recovers(
             await store.append(name, b"data")
         await until(lambda: all(w.health.degraded is not None for w in store.writers.values()))
         health = await asyncio.to_thread(request_json, "GET", host.metrics_address,
-                                         HEALTH_PATH, timeout_s=10)
+                                         HEALTH_DETAIL_PATH, timeout_s=10)
         assert health["status"] == "degraded" and health["host"] == host.host_id
+        probe = await asyncio.to_thread(request_json, "GET", host.metrics_address,
+                                        HEALTH_PATH, timeout_s=10)
+        assert probe == {"status": "degraded"}  # no cause, no segment name
         assert [c["status"].startswith("degraded: tier-2 unavailable since ")
                 for c in health["containers"]] == [True, True]
         assert health["containers"][0]["cause"] == "Tier2RefusedError"
@@ -95,6 +100,9 @@ async def test_a_degraded_container_is_shown_everywhere_and_recovers(
         await until(lambda: all(w.health.degraded is None and w.backlog_bytes() == 0
                                 for w in store.writers.values()))
         assert all(c.ok for c in await cluster_status(metadata))
+        probe = await asyncio.to_thread(request_json, "GET", host.metrics_address,
+                                        HEALTH_PATH, timeout_s=10)
+        assert probe == {"status": "ok"}
         metrics = await asyncio.to_thread(scrape, host.metrics_address)
         assert metrics['quire_segmentstore_container_degraded{container="0"}'] == 0
     finally:

@@ -52,6 +52,7 @@ from quire.streams import (
     StreamWriter,
     TxnState,
     WriterConfig,
+    controller_resolver,
     frame_event,
     metadata_resolver,
     tail_cut,
@@ -451,6 +452,60 @@ async def test_a_block_the_server_keeps_refusing_fails_instead_of_looping(
     await writer.write_event(b"fine", "k")  # a new event sets the segment up afresh
     await writer.close()
     assert [e.data for e in await read_all(c, segments, "sc", "st")] == [b"fine"]
+
+
+async def test_a_writer_sets_up_again_while_the_owner_refuses_connections(
+        system: StreamSystem) -> None:
+    """The segment's owner is named but refuses connections (it crashed, and
+    its containers are not taken over yet) for the first setups: the writer
+    keeps resolving and setting up until the owner serves, and every event
+    is written once.  (Found by a network round, kill -9 of a segment
+    store: the writer failed every queued event at the first refused
+    connection.)"""
+    c = system.controller_client()
+    await c.create_scope("sc")
+    await c.create_stream("sc", "crash", 1)
+    dead = SegmentServer(system.store)  # bound, then closed: its port refuses connections
+    await dead.start("127.0.0.1", 0)
+    await dead.close()
+    owner = controller_resolver(c)
+    refusals = [f"127.0.0.1:{dead.port}"] * 4
+
+    async def resolve(segment: str) -> str:
+        return refusals.pop(0) if refusals else await owner(segment)
+    segments = RemoteSegmentStore(resolve, FAST_RETRY)
+    system.clients.append(segments)
+    writer = StreamWriter(c, segments, "sc", "crash")
+    await writer.start()
+    await asyncio.gather(*(writer.write_event(b"%d" % i, "k") for i in range(20)))
+    await writer.close()
+    assert not refusals and segments.retries >= 4
+    assert [int(e.data) for e in await read_all(c, segments, "sc", "crash")] == list(range(20))
+
+
+async def test_no_owner_known_to_the_controller_is_retried(system: StreamSystem) -> None:
+    """getURI answers UNAVAILABLE while no live segment store owns the
+    container (its owner crashed and the takeover is not done): operations
+    resolving through the controller retry instead of failing.  (Found by a
+    network round, kill -9 of a segment store: a stream reader died of
+    ControllerUnavailableError.)"""
+    c = system.controller_client()
+    await c.create_scope("sc")
+    await c.create_stream("sc", "moving", 1)
+    unavailable = [2]
+
+    class Flaky:
+        async def segment_uri(self, scope: str, stream: str, segment: int) -> str:
+            if unavailable[0]:
+                unavailable[0] -= 1
+                raise ControllerUnavailableError("getURI: UNAVAILABLE: no live segment store "
+                                                 "owns container 0")
+            return await c.segment_uri(scope, stream, segment)
+    segments = RemoteSegmentStore(controller_resolver(Flaky()),  # type: ignore[arg-type]
+                                  FAST_RETRY)
+    system.clients.append(segments)
+    info = await segments.get_info("sc/moving/0.#epoch.0")
+    assert info.length == 0 and segments.retries == 2 and unavailable == [0]
 
 
 # --- one connection ---------------------------------------------------------------------

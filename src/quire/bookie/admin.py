@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
 from quire.bookie.services import BackgroundServices
-from quire.http import HttpServer, Route, json_route
+from quire.http import HttpServer, Readiness, Route, json_route
 from quire.http.client import request_json
 from quire.security import Authenticator, ServerTls
 
@@ -63,10 +64,15 @@ def admin_routes(actions: AdminActions) -> list[Route]:
 
 async def serve_admin(registry: CollectorRegistry, actions: AdminActions, host: str, port: int,
                       *, tls: ServerTls | None = None,
-                      authenticator: Authenticator | None = None) -> HttpServer:
-    """Start the metrics and admin endpoint (``port`` 0: any free one); the
-    started server (``.port`` is the port it listens on)."""
-    server = HttpServer(registry, admin_routes(actions), tls=tls, authenticator=authenticator)
+                      authenticator: Authenticator | None = None,
+                      extra_routes: Sequence[Route] = (),
+                      ready: Readiness | None = None) -> HttpServer:
+    """Start the metrics and admin endpoint (``port`` 0: any free one), with
+    ``extra_routes`` (the node's admin API, :mod:`quire.node.admin_api`) and
+    ``ready`` answering ``/ready``; the started server (``.port`` is the
+    port it listens on)."""
+    server = HttpServer(registry, [*admin_routes(actions), *extra_routes], tls=tls,
+                        authenticator=authenticator, ready=ready)
     await server.start(host, port)
     return server
 

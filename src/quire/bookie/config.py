@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quire.bookie.storage.config import StorageConfig
+from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
 from quire.security import SecurityConfig
@@ -23,11 +24,27 @@ DEFAULT_DATA_DIR = Path("quire-bookie/data")
 
 
 @dataclass(frozen=True)
-class BookieConfig:
+class ConnectionLimits:
+    """The connection limits of :mod:`quire.bookie.connection` (0: no limit,
+    no timeout); :attr:`BookieConfig.limits`."""
+
+    max_connections: int = 0
+    max_connections_per_peer: int = 0
+    idle_timeout_ms: int = 0
+    max_buffered_reply_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class BookieConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (the bookie port and the HTTP
+    endpoint listen on the listen host; the registration carries the
+    advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
     bookie_id: str = ""
-    """Stable identity kept in the cookie; empty = ``host:port`` (port must be set)."""
-    host: str = "127.0.0.1"
+    """Stable identity kept in the cookie; empty = the advertised ``host:port``
+    (port must be set)."""
     port: int = 3181
     """Listening port; 0 picks a free one (the registry records the real one)."""
     metrics_port: int = -1
@@ -62,9 +79,40 @@ class BookieConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS and authentication, flat keys like the storage's (``tls_cert_file``,
     ``tls_key_file``, ``tls_ca_file``, ``auth_enabled``, ...; see
-    :class:`~quire.security.SecurityConfig`): the HTTP endpoint
-    (``/metrics``, ``POST /admin/gc``) serves over TLS and authenticates
-    against the metadata store's users when they are set."""
+    :class:`~quire.security.SecurityConfig`).  With ``tls_cert_file`` the
+    bookie port serves TLS (:mod:`quire.bookie.listener`); with
+    ``tls_ca_file`` too, peers must show a certificate that CA signed
+    (mutual TLS, authorized by ``tls_allowed_roles``), and the bookie's
+    own connections to its peers (repair, autorecovery) are TLS, showing
+    its certificate.  The HTTP endpoint (``/metrics``, ``POST /admin/gc``)
+    serves over TLS and authenticates against the metadata store's users
+    when they are set."""
+    tls_allowed_roles: tuple[str, ...] = ()
+    """Mutual TLS on the bookie port: the roles whose certificates may
+    connect (BookKeeper's ``BookieAuthZFactory``), e.g. ``("bookie",
+    "segmentstore", "client")``; empty: any certificate ``tls_ca_file``
+    signed.  A bookie's own certificate needs an allowed role for repair
+    and autorecovery."""
+    tls_role_field: str = "OU"
+    """The subject field of a peer certificate that holds its role (``OU``,
+    ``CN``, ``O``...; a value ``a,b`` is the role ``a``)."""
+    max_connections: int = 4096
+    """Open connections at most, TLS handshakes in progress included; one
+    more is closed at once (0: no limit)."""
+    max_connections_per_peer: int = 512
+    """Open connections from one IP address at most (0: no limit); a client
+    process holds one per bookie."""
+    idle_timeout_ms: int = 30_000
+    """A connection that sent nothing for this long and never sent a whole
+    request, or holds part of one, or has not finished its TLS handshake,
+    is closed, and so is one that read none of its waiting answers for as
+    long (0: never).  A connection that did its work and waits for the
+    next is kept (clients pool them)."""
+    max_buffered_reply_bytes: int = 4 * 1024 * 1024
+    """Write back-pressure: while more answer bytes than this wait in a
+    connection's write buffer (its client does not read them), the bookie
+    stops reading that connection; nor does it take more of its requests
+    once their answers queued in one loop iteration pass it (0: no limit)."""
     flush_interval_ms: int = 1000
     """Checkpoint period: write cache to entry logs, index commit, journal mark."""
     gc_interval_ms: int = 60_000
@@ -92,11 +140,18 @@ class BookieConfig:
     """Below this it turns writable again."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_connection_pending_bytes: int = 16 * 1024 * 1024
-    """Per-connection back-pressure: stop reading a socket while more than
-    this many response bytes wait to be written or acknowledged."""
+    """A connection's budget in bytes: the requests it sent and was not
+    answered yet (adds held until durable) plus the answers queued for it
+    in this loop iteration (see ``max_buffered_reply_bytes`` too).  Past it
+    the bookie takes no more of its requests and stops reading it until
+    half is free (a read of 64 KiB of batch-read requests would otherwise
+    queue gigabytes of answers)."""
     batch_read_enabled: bool = True
     batch_read_max_size_bytes: int = 4 * 1024 * 1024
     registration_lease_ms: int = 3000
+    """How long the bookie's registration outlives its last contact with the
+    metadata store: the embedded drivers' lease, or ZooKeeper's session
+    timeout (the server may raise it to twice its tick time)."""
     autorecovery_enabled: bool = False
     """Run an autorecovery auditor candidate and a replication worker in this
     bookie process (see ``quire.node.autorecovery``)."""
@@ -137,6 +192,7 @@ class BookieConfig:
 
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("minor_compaction_threshold", "major_compaction_threshold",
                      "compaction_disk_usage_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
@@ -146,12 +202,26 @@ class BookieConfig:
                               " <= disk_usage_threshold <= 1")
         if self.minor_compaction_interval_ms < 0 or self.major_compaction_interval_ms < 0:
             raise ConfigError("compaction intervals must be 0 (off) or positive")
+        for name in ("max_connections", "max_connections_per_peer", "idle_timeout_ms",
+                     "max_buffered_reply_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (no limit) or positive")
+        if self.max_connection_pending_bytes <= 0:
+            raise ConfigError("max_connection_pending_bytes must be positive")
+        if self.tls_allowed_roles and not self.security.tls_ca_file:
+            raise ConfigError("tls_allowed_roles needs tls_ca_file (mutual TLS)")
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """The connection limits of :mod:`quire.bookie.connection`."""
+        return ConnectionLimits(self.max_connections, self.max_connections_per_peer,
+                                self.idle_timeout_ms, self.max_buffered_reply_bytes)
 
     @property
     def resolved_bookie_id(self) -> str:
         """The id the bookie registers and keeps in its cookie:
-        ``bookie_id``, else ``host:port``."""
-        return self.bookie_id or f"{self.host}:{self.port}"
+        ``bookie_id``, else the advertised ``host:port``."""
+        return self.bookie_id or self.advertised_address(self.port)
 
 
 def warn_if_unprotected(config: BookieConfig) -> bool:

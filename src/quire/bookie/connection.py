@@ -8,6 +8,33 @@ message at a time, in arrival order, to a :class:`RequestHandler`.  The
 to send once per loop iteration.
 
 A malformed frame closes its connection only.
+
+**Limits that hold under abuse** (the settings are
+:class:`~quire.bookie.config.BookieConfig`'s; every refusal and pause is
+counted on ``/metrics``):
+
+* admission (:meth:`ConnectionHub.admit`): at most ``max_connections``
+  connections, and ``max_connections_per_peer`` from one IP address, a TLS
+  handshake in progress included; one more is closed at once;
+* a per-connection budget of ``max_connection_pending_bytes``: the bytes of
+  requests taken and not answered yet (adds held until durable) plus the
+  answers queued in this loop iteration, these alone at most
+  ``max_buffered_reply_bytes`` (more could not be written anyway).  Past
+  it, the connection stops taking the requests it has buffered (a read of
+  64 KiB of batch-read requests could otherwise queue gigabytes of
+  answers) and stops reading its socket, until its answers went out and
+  half the budget is free;
+* write back-pressure: the transport's write buffer high-water mark is
+  ``max_buffered_reply_bytes``; above it (a client that does not read its
+  answers) the transport calls :meth:`BookieConnection.pause_writing` and
+  the connection stops reading, until :meth:`~BookieConnection.resume_writing`;
+* idle connections: :meth:`ConnectionHub.sweep_idle` closes those that sent
+  nothing for ``idle_timeout_ms`` and either never sent a whole frame or
+  hold part of one (a connection that did its work and waits for the next
+  is kept: clients pool them), and those whose answers wait, unread, with
+  none of them read for as long (the memory they hold is given back).
+  The per-read cost is one counter (:attr:`BookieConnection.reads`); the
+  sweep runs on a timer.
 """
 
 from __future__ import annotations
@@ -17,6 +44,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, cast
 
+from quire.bookie.config import ConnectionLimits
 from quire.bookie.metrics import BookieMetrics
 from quire.errors import ProtocolError
 from quire.protocol import AddRequestRun, Decoder, Request
@@ -53,18 +81,33 @@ class RequestHandler(Protocol):
         ...
 
 
+def peer_host(transport: asyncio.BaseTransport) -> str:
+    """The IP address a connection comes from (a transport's own name for
+    its peer if it is not an address pair; "?" if unknown)."""
+    name = transport.get_extra_info("peername")
+    if isinstance(name, tuple) and name:
+        return str(name[0])
+    return "?" if name is None else str(name)
+
+
 class ConnectionHub:
     """The bookie's open connections.  Answers queued during one loop
     iteration go out in one write per connection (:meth:`flush_all`, which
     first runs the actions given to :meth:`before_answers`); while
-    ``throttled`` no connection reads."""
+    ``throttled`` no connection reads.  It also admits connections and
+    closes idle ones (the limits of the module docstring)."""
 
     def __init__(self, metrics: BookieMetrics, *, max_frame_bytes: int,
-                 max_connection_pending_bytes: int) -> None:
+                 max_connection_pending_bytes: int,
+                 limits: ConnectionLimits | None = None) -> None:
         self.metrics = metrics
         self.max_frame_bytes = max_frame_bytes
         self.max_connection_pending_bytes = max_connection_pending_bytes
+        self.limits = limits or ConnectionLimits()
         self.connections: set[BookieConnection] = set()
+        self.admitted = 0
+        """Connections admitted and not gone (TLS handshakes in progress included)."""
+        self._per_peer: dict[str, int] = {}
         self.throttled = False
         """True while the write cache is full and the checkpoint that empties
         it still runs: every connection stops reading until it is done
@@ -124,6 +167,33 @@ class ConnectionHub:
             if conn.transport is not None:
                 conn.transport.close()
 
+    def admit(self, host: str) -> bool:
+        """Take one more connection from ``host`` if the limits allow it
+        (counted otherwise); :meth:`leave` gives it back."""
+        limits = self.limits
+        if limits.max_connections and self.admitted >= limits.max_connections:
+            self.refused("max_connections")
+            return False
+        count = self._per_peer.get(host, 0)
+        if limits.max_connections_per_peer and count >= limits.max_connections_per_peer:
+            self.refused("max_connections_per_peer")
+            return False
+        self._per_peer[host] = count + 1
+        self.admitted += 1
+        return True
+
+    def leave(self, host: str) -> None:
+        self.admitted -= 1
+        count = self._per_peer.pop(host, 0) - 1
+        if count > 0:
+            self._per_peer[host] = count
+
+    def refused(self, reason: str, detail: str = "") -> None:
+        """Count a connection closed by a limit (or TLS); logged at most
+        every few seconds (an attack would flood the log)."""
+        self.metrics.connection_refusals.labels(reason).inc()
+        self.metrics.log_refusal(reason, detail)
+
     def opened(self, conn: BookieConnection) -> None:
         self.connections.add(conn)
         self.metrics.connections.inc()
@@ -131,42 +201,122 @@ class ConnectionHub:
     def closed(self, conn: BookieConnection) -> None:
         self.connections.discard(conn)
         self.metrics.connections.dec()
+        self.leave(conn.host)
+
+    def sweep_idle(self, now: float) -> int:
+        """Close the connections idle past ``idle_timeout_ms`` (module
+        docstring) as of loop time ``now``; how many."""
+        timeout_s = self.limits.idle_timeout_ms / 1000.0
+        if not timeout_s:
+            return 0
+        closed = 0
+        for conn in list(self.connections):
+            transport = conn.transport
+            if transport is None or transport.is_closing():
+                continue
+            unread = transport.get_write_buffer_size() if conn.writing_paused else -1
+            mark = (conn.reads, unread)
+            if mark != conn.idle_mark:
+                conn.idle_mark, conn.idle_since = mark, now
+                continue
+            if now - conn.idle_since < timeout_s:
+                continue
+            if conn.stalled:
+                self.refused("idle_timeout")
+            elif conn.writing_paused:  # its answers wait, and it read none of them
+                self.refused("replies_unread_timeout")
+            else:
+                continue
+            transport.abort()
+            closed += 1
+        return closed
 
 
 class BookieConnection(asyncio.Protocol):
     """One client connection: decode, hand over, write answers, back-pressure."""
 
-    def __init__(self, hub: ConnectionHub, handler: RequestHandler) -> None:
+    def __init__(self, hub: ConnectionHub, handler: RequestHandler, *,
+                 admitted: bool = False) -> None:
         self.hub = hub
         self.handler = handler
         self.decoder = Decoder("requests", hub.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self.pending_bytes = 0
         """Bytes of requests accepted but not yet answered."""
+        self.out_bytes = 0
+        """Bytes of the answers queued in this loop iteration (not yet written)."""
         self.volatile_acks: list[bytes] = []
         """Answers that go out at the end of this read (see RequestHandler)."""
+        self.reads = 0
+        """Reads of the socket so far (the idle sweep's only per-read cost)."""
+        self.idle_mark: tuple[int, int] = (0, -1)
+        self.idle_since = 0.0
+        """(:attr:`reads`, its unread answers' bytes while writing is paused)
+        at the sweep that last saw them change, and when."""
         self._out: list[bytes] = []
         self._reading_paused = False
         self._writing_paused = False
+        self._holding = False
+        """Requests buffered and not taken: the budget was spent (module docstring)."""
+        self._admitted = admitted
+        """Admitted already (by the TLS handshake that made it)."""
+        self._opened = False
         self.peer = "?"
+        self.host = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.peer = str(transport.get_extra_info("peername"))
-        self.hub.opened(self)
+        self.host = peer_host(transport)
+        hub = self.hub
+        if not self._admitted and not hub.admit(self.host):
+            self.transport.abort()
+            return
+        limit = hub.limits.max_buffered_reply_bytes
+        if limit:
+            self.transport.set_write_buffer_limits(high=limit)
+        self._opened = True
+        self.idle_since = asyncio.get_running_loop().time()
+        hub.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.hub.closed(self)
+        if self._opened:
+            self._opened = False
+            self.hub.closed(self)
         self.transport = None
 
+    @property
+    def writing_paused(self) -> bool:
+        """Whether the transport holds more answers than its client reads."""
+        return self._writing_paused
+
+    @property
+    def stalled(self) -> bool:
+        """Never sent a whole request, or holds part of one, with nothing in
+        flight: what the idle sweep closes once it sent nothing for long."""
+        return (self.reads == 0 or self.decoder.buffered_bytes > 0) and not self._holding \
+            and not self.pending_bytes and not self._out
+
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
+        try:
+            self.decoder.feed(data)
+        except ProtocolError as e:
+            self._malformed(e)
+            return
+        if not self._holding:
+            self._serve()
+
+    def _serve(self) -> None:
         # Runs of ADD_ENTRY frames are taken as columns; anything else one
         # message at a time, so requests are handled in arrival order.
         handler = self.handler
         take_adds, take_request = handler.take_adds, handler.take_request
+        hub = self.hub
+        limit = hub.max_connection_pending_bytes
+        replies_limit = hub.limits.max_buffered_reply_bytes or limit
         try:
             decoder = self.decoder
-            decoder.feed(data)
             while True:
                 run = decoder.take_add_requests()
                 if run is not None:
@@ -175,20 +325,34 @@ class BookieConnection(asyncio.Protocol):
                 if message is None:
                     break
                 take_request(self, message)  # type: ignore[arg-type]
+                out = self.out_bytes
+                if (out > replies_limit or self.pending_bytes + out > limit) \
+                        and decoder.buffered_bytes:
+                    self._holding = True  # the budget is spent: the rest waits
+                    hub.metrics.reads_paused.labels("request_budget").inc()
+                    break
         except ProtocolError as e:
-            log.warning("closing connection from %s: malformed frame: %s", self.peer, e)
-            self.hub.metrics.malformed_frames.inc()
-            if self.transport is not None:
-                self.transport.abort()
+            self._malformed(e)
             return
         if self.volatile_acks:
             handler.release_volatile_acks(self)
         self.update_flow()
 
+    def _malformed(self, e: ProtocolError) -> None:
+        log.warning("closing connection from %s: malformed frame: %s", self.peer, e)
+        self.hub.metrics.malformed_frames.inc()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _resume_serving(self) -> None:
+        if self.transport is not None and not self._holding:
+            self._serve()
+
     def send(self, frame: bytes, request_bytes: int = 0) -> None:
         """Queue an answer; all answers queued in one loop iteration go out
         in one write (one syscall instead of one per acknowledgement)."""
         self.pending_bytes -= request_bytes
+        self.out_bytes += len(frame)
         if not self._out:
             self.hub.schedule_flush(self)
         self._out.append(frame)
@@ -196,12 +360,14 @@ class BookieConnection(asyncio.Protocol):
     def send_many(self, frames: list[bytes], request_bytes: int = 0) -> None:
         """:meth:`send` for several answers at once."""
         self.pending_bytes -= request_bytes
+        self.out_bytes += sum(map(len, frames))
         if not self._out:
             self.hub.schedule_flush(self)
         self._out += frames
 
     def flush(self) -> None:
         out, self._out = self._out, []
+        self.out_bytes = 0
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
@@ -212,21 +378,29 @@ class BookieConnection(asyncio.Protocol):
 
     def update_flow(self) -> None:
         """Pause or resume reading: paused while the peer does not read our
-        answers, while too many request bytes wait for an answer, or while
-        the hub is throttled (write cache full)."""
+        answers, while the budget is spent (request bytes waiting for an
+        answer, answers queued), or while the hub is throttled (write cache
+        full).  Resumed at half the budget (no flapping); requests left
+        buffered when the budget ran out are then taken first."""
         if self.transport is None:
             return
         limit = self.hub.max_connection_pending_bytes
-        should_pause = self._writing_paused or self.pending_bytes > limit or self.hub.throttled
+        should_pause = self._writing_paused or self.pending_bytes > limit or self.hub.throttled \
+            or self._holding
         if should_pause and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
-        elif not should_pause and self._reading_paused and self.pending_bytes <= limit // 2:
+        elif self._reading_paused and not (self._writing_paused or self.hub.throttled) \
+                and self.pending_bytes + self.out_bytes <= limit // 2:
             self._reading_paused = False
+            if self._holding:
+                self._holding = False
+                asyncio.get_running_loop().call_soon(self._resume_serving)
             self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self.hub.metrics.reads_paused.labels("replies_unread").inc()
         self.update_flow()
 
     def resume_writing(self) -> None:

@@ -49,6 +49,7 @@ from quire.protocol import (
     batch_read_room,
     encode_batch_read_records,
 )
+from quire.security.ledger_keys import same_key
 
 log = logging.getLogger("quire.bookie")
 
@@ -173,7 +174,7 @@ class RequestHandlers:
             stored_key = self.storage.get_master_key(req.ledger_id)
             if stored_key is None:
                 raise NoSuchLedgerError(f"ledger {req.ledger_id}")
-            if stored_key != req.master_key:
+            if not same_key(stored_key, req.master_key):
                 status = StatusCode.UNAUTHORIZED
             else:
                 self.storage.set_explicit_lac(req.ledger_id, req.lac)

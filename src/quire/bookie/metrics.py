@@ -9,6 +9,7 @@ exactly the buckets the BP lists.
 
 from __future__ import annotations
 
+import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable
@@ -21,6 +22,10 @@ from quire.errors import StatusCode
 from quire.protocol import OpCode
 
 _perf_counter = time.perf_counter
+log = logging.getLogger("quire.bookie")
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""At most one log line per reason this often (an attack would flood the log)."""
 
 LATENCY_BUCKETS_MS = (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 3000)
 # BP-62: [0-5], [5-10], [10-20], [20-50], [50-100], [100-200], [200-500],
@@ -146,6 +151,18 @@ class BookieMetrics:
             "quire_bookie_read_cache_misses", "Reads that went to the entry logs", registry=r)
         self.connections = Gauge(
             "quire_bookie_connections", "Open client connections", registry=r)
+        self.connection_refusals = Counter(
+            "quire_bookie_connection_refusals",
+            "Connections closed by a limit or by TLS, by reason (max_connections, "
+            "max_connections_per_peer, idle_timeout, replies_unread_timeout, tls_handshake, "
+            "tls_role)", ["reason"],
+            registry=r)
+        self.reads_paused = Counter(
+            "quire_bookie_connection_reads_paused",
+            "Times a connection stopped reading, by reason (replies_unread: its answers "
+            "above max_buffered_reply_bytes; request_budget: max_connection_pending_bytes "
+            "spent)", ["reason"], registry=r)
+        self._refusals_logged: dict[str, tuple[float, int]] = {}
         self.read_only = Gauge(
             "quire_bookie_read_only", "1 while the bookie is read-only", registry=r)
         self.compactions = Counter(
@@ -166,6 +183,18 @@ class BookieMetrics:
         self.entry_logs_removed = Counter(
             "quire_bookie_gc_entry_logs_removed",
             "Entry logs GC removed because none of their ledgers exists", registry=r)
+
+    def log_refusal(self, reason: str, detail: str = "") -> None:
+        """A warning for a refused connection, at most one per reason every
+        :data:`REFUSAL_LOG_INTERVAL_S` (saying how many went unlogged)."""
+        now = time.monotonic()
+        last, skipped = self._refusals_logged.get(reason, (-REFUSAL_LOG_INTERVAL_S, 0))
+        if now - last < REFUSAL_LOG_INTERVAL_S:
+            self._refusals_logged[reason] = (last, skipped + 1)
+            return
+        self._refusals_logged[reason] = (now, 0)
+        more = f" ({skipped} more since the last report)" if skipped else ""
+        log.warning("connection refused: %s%s%s", reason, f": {detail}" if detail else "", more)
 
     def count_compaction(self, kind: str, stats: CompactionStats) -> None:
         self.compactions.labels(kind).inc()

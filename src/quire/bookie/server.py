@@ -5,7 +5,8 @@ committer (``quire.node`` opens them, and assembles the process around the
 server: cookie, listener, registration, signals).  It composes:
 
 * :mod:`~quire.bookie.connection`: connections, framing, answers written
-  once per loop iteration, back-pressure;
+  once per loop iteration, back-pressure, connection limits (the listener,
+  TLS and mutual TLS included, is :mod:`~quire.bookie.listener`'s);
 * :mod:`~quire.bookie.adds`: the one add pipeline, every add a run of columns;
 * :mod:`~quire.bookie.durability`: when an add is answered and when it
   counts as synced (PD, BP-14 VD, BP-46's journal bypass), chosen once per
@@ -59,7 +60,8 @@ class BookieServer:
         self.committer = committer
         self.metrics = metrics = metrics or BookieMetrics()
         self.hub = ConnectionHub(metrics, max_frame_bytes=config.max_frame_bytes,
-                                 max_connection_pending_bytes=config.max_connection_pending_bytes)
+                                 max_connection_pending_bytes=config.max_connection_pending_bytes,
+                                 limits=config.limits)
         self.latencies = RequestLatencies(metrics, self.hub.before_answers)
         self.status = BookieStatus(metrics, publisher)
         self.cursors = SyncCursors(storage, committer, cursors,

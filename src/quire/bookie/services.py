@@ -79,6 +79,9 @@ class BackgroundServices:
         self._gc_lock = asyncio.Lock()
         now = time.monotonic()
         self._last_compaction = {MINOR: now, MAJOR: now}
+        self._compactions = {MINOR: 0, MAJOR: 0}
+        self._last_compaction_wall_ms = {MINOR: 0, MAJOR: 0}
+        self._forced = False
         self._last_disk_gc = float("-inf")
         self._disk_gc: asyncio.Task[GcReport] | None = None
 
@@ -168,7 +171,21 @@ class BackgroundServices:
     async def gc_now(self) -> GcReport:
         """GC and a major compaction now, whatever the intervals
         (``quire bookie gc --now``)."""
-        return await self.run_gc(compaction=MAJOR)
+        self._forced = True
+        try:
+            return await self.run_gc(compaction=MAJOR)
+        finally:
+            self._forced = False
+
+    def gc_details(self) -> dict[str, Any]:
+        """What GC is doing and did (BookKeeper's ``gc_details`` shape; times
+        are wall-clock ms, 0: never since the bookie started)."""
+        running = self._gc_lock.locked()
+        return {"forceCompacting": self._forced, "gcRunning": running,
+                "majorCompactionCounter": self._compactions[MAJOR],
+                "minorCompactionCounter": self._compactions[MINOR],
+                "lastMajorCompactionTime": self._last_compaction_wall_ms[MAJOR],
+                "lastMinorCompactionTime": self._last_compaction_wall_ms[MINOR]}
 
     async def run_gc(self, compaction: str | None = None) -> GcReport:
         """Drop ledgers whose metadata is definitely gone; remove dead entry
@@ -222,6 +239,8 @@ class BackgroundServices:
         stats = await asyncio.to_thread(self._storage.compact_entry_logs, threshold)
         now = time.monotonic()
         self._last_compaction[kind] = now
+        self._compactions[kind] += 1
+        self._last_compaction_wall_ms[kind] = int(time.time() * 1000)
         if kind == MAJOR:  # a major compaction does a minor one's work too
             self._last_compaction[MINOR] = now
         if stats.logs_compacted or stats.logs_failed:

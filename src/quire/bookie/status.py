@@ -26,13 +26,18 @@ class StatePublisher(Protocol):
 class BookieStatus:
     """The bookie's read-only flag: set by a failed journal write (for good:
     the durability of what it held is unknown) or by a full ledger disk
-    (until it drains below the low-water mark)."""
+    (until it drains below the low-water mark), or by the operator
+    (:meth:`set_by_operator`, the admin API's ``readonly`` toggle: until
+    the operator clears it)."""
 
     def __init__(self, metrics: BookieMetrics, publisher: StatePublisher) -> None:
         self._metrics = metrics
         self._publisher = publisher
         self.read_only = False
         self._journal_failed = False
+        self._disk_full = False
+        self.by_operator = False
+        """The operator asked for read-only."""
 
     @property
     def state(self) -> BookieState:
@@ -54,9 +59,27 @@ class BookieStatus:
     def disk_used(self, fraction: float, high_water: float, low_water: float) -> None:
         """The ledger disk's used fraction: read-only above ``high_water``,
         writable again below ``low_water`` (unless the journal failed)."""
+        if fraction > high_water:
+            self._disk_full = True
+        elif fraction < low_water:
+            self._disk_full = False
         if not self.read_only and fraction > high_water:
             log.warning("ledger disk %.1f%% used: turning read-only", fraction * 100)
             self._set(True)
-        elif self.read_only and fraction < low_water and not self._journal_failed:
+        elif self.read_only and fraction < low_water and not self._journal_failed \
+                and not self.by_operator:
             log.info("ledger disk %.1f%% used: writable again", fraction * 100)
             self._set(False)
+
+    def set_by_operator(self, read_only: bool) -> bool:
+        """The operator's toggle: read-only now, or writable again unless
+        the journal failed or the disk is full (the answer: read-only or not)."""
+        self.by_operator = read_only
+        if read_only and not self.read_only:
+            log.warning("read-only at the operator's request")
+            self._set(True)
+        elif not read_only and self.read_only and not self._journal_failed \
+                and not self._disk_full:
+            log.info("writable again at the operator's request")
+            self._set(False)
+        return self.read_only

@@ -122,7 +122,7 @@ def add(name: str, acl_text: str, password_file: str | None, password_argument: 
     async def go(store: MetadataStore) -> User:
         return await UserDatabase(store).add(checked_name(name), password, acl)
 
-    added = with_store(metadata_uri, go)
+    added = with_store(metadata_uri, go, create=True)
     emit_json(describe(added)) if as_json else click.echo(f"user {name} added")
 
 

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from quire.cli.common import (
+    client_config,
     emit_json,
     json_option,
     metadata_option,
+    tls_options,
     with_store,
 )
 from quire.clock import SYSTEM_CLOCK
@@ -59,6 +61,7 @@ def autorecovery() -> None:
 
 
 @autorecovery.command("start")
+@tls_options
 @metadata_option
 @click.option("--worker-id", default=None, help="Name in elections and locks (default: host:pid).")
 @click.option("--lost-bookie-delay-s", type=float, default=30.0, show_default=True,
@@ -76,13 +79,14 @@ def start(metadata_uri: str | None, worker_id: str | None, lost_bookie_delay_s: 
     from quire.client import Client
     from quire.node.autorecovery import Autorecovery, AutorecoverySettings
     from quire.node.repair import ClientRecoverer
-    from quire.peer import BookiePool, PeerConfig
+    from quire.peer import BookiePool
 
     name = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    config = client_config()
 
     async def go(store: MetadataStore) -> None:
-        client = await Client.over(store)
-        pool = await BookiePool.open(store, PeerConfig())
+        client = await Client.over(store, config)
+        pool = await BookiePool.open(store, config.peer_config())
         service = Autorecovery(store, pool, ClientRecoverer(client), name, AutorecoverySettings(
             lost_bookie_delay_s=lost_bookie_delay_s, open_ledger_grace_ms=open_ledger_grace_ms,
             check_interval_ms=interval_ms))
@@ -99,7 +103,7 @@ def start(metadata_uri: str | None, worker_id: str | None, lost_bookie_delay_s: 
             await pool.close()
             await client.close()
 
-    with_store(metadata_uri, go)
+    with_store(metadata_uri, go, create=True)
 
 
 @autorecovery.command("audit")
@@ -160,6 +164,7 @@ def underreplicated(metadata_uri: str | None, as_json: bool) -> None:
 
 @click.command("decommission")
 @click.argument("bookie_id")
+@tls_options
 @metadata_option
 @json_option
 def decommission(bookie_id: str, metadata_uri: str | None, as_json: bool) -> None:
@@ -170,7 +175,9 @@ def decommission(bookie_id: str, metadata_uri: str | None, as_json: bool) -> Non
     from quire.node.autorecovery.decommission import DecommissionProgress
     from quire.node.autorecovery.decommission import decommission as run
     from quire.node.repair import ClientRecoverer
-    from quire.peer import BookiePool, PeerConfig
+    from quire.peer import BookiePool
+
+    config = client_config()
 
     def show(progress: DecommissionProgress) -> None:
         if not as_json:
@@ -178,8 +185,8 @@ def decommission(bookie_id: str, metadata_uri: str | None, as_json: bool) -> Non
                        f"{progress.entries_copied:>10,} entries copied", nl=False, err=True)
 
     async def go(store: MetadataStore) -> tuple[int, bool]:
-        client = await Client.over(store)
-        pool = await BookiePool.open(store, PeerConfig())
+        client = await Client.over(store, config)
+        pool = await BookiePool.open(store, config.peer_config())
         try:
             if bookie_id not in await store.list_cookies():
                 raise click.UsageError(f"no bookie {bookie_id} (it has no cookie)")

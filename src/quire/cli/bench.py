@@ -12,6 +12,7 @@ from quire.cli.common import (
     json_option,
     metadata_option,
     progress_printer,
+    tls_options,
     with_client,
 )
 from quire.types import LedgerType
@@ -34,6 +35,7 @@ def bench() -> None:
 @click.option("--count", default=0, help="Stop after N entries instead of a duration.")
 @click.option("--ledger-type", type=click.Choice([t.value for t in LedgerType]),
               default=LedgerType.PD_JOURNAL.value, show_default=True)
+@tls_options
 @metadata_option
 @json_option
 def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: Any) -> None:
@@ -62,6 +64,7 @@ def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: A
               help="Requests outstanding (single reads: 1 = one at a time).")
 @click.option("--max-batch-bytes", default=0, help="Batch size limit (0: frame limit).")
 @click.option("--duration-s", default=0.0, help="Stop after this long (0: whole range).")
+@tls_options
 @metadata_option
 @json_option
 def read(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool,

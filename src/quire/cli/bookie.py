@@ -9,10 +9,10 @@ import click
 
 from quire.bookie.config import BookieConfig
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
+    open_cli_store,
     run_async,
 )
 from quire.cli.options import config_options, pick_overrides
@@ -64,10 +64,8 @@ def start(config_path: str | None, **kwargs: Any) -> None:
 @json_option
 def list_bookies(metadata_uri: str | None, as_json: bool) -> None:
     """Show the live bookies and whether they take writes."""
-    from quire.metadata import open_store
-
     async def fetch() -> list[Any]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             return await store.list_bookies()
         finally:
@@ -106,7 +104,6 @@ def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, tls_ca: str | N
     compact partly live ones now (an admin request to each bookie's metrics
     endpoint, see quire.bookie.admin), and show what each did."""
     from quire.bookie.admin import request_gc
-    from quire.metadata import open_store
     from quire.security import basic_authorization, client_context, read_credentials
 
     if not now:
@@ -118,7 +115,7 @@ def gc(now: bool, bookie_ids: tuple[str, ...], timeout_s: float, tls_ca: str | N
         authorization = basic_authorization(credentials.username, credentials.password)
 
     async def fetch() -> list[Any]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             return await store.list_bookies()
         finally:

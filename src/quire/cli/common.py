@@ -18,7 +18,7 @@ from click.exceptions import NoArgsIsHelpError
 from quire.errors import QuireError
 
 if TYPE_CHECKING:
-    from quire.client import Client
+    from quire.client import Client, ClientConfig
     from quire.metadata import MetadataStore
 
 T = TypeVar("T")
@@ -38,6 +38,42 @@ metadata_option = click.option(
     "--metadata", "metadata_uri", default=None,
     help="Metadata store URI (default: $QUIRE_METADATA, then ./quire-sandbox/metadata.db).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+TLS_OPTIONS = (
+    ("tls_ca", "QUIRE_TLS_CA", "PEM file of the CA that signs the bookies' certificates: "
+     "reach them over TLS"),
+    ("tls_cert", "QUIRE_TLS_CERT", "PEM client certificate, for bookies with mutual TLS"),
+    ("tls_key", "QUIRE_TLS_KEY", "PEM private key of --tls-cert (mode 0600)"),
+)
+"""The options of commands that reach bookies: (ClientConfig key, environment
+variable, help)."""
+_TLS_META = "quire.client_tls"
+
+
+def _remember_tls(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value and param.name:
+        ctx.meta.setdefault(_TLS_META, {})[param.name] = value
+
+
+def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key`` (defaults ``$QUIRE_TLS_CA``,
+    ``$QUIRE_TLS_CERT``, ``$QUIRE_TLS_KEY``): how a command's client reaches
+    bookies that serve TLS.  They are kept for :func:`client_config`, not
+    passed to the command."""
+    for name, env, text in reversed(TLS_OPTIONS):
+        func = click.option("--" + name.replace("_", "-"), name, envvar=env, default=None,
+                            expose_value=False, callback=_remember_tls,
+                            help=f"{text} (default: ${env}).")(func)
+    return func
+
+
+def client_config() -> ClientConfig:
+    """The ledger client settings of the running command (its TLS options)."""
+    from quire.client import ClientConfig
+
+    ctx = click.get_current_context(silent=True)
+    tls = ctx.meta.get(_TLS_META, {}) if ctx is not None else {}
+    return ClientConfig(**tls)
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -136,27 +172,52 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, sort_keys=True))
 
 
-def with_client(metadata_uri: str | None, action: Callable[[Client], Awaitable[T]]) -> T:
-    """Run ``action(client)`` on a client of ``metadata_uri`` (or the default)."""
+async def open_cli_store(metadata_uri: str | None, *, create: bool = False) -> MetadataStore:
+    """The metadata store of ``metadata_uri`` (or the default).
+
+    Reading never creates: without ``create`` a URI that names no store is
+    ``error: no Quire metadata at URI`` (:class:`~quire.errors.NoMetadataError`).
+    Only a command that creates things passes ``create``, and says so on
+    stderr when it did initialise a new store."""
+    from quire.metadata import open_store
+
+    uri = metadata_uri or default_metadata_uri()
+    store = await open_store(uri, create=create)
+    if getattr(store, "initialised", False):
+        click.echo(f"initialised a new Quire metadata store at {uri}", err=True)
+    return store
+
+
+def with_client(metadata_uri: str | None, action: Callable[[Client], Awaitable[T]], *,
+                create: bool = False) -> T:
+    """Run ``action(client)`` on a client of the metadata store of
+    ``metadata_uri`` (or the default; see :func:`open_cli_store`), with the
+    command's TLS options (:func:`tls_options`)."""
     from quire.client import Client
 
+    config = client_config()
+
     async def go() -> T:
-        client = await Client.connect(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri, create=create)
         try:
-            return await action(client)
+            client = await Client.over(store, config)
+            try:
+                return await action(client)
+            finally:
+                await client.close()
         finally:
-            await client.close()
+            await store.close()
 
     return run_async(go)
 
 
-def with_store(metadata_uri: str | None, action: Callable[[MetadataStore], Awaitable[T]]) -> T:
+def with_store(metadata_uri: str | None, action: Callable[[MetadataStore], Awaitable[T]], *,
+               create: bool = False) -> T:
     """Run ``action(store)`` on the metadata store of ``metadata_uri`` (or the
-    default), closed afterwards."""
-    from quire.metadata import open_store
+    default; see :func:`open_cli_store`), closed afterwards."""
 
     async def go() -> T:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri, create=create)
         try:
             return await action(store)
         finally:

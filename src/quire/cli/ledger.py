@@ -10,41 +10,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
+    open_cli_store,
     run_async,
+    tls_options,
     with_client,
 )
 from quire.types import DigestType, LedgerType
 
 if TYPE_CHECKING:
     from quire.client import Client
-    from quire.metadata import LedgerMetadata
 
 T = TypeVar("T")
 
 password_option = click.option("--password", default="", help="Ledger password.")
-
-
-def describe(ledger_id: int, md: LedgerMetadata) -> dict[str, Any]:
-    return {
-        "ledger_id": ledger_id,
-        "state": md.state.value,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum_size": md.write_quorum_size,
-        "ack_quorum_size": md.ack_quorum_size,
-        "ledger_type": md.ledger_type.value,
-        "digest_type": md.digest_type.value,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
-        "ensembles": [{"first_entry_id": first, "bookies": list(bookies)}
-                      for first, bookies in md.ensembles],
-        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in
-                            md.custom_metadata.items()},
-        "creation_time_ms": md.creation_time_ms,
-    }
 
 
 @click.group()
@@ -71,6 +52,7 @@ def _shape_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @password_option
 @click.option("--meta", "custom", multiple=True, metavar="KEY=VALUE",
               help="Custom metadata (repeatable).")
+@tls_options
 @metadata_option
 @json_option
 def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, ledger_type: str,
@@ -104,15 +86,14 @@ def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, led
 @json_option
 def list_ledgers(metadata_uri: str | None, as_json: bool) -> None:
     """List ledger ids with their state and size."""
-    from quire.metadata import open_store
-
+    from quire.metadata import ledger_json
     async def go() -> list[dict[str, Any]]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             out = []
             for ledger_id in await store.list_ledgers():
                 md = (await store.read_ledger(ledger_id)).value
-                out.append(describe(ledger_id, md))
+                out.append(ledger_json(ledger_id, md))
             return out
         finally:
             await store.close()
@@ -138,12 +119,11 @@ def list_ledgers(metadata_uri: str | None, as_json: bool) -> None:
 @json_option
 def info(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
     """Show a ledger's metadata (fragments included)."""
-    from quire.metadata import open_store
-
+    from quire.metadata import ledger_json
     async def go() -> dict[str, Any]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
-            return describe(ledger_id, (await store.read_ledger(ledger_id)).value)
+            return ledger_json(ledger_id, (await store.read_ledger(ledger_id)).value)
         finally:
             await store.close()
 
@@ -166,6 +146,7 @@ def info(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
 @click.option("--keep-open", is_flag=True, help="Leave the ledger OPEN (no close).")
 @_shape_options
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensemble_size: int,
@@ -206,6 +187,7 @@ def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensembl
 @click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex.")
 @click.option("--batch", default=0, help="Read with BP-62 batch reads of N entries.")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int, password: str,
@@ -240,14 +222,23 @@ def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int,
 
 @ledger.command("recover")
 @click.argument("ledger_id", type=int)
-@password_option
+@click.option("--password", default=None,
+              help="Ledger password, checked (default: none; the ledger is recovered with "
+                   "the keys its metadata holds, as an operator who reads the metadata "
+                   "store may).")
+@tls_options
 @metadata_option
 @json_option
-def recover(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:
+def recover(ledger_id: int, password: str | None, metadata_uri: str | None,
+            as_json: bool) -> None:
     """Fence and close a ledger at its last recoverable entry."""
 
     async def go(client: Client) -> int:
-        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=True)
+        if password is None:
+            handle = await client.open_ledger_as_admin(ledger_id, recovery=True)
+        else:
+            handle = await client.open_ledger(ledger_id, password=password.encode(),
+                                              recovery=True)
         return int(handle.last_add_confirmed)
 
     last = with_client(metadata_uri, go)
@@ -260,6 +251,7 @@ def recover(ledger_id: int, password: str, metadata_uri: str | None, as_json: bo
 @ledger.command("sync")
 @click.argument("ledger_id", type=int)
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def sync(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quire.cli.common import emit_json, json_option, metadata_option, with_client
+from quire.cli.common import emit_json, json_option, metadata_option, tls_options, with_client
 from quire.types import LedgerType
 
 if TYPE_CHECKING:  # imported where used: `quire` and every bookie start import this module
@@ -164,6 +164,7 @@ def create(name: str, exist_ok: bool, metadata_uri: str | None, as_json: bool) -
               default=LedgerType.PD_JOURNAL.value, show_default=True)
 @click.option("--no-create", is_flag=True, help="Fail if the log does not exist.")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def append(name: str, records: tuple[str, ...], ensemble_size: int, write_quorum_size: int,
@@ -203,6 +204,7 @@ def append(name: str, records: tuple[str, ...], ensemble_size: int, write_quorum
               help="First position (default: the log's first entry).")
 @click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex.")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def cat(name: str, start: Position | None, as_hex: bool, password: str,
@@ -260,6 +262,7 @@ async def last_records(logs: LogStore, name: str, count: int) -> tuple[list[LogR
 @click.option("--follow", "-f", is_flag=True, help="Then print new records until Ctrl-C.")
 @click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex.")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def tail(name: str, count: int, follow: bool, as_hex: bool, password: str,
@@ -304,6 +307,7 @@ def tail(name: str, count: int, follow: bool, as_hex: bool, password: str,
 @click.option("--before", required=True, type=PositionType(),
               help="Remove every ledger entirely below this position.")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def truncate(name: str, before: Position, password: str, metadata_uri: str | None,
@@ -327,6 +331,7 @@ def truncate(name: str, before: Position, password: str, metadata_uri: str | Non
 @log.command("delete")
 @click.argument("name")
 @password_option
+@tls_options
 @metadata_option
 @json_option
 def delete(name: str, password: str, metadata_uri: str | None, as_json: bool) -> None:

@@ -13,8 +13,10 @@ from quire.cli.controller import controller
 from quire.cli.cookie import cookie
 from quire.cli.ledger import ledger
 from quire.cli.log import log
+from quire.cli.readergroups import readergroup, txn
 from quire.cli.sandbox import sandbox
 from quire.cli.segmentstore import segmentstore
+from quire.cli.stream_shape import stream_info, stream_scale, stream_truncate, stream_update
 from quire.cli.streams import scope, stream
 from quire.cli.tier2 import tier2
 
@@ -42,6 +44,10 @@ cli.add_command(segmentstore)
 cli.add_command(controller)
 cli.add_command(scope)
 cli.add_command(stream)
+cli.add_command(readergroup)
+for command in (stream_info, stream_update, stream_truncate, stream_scale):
+    stream.add_command(command)
+cli.add_command(txn)
 cli.add_command(tier2)
 cli.add_command(auth)
 bookie.add_command(decommission)

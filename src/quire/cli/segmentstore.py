@@ -7,11 +7,12 @@ from typing import Any
 import click
 
 from quire.cli.common import (
-    default_metadata_uri,
     emit_json,
     json_option,
     metadata_option,
+    open_cli_store,
     run_async,
+    tls_options,
     with_client,
 )
 from quire.cli.options import config_options, pick_overrides
@@ -62,14 +63,13 @@ def start(config_path: str | None, **kwargs: Any) -> None:
 @json_option
 def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
            metadata_uri: str | None, as_json: bool) -> None:
-    """Show each container's owner and health, from the segment stores' /health.
+    """Show each container's owner and health, from the segment stores' /api/v1/health.
 
     One line per container: ``container N: <owner>: ok``, or ``degraded:
     tier-2 unavailable since <UTC> (<cause>)`` while its tier-2 flushing
     fails, with its throttled appends and quarantined segments if any.
     Exits 1 when a container is not ok (or cannot be told)."""
     from quire.hosts.segmentstore_status import cluster_status
-    from quire.metadata import open_store
     from quire.security import basic_authorization, client_context, read_credentials
 
     tls = client_context(tls_ca) if tls_ca else None
@@ -79,7 +79,7 @@ def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
         authorization = basic_authorization(credentials.username, credentials.password)
 
     async def fetch() -> list[Any]:
-        store = await open_store(metadata_uri or default_metadata_uri())
+        store = await open_cli_store(metadata_uri)
         try:
             return await cluster_status(store, timeout_s=timeout_s, tls=tls,
                                         authorization=authorization)
@@ -103,11 +103,15 @@ def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
 @segmentstore.command("recover")
 @click.option("--tier2", "tier2_uri", required=True,
               help="Tier-2 URI to recover from (file:///path, s3://bucket/prefix?...).")
+@tls_options
 @metadata_option
 @click.option("--container", "container_ids", type=int, multiple=True,
               help="Recover only this container (repeatable; default: all).")
 @click.option("--container-count", type=int, default=None,
               help="Only if neither the metadata store nor tier-2 records it.")
+@click.option("--ledger-password-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster's tier-1 ledger password (the segment stores' "
+                   "ledger_password_file; default: the built-in password).")
 @click.option("--replace-logs", is_flag=True,
               help="Drop the containers' tier-1 logs if the metadata store still has them "
                    "(their ledgers are not read; stop the segment stores first).")
@@ -118,8 +122,8 @@ def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
               help="With --delete-covered-ledgers: only say which would be deleted.")
 @json_option
 def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
-            container_count: int | None, replace_logs: bool, delete_covered_ledgers: bool,
-            dry_run: bool, as_json: bool) -> None:
+            container_count: int | None, ledger_password_file: str | None, replace_logs: bool,
+            delete_covered_ledgers: bool, dry_run: bool, as_json: bool) -> None:
     """Rebuild every container from tier-2 alone onto fresh tier-1 logs.
 
     For a lost bookie cluster and/or a lost metadata store: --metadata names
@@ -132,13 +136,18 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from quire.client import Client
+    from quire.security import read_secret
+    from quire.segmentstore import SegmentStoreConfig
     from quire.segmentstore.disaster_recovery import RecoveryReport
     from quire.segmentstore.disaster_recovery import recover as run_recover
+    from quire.segmentstore.store import tier1_passwords
     from quire.tier2 import Tier2Config
 
     tier2 = Tier2Config(uri=tier2_uri)  # a bad URI fails before anything connects
+    config = SegmentStoreConfig(tier1_passwords=tier1_passwords(
+        read_secret(ledger_password_file) if ledger_password_file else None))
     if delete_covered_ledgers:
-        _delete_covered(tier2, metadata_uri, dry_run, as_json)
+        _delete_covered(tier2, metadata_uri, config.tier1_passwords, dry_run, as_json)
         return
     if dry_run:
         raise click.UsageError("--dry-run goes with --delete-covered-ledgers")
@@ -155,7 +164,7 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
             return await run_recover(client, tier2,
                                      container_ids=container_ids or None,
                                      progress=progress, container_count=container_count,
-                                     replace_logs=replace_logs)
+                                     config=config, replace_logs=replace_logs)
 
     report = with_client(metadata_uri, go)
     if as_json:
@@ -192,14 +201,15 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
               f"({rate:,.0f} segments/s)")
 
 
-def _delete_covered(tier2: Any, metadata_uri: str | None, dry_run: bool, as_json: bool) -> None:
+def _delete_covered(tier2: Any, metadata_uri: str | None, passwords: Any, dry_run: bool,
+                    as_json: bool) -> None:
     """``recover --delete-covered-ledgers``: see
     :mod:`quire.segmentstore.covered_ledgers`."""
     from quire.client import Client
     from quire.segmentstore.covered_ledgers import CoverageReport, delete_covered
 
     async def go(client: Client) -> CoverageReport:
-        return await delete_covered(client, tier2, dry_run=dry_run)
+        return await delete_covered(client, tier2, passwords=passwords, dry_run=dry_run)
 
     report = with_client(metadata_uri, go)
     if as_json:

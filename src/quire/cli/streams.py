@@ -1,18 +1,20 @@
 """``quire scope create|list|delete`` and
-``quire stream create|list|info|scale|seal|delete|write|cat|tail``.
+``quire stream create|list|seal|delete|write|cat|tail`` (``info``,
+``update``, ``truncate`` and ``scale`` are in :mod:`quire.cli.stream_shape`).
 
 Over :mod:`quire.streams`, against a controller (``--controller
 tcp://host:port``, default ``$QUIRE_CONTROLLER``, then
 ``tcp://127.0.0.1:9090``); segment stores are found through the
-controller's getURI.  ``--json`` prints one JSON document, except
+controller's getURI.  A secured cluster: ``--controller tls://host:port``
+with ``--tls-ca`` (``$QUIRE_TLS_CA``) and ``--credentials`` (a TOML file
+with ``username`` and ``password``, mode 0600; ``$QUIRE_CREDENTIALS``);
+a password is never a command-line argument.  ``--json`` prints one JSON document, except
 ``tail``, which prints one JSON object per event as it comes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import itertools
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,11 +27,32 @@ if TYPE_CHECKING:  # imported where used: every `quire` command imports this mod
     from quire.streams import ControllerClient, Event, RemoteSegmentStore
 
 T = TypeVar("T")
-SCALE_WAIT_S = 30.0
 
-controller_option = click.option(
-    "--controller", "controller_uri", default=None, metavar="tcp://HOST:PORT",
-    help="Controller URI (default: $QUIRE_CONTROLLER, then tcp://127.0.0.1:9090).")
+_ACCESS_KEY = "quire_stream_access"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if param.name is not None:
+        ctx.meta.setdefault(_ACCESS_KEY, {})[param.name] = value
+    return value
+
+
+def controller_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--controller`` (given to the command), ``--tls-ca`` and
+    ``--credentials`` (kept for :func:`with_controller`)."""
+    f = click.option("--credentials", "credentials", type=click.Path(dir_okay=False),
+                     default=None, envvar="QUIRE_CREDENTIALS", expose_value=False,
+                     callback=_remember,
+                     help="TOML file (mode 0600) with the username and password "
+                          "($QUIRE_CREDENTIALS).")(f)
+    f = click.option("--tls-ca", "tls_ca", type=click.Path(dir_okay=False), default=None,
+                     envvar="QUIRE_TLS_CA", expose_value=False, callback=_remember,
+                     help="CA certificates (PEM) trusted for a tls:// controller and its "
+                          "segment stores ($QUIRE_TLS_CA; default: the system's).")(f)
+    return click.option(
+        "--controller", "controller_uri", default=None, metavar="tcp://HOST:PORT",
+        help="Controller URI, tcp:// or tls:// (default: $QUIRE_CONTROLLER, then "
+             "tcp://127.0.0.1:9090).")(f)
 
 
 def controller_uri_of(given: str | None) -> str:
@@ -40,12 +63,21 @@ def controller_uri_of(given: str | None) -> str:
 
 def with_controller(uri: str | None,
                     action: Callable[[ControllerClient, RemoteSegmentStore], Awaitable[T]]) -> T:
-    """Run ``action(controller, segments)`` with fresh clients, closed afterwards."""
-    from quire.streams import ControllerClient, RemoteSegmentStore, controller_resolver
+    """Run ``action(controller, segments)`` with fresh clients, closed
+    afterwards (TLS and credentials from :func:`controller_option`'s options)."""
+    from quire.errors import QuireError
+    from quire.streams import StreamAccess
+
+    context = click.get_current_context(silent=True)
+    given = context.meta.get(_ACCESS_KEY, {}) if context is not None else {}
+    try:
+        access = StreamAccess.of(controller_uri_of(uri), given.get("tls_ca"),
+                                 given.get("credentials"))
+    except QuireError as e:
+        raise click.UsageError(str(e)) from e
 
     async def go() -> T:
-        controller = ControllerClient(controller_uri_of(uri))
-        segments = RemoteSegmentStore(controller_resolver(controller))
+        controller, segments = access.clients()
         try:
             return await action(controller, segments)
         finally:
@@ -142,24 +174,65 @@ def stream() -> None:
     """Create, inspect, scale, write, read, seal and delete streams."""
 
 
+def policy_options(defaults: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options of a stream's configuration (``defaults``: create's; else
+    update's, where an unset option keeps the stream's value)."""
+    def default(value: Any) -> Any:
+        return value if defaults else None
+
+    options = [
+        click.option("--segments", "segment_count", default=default(1), type=int,
+                     show_default=defaults,
+                     help="Number of segments (fixed scaling), or the minimum (auto-scaling)."),
+        click.option("--scaling", type=click.Choice(["fixed", "events", "kbytes"]),
+                     default=default("fixed"), show_default=defaults,
+                     help="Scaling policy: a fixed count, or auto-scaling by events/s or "
+                          "KiB/s per segment."),
+        click.option("--target-rate", type=int, default=default(0),
+                     help="Auto-scaling: the rate per segment (events/s or KiB/s)."),
+        click.option("--scale-factor", type=int, default=default(2),
+                     show_default=defaults,
+                     help="Auto-scaling: split a hot segment into up to this many."),
+        click.option("--retention", type=click.Choice(["none", "time", "size"]),
+                     default=default("none"), show_default=defaults,
+                     help="Retention policy."),
+        click.option("--retention-param", default=default(0), type=int,
+                     help="The least to keep: milliseconds (time) or bytes (size)."),
+        click.option("--retention-max", default=default(0), type=int,
+                     help="The most to keep, however far behind subscribers are (0: no "
+                          "maximum)."),
+        click.option("--tags", default=None, metavar="T1,T2",
+                     help="The stream's tags, comma-separated (replaces them)."),
+    ]
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return apply
+
+
+def tags_of(value: str | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(t.strip() for t in value.split(",") if t.strip())
+
+
 @stream.command("create")
 @stream_argument
-@click.option("--segments", "segment_count", default=1, show_default=True, type=int,
-              help="Number of segments (fixed scaling policy).")
-@click.option("--retention", type=click.Choice(["none", "time", "size"]), default="none",
-              show_default=True, help="Retention policy.")
-@click.option("--retention-param", default=0, type=int,
-              help="Milliseconds (time) or bytes (size) to keep.")
+@policy_options(defaults=True)
 @controller_option
 @json_option
-def stream_create(name: str, segment_count: int, retention: str, retention_param: int,
-                  controller_uri: str | None, as_json: bool) -> None:
+def stream_create(name: str, segment_count: int, scaling: str, target_rate: int,
+                  scale_factor: int, retention: str, retention_param: int, retention_max: int,
+                  tags: str | None, controller_uri: str | None, as_json: bool) -> None:
     """Create stream SCOPE/STREAM (nothing to do if it exists)."""
     scope_name, stream_name = split_stream(name)
+    auto = scaling != "fixed"
 
     async def go(controller: ControllerClient, _segments: RemoteSegmentStore) -> bool:
-        return await controller.create_stream(scope_name, stream_name, segment_count,
-                                              retention, retention_param)
+        return await controller.create_stream(
+            scope_name, stream_name, segment_count, retention, retention_param,
+            tags_of(tags) or (), scaling=scaling, target_rate=target_rate if auto else 0,
+            scale_factor=scale_factor if auto else 0, retention_max=retention_max)
 
     created = with_controller(controller_uri, go)
     if as_json:
@@ -170,13 +243,15 @@ def stream_create(name: str, segment_count: int, retention: str, retention_param
 
 @stream.command("list")
 @click.argument("scope_name", metavar="SCOPE")
+@click.option("--tag", default=None, help="Only the streams with this tag.")
 @controller_option
 @json_option
-def stream_list(scope_name: str, controller_uri: str | None, as_json: bool) -> None:
+def stream_list(scope_name: str, tag: str | None, controller_uri: str | None,
+                as_json: bool) -> None:
     """The streams of SCOPE."""
 
     async def go(controller: ControllerClient, _segments: RemoteSegmentStore) -> list[str]:
-        return await controller.list_streams(scope_name)
+        return await controller.list_streams(scope_name, tag)
 
     streams = with_controller(controller_uri, go)
     if as_json:
@@ -184,47 +259,6 @@ def stream_list(scope_name: str, controller_uri: str | None, as_json: bool) -> N
     else:
         for name in streams:
             click.echo(name)
-
-
-@stream.command("info")
-@stream_argument
-@controller_option
-@json_option
-def stream_info(name: str, controller_uri: str | None, as_json: bool) -> None:
-    """A stream's configuration, open segments (key ranges, lengths) and head cut."""
-    scope_name, stream_name = split_stream(name)
-
-    async def go(controller: ControllerClient, segments: RemoteSegmentStore) -> dict[str, Any]:
-        config = await controller.stream_config(scope_name, stream_name)
-        current = await controller.current_segments(scope_name, stream_name)
-        infos = await asyncio.gather(*(segments.get_info(s.name) for s in current))
-        head = await controller.head_cut(scope_name, stream_name)
-        return {
-            "stream": name, "scaling_segments": config.segments,
-            "retention": config.retention, "retention_param": config.retention_param,
-            "tags": list(config.tags), "sealed": all(i.sealed for i in infos),
-            "segments": [{"id": s.id, "name": s.name, "min_key": s.min_key,
-                          "max_key": s.max_key, "length": i.length,
-                          "start_offset": i.start_offset}
-                         for s, i in zip(current, infos, strict=True)],
-            "head_cut": {str(k): v for k, v in sorted(head.items())},
-        }
-
-    row = with_controller(controller_uri, go)
-    if as_json:
-        emit_json(row)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    click.echo(f"stream {name}: {row['scaling_segments']} segments (fixed), retention "
-               f"{row['retention']} {row['retention_param'] or ''}".rstrip()
-               + (", sealed" if row["sealed"] else ""))
-    table = Table("id", "segment", "keys", "length", "start offset")
-    for s in row["segments"]:
-        table.add_row(str(s["id"]), s["name"], f"[{s['min_key']:.4f}, {s['max_key']:.4f})",
-                      str(s["length"]), str(s["start_offset"]))
-    Console().print(table)
 
 
 @stream.command("seal")
@@ -261,49 +295,6 @@ def stream_delete(name: str, controller_uri: str | None, as_json: bool) -> None:
         emit_json({"stream": name, "deleted": True})
     else:
         click.echo(f"stream {name} deleted")
-
-
-@stream.command("scale")
-@stream_argument
-@click.argument("segment_id", type=int)
-@click.option("--into", "parts", default=2, show_default=True, type=click.IntRange(1, 1000),
-              help="Number of successors, over equal parts of the segment's key range.")
-@controller_option
-@json_option
-def stream_scale(name: str, segment_id: int, parts: int, controller_uri: str | None,
-                 as_json: bool) -> None:
-    """Seal open segment SEGMENT_ID of SCOPE/STREAM and split its key range
-    into --into successors (waits until the scale is done)."""
-    scope_name, stream_name = split_stream(name)
-
-    async def go(controller: ControllerClient, _segments: RemoteSegmentStore
-                 ) -> dict[str, Any]:
-        current = {s.id: s for s in await controller.current_segments(scope_name, stream_name)}
-        if segment_id not in current:
-            raise click.BadParameter(f"{segment_id} is not an open segment of {name} "
-                                     f"(open: {sorted(current)})")
-        low, high = current[segment_id].min_key, current[segment_id].max_key
-        bounds = [low + (high - low) * i / parts for i in range(parts)] + [high]
-        epoch = await controller.scale(scope_name, stream_name, [segment_id],
-                                       list(itertools.pairwise(bounds)))
-        deadline = asyncio.get_running_loop().time() + SCALE_WAIT_S
-        while not await controller.scale_done(scope_name, stream_name, epoch):
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"the scale of {name} from epoch {epoch} is not done "
-                                   f"after {SCALE_WAIT_S} s")
-            await asyncio.sleep(0.1)  # polling the controller for the scale's end
-        successors = await controller.successors(scope_name, stream_name, segment_id)
-        return {"stream": name, "sealed": [segment_id],
-                "created": [{"id": s.id, "min_key": s.min_key, "max_key": s.max_key}
-                            for s, _ in successors]}
-
-    row = with_controller(controller_uri, go)
-    if as_json:
-        emit_json(row)
-    else:
-        click.echo(f"segment {segment_id} of {name} sealed; successors "
-                   + ", ".join(f"{c['id']} [{c['min_key']:.4f}, {c['max_key']:.4f})"
-                               for c in row["created"]))
 
 
 @stream.command("write")

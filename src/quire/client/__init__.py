@@ -14,6 +14,7 @@ Modules, one job each:
 * :mod:`~quire.client.writer_lac` -- BP-14's LAC and ``sync()``, WRITE_LAC;
 * :mod:`~quire.client.ledger_metadata` -- a writer's compare-and-set of its metadata;
 * :mod:`~quire.client.recovery` -- fencing and closing a ledger;
+* :mod:`~quire.client.passwords` -- a ledger's keys from the caller's password(s);
 * :mod:`~quire.client.client`, :mod:`~quire.client.sync_client` -- the clients.
 
 Bookies are called through :mod:`quire.peer` (connections, the bookie pool,
@@ -22,6 +23,7 @@ typed calls).
 
 from quire.client.client import Client
 from quire.client.config import ClientConfig
+from quire.client.passwords import LedgerPasswords, Password, keys_for
 from quire.client.read_handle import ReadHandle
 from quire.client.reads import LedgerEntry
 from quire.client.sync_client import SyncClient, SyncReadHandle, SyncWriteHandle
@@ -31,9 +33,12 @@ __all__ = [
     "Client",
     "ClientConfig",
     "LedgerEntry",
+    "LedgerPasswords",
+    "Password",
     "ReadHandle",
     "SyncClient",
     "SyncReadHandle",
     "SyncWriteHandle",
     "WriteHandle",
+    "keys_for",
 ]

@@ -7,8 +7,9 @@ from types import TracebackType
 
 from quire.client.config import ClientConfig
 from quire.client.context import ClientContext
+from quire.client.passwords import Password, keys_for, new_ledger_keys
 from quire.client.placement import RandomPlacement
-from quire.client.read_handle import ReadHandle, check_password
+from quire.client.read_handle import ReadHandle
 from quire.client.recovery import recover_ledger
 from quire.client.write_handle import WriteHandle
 from quire.clock import SYSTEM_CLOCK
@@ -42,7 +43,9 @@ class Client:
     @classmethod
     async def connect(cls, metadata_uri: str, config: ClientConfig | None = None) -> Client:
         """Open the metadata store named by ``metadata_uri`` (``sqlite:///...``,
-        ``zk://...``, ``memory://``) and follow its bookie registry."""
+        ``zk://...``, ``memory://``) and follow its bookie registry.  Bookies
+        that serve TLS are reached with ``config``'s ``tls_ca`` (and
+        ``tls_cert``/``tls_key`` for mutual TLS)."""
         config = config or ClientConfig()
         store = await open_store(metadata_uri)
         try:
@@ -77,15 +80,17 @@ class Client:
     async def create_ledger(
             self, ensemble_size: int = 3, write_quorum_size: int = 3, ack_quorum_size: int = 2,
             *, ledger_type: LedgerType = LedgerType.PD_JOURNAL,
-            digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
+            digest_type: DigestType = DigestType.CRC32C, password: Password = b"",
             custom_metadata: Mapping[str, bytes] | None = None) -> WriteHandle:
         """Create an OPEN ledger on ``ensemble_size`` distinct writable bookies
         chosen at random and return its writer.
 
         Needs ``1 <= ack_quorum_size <= write_quorum_size <= ensemble_size``
         (ValueError otherwise); NotEnoughBookiesError if too few bookies are
-        writable.  The password is kept in the metadata (as BookKeeper does)
-        so that opening with another one is refused client-side too.
+        writable.  The keys derived from the password are kept in the
+        metadata (never the password itself), so that opening with another
+        one is refused client-side too, and recovery tools can fence and
+        close the ledger (a :class:`LedgerPasswords`: its current password).
         """
         self._check_open()
         if not 1 <= ack_quorum_size <= write_quorum_size <= ensemble_size:
@@ -97,6 +102,7 @@ class Client:
                 "VD_JOURNAL ledgers cannot be striped (ensemble_size > write_quorum_size); "
                 "BP-14 leaves relaxed durability on striped ledgers to future work")
         ctx = self._ctx
+        keys = new_ledger_keys(password)
         try:
             ensemble = ctx.placement.new_ensemble(ensemble_size, ctx.pool.writable_bookies())
         except NotEnoughBookiesError:
@@ -105,17 +111,16 @@ class Client:
         metadata = LedgerMetadata(
             ensemble_size=ensemble_size, write_quorum_size=write_quorum_size,
             ack_quorum_size=ack_quorum_size, ledger_type=ledger_type, digest_type=digest_type,
-            password=password, state=LedgerState.OPEN, ensembles=((0, ensemble),),
+            keys=keys, state=LedgerState.OPEN, ensembles=((0, ensemble),),
             custom_metadata=dict(custom_metadata or {}),
             creation_time_ms=SYSTEM_CLOCK.wall_ms())
         ledger_id = await ctx.store.new_ledger_id()
         versioned = await ctx.store.create_ledger(ledger_id, metadata)
-        handle = WriteHandle(ctx, ledger_id, versioned, password,
-                             on_closed=self._writers.discard)
+        handle = WriteHandle(ctx, ledger_id, versioned, keys, on_closed=self._writers.discard)
         self._writers.add(handle)
         return handle
 
-    async def open_ledger(self, ledger_id: int, *, password: bytes = b"",
+    async def open_ledger(self, ledger_id: int, *, password: Password = b"",
                           recovery: bool) -> ReadHandle:
         """Open a ledger for reading.
 
@@ -124,18 +129,31 @@ class Client:
         the handle is of the closed ledger.  ``recovery=False``
         (openLedgerNoRecovery) only reads the metadata: the LAC is the last
         entry if the ledger is closed, else -1 until
-        ``read_last_add_confirmed()``.  UnauthorizedError for a wrong password,
+        ``read_last_add_confirmed()``.  UnauthorizedError for a wrong password
+        (a :class:`LedgerPasswords`: none of its passwords is the ledger's),
         MetadataNotFoundError for an unknown ledger, LedgerRecoveryError when
         recovery cannot decide the end now.
         """
+        return await self._open(ledger_id, password, recovery)
+
+    async def open_ledger_as_admin(self, ledger_id: int, *, recovery: bool) -> ReadHandle:
+        """:meth:`open_ledger` with the keys the ledger's metadata holds, no
+        password (BookKeeperAdmin's openLedger): what repair, autorecovery
+        and an operator's ``quire ledger recover`` use.  Anyone who can read
+        the metadata store can do this."""
+        return await self._open(ledger_id, None, recovery)
+
+    async def _open(self, ledger_id: int, password: Password | None,
+                    recovery: bool) -> ReadHandle:
         self._check_open()
         ctx = self._ctx
         if recovery:
             versioned = await recover_ledger(ctx, ledger_id, password)
-            return ReadHandle(ctx, ledger_id, versioned, password, follow=False)
-        versioned = await ctx.store.read_ledger(ledger_id)
-        check_password(ledger_id, versioned.value, password)
-        return ReadHandle(ctx, ledger_id, versioned, password)
+        else:
+            versioned = await ctx.store.read_ledger(ledger_id)
+        md = versioned.value
+        keys = md.keys if password is None else keys_for(ledger_id, md, password)
+        return ReadHandle(ctx, ledger_id, versioned, keys, follow=not recovery)
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's metadata; bookies drop its entries at their next

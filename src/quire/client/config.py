@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from quire.errors import ConfigError
 from quire.peer import PeerConfig
+from quire.peer.config import check_client_tls
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -55,6 +56,16 @@ class ClientConfig:
     """``read()`` of a long range asks for at most this many entries a batch."""
     max_outstanding_batch_reads: int = 4
     """Batches one ``read()`` call keeps on the wire at once."""
+    tls_ca: str = ""
+    """PEM file of the CA that signs the bookies' certificates: set, the
+    client reaches every bookie over TLS and checks its certificate ("" :
+    plaintext)."""
+    tls_cert: str = ""
+    """PEM client certificate, for bookies that authenticate their peers by
+    mutual TLS (``tls_ca_file`` set on the bookie); the bookie authorizes
+    its role (the subject's OU by default, ``tls_allowed_roles``)."""
+    tls_key: str = ""
+    """PEM private key of ``tls_cert`` (a secret file, mode 0600)."""
 
     def __post_init__(self) -> None:
         positive = ("max_pending_adds", "max_queued_bytes", "add_entry_timeout_ms",
@@ -70,9 +81,11 @@ class ClientConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ConfigError(f"client setting {name} must be an int >= 0, got {value!r}")
+        check_client_tls(self.tls_ca, self.tls_cert, self.tls_key)
 
     def peer_config(self) -> PeerConfig:
         """The settings of this client's connections to bookies."""
         return PeerConfig(connect_timeout_ms=self.connect_timeout_ms,
                           max_frame_bytes=self.max_frame_bytes,
-                          timeout_check_interval_ms=self.timeout_check_interval_ms)
+                          timeout_check_interval_ms=self.timeout_check_interval_ms,
+                          tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)

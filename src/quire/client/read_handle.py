@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import hmac
 
 from quire.client.batch_reads import batch_read
 from quire.client.context import ClientContext
@@ -29,18 +28,10 @@ from quire.errors import (
     NoSuchEntryError,
     QuireError,
     ReadBeyondLastAddConfirmedError,
-    UnauthorizedError,
 )
 from quire.metadata import LedgerMetadata, Versioned, Watch
-from quire.protocol import DigestManager, master_key
+from quire.protocol import DigestManager, LedgerKeys
 from quire.types import NO_ENTRY, LedgerState
-
-
-def check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
-    """Raise UnauthorizedError unless ``password`` is the ledger's (compared as
-    master keys, in constant time)."""
-    if not hmac.compare_digest(master_key(password), master_key(metadata.password)):
-        raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
 
 
 class ReadHandle:
@@ -53,13 +44,14 @@ class ReadHandle:
     """
 
     def __init__(self, ctx: ClientContext, ledger_id: int,
-                 versioned: Versioned[LedgerMetadata], password: bytes, *,
+                 versioned: Versioned[LedgerMetadata], keys: LedgerKeys, *,
                  follow: bool = True) -> None:
         md = versioned.value
         self._ctx = ctx
         self._ledger_id = ledger_id
-        self._digest = DigestManager(ledger_id, md.digest_type, password)
-        self._master_key = master_key(password)
+        self._digest = DigestManager.of_keys(ledger_id, md.digest_type, keys)
+        self._keys = keys
+        self._master_key = keys.master_key
         self._versioned = versioned
         self._firsts: list[int] = []
         self._lac = NO_ENTRY

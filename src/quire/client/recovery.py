@@ -27,8 +27,8 @@ import asyncio
 import logging
 
 from quire.client.context import ClientContext
+from quire.client.passwords import Password, keys_for
 from quire.client.placement import write_set_bookies
-from quire.client.read_handle import check_password
 from quire.client.reads import EntryReadOp
 from quire.client.write_handle import WriteHandle
 from quire.errors import (
@@ -42,23 +42,24 @@ from quire.errors import (
     UnauthorizedError,
 )
 from quire.metadata import LedgerMetadata, Versioned
-from quire.protocol import DigestManager, ReadResponse, master_key
+from quire.protocol import DigestManager, LedgerKeys, ReadResponse
 from quire.types import NO_ENTRY, LedgerState
 
 log = logging.getLogger("quire.client")
 
 
 async def recover_ledger(ctx: ClientContext, ledger_id: int,
-                         password: bytes) -> Versioned[LedgerMetadata]:
+                         password: Password | None) -> Versioned[LedgerMetadata]:
     """Fence and close the ledger; return its CLOSED metadata (at once if it
-    is closed already).  UnauthorizedError for a wrong password,
+    is closed already).  UnauthorizedError for a wrong password (None: the
+    keys the metadata holds, :meth:`Client.open_ledger_as_admin`),
     LedgerRecoveryError when its end cannot be decided now (retry later)."""
     store = ctx.store
     lost_race: QuireError | None = None
     for _attempt in range(ctx.config.recovery_max_attempts):
         versioned = await store.read_ledger(ledger_id)
-        check_password(ledger_id, versioned.value, password)
         md = versioned.value
+        keys = md.keys if password is None else keys_for(ledger_id, md, password)
         if md.state is LedgerState.CLOSED:
             return versioned
         if md.state is LedgerState.OPEN:
@@ -71,7 +72,7 @@ async def recover_ledger(ctx: ClientContext, ledger_id: int,
                 lost_race = e
                 continue
         try:
-            return await LedgerRecoveryOp(ctx, ledger_id, versioned, password).run()
+            return await LedgerRecoveryOp(ctx, ledger_id, versioned, keys).run()
         except LedgerFencedError as e:  # another client changed the metadata meanwhile
             log.info("ledger %d: recovery lost a metadata race (%s); starting over",
                      ledger_id, e)
@@ -85,14 +86,14 @@ class LedgerRecoveryOp:
     """One recovery attempt of a ledger whose metadata is IN_RECOVERY."""
 
     def __init__(self, ctx: ClientContext, ledger_id: int,
-                 versioned: Versioned[LedgerMetadata], password: bytes) -> None:
+                 versioned: Versioned[LedgerMetadata], keys: LedgerKeys) -> None:
         md = versioned.value
         self._ctx = ctx
         self._ledger_id = ledger_id
         self._versioned = versioned
-        self._password = password
-        self._digest = DigestManager(ledger_id, md.digest_type, password)
-        self._master_key = master_key(password)
+        self._keys = keys
+        self._digest = DigestManager.of_keys(ledger_id, md.digest_type, keys)
+        self._master_key = keys.master_key
         self._metadata = md
 
     async def run(self) -> Versioned[LedgerMetadata]:
@@ -102,7 +103,7 @@ class LedgerRecoveryOp:
         start = max(fenced_lac, last_first - 1) + 1
         length = await self._length_at(start - 1, lengths)
         log.info("ledger %d: fenced; recovering from entry %d", self._ledger_id, start)
-        writer = WriteHandle(self._ctx, self._ledger_id, self._versioned, self._password,
+        writer = WriteHandle(self._ctx, self._ledger_id, self._versioned, self._keys,
                              recovery=True, last_add_confirmed=start - 1, length=length)
         try:
             await self._recover_entries(writer, start, ensemble)

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from quire.client.client import Client
 from quire.client.config import ClientConfig
+from quire.client.passwords import Password
 from quire.client.read_handle import ReadHandle
 from quire.client.reads import LedgerEntry
 from quire.client.write_handle import WriteHandle
@@ -147,14 +148,14 @@ class SyncClient:
     def create_ledger(
             self, ensemble_size: int = 3, write_quorum_size: int = 3, ack_quorum_size: int = 2,
             *, ledger_type: LedgerType = LedgerType.PD_JOURNAL,
-            digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
+            digest_type: DigestType = DigestType.CRC32C, password: Password = b"",
             custom_metadata: Mapping[str, bytes] | None = None) -> SyncWriteHandle:
         handle = self._runner.run(self._client.create_ledger(
             ensemble_size, write_quorum_size, ack_quorum_size, ledger_type=ledger_type,
             digest_type=digest_type, password=password, custom_metadata=custom_metadata))
         return SyncWriteHandle(self._runner, handle)
 
-    def open_ledger(self, ledger_id: int, *, password: bytes = b"",
+    def open_ledger(self, ledger_id: int, *, password: Password = b"",
                     recovery: bool) -> SyncReadHandle:
         handle = self._runner.run(
             self._client.open_ledger(ledger_id, password=password, recovery=recovery))

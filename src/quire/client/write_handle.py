@@ -60,6 +60,7 @@ from quire.protocol import (
     FLAG_RECOVERY_ADD,
     FLAG_VOLATILE_DURABILITY,
     MASTER_KEY_LEN,
+    LedgerKeys,
     RawAddAnswer,
     encode_add_request,
 )
@@ -99,11 +100,11 @@ class WriteHandle(ReadHandle):
     re-adds recovered entries as given, flagged RECOVERY_ADD."""
 
     def __init__(self, ctx: ClientContext, ledger_id: int,
-                 versioned: Versioned[LedgerMetadata], password: bytes, *,
+                 versioned: Versioned[LedgerMetadata], keys: LedgerKeys, *,
                  recovery: bool = False, last_add_confirmed: int = NO_ENTRY,
                  length: int = 0,
                  on_closed: Callable[[WriteHandle], None] | None = None) -> None:
-        super().__init__(ctx, ledger_id, versioned, password, follow=False)
+        super().__init__(ctx, ledger_id, versioned, keys, follow=False)
         md = versioned.value
         self._loop = asyncio.get_running_loop()
         self._recovery = recovery

@@ -1,5 +1,7 @@
-"""A Pravega-compatible controller: scopes, streams, segments, scaling,
-truncation and transactions, served as Pravega's gRPC ``ControllerService``.
+"""A Pravega-compatible controller: scopes, streams, segments, scaling
+(by hand and automatic), truncation and retention, transactions (rolling
+over scales) and reader groups, served as Pravega's gRPC
+``ControllerService``; any number of them serve one cluster.
 
 ::
 
@@ -14,10 +16,19 @@ Modules, each importing only those listed before it:
 * :mod:`~quire.controller.metrics` -- Prometheus metrics;
 * :mod:`~quire.controller.model` -- records and their rules (segment ids
   and names, key ranges, epochs, scaling, stream cuts, transaction ids);
+* :mod:`~quire.controller.records` -- the records as JSON;
+  :mod:`~quire.controller.cuts` -- stream cuts and retention's choice;
 * :mod:`~quire.controller.state` -- the records in ``_system`` table
   segments, and the :class:`ControllerSegmentStore` seam;
-* :mod:`~quire.controller.core` -- the operations (:class:`ControllerCore`);
-* :mod:`~quire.controller.service` -- the gRPC service;
+* :mod:`~quire.controller.cluster` -- several controllers: who is alive,
+  who leads (:class:`ControllerCluster`);
+* :mod:`~quire.controller.base`, :mod:`~quire.controller.scaling`,
+  :mod:`~quire.controller.transactions`, :mod:`~quire.controller.retention`,
+  :mod:`~quire.controller.core` -- the operations (:class:`ControllerCore`,
+  parts over one state);
+* :mod:`~quire.controller.messages`, :mod:`~quire.controller.service` --
+  the gRPC service; :mod:`~quire.controller.admin` -- Quire's ``Admin``
+  questions;
 * :mod:`~quire.controller.server` -- :class:`Controller`.
 """
 

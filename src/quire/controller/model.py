@@ -11,22 +11,26 @@ last ends at 1.0; the Pravega client asserts this).
   adds ``#transaction.<high:016x><low:016x>``.
 * An epoch is a set of active segments.  A scale seals some of them and
   creates successors covering exactly their keys, as epoch ``e + 1``; the
-  others are carried over with their ids.
+  others are carried over with their ids.  A transaction committed after
+  its epoch's segments were sealed *rolls over* (Pravega's rolling
+  transactions): epoch ``c + 1`` duplicates the transaction's epoch (same
+  segment numbers and key ranges, new epoch), takes the transaction's data
+  and is sealed at once; epoch ``c + 2`` duplicates epoch ``c``, the new
+  active one.  Readers and writers go c, c + 1, c + 2 through successors.
 * A transaction id is 128 bits: the top 32 are its epoch, the low 64 bits
   have bit 63 clear (the client sign-extends them).
 
 :class:`StreamRecord` and :class:`TxnRecord` are stored as JSON values in the
-controller's table segments (:mod:`quire.controller.state`).
+controller's table segments (:mod:`quire.controller.records`); stream cuts'
+rules are in :mod:`quire.controller.cuts`.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from quire.errors import ControllerInvalidArgumentError, ControllerPreconditionError
 
@@ -85,11 +89,13 @@ class SegmentRange:
 
 @dataclass(frozen=True)
 class Epoch:
-    """The segments active from ``created_ms`` on, sorted by key."""
+    """The segments active from ``created_ms`` on, sorted by key, and why
+    the epoch began (:data:`SCALE_REASONS`; "" for the first)."""
 
     epoch: int
     created_ms: int
     segments: tuple[SegmentRange, ...]
+    reason: str = ""
 
     def ids(self) -> set[int]:
         return {s.id for s in self.segments}
@@ -101,16 +107,32 @@ class RetentionType(enum.Enum):
     SIZE = "size"
 
 
+class ScaleType(enum.Enum):
+    """A scaling policy's kind (the values are the interface's, and the
+    segment store's ``ScaleType`` on the wire)."""
+
+    FIXED = 0
+    BY_RATE_IN_KBYTES_PER_SEC = 1
+    BY_RATE_IN_EVENTS_PER_SEC = 2
+
+
 @dataclass(frozen=True)
 class StreamConfig:
-    """A stream's configuration: a fixed number of segments (scaled only by
-    hand), a retention policy (``param``/``max`` in ms or bytes) and tags."""
+    """A stream's configuration: its scaling policy (a fixed number of
+    segments, scaled only by hand; or auto-scaling by event or byte rate,
+    ``target_rate`` per segment, splits into up to ``scale_factor``, never
+    below ``min_segments``), a retention policy (``param``: the minimum to
+    keep, ``max``: the most to keep however far behind subscribers are, 0:
+    no maximum; ms or bytes) and tags."""
 
     min_segments: int
     retention: RetentionType = RetentionType.NONE
     retention_param: int = 0
     retention_max: int = 0
     tags: tuple[str, ...] = ()
+    scale_type: ScaleType = ScaleType.FIXED
+    target_rate: int = 0
+    scale_factor: int = 0
 
     def __post_init__(self) -> None:
         if self.min_segments <= 0:
@@ -121,6 +143,17 @@ class StreamConfig:
                 f"at most 1024 initial segments, got {self.min_segments}")
         if self.retention_param < 0 or self.retention_max < 0:
             raise ControllerInvalidArgumentError("retention limits are not negative")
+        if 0 < self.retention_max < self.retention_param:
+            raise ControllerInvalidArgumentError(
+                f"the retention maximum {self.retention_max} is below its minimum "
+                f"{self.retention_param}")
+        if self.auto_scaled and (self.target_rate <= 0 or self.scale_factor <= 0):
+            raise ControllerInvalidArgumentError(
+                "an auto-scaling policy needs a positive target rate and scale factor")
+
+    @property
+    def auto_scaled(self) -> bool:
+        return self.scale_type is not ScaleType.FIXED
 
 
 class StreamState(enum.Enum):
@@ -129,6 +162,12 @@ class StreamState(enum.Enum):
     again finishes it; it is invisible otherwise."""
     ACTIVE = "active"
     SEALED = "sealed"
+
+
+SCALE_REASONS = ("manual", "auto-split", "auto-merge", "update", "rolling-txn")
+"""Why an epoch began: a scale asked for (``scale``), auto-scaling's split
+of a hot segment or merge of cold ones, ``updateStream`` changing the
+segment count, a transaction rolled over a scale."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +179,24 @@ class PendingScale:
     created: tuple[SegmentRange, ...]
     epoch: int
     created_ms: int
+    reason: str = "manual"
+
+
+@dataclass(frozen=True)
+class PendingRoll:
+    """A transaction rolled over a scale, written down before it is carried
+    out: create ``duplicates`` (epoch ``c + 1``: the transaction's epoch
+    again), merge the transaction's segments into them, seal them; create
+    ``actives`` (epoch ``c + 2``: epoch ``c`` again), seal epoch ``c``."""
+
+    txn_id: int
+    duplicates: tuple[SegmentRange, ...]
+    actives: tuple[SegmentRange, ...]
+    created_ms: int
+
+    def duplicate_of(self, sid: int) -> int:
+        """The duplicate of segment ``sid`` of the transaction's epoch."""
+        return segment_id(self.duplicates[0].id >> 32, segment_number(sid))
 
 
 @dataclass(frozen=True)
@@ -162,6 +219,7 @@ class StreamRecord:
     epochs: list[Epoch]
     next_number: int
     scale: PendingScale | None = None
+    roll: PendingRoll | None = None
     head: dict[int, int] = field(default_factory=dict)
     """The last truncation's stream cut (segment id -> offset); empty: the
     first epoch's segments from offset 0."""
@@ -171,6 +229,9 @@ class StreamRecord:
     the active segments' lengths."""
     retention_cuts: list[RecordedCut] = field(default_factory=list)
     """Cuts recorded for retention, oldest first, none before the head."""
+    cold: dict[int, int] = field(default_factory=dict)
+    """Active segments reported cold by auto-scaling: id -> when the mark
+    ends (ms); two cold neighbours are merged."""
 
     @classmethod
     def new(cls, config: StreamConfig, now_ms: int) -> StreamRecord:
@@ -185,9 +246,10 @@ class StreamRecord:
         return self.epochs[-1]
 
     def find(self, sid: int) -> SegmentRange | None:
-        """The segment ``sid`` from any epoch, or None if it never existed."""
+        """The segment ``sid`` from any epoch (a pending one too), or None if
+        it never existed."""
         first = segment_epoch(sid)
-        for epoch in self.epochs[first:first + 1]:
+        for epoch in [*self.epochs, *self.pending_epochs()][first:first + 1]:
             for s in epoch.segments:
                 if s.id == sid:
                     return s
@@ -196,11 +258,25 @@ class StreamRecord:
     def all_segments(self) -> dict[int, SegmentRange]:
         return {s.id: s for e in self.epochs for s in e.segments}
 
+    def pending_epochs(self) -> list[Epoch]:
+        """The epochs a pending scale or roll will add (its successors exist
+        before anything is sealed, so a sealed segment's are known)."""
+        if self.scale is not None:
+            kept = [s for s in self.current.segments if s.id not in self.scale.sealed]
+            return [Epoch(self.scale.epoch, self.scale.created_ms,
+                          tuple(sorted([*kept, *self.scale.created], key=lambda s: s.min_key)))]
+        if self.roll is not None:
+            c = self.current.epoch
+            return [Epoch(c + 1, self.roll.created_ms, self.roll.duplicates),
+                    Epoch(c + 2, self.roll.created_ms, self.roll.actives)]
+        return []
+
     def successors(self, sid: int) -> list[tuple[SegmentRange, list[int]]]:
-        """The segments that replaced ``sid`` when it was sealed by a scale,
-        each with all its predecessors; empty while ``sid`` is active (or it
-        was sealed with the stream)."""
-        for before, after in zip(self.epochs, self.epochs[1:], strict=False):
+        """The segments that replaced ``sid`` when it was sealed by a scale
+        (a pending one too), each with all its predecessors; empty while
+        ``sid`` is active (or it was sealed with the stream)."""
+        epochs = [*self.epochs, *self.pending_epochs()]
+        for before, after in itertools.pairwise(epochs):
             if sid in before.ids() and sid not in after.ids():
                 sealed = next(s for s in before.segments if s.id == sid)
                 kept = before.ids()
@@ -211,7 +287,7 @@ class StreamRecord:
         return []
 
     def plan_scale(self, sealed: list[int], ranges: list[tuple[float, float]],
-                   now_ms: int) -> PendingScale:
+                   now_ms: int, reason: str = "manual") -> PendingScale:
         """The scale that seals ``sealed`` and covers their keys with ``ranges``.
         ControllerInvalidArgumentError for malformed ranges;
         ControllerPreconditionError when they do not fit the current epoch."""
@@ -228,12 +304,12 @@ class StreamRecord:
         missing = [sid for sid in sealed if sid not in active]
         if missing:
             raise ControllerPreconditionError(f"segments {missing} are not active")
-        old = _merged([(active[sid].min_key, active[sid].max_key) for sid in sealed])
+        old = merged([(active[sid].min_key, active[sid].max_key) for sid in sealed])
         new = sorted(ranges)
         for (_, end), (start, _) in itertools.pairwise(new):
             if start < end:
                 raise ControllerPreconditionError("the new key ranges overlap")
-        if _merged(new) != old:
+        if merged(new) != old:
             raise ControllerPreconditionError(
                 "the new key ranges do not cover exactly the keys of the sealed segments")
         epoch = self.current.epoch + 1
@@ -241,7 +317,7 @@ class StreamRecord:
             raise ControllerPreconditionError("the stream has used every segment number")
         created = tuple(SegmentRange(segment_id(epoch, self.next_number + i), start, end)
                         for i, (start, end) in enumerate(new))
-        return PendingScale(tuple(sealed), created, epoch, now_ms)
+        return PendingScale(tuple(sealed), created, epoch, now_ms, reason)
 
     def apply_scale(self, scale: PendingScale, sealed_bytes: int = 0) -> None:
         """Make ``scale``'s epoch the current one; ``sealed_bytes``: the
@@ -249,8 +325,10 @@ class StreamRecord:
         self.sealed_bytes += sealed_bytes
         kept = [s for s in self.current.segments if s.id not in scale.sealed]
         segments = tuple(sorted([*kept, *scale.created], key=lambda s: s.min_key))
-        self.epochs.append(Epoch(scale.epoch, scale.created_ms, segments))
+        self.epochs.append(Epoch(scale.epoch, scale.created_ms, segments, scale.reason))
         self.next_number += len(scale.created)
+        for sid in scale.sealed:
+            self.cold.pop(sid, None)
         self.scale = None
 
     def epoch_at(self, timestamp_ms: int) -> Epoch:
@@ -265,104 +343,30 @@ class StreamRecord:
         """Where the stream begins: the last truncation's cut, or epoch 0 at 0."""
         return dict(self.head) if self.head else {s.id: 0 for s in self.epochs[0].segments}
 
-    def check_cut(self, cut: dict[int, int]) -> list[int]:
-        """Check a stream cut (its segments cover (0, 1] exactly, offsets are
-        not negative, it is not before the current head) and return the ids of
-        the segments wholly before it (ControllerInvalidArgumentError if not)."""
-        known = self.all_segments()
-        segments = []
-        for sid, offset in cut.items():
-            s = known.get(sid)
-            if s is None:
-                raise ControllerInvalidArgumentError(f"segment {sid} is not in the stream")
-            if offset < 0:
-                raise ControllerInvalidArgumentError(f"segment {sid}: offset {offset} < 0")
-            segments.append(s)
-        segments.sort(key=lambda s: s.min_key)
-        if not segments or _merged([(s.min_key, s.max_key) for s in segments]) != \
-                [(0.0, KEY_SPACE_END)] or any(a.max_key > b.min_key for a, b in
-                                               itertools.pairwise(segments)):
-            raise ControllerInvalidArgumentError("a stream cut must cover the keys (0, 1] "
-                                                 "exactly once")
-        head = self.head_cut()
-        for h, h_offset in head.items():
-            hs = known[h]
-            for s in segments:
-                if s.overlaps(hs) and (segment_epoch(s.id) < segment_epoch(h)
-                                       or (s.id == h and cut[s.id] < h_offset)):
-                    raise ControllerInvalidArgumentError(
-                        f"the stream cut is before the stream's head at segment {h}")
-        return sorted(sid for sid, s in known.items() if sid not in cut and any(
-            c.overlaps(s) and segment_epoch(c.id) > segment_epoch(sid) for c in segments))
+    @property
+    def busy(self) -> bool:
+        """Whether a scale or a roll is written down and not yet done."""
+        return self.scale is not None or self.roll is not None
 
-    def after_head(self, cut: dict[int, int]) -> bool:
-        """Whether ``cut`` is a valid cut past the stream's head."""
-        try:
-            self.check_cut(cut)
-        except ControllerInvalidArgumentError:
-            return False
-        return cut != self.head_cut()
+    def plan_roll(self, txn: TxnRecord, now_ms: int) -> PendingRoll:
+        """The roll that commits ``txn`` past the scales since its epoch."""
+        current = self.current.epoch
+        dup_epoch, active_epoch = current + 1, current + 2
+        original = self.epochs[txn_epoch(txn.txn_id)].segments
+        duplicates = tuple(SegmentRange(segment_id(dup_epoch, segment_number(s.id)),
+                                        s.min_key, s.max_key) for s in original)
+        actives = tuple(SegmentRange(segment_id(active_epoch, segment_number(s.id)),
+                                     s.min_key, s.max_key) for s in self.current.segments)
+        return PendingRoll(txn.txn_id, duplicates, actives, now_ms)
 
-    def retention_cut(self, now_ms: int, size: int) -> RecordedCut | None:
-        """The recorded cut to truncate at under the retention policy, the
-        stream holding ``size`` bytes now: the latest that keeps at least
-        ``retention_param`` bytes (SIZE) or milliseconds (TIME) after it;
-        None if there is none (or no policy)."""
-        c = self.config
-        found = None
-        for recorded in self.retention_cuts:
-            if c.retention is RetentionType.SIZE:
-                fits = size - recorded.size >= c.retention_param
-            elif c.retention is RetentionType.TIME:
-                fits = now_ms - recorded.time_ms >= c.retention_param
-            else:
-                fits = False
-            if fits:
-                found = recorded
-        return found
-
-    # --- JSON -----------------------------------------------------------------
-
-    def to_json(self) -> bytes:
-        c = self.config
-        doc: dict[str, Any] = {
-            "config": {"min_segments": c.min_segments, "retention": c.retention.value,
-                       "retention_param": c.retention_param, "retention_max": c.retention_max,
-                       "tags": list(c.tags)},
-            "state": self.state.value,
-            "epochs": [[e.epoch, e.created_ms, [_range_json(s) for s in e.segments]]
-                       for e in self.epochs],
-            "next_number": self.next_number,
-            "head": [[sid, offset] for sid, offset in sorted(self.head.items())],
-            "truncated_ms": self.truncated_ms,
-            "sealed_bytes": self.sealed_bytes,
-            "retention_cuts": [[r.time_ms, r.size, sorted(r.cut.items())]
-                               for r in self.retention_cuts],
-        }
-        if self.scale is not None:
-            doc["scale"] = {"sealed": list(self.scale.sealed), "epoch": self.scale.epoch,
-                            "created_ms": self.scale.created_ms,
-                            "created": [_range_json(s) for s in self.scale.created]}
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> StreamRecord:
-        doc = json.loads(data)
-        c = doc["config"]
-        config = StreamConfig(c["min_segments"], RetentionType(c["retention"]),
-                              c["retention_param"], c["retention_max"], tuple(c["tags"]))
-        scale = None
-        if "scale" in doc:
-            s = doc["scale"]
-            scale = PendingScale(tuple(s["sealed"]),
-                                 tuple(_range_of(r) for r in s["created"]),
-                                 s["epoch"], s["created_ms"])
-        return cls(config, StreamState(doc["state"]),
-                   [Epoch(e, t, tuple(_range_of(r) for r in rs)) for e, t, rs in doc["epochs"]],
-                   doc["next_number"], scale, {sid: off for sid, off in doc["head"]},
-                   doc["truncated_ms"], doc["sealed_bytes"],
-                   [RecordedCut(t, size, {sid: off for sid, off in cut})
-                    for t, size, cut in doc["retention_cuts"]])
+    def apply_roll(self, roll: PendingRoll, sealed_bytes: int) -> None:
+        """Make the roll's two epochs the stream's last; ``sealed_bytes``:
+        the lengths of the segments it sealed (duplicates included)."""
+        self.sealed_bytes += sealed_bytes
+        dup_epoch = self.current.epoch + 1
+        self.epochs.append(Epoch(dup_epoch, roll.created_ms, roll.duplicates, "rolling-txn"))
+        self.epochs.append(Epoch(dup_epoch + 1, roll.created_ms, roll.actives, "rolling-txn"))
+        self.roll = None
 
 
 class TxnState(enum.Enum):
@@ -390,27 +394,8 @@ class TxnRecord:
     lease_expiry_ms: int
     completed_ms: int = 0
 
-    def to_json(self) -> bytes:
-        return json.dumps({"id": f"{self.txn_id:032x}", "segments": list(self.segments),
-                           "state": self.state.value, "lease_expiry_ms": self.lease_expiry_ms,
-                           "completed_ms": self.completed_ms}, separators=(",", ":")).encode()
 
-    @classmethod
-    def from_json(cls, data: bytes) -> TxnRecord:
-        doc = json.loads(data)
-        return cls(int(doc["id"], 16), tuple(doc["segments"]), TxnState(doc["state"]),
-                   doc["lease_expiry_ms"], doc["completed_ms"])
-
-
-def _range_json(s: SegmentRange) -> list[float | int]:
-    return [s.id, s.min_key, s.max_key]
-
-
-def _range_of(r: list[Any]) -> SegmentRange:
-    return SegmentRange(int(r[0]), float(r[1]), float(r[2]))
-
-
-def _merged(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merged(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted ranges with touching ones joined."""
     out: list[tuple[float, float]] = []
     for start, end in sorted(ranges):

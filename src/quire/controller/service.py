@@ -18,19 +18,19 @@ from typing import Any
 
 import grpc
 
+from quire.controller.access import TokenIssuer
 from quire.controller.core import ControllerCore
-from quire.controller.metrics import ControllerMetrics
-from quire.controller.model import (
-    Epoch,
-    RetentionType,
-    SegmentRange,
-    StreamConfig,
-    StreamRecord,
-    TxnState,
-    segment_name,
-    txn_id_of,
-    txn_id_parts,
+from quire.controller.messages import (
+    config_message,
+    config_of,
+    group_message,
+    group_of,
+    names,
+    range_message,
+    ranges_message,
 )
+from quire.controller.metrics import ControllerMetrics
+from quire.controller.model import TxnState, segment_name, txn_id_of, txn_id_parts
 from quire.controller_api import Controller_pb2 as pb
 from quire.errors import (
     ContainerClosedError,
@@ -83,57 +83,6 @@ def grpc_status(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _names(info: pb.StreamInfo) -> tuple[str, str]:
-    check_name("scope", info.scope)
-    check_name("stream", info.stream)
-    return info.scope, info.stream
-
-
-def _range(scope: str, stream: str, s: SegmentRange) -> pb.SegmentRange:
-    return pb.SegmentRange(segmentId=pb.SegmentId(streamInfo=pb.StreamInfo(scope=scope,
-                                                                           stream=stream),
-                                                  segmentId=s.id),
-                           minKey=s.min_key, maxKey=s.max_key)
-
-
-def _ranges(scope: str, stream: str, epoch: Epoch) -> pb.SegmentRanges:
-    return pb.SegmentRanges(segmentRanges=[_range(scope, stream, s) for s in epoch.segments])
-
-
-_RETENTION_IN = {pb.RetentionPolicy.UNKNOWN: RetentionType.NONE,
-                 pb.RetentionPolicy.TIME: RetentionType.TIME,
-                 pb.RetentionPolicy.SIZE: RetentionType.SIZE}
-_RETENTION_OUT = {v: k for k, v in _RETENTION_IN.items()}
-
-
-def config_of(request: pb.StreamConfig) -> StreamConfig:
-    """A StreamConfig message as a StreamConfig (ControllerInvalidArgumentError
-    for an auto-scaling policy or bad numbers)."""
-    scaling = request.scalingPolicy
-    if scaling.scaleType != pb.ScalingPolicy.FIXED_NUM_SEGMENTS:
-        raise ControllerInvalidArgumentError(
-            "only a fixed scaling policy is supported (scale by hand with scale)")
-    retention = request.retentionPolicy
-    kind = _RETENTION_IN.get(retention.retentionType)
-    if kind is None:
-        raise ControllerInvalidArgumentError(
-            f"unknown retention type {retention.retentionType}")
-    return StreamConfig(scaling.minNumSegments, kind, retention.retentionParam,
-                        retention.retentionMax, tuple(request.tags.tag))
-
-
-def config_message(scope: str, stream: str, record: StreamRecord) -> pb.StreamConfig:
-    c = record.config
-    return pb.StreamConfig(
-        streamInfo=pb.StreamInfo(scope=scope, stream=stream),
-        scalingPolicy=pb.ScalingPolicy(scaleType=pb.ScalingPolicy.FIXED_NUM_SEGMENTS,
-                                       minNumSegments=c.min_segments),
-        retentionPolicy=pb.RetentionPolicy(retentionType=_RETENTION_OUT[c.retention],
-                                           retentionParam=c.retention_param,
-                                           retentionMax=c.retention_max),
-        tags=pb.Tags(tag=list(c.tags)))
-
-
 _TXN_STATE = {TxnState.OPEN: pb.TxnState.OPEN, TxnState.COMMITTING: pb.TxnState.COMMITTING,
               TxnState.COMMITTED: pb.TxnState.COMMITTED, TxnState.ABORTING: pb.TxnState.ABORTING,
               TxnState.ABORTED: pb.TxnState.ABORTED}
@@ -146,6 +95,8 @@ class ControllerService:
     def __init__(self, core: ControllerCore, locate: SegmentLocator) -> None:
         self.core = core
         self._locate = locate
+        self.tokens: TokenIssuer | None = None
+        """Issues delegation tokens (None: auth is off, tokens are "")."""
 
     # --- scopes ----------------------------------------------------------------
 
@@ -187,10 +138,23 @@ class ControllerService:
             continuationToken=pb.ContinuationToken(token=token),
             status=pb.StreamsInScopeResponse.SUCCESS)
 
+    async def listStreamsInScopeForTag(self, request: pb.StreamsInScopeWithTagRequest
+                                       ) -> pb.StreamsInScopeResponse:
+        scope = request.scope.scope
+        try:
+            streams, token = await self.core.list_streams(
+                scope, request.continuationToken.token, request.tag)
+        except ScopeNotFoundError:
+            return pb.StreamsInScopeResponse(status=pb.StreamsInScopeResponse.SCOPE_NOT_FOUND)
+        return pb.StreamsInScopeResponse(
+            streams=[pb.StreamInfo(scope=scope, stream=s) for s in streams],
+            continuationToken=pb.ContinuationToken(token=token),
+            status=pb.StreamsInScopeResponse.SUCCESS)
+
     # --- streams ---------------------------------------------------------------
 
     async def checkStreamExists(self, request: pb.StreamInfo) -> pb.ExistsResponse:
-        scope, stream = _names(request)
+        scope, stream = names(request)
         return pb.ExistsResponse(exists=await self.core.stream_exists(scope, stream))
 
     async def createStream(self, request: pb.StreamConfig) -> pb.CreateStreamStatus:
@@ -217,23 +181,23 @@ class ControllerService:
         return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.SUCCESS)
 
     async def updateStream(self, request: pb.StreamConfig) -> pb.UpdateStreamStatus:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         return await self._update(self.core.update_stream(scope, stream, config_of(request)))
 
     async def getStreamConfiguration(self, request: pb.StreamInfo) -> pb.StreamConfig:
-        scope, stream = _names(request)
+        scope, stream = names(request)
         return config_message(scope, stream, await self.core.stream(scope, stream))
 
     async def sealStream(self, request: pb.StreamInfo) -> pb.UpdateStreamStatus:
-        scope, stream = _names(request)
+        scope, stream = names(request)
         return await self._update(self.core.seal_stream(scope, stream))
 
     async def truncateStream(self, request: pb.StreamCut) -> pb.UpdateStreamStatus:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         return await self._update(self.core.truncate_stream(scope, stream, dict(request.cut)))
 
     async def deleteStream(self, request: pb.StreamInfo) -> pb.DeleteStreamStatus:
-        scope, stream = _names(request)
+        scope, stream = names(request)
         try:
             await self.core.delete_stream(scope, stream)
         except ControllerNotFoundError:
@@ -245,16 +209,16 @@ class ControllerService:
     # --- segments --------------------------------------------------------------
 
     async def getCurrentSegments(self, request: pb.StreamInfo) -> pb.SegmentRanges:
-        scope, stream = _names(request)
-        return _ranges(scope, stream, await self.core.current_segments(scope, stream))
+        scope, stream = names(request)
+        return ranges_message(scope, stream, await self.core.current_segments(scope, stream))
 
     async def getEpochSegments(self, request: pb.GetEpochSegmentsRequest) -> pb.SegmentRanges:
-        scope, stream = _names(request.streamInfo)
-        return _ranges(scope, stream,
+        scope, stream = names(request.streamInfo)
+        return ranges_message(scope, stream,
                        await self.core.epoch_segments(scope, stream, request.epoch))
 
     async def getSegments(self, request: pb.GetSegmentsRequest) -> pb.SegmentsAtTime:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         at = await self.core.segments_at(scope, stream, request.timestamp)
         info = pb.StreamInfo(scope=scope, stream=stream)
         return pb.SegmentsAtTime(segments=[
@@ -265,10 +229,11 @@ class ControllerService:
 
     async def getSegmentsImmediatelyFollowing(self, request: pb.SegmentId
                                               ) -> pb.SuccessorResponse:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         successors = await self.core.successors(scope, stream, request.segmentId)
         return pb.SuccessorResponse(segments=[
-            pb.SuccessorResponse.SegmentEntry(segment=_range(scope, stream, s), value=preds)
+            pb.SuccessorResponse.SegmentEntry(segment=range_message(scope, stream, s),
+                                              value=preds)
             for s, preds in successors])
 
     async def getURI(self, request: pb.SegmentId) -> pb.NodeUri:
@@ -280,26 +245,30 @@ class ControllerService:
             raise ControllerInvalidArgumentError("getURI needs a scope and a stream")
         host, port = await self._locate(segment_name(info.scope, info.stream,
                                                      request.segmentId))
+        await self.core.located(info.scope, info.stream)
         return pb.NodeUri(endpoint=host, port=port)
 
     async def getDelegationToken(self, request: pb.StreamInfo) -> pb.DelegationToken:
-        return pb.DelegationToken(delegationToken="")
+        # the caller's own permission on the stream (quire.controller.access)
+        token = self.tokens.issue(request) if self.tokens is not None else ""
+        return pb.DelegationToken(delegationToken=token)
 
     # --- scaling --------------------------------------------------------------------
 
     async def scale(self, request: pb.ScaleRequest) -> pb.ScaleResponse:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         try:
-            done = await self.core.scale(scope, stream, list(request.sealedSegments),
-                                         [(r.start, r.end) for r in request.newKeyRanges])
+            created, from_epoch = await self.core.scale(
+                scope, stream, list(request.sealedSegments),
+                [(r.start, r.end) for r in request.newKeyRanges])
         except ControllerPreconditionError as e:
             log.info("scale of %s/%s refused: %s", scope, stream, e)
             return pb.ScaleResponse(status=pb.ScaleResponse.PRECONDITION_FAILED)
-        return pb.ScaleResponse(status=pb.ScaleResponse.STARTED, epoch=done.from_epoch,
-                                segments=[_range(scope, stream, s) for s in done.created])
+        return pb.ScaleResponse(status=pb.ScaleResponse.STARTED, epoch=from_epoch,
+                                segments=[range_message(scope, stream, s) for s in created])
 
     async def checkScale(self, request: pb.ScaleStatusRequest) -> pb.ScaleStatusResponse:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         done = await self.core.scale_done(scope, stream, request.epoch)
         status = {True: pb.ScaleStatusResponse.SUCCESS,
                   False: pb.ScaleStatusResponse.IN_PROGRESS,
@@ -309,15 +278,15 @@ class ControllerService:
     # --- transactions ---------------------------------------------------------------
 
     async def createTransaction(self, request: pb.CreateTxnRequest) -> pb.CreateTxnResponse:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         txn_id, epoch = await self.core.create_transaction(scope, stream, request.lease)
         high, low = txn_id_parts(txn_id)
         return pb.CreateTxnResponse(
             txnId=pb.TxnId(highBits=high, lowBits=low),
-            activeSegments=[_range(scope, stream, s) for s in epoch.segments])
+            activeSegments=[range_message(scope, stream, s) for s in epoch.segments])
 
     async def pingTransaction(self, request: pb.PingTxnRequest) -> pb.PingTxnStatus:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         if request.lease > self.core.config.txn_max_lease_ms:
             return pb.PingTxnStatus(status=pb.PingTxnStatus.LEASE_TOO_LARGE)
         state = await self.core.ping_transaction(
@@ -330,13 +299,10 @@ class ControllerService:
         return pb.PingTxnStatus(status=pb.PingTxnStatus.ABORTED)
 
     async def _end_txn(self, request: pb.TxnRequest, commit: bool) -> pb.TxnStatus:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         txn_id = txn_id_of(request.txnId.highBits, request.txnId.lowBits)
         try:
-            if commit:
-                await self.core.commit_transaction(scope, stream, txn_id)
-            else:
-                await self.core.abort_transaction(scope, stream, txn_id)
+            await self.core.end_transaction(scope, stream, txn_id, commit=commit)
         except TransactionNotFoundError:
             return pb.TxnStatus(status=pb.TxnStatus.TRANSACTION_NOT_FOUND)
         except ControllerNotFoundError:
@@ -350,10 +316,75 @@ class ControllerService:
         return await self._end_txn(request, commit=False)
 
     async def checkTransactionState(self, request: pb.TxnRequest) -> pb.TxnState:
-        scope, stream = _names(request.streamInfo)
+        scope, stream = names(request.streamInfo)
         state = await self.core.transaction_state(
             scope, stream, txn_id_of(request.txnId.highBits, request.txnId.lowBits))
         return pb.TxnState(state=pb.TxnState.UNKNOWN if state is None else _TXN_STATE[state])
+
+    # --- reader groups and subscribers -------------------------------------------------
+
+    async def createReaderGroup(self, request: pb.ReaderGroupConfiguration
+                                ) -> pb.CreateReaderGroupResponse:
+        try:
+            check_name("reader group", request.readerGroupName)
+        except ControllerInvalidArgumentError:
+            return pb.CreateReaderGroupResponse(
+                status=pb.CreateReaderGroupResponse.INVALID_RG_NAME)
+        try:
+            doc = await self.core.create_reader_group(request.scope, request.readerGroupName,
+                                                      group_of(request))
+        except ScopeNotFoundError:
+            return pb.CreateReaderGroupResponse(
+                status=pb.CreateReaderGroupResponse.SCOPE_NOT_FOUND)
+        return pb.CreateReaderGroupResponse(
+            status=pb.CreateReaderGroupResponse.SUCCESS,
+            config=group_message(request.scope, request.readerGroupName, doc))
+
+    async def getReaderGroupConfig(self, request: pb.ReaderGroupInfo
+                                   ) -> pb.ReaderGroupConfigResponse:
+        try:
+            doc = await self.core.reader_group(request.scope, request.readerGroup)
+        except ControllerNotFoundError:
+            return pb.ReaderGroupConfigResponse(status=pb.ReaderGroupConfigResponse.RG_NOT_FOUND)
+        return pb.ReaderGroupConfigResponse(
+            status=pb.ReaderGroupConfigResponse.SUCCESS,
+            config=group_message(request.scope, request.readerGroup, doc))
+
+    async def updateReaderGroup(self, request: pb.ReaderGroupConfiguration
+                                ) -> pb.UpdateReaderGroupResponse:
+        try:
+            doc = await self.core.update_reader_group(request.scope, request.readerGroupName,
+                                                      group_of(request))
+        except ControllerNotFoundError:
+            return pb.UpdateReaderGroupResponse(status=pb.UpdateReaderGroupResponse.RG_NOT_FOUND)
+        return pb.UpdateReaderGroupResponse(status=pb.UpdateReaderGroupResponse.SUCCESS,
+                                            generation=int(doc["generation"]))
+
+    async def deleteReaderGroup(self, request: pb.ReaderGroupInfo) -> pb.DeleteReaderGroupStatus:
+        try:
+            await self.core.delete_reader_group(request.scope, request.readerGroup)
+        except ControllerNotFoundError:
+            return pb.DeleteReaderGroupStatus(status=pb.DeleteReaderGroupStatus.RG_NOT_FOUND)
+        return pb.DeleteReaderGroupStatus(status=pb.DeleteReaderGroupStatus.SUCCESS)
+
+    async def listSubscribers(self, request: pb.StreamInfo) -> pb.SubscribersResponse:
+        scope, stream = names(request)
+        try:
+            found = await self.core.subscribers(scope, stream)
+        except ControllerNotFoundError:
+            return pb.SubscribersResponse(status=pb.SubscribersResponse.STREAM_NOT_FOUND)
+        return pb.SubscribersResponse(subscribers=found, status=pb.SubscribersResponse.SUCCESS)
+
+    async def updateSubscriberStreamCut(self, request: pb.SubscriberStreamCut
+                                        ) -> pb.UpdateSubscriberStatus:
+        scope, stream = names(request.streamCut.streamInfo)
+        try:
+            status = await self.core.update_subscriber_cut(
+                scope, stream, request.subscriber, request.readerGroupId, request.generation,
+                dict(request.streamCut.cut))
+        except ControllerNotFoundError:
+            return pb.UpdateSubscriberStatus(status=pb.UpdateSubscriberStatus.STREAM_NOT_FOUND)
+        return pb.UpdateSubscriberStatus(status=getattr(pb.UpdateSubscriberStatus, status))
 
     # --- registration ---------------------------------------------------------------
 
@@ -363,7 +394,9 @@ class ControllerService:
               "getCurrentSegments", "getEpochSegments", "getSegments",
               "getSegmentsImmediatelyFollowing", "getURI", "getDelegationToken", "scale",
               "checkScale", "createTransaction", "pingTransaction", "commitTransaction",
-              "abortTransaction", "checkTransactionState")
+              "abortTransaction", "checkTransactionState", "listStreamsInScopeForTag",
+              "createReaderGroup", "getReaderGroupConfig", "updateReaderGroup",
+              "deleteReaderGroup", "listSubscribers", "updateSubscriberStreamCut")
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The served methods as one handler for a grpc.aio server."""
@@ -372,13 +405,13 @@ class ControllerService:
         for name in self.SERVED:
             method = methods[name]
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _definite(name, getattr(self, name), self.core.metrics),
+                definite(name, getattr(self, name), self.core.metrics),
                 request_deserializer=getattr(pb, method.input_type.name).FromString,
                 response_serializer=getattr(pb, method.output_type.name).SerializeToString)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
-def _definite(name: str, call: Callable[[Any], Awaitable[Any]], metrics: ControllerMetrics
+def definite(name: str, call: Callable[[Any], Awaitable[Any]], metrics: ControllerMetrics
               ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """``call`` as a handler whose every failure is a definite status, timed."""
     ok = metrics.rpc.labels(name, "OK")

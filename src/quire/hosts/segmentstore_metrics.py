@@ -15,7 +15,8 @@ Read from the store at scrape time (nothing on the append path):
   segments hold (from their start offsets: compaction keeps it near their
   live entries');
 * ``quire_segmentstore_tier2_flush_failures_total{cause}``: failed flush
-  attempts of this process's storage writers, by cause (the error's type).
+  attempts of this process's storage writers, by cause (the error's type;
+  ``cause="none"`` stays 0, so the series exists before any failure).
 """
 
 from __future__ import annotations
@@ -72,6 +73,6 @@ class HealthCollector(Collector):
                 tables.add_metric(label, sum(s.length - s.start_offset
                                              for s in container.committed.segments.values()
                                              if s.type is SegmentType.TABLE and not s.deleted))
-            for cause, count in sorted(store.flush_failures.items()):
+            for cause, count in sorted({"none": 0, **store.flush_failures}.items()):
                 failures.add_metric([cause], count)
         yield from (degraded, backlog, throttled, quarantined, tables, failures)

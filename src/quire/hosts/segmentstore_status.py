@@ -3,8 +3,11 @@
 :func:`cluster_status` reads, from the metadata store, the container count,
 the assignment (which host owns which container) and each live host's
 registration (its HTTP address, ``metrics``), then asks each host's
-``/health`` (:func:`quire.segmentstore.health.store_health`; over HTTPS
-with a CA, with credentials when the hosts authenticate) and gives, per
+``/api/v1/health`` (:mod:`quire.hosts.segmentstore_admin`,
+:func:`quire.segmentstore.health.store_health`; over HTTPS with a CA,
+with the credentials of a user with READ on ``prn::/`` when the hosts
+authenticate: the unauthenticated ``/health`` says only ``ok`` or
+``degraded``, never causes or segment names) and gives, per
 container, its owner and what that owner says: ``ok``; ``degraded: tier-2
 unavailable since <UTC> (<cause>)``; throttled at its tier-1 ceiling;
 quarantined segments; or why it cannot be told (no owner, an owner
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.errors import MetadataNotFoundError, QuireError
-from quire.http import HEALTH_PATH
+from quire.hosts.segmentstore_admin import HEALTH_DETAIL_PATH
 from quire.http.client import request_json
 from quire.metadata import MetadataStore
 from quire.segmentstore.names import CONTAINER_COUNT_KEY
@@ -82,7 +85,7 @@ async def cluster_status(metadata: MetadataStore, *, timeout_s: float = 10.0,
         if not address:
             return "its owner serves no HTTP endpoint (metrics_port = -1)"
         try:
-            return await asyncio.to_thread(request_json, "GET", address, HEALTH_PATH,
+            return await asyncio.to_thread(request_json, "GET", address, HEALTH_DETAIL_PATH,
                                            timeout_s=timeout_s, tls=tls,
                                            authorization=authorization)
         except QuireError as e:

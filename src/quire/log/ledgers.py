@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from quire.client import Client
+from quire.client import Client, Password
 from quire.errors import MetadataError, MetadataNotFoundError
 
 log = logging.getLogger("quire.log")
@@ -22,7 +22,7 @@ class LedgerEnd:
     bytes: int
 
 
-async def recover_end(client: Client, ledger_id: int, password: bytes) -> LedgerEnd:
+async def recover_end(client: Client, ledger_id: int, password: Password) -> LedgerEnd:
     """Fence the ledger and close it at its last recoverable entry (at once
     if it is closed already); its end.  A ledger that no longer exists ends
     at 0 entries."""

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from quire.client import Client, ReadHandle
+from quire.client import Client, Password, ReadHandle
 from quire.log.catalog import LogCatalog
 from quire.log.errors import LogError, LogFencedError
 from quire.log.position import Position
@@ -26,13 +26,15 @@ from quire.log.writer import LogWriter, WriterOptions
 class NamedDataLog:
     """A :class:`~quire.log.durable_data_log.DurableDataLog` on the named log
     ``name`` (created on :meth:`initialize` if needed, unless
-    ``options.create`` is False).  ``password`` is its ledgers' password.
+    ``options.create`` is False).  ``password`` is its ledgers' password (a
+    :class:`~quire.client.LedgerPasswords`: new ledgers get its current one,
+    each older ledger opens with the one it was made with).
 
     Use PD_JOURNAL ledgers (the default): with VD_JOURNAL an append is
     acknowledged before it is durable, which this seam does not allow.
     """
 
-    def __init__(self, client: Client, name: str, *, password: bytes = b"",
+    def __init__(self, client: Client, name: str, *, password: Password = b"",
                  options: WriterOptions | None = None) -> None:
         self._client = client
         self._name = name

@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quire.client import Client, ReadHandle
+from quire.client import Client, Password, ReadHandle
 from quire.errors import MetadataNotFoundError
 from quire.log.catalog import LogCatalog
 from quire.log.errors import LogTruncatedError
@@ -54,7 +54,7 @@ class LogReader:
     follows it) or call :meth:`read_next`."""
 
     def __init__(self, catalog: LogCatalog, client: Client, name: str, position: Position, *,
-                 password: bytes = b"", follow: bool = True, skip_truncated: bool = False,
+                 password: Password = b"", follow: bool = True, skip_truncated: bool = False,
                  poll_max_ms: int = 200,
                  own_handle: Callable[[int], ReadHandle | None] | None = None) -> None:
         self._catalog = catalog

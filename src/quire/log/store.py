@@ -22,12 +22,12 @@ together) are :class:`~quire.log.jobs.LogJobs`, on top of this store.
 from __future__ import annotations
 
 import builtins
-import hmac
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from quire.client import Client
+from quire.client import Client, Password, keys_for
 from quire.clock import SYSTEM_CLOCK, Clock
+from quire.errors import UnauthorizedError
 from quire.log.catalog import ClosedLedger, LogCatalog, LogInfo
 from quire.log.errors import LogNotFoundError
 from quire.log.ledgers import delete_ledgers
@@ -49,7 +49,7 @@ class LogStore:
     change is a compare-and-set transaction in the metadata store.
     """
 
-    def __init__(self, client: Client, *, password: bytes = b"",
+    def __init__(self, client: Client, *, password: Password = b"",
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self._client = client
         self._password = password
@@ -69,7 +69,7 @@ class LogStore:
         return self._client.metadata_store
 
     @property
-    def password(self) -> bytes:
+    def password(self) -> Password:
         return self._password
 
     @property
@@ -198,9 +198,11 @@ class LogStore:
             if md.state is not LedgerState.CLOSED:
                 raise ValueError(f"bulk_append: ledger {ledger_id} is {md.state.value}, "
                                  "not CLOSED")
-            if not hmac.compare_digest(md.password, self._password):
+            try:
+                keys_for(ledger_id, md, self._password)
+            except UnauthorizedError:
                 raise ValueError(f"bulk_append: ledger {ledger_id} has another password "
-                                 "than this log store's")
+                                 "than this log store's") from None
             closed.append(ClosedLedger(ledger_id, md.last_entry_id + 1, md.length))
         if create:
             await self.create(name, exist_ok=True)

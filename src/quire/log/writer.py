@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from time import monotonic as _monotonic
 
-from quire.client import Client, ReadHandle, WriteHandle
+from quire.client import Client, Password, ReadHandle, WriteHandle
 from quire.errors import (
     ClientClosedError,
     LedgerFencedError,
@@ -101,7 +101,7 @@ class LogWriter:
     the client's loop."""
 
     def __init__(self, catalog: LogCatalog, client: Client, hold: LogHold,
-                 options: WriterOptions, *, password: bytes) -> None:
+                 options: WriterOptions, *, password: Password) -> None:
         self._catalog = catalog
         self._client = client
         self._hold = hold
@@ -135,7 +135,7 @@ class LogWriter:
 
     @classmethod
     async def open(cls, catalog: LogCatalog, client: Client, name: str,
-                   options: WriterOptions, *, password: bytes) -> LogWriter:
+                   options: WriterOptions, *, password: Password) -> LogWriter:
         """Take the log (epoch + 1, hold) and recover its open ledgers."""
         if options.create:
             await catalog.create(name, exist_ok=True)

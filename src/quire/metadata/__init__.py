@@ -13,6 +13,7 @@ Open one with :func:`open_store`; the URI picks the driver:
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from quire.metadata.model import (
     UpdateRecord,
     Versioned,
     deserialize,
+    ledger_json,
     serialize,
 )
 from quire.metadata.sqlite import open_sqlite
@@ -44,6 +46,8 @@ from quire.metadata.store import (
     Watch,
 )
 from quire.metadata.zookeeper import open_zookeeper
+
+log = logging.getLogger("quire.metadata")
 
 __all__ = [
     "BookieInfo",
@@ -64,6 +68,8 @@ __all__ = [
     "Versioned",
     "Watch",
     "deserialize",
+    "ledger_json",
+    "open_leased_store",
     "open_store",
     "read_leader",
     "serialize",
@@ -77,8 +83,14 @@ _DRIVERS: dict[str, Callable[..., Awaitable[MetadataStore]]] = {
 }
 
 
-async def open_store(uri: str, **options: Any) -> MetadataStore:
+async def open_store(uri: str, *, create: bool = True, **options: Any) -> MetadataStore:
     """Open the store named by ``uri``, connected and ready.
+
+    ``create``: a store that does not exist yet (no SQLite file, no layout
+    under the ZooKeeper chroot) is initialised, as a server or a command
+    that creates things needs; its ``initialised`` attribute then says so.
+    A caller that only reads passes ``create=False`` and gets
+    :class:`~quire.errors.NoMetadataError` instead (reading never creates).
 
     ``options`` are the driver's keyword options: ``lease_ms`` and
     ``poll_interval_ms`` (memory, sqlite), ``busy_timeout_ms`` (sqlite),
@@ -95,4 +107,23 @@ async def open_store(uri: str, **options: Any) -> MetadataStore:
         inspect.signature(opener).bind(uri, **options)
     except TypeError as e:
         raise ConfigError(f"bad option for a {scheme}:// metadata store: {e}") from None
-    return await opener(uri, **options)
+    if scheme != "memory":
+        options["create"] = create
+    store = await opener(uri, **options)
+    if getattr(store, "initialised", False):
+        log.info("%s: initialised a new Quire metadata store", uri)
+    return store
+
+
+async def open_leased_store(uri: str, lease_ms: int = 0) -> MetadataStore:
+    """Open the store of a process whose liveness it holds (a bookie's
+    registration, a segment store's host record, a controller's session):
+    ``lease_ms`` is the lease of the embedded drivers and the session
+    timeout of ZooKeeper, whose lease *is* its session (0: the driver's
+    default).  One key therefore sets how long a process cut off from the
+    store keeps its leased records, whatever the driver."""
+    if lease_ms <= 0:
+        return await open_store(uri)
+    if uri.startswith("zk://"):
+        return await open_store(uri, session_timeout_ms=lease_ms)
+    return await open_store(uri, lease_ms=lease_ms)

@@ -1,9 +1,21 @@
 """Values kept in the metadata store, their wire format, and transaction ops.
 
-Ledger metadata is stored as JSON (``format_version`` 1, bytes as base64).
+Ledger metadata is stored as JSON (``format_version`` 2, bytes as base64).
 Readers ignore fields they do not know, so a later minor revision may add
 fields (each with a default); a change old readers must not misread bumps
 ``format_version``, which old readers refuse with :class:`MetadataError`.
+
+Versions:
+
+* 1 kept the ledger's ``password``.
+* 2 keeps the keys derived from it instead (``master_key``, ``mac_key``,
+  :class:`~quire.security.ledger_keys.LedgerKeys`): what recovery needs,
+  never the password (a reader of the metadata store can still fence and
+  write the ledger with them; it learns no password that may open anything
+  else).  A version 1 record is read as it is, its keys derived from its
+  password, and becomes a version 2 record at its next write (a close, an
+  ensemble change, a recovery): nothing keeps the password in memory.  Old
+  readers refuse version 2 (they would have read an empty password).
 """
 
 from __future__ import annotations
@@ -19,12 +31,15 @@ from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from quire.errors import MetadataError
+from quire.security.ledger_keys import EMPTY_PASSWORD_KEYS, LedgerKeys
 from quire.types import BookieState, DigestType, LedgerState, LedgerType
 
 T = TypeVar("T")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of the ledger metadata encoding written by :func:`serialize`."""
+PASSWORD_FORMAT_VERSION = 1
+"""The version that kept the password (read, never written)."""
 
 Ensembles = tuple[tuple[int, tuple[str, ...]], ...]
 
@@ -36,7 +51,9 @@ class LedgerMetadata:
     ``ensembles`` holds one ``(first_entry_id, bookie_ids)`` pair per fragment,
     sorted by first entry id; every ensemble has ``ensemble_size`` bookies.
     ``last_entry_id`` and ``length`` are meaningful once the state is CLOSED.
-    The constructor checks these invariants and raises :class:`ValueError`.
+    ``keys`` are the ledger's keys (derived from its password; the
+    password itself is never kept).  The constructor checks these
+    invariants and raises :class:`ValueError`.
     """
 
     ensemble_size: int
@@ -44,7 +61,7 @@ class LedgerMetadata:
     ack_quorum_size: int
     ledger_type: LedgerType = LedgerType.PD_JOURNAL
     digest_type: DigestType = DigestType.CRC32C
-    password: bytes = b""
+    keys: LedgerKeys = EMPTY_PASSWORD_KEYS
     state: LedgerState = LedgerState.OPEN
     last_entry_id: int = -1
     length: int = 0
@@ -176,7 +193,8 @@ def serialize(md: LedgerMetadata) -> bytes:
         "ack_quorum_size": md.ack_quorum_size,
         "ledger_type": md.ledger_type.value,
         "digest_type": md.digest_type.value,
-        "password": _b64(md.password),
+        "master_key": _b64(md.keys.master_key),
+        "mac_key": _b64(md.keys.mac_key),
         "state": md.state.value,
         "last_entry_id": md.last_entry_id,
         "length": md.length,
@@ -203,7 +221,7 @@ def deserialize(data: bytes) -> LedgerMetadata:
             ack_quorum_size=_get(doc, "ack_quorum_size", int),
             ledger_type=LedgerType(_get(doc, "ledger_type", str, LedgerType.PD_JOURNAL.value)),
             digest_type=DigestType(_get(doc, "digest_type", str, DigestType.CRC32C.value)),
-            password=_unb64(_get(doc, "password", str, "")),
+            keys=_keys(doc, version),
             state=LedgerState(_get(doc, "state", str, LedgerState.OPEN.value)),
             last_entry_id=_get(doc, "last_entry_id", int, -1),
             length=_get(doc, "length", int, 0),
@@ -214,6 +232,27 @@ def deserialize(data: bytes) -> LedgerMetadata:
         )
     except (ValueError, TypeError) as e:
         raise MetadataError(f"malformed ledger metadata: {e}") from e
+
+
+def ledger_json(ledger_id: int, md: LedgerMetadata) -> dict[str, Any]:
+    """A ledger's metadata as JSON-ready values (``quire ledger info``, the
+    bookie admin API's ``/api/v1/ledger/metadata``)."""
+    return {
+        "ledger_id": ledger_id,
+        "state": md.state.value,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum_size": md.write_quorum_size,
+        "ack_quorum_size": md.ack_quorum_size,
+        "ledger_type": md.ledger_type.value,
+        "digest_type": md.digest_type.value,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "ensembles": [{"first_entry_id": first, "bookies": list(bookies)}
+                      for first, bookies in md.ensembles],
+        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in
+                            md.custom_metadata.items()},
+        "creation_time_ms": md.creation_time_ms,
+    }
 
 
 def serialize_bookie(info: BookieInfo) -> bytes:
@@ -262,6 +301,12 @@ def _get(doc: dict[str, Any], key: str, kind: type[T], default: T = _REQUIRED) -
             raise ValueError(f"missing field {key!r}")
         return default
     return _typed(doc[key], kind)
+
+
+def _keys(doc: dict[str, Any], version: int) -> LedgerKeys:
+    if version == PASSWORD_FORMAT_VERSION:
+        return LedgerKeys.of_password(_unb64(_get(doc, "password", str, "")))
+    return LedgerKeys(_unb64(_get(doc, "master_key", str)), _unb64(_get(doc, "mac_key", str)))
 
 
 def _ensemble(item: Any) -> tuple[int, tuple[str, ...]]:

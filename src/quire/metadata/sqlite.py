@@ -1,7 +1,10 @@
 """The ``sqlite://`` driver: the embedded default.
 
 ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (the
-SQLAlchemy convention); missing parent directories are created.  Several
+SQLAlchemy convention); missing parent directories are created, unless the
+store is opened only to read (``create=False``): then a missing file, or
+one without Quire's schema, is :class:`~quire.errors.NoMetadataError` and
+nothing is created.  Several
 processes on one host may share the file: it runs in WAL mode, every write
 is one ``BEGIN IMMEDIATE`` transaction, and a writer waits up to
 ``busy_timeout_ms`` for the lock.  Each store drives its connection from one
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from quire.errors import ConfigError, MetadataError
+from quire.errors import ConfigError, MetadataError, NoMetadataError
 from quire.metadata._embedded import EmbeddedStore, Key, Lease, Row, Table, Txn
 
 R = TypeVar("R")
@@ -164,9 +167,12 @@ class SqliteStore(EmbeddedStore):
     """A :class:`~quire.metadata.store.MetadataStore` in one SQLite file."""
 
     def __init__(self, uri: str, path: Path, *, lease_ms: int, poll_interval_ms: int,
-                 busy_timeout_ms: int) -> None:
+                 busy_timeout_ms: int, create: bool = True) -> None:
         super().__init__(uri, lease_ms=lease_ms, poll_interval_ms=poll_interval_ms)
         self._path = path
+        self._create = create
+        self.initialised = False
+        """Whether this open created the store (a new file or an empty one)."""
         self._busy_timeout_ms = busy_timeout_ms
         self._conn: sqlite3.Connection | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = (
@@ -201,8 +207,11 @@ class SqliteStore(EmbeddedStore):
         self._conn = await self._on_thread(self._connect)
 
     def _connect(self) -> sqlite3.Connection:
+        if not self._create and not self._path.is_file():
+            raise NoMetadataError(self.uri)
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            if self._create:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self._path, timeout=self._busy_timeout_ms / 1000,
                                    isolation_level=None)
         except (OSError, sqlite3.Error) as e:
@@ -222,8 +231,10 @@ class SqliteStore(EmbeddedStore):
                     continue
                 conn.close()
                 raise MetadataError(f"{self.uri}: cannot initialise {self._path}: {e}") from e
-            except sqlite3.Error as e:
+            except sqlite3.DatabaseError as e:
                 conn.close()
+                if not self._create:  # not an SQLite file at all
+                    raise NoMetadataError(self.uri) from e
                 raise MetadataError(f"{self.uri}: cannot initialise {self._path}: {e}") from e
             except BaseException:
                 conn.close()
@@ -231,10 +242,13 @@ class SqliteStore(EmbeddedStore):
         return conn
 
     def _initialise(self, conn: sqlite3.Connection) -> None:
+        if not self._create and conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+            raise NoMetadataError(self.uri)  # an empty file, or not Quire's: left as it is
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("BEGIN IMMEDIATE")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
+        self.initialised = version == 0
         if version > SCHEMA_VERSION:
             conn.execute("ROLLBACK")
             raise MetadataError(f"{self.uri}: schema version {version} is newer than "
@@ -258,13 +272,15 @@ class SqliteStore(EmbeddedStore):
 
 
 async def open_sqlite(uri: str, *, lease_ms: int = 3000, busy_timeout_ms: int = 5000,
-                      poll_interval_ms: int = 250) -> SqliteStore:
-    """Open (creating if needed) the SQLite store at ``uri``."""
+                      poll_interval_ms: int = 250, create: bool = True) -> SqliteStore:
+    """Open the SQLite store at ``uri``, creating it if needed (``create``)
+    or NoMetadataError if it is not there (not ``create``)."""
     if not uri.startswith(SCHEME) or uri == SCHEME:
         raise ConfigError(f"bad SQLite URI {uri!r}: expected sqlite:///relative/path.db "
                           "or sqlite:////absolute/path.db")
     store = SqliteStore(uri, Path(uri[len(SCHEME):]), lease_ms=lease_ms,
-                        poll_interval_ms=poll_interval_ms, busy_timeout_ms=busy_timeout_ms)
+                        poll_interval_ms=poll_interval_ms, busy_timeout_ms=busy_timeout_ms,
+                        create=create)
     try:
         await store._open()
     except BaseException:

@@ -1,6 +1,8 @@
 """The ``zk://`` driver: metadata in a ZooKeeper ensemble, through kazoo.
 
-``zk://host:port[,host:port...]/chroot``; the chroot is created if missing.
+``zk://host:port[,host:port...]/chroot``; the chroot is created if missing,
+unless the store is opened only to read (``create=False``): a chroot
+without Quire's layout is then :class:`~quire.errors.NoMetadataError`.
 The znodes under it: :mod:`quire.metadata._znodes`.
 
 kazoo completes requests and fires watches on its own threads; both reach
@@ -30,6 +32,7 @@ from quire.errors import (
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
+    NoMetadataError,
     TransactionError,
 )
 from quire.metadata import _names
@@ -75,6 +78,8 @@ class ZooKeeperStore(LeaseHolder):
         self._wakeups: set[asyncio.Event] = set()
         self._session_id = self._kazoo.session()
         self._closed = False
+        self.initialised = False
+        """Whether this open created the layout under the chroot."""
         client.add_listener(self._on_state)
 
     # --- session -------------------------------------------------------
@@ -111,6 +116,12 @@ class ZooKeeperStore(LeaseHolder):
                                 self.uri, info.bookie_id, e)
         finally:
             self._tasks.pop(key, None)
+
+    async def _has_layout(self) -> bool:
+        found = await asyncio.gather(*(
+            self._zk("store layout", self._client.exists_async, path)
+            for path in self._paths.top_level()))
+        return all(stat is not None for stat in found)
 
     async def _ensure_layout(self) -> None:
         await asyncio.gather(*(
@@ -475,8 +486,11 @@ def _parse(uri: str) -> tuple[str, str]:
 
 
 async def open_zookeeper(uri: str, *, session_timeout_ms: int = 6000,
-                         connect_timeout_ms: int = 10_000) -> ZooKeeperStore:
-    """Connect to the ZooKeeper ensemble named by ``uri`` and create the layout."""
+                         connect_timeout_ms: int = 10_000, create: bool = True
+                         ) -> ZooKeeperStore:
+    """Connect to the ZooKeeper ensemble named by ``uri`` and create the
+    layout (``create``), or find it (not ``create``: NoMetadataError if it
+    is not there)."""
     if not uri.startswith(SCHEME):
         raise ConfigError(f"not a zk:// URI: {uri!r}")
     hosts, root = _parse(uri)
@@ -490,7 +504,12 @@ async def open_zookeeper(uri: str, *, session_timeout_ms: int = 6000,
         raise MetadataError(f"{uri}: cannot connect to ZooKeeper: {e}") from e
     store = ZooKeeperStore(uri, client, root, session_timeout_ms=session_timeout_ms)
     try:
-        await store._ensure_layout()
+        has_layout = await store._has_layout()
+        if not has_layout and not create:
+            raise NoMetadataError(uri)
+        if not has_layout:
+            await store._ensure_layout()
+            store.initialised = True
     except BaseException:
         await store.close()
         raise

@@ -17,7 +17,9 @@ its own (BP-46 adds its boot steps between them, see the comments there):
    fence this bookie's ledgers and put the open ones in limbo, durably,
    before anything is answered;
 6. ``_build_server``: the bookie server over them (its sync cursors rebuilt);
-7. ``_listen``: the listener, then the metrics endpoint;
+7. ``_listen``: the listener (:class:`~quire.bookie.listener.BookieListener`:
+   TLS and mutual TLS when configured, connection limits), then the
+   metrics endpoint;
 8. ``_register``: the bookie's address and state in metadata;
 9. ``_start_services``: checkpoints, GC, the disk watch;
 10. ``_start_repair``: BP-46 phase two (:mod:`~quire.node.repair`) in the
@@ -48,13 +50,15 @@ from quire.bookie.cookie import (
     stamp_missing_cookies,
 )
 from quire.bookie.group_commit import GroupCommitter
+from quire.bookie.listener import BookieListener
 from quire.bookie.metrics import BookieMetrics
 from quire.bookie.server import BookieServer
 from quire.bookie.storage import BookieStorage
 from quire.client import Client, ClientConfig
-from quire.errors import MetadataError, QuireError
+from quire.errors import ConfigError, MetadataError, QuireError
 from quire.http import HttpServer
-from quire.metadata import BookieInfo, MetadataStore, open_store
+from quire.metadata import BookieInfo, MetadataStore, open_leased_store
+from quire.node.admin_api import BookieAdminApi
 from quire.node.autorecovery import Autorecovery, AutorecoverySettings
 from quire.node.entry_copier import EntryCopier
 from quire.node.integrity import protect_if_needed
@@ -65,7 +69,8 @@ from quire.node.repair import (
     RepairMetrics,
     RepairSettings,
 )
-from quire.peer import BookiePool, PeerConfig
+from quire.peer import BookiePool
+from quire.security import ClientCertificates, ServerTls
 from quire.types import BookieState
 
 log = logging.getLogger("quire.node")
@@ -87,7 +92,7 @@ class BookieNode:
         self._storage: BookieStorage | None = None
         self._committer: GroupCommitter | None = None
         self._server: BookieServer | None = None
-        self._listener: asyncio.Server | None = None
+        self._listener: BookieListener | None = None
         self._security = ServerSecurity()
         """TLS and authenticator of the HTTP endpoint (the settings' files are
         read at start, after the metadata store opens: a bad or unprotected
@@ -104,11 +109,39 @@ class BookieNode:
         self._client: Client | None = None
         self._peers: BookiePool | None = None
         self._autorecovery: Autorecovery | None = None
+        self._admin = BookieAdminApi(self)
+        """The admin API under /api/v1/ (quire.node.admin_api)."""
+        self.stopping = False
 
     @property
     def server(self) -> BookieServer:
         assert self._server is not None, "bookie not started"
         return self._server
+
+    # what the admin API reads (quire.node.admin_api.AdminTarget)
+    @property
+    def metadata(self) -> MetadataStore:
+        assert self._store is not None, "bookie not started"
+        return self._store
+
+    @property
+    def storage(self) -> BookieStorage:
+        assert self._storage is not None, "bookie not started"
+        return self._storage
+
+    @property
+    def autorecovery(self) -> Autorecovery | None:
+        return self._autorecovery
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/ready``: registered (so clients find it) and not stopping."""
+        if self.stopping:
+            return False, "stopping"
+        return (True, "") if self._registered else (False, "not registered yet")
 
     @property
     def read_only(self) -> bool:
@@ -135,8 +168,8 @@ class BookieNode:
             raise QuireError("set bookie_id when port is 0 (the id must be stable)")
 
     async def _open_metadata(self) -> MetadataStore:
-        self._store = await open_store(self.config.metadata_uri,
-                                       lease_ms=self.config.registration_lease_ms)
+        self._store = await open_leased_store(self.config.metadata_uri,
+                                              self.config.registration_lease_ms)
         try:
             self._security = server_security(self.config.security, self._store)
         except QuireError:
@@ -195,17 +228,22 @@ class BookieNode:
 
     async def _listen(self, server: BookieServer) -> None:
         cfg = self.config
-        loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(server.new_connection, cfg.host, cfg.port,
-                                                  reuse_address=True)
-        port = self._listener.sockets[0].getsockname()[1]
-        self.address = f"{cfg.host}:{port}"
+        security = cfg.security
+        tls = ServerTls.from_config(security, ClientCertificates.REQUIRED if
+                                    security.tls_ca_file else ClientCertificates.NONE)
+        self._listener = BookieListener(server.hub, server, tls,
+                                        allowed_roles=cfg.tls_allowed_roles,
+                                        role_field=cfg.tls_role_field)
+        port = await self._listener.start(cfg.resolved_listen_host, cfg.port)
+        self.address = cfg.advertised_address(port)
         if cfg.metrics_port >= 0:  # /metrics and the admin requests (quire.bookie.admin)
             self._http = await serve_admin(
-                self.metrics.registry, ServiceAdminActions(server.services), cfg.host,
-                cfg.metrics_port, tls=self._security.tls,
-                authenticator=self._security.authenticator)
-            self.metrics_address = f"{cfg.host}:{self._http.port}"
+                self.metrics.registry, ServiceAdminActions(server.services),
+                cfg.resolved_listen_host, cfg.metrics_port, tls=self._security.tls,
+                authenticator=self._security.authenticator,
+                extra_routes=self._admin.routes(), ready=self.readiness)
+            assert self._http.port is not None  # started
+            self.metrics_address = cfg.advertised_address(self._http.port)
 
     async def _register(self) -> None:
         assert self._store is not None
@@ -241,14 +279,29 @@ class BookieNode:
             self._repair.run(everything_first=cfg.data_integrity_checking))
         self._repair_task.add_done_callback(_log_failure)
 
+    async def client_and_peers(self) -> tuple[Client, BookiePool]:
+        return await self._client_and_peers(self.metadata)
+
     async def _client_and_peers(self, store: MetadataStore) -> tuple[Client, BookiePool]:
         """The client (recovery) and peer pool (copies) that repair and
-        autorecovery share, made on first use."""
+        autorecovery share, made on first use: over TLS when this bookie
+        serves TLS, its own certificate as the client certificate."""
+        config = self._peer_client_config()
         if self._client is None:
-            self._client = await Client.over(store, ClientConfig())
+            self._client = await Client.over(store, config)
         if self._peers is None:
-            self._peers = await BookiePool.open(store, PeerConfig())
+            self._peers = await BookiePool.open(store, config.peer_config())
         return self._client, self._peers
+
+    def _peer_client_config(self) -> ClientConfig:
+        security = self.config.security
+        if not security.tls_enabled:
+            return ClientConfig()
+        if not security.tls_ca_file:
+            raise ConfigError("a bookie serving TLS needs tls_ca_file to reach its peers "
+                              "(repair, autorecovery)")
+        return ClientConfig(tls_ca=security.tls_ca_file, tls_cert=security.tls_cert_file,
+                            tls_key=security.tls_key_file)
 
     async def _start_autorecovery(self, store: MetadataStore) -> None:
         cfg = self.config
@@ -292,6 +345,8 @@ class BookieNode:
         """Clean shutdown: stop accepting, flush, checkpoint, unregister."""
         if self._listener is None:
             return
+        self.stopping = True
+        await self._admin.close()
         await self._stop_background()
         server = self._server
         if server is not None:

@@ -17,7 +17,7 @@ from quire.bookie.config import BookieConfig
 from quire.bookie.cookie import CookieCheck, check_cookies, stamp_missing_cookies
 from quire.bookie.storage import BookieStorage
 from quire.errors import QuireError, StorageError
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import MetadataStore, open_leased_store
 from quire.node.integrity import protect_if_needed
 
 log = logging.getLogger("quire.node")
@@ -34,7 +34,7 @@ async def fix_missing_cookies(config: BookieConfig) -> CookieCheck:
     which stamping cannot settle.
     """
     bookie_id = config.resolved_bookie_id
-    store = await open_store(config.metadata_uri, lease_ms=config.registration_lease_ms)
+    store = await open_leased_store(config.metadata_uri, config.registration_lease_ms)
     try:
         await _refuse_if_registered(store, bookie_id, config.registration_lease_ms)
         storage_config = config.storage

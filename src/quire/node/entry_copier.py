@@ -34,7 +34,7 @@ from quire.errors import (
 )
 from quire.metadata import LedgerMetadata
 from quire.peer import BookieClient, BookiePool
-from quire.protocol import FLAG_RECOVERY_ADD, DigestManager, ReadResponse, master_key
+from quire.protocol import FLAG_RECOVERY_ADD, DigestManager, ReadResponse
 
 log = logging.getLogger("quire.node.copier")
 
@@ -93,8 +93,8 @@ class EntryCopier:
         chunk is stored (durably).  The next chunk is read while one is
         being stored: at most two chunks in memory."""
         excluded = {target, *avoid}
-        digest = DigestManager(ledger_id, metadata.digest_type, metadata.password)
-        key = master_key(metadata.password)
+        digest = DigestManager.of_keys(ledger_id, metadata.digest_type, metadata.keys)
+        key = metadata.keys.master_key
         report = CopyReport()
         chunks = self._chunks(list(entry_ids))
 

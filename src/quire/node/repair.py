@@ -61,20 +61,22 @@ class LedgerRecoverer(Protocol):
     its last recoverable entry and returns the CLOSED metadata (at once if
     it is closed already).  It raises :class:`~quire.errors.QuireError`
     when the end cannot be decided now (to be tried again later),
-    :class:`~quire.errors.MetadataNotFoundError` if the ledger is gone."""
+    :class:`~quire.errors.MetadataNotFoundError` if the ledger is gone.  It
+    needs no password: the keys are the metadata's."""
 
-    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata: ...
+    async def recover(self, ledger_id: int) -> LedgerMetadata: ...
 
 
 class ClientRecoverer:
     """:class:`~quire.node.repair.LedgerRecoverer` through the client: open
-    with recovery (BookKeeper's openLedger)."""
+    with recovery and the keys the metadata holds (BookKeeperAdmin's
+    openLedger)."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
-        handle = await self._client.open_ledger(ledger_id, password=password, recovery=True)
+    async def recover(self, ledger_id: int) -> LedgerMetadata:
+        handle = await self._client.open_ledger_as_admin(ledger_id, recovery=True)
         metadata = handle.metadata
         await handle.close()
         return metadata
@@ -260,7 +262,7 @@ class LedgerRepair:
         if metadata is not None and holds(metadata, self._bookie_id):
             if in_limbo and metadata.state is not LedgerState.CLOSED:
                 try:
-                    metadata = await self._recoverer.recover(ledger_id, metadata.password)
+                    metadata = await self._recoverer.recover(ledger_id)
                 except MetadataNotFoundError:
                     metadata = None
             if metadata is not None and metadata.state is LedgerState.CLOSED:

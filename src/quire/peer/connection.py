@@ -22,7 +22,12 @@ frame encoded once for its whole write set, and an OK answer delivered as
 the decoder's raw tuple (:data:`~quire.protocol.RawAddAnswer`), no object.
 
 Requests may be sent at any time: while no connection exists the first one
-starts a connect (reconnect on demand) and frames wait in an outbox.  Frames
+starts a connect (reconnect on demand) and frames wait in an outbox.  With
+a :class:`~quire.security.ClientTls` the connection is TLS: the bookie's
+certificate must be signed by the CA and name the host of its address, and
+the client's certificate, if it has one, is shown; the handshake counts in
+the connect timeout, and a refused one fails the waiting requests with
+BookieUnavailableError naming the TLS error.  Frames
 sent in one loop iteration leave in one write, or in writes of
 :data:`FLUSH_AFTER_FRAMES` frames when a burst is larger.  I/O is an
 ``asyncio.Protocol`` over the sans-IO :class:`~quire.protocol.Decoder`; this
@@ -66,6 +71,7 @@ from quire.protocol import (
     add_response_of,
     encode_add_request,
 )
+from quire.security import ClientTls
 
 log = logging.getLogger("quire.peer")
 
@@ -186,8 +192,9 @@ class BookieClient:
     """Requests to one bookie, pipelined over one connection made on demand."""
 
     def __init__(self, bookie_id: str, resolve: Resolver, *, connect_timeout_s: float,
-                 max_frame_bytes: int) -> None:
+                 max_frame_bytes: int, tls: ClientTls | None = None) -> None:
         self.bookie_id = bookie_id
+        self._tls = tls
         self._resolve = resolve
         self._connect_timeout_s = connect_timeout_s
         self._max_frame_bytes = max_frame_bytes
@@ -352,10 +359,16 @@ class BookieClient:
         try:
             address = await self._resolve(self.bookie_id)
             host, _, port = address.rpartition(":")
-            await asyncio.wait_for(
-                self._loop.create_connection(
-                    lambda: _BookieProtocol(self, self._max_frame_bytes), host, int(port)),
-                self._connect_timeout_s)
+            tls = self._tls
+            if tls is None:
+                connecting = self._loop.create_connection(
+                    lambda: _BookieProtocol(self, self._max_frame_bytes), host, int(port))
+            else:
+                connecting = self._loop.create_connection(
+                    lambda: _BookieProtocol(self, self._max_frame_bytes), host, int(port),
+                    ssl=tls.context(), server_hostname=host.strip("[]"),
+                    ssl_handshake_timeout=self._connect_timeout_s)
+            await asyncio.wait_for(connecting, self._connect_timeout_s)
         except asyncio.CancelledError:
             self._connecting = None
             raise

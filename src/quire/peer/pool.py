@@ -5,7 +5,9 @@ bookies are live and writable, and the last address each bookie registered
 (kept after its registration lapses, so a bookie that is still serving reads
 stays reachable).  It holds one :class:`BookieClient` per bookie and a ticker
 that fails requests past their deadline, both set by a
-:class:`~quire.peer.PeerConfig`.
+:class:`~quire.peer.PeerConfig`; with ``tls_ca`` set every connection is
+TLS (one :class:`~quire.security.ClientTls` for the pool, its files
+reloaded when they change).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from quire.errors import BookieUnavailableError
 from quire.metadata import BookieInfo, Watch
 from quire.peer.config import PeerConfig
 from quire.peer.connection import BookieClient
+from quire.security import ClientTls
 from quire.types import BookieState
 
 
@@ -52,6 +55,9 @@ class BookiePool:
         self._ticker: asyncio.Task[None] | None = None
         self._closed = False
         self._loop = asyncio.get_running_loop()
+        self._tls = ClientTls(config.tls_ca, config.tls_cert or None, config.tls_key or None) \
+            if config.tls_enabled else None
+        """TlsConfigError here, at open, for files that do not load."""
 
     @classmethod
     async def open(cls, registry: BookieRegistry, config: PeerConfig) -> BookiePool:
@@ -95,7 +101,7 @@ class BookiePool:
             client = BookieClient(
                 bookie_id, self.address_of,
                 connect_timeout_s=self._config.connect_timeout_ms / 1000.0,
-                max_frame_bytes=self._config.max_frame_bytes)
+                max_frame_bytes=self._config.max_frame_bytes, tls=self._tls)
             if self._closed:
                 client.close()
             else:

@@ -66,7 +66,8 @@ Stored entry (written by the client, kept verbatim by bookies)::
       digest over the 32-byte header + payload; by digest type:
         CRC32C 4 bytes (u32), CRC32 8 bytes (u64, as BookKeeper), HMAC_SHA1 20, NONE 0
 
-Keys, derived from the ledger password as BookKeeper derives them:
+Keys, derived from the ledger password as BookKeeper derives them
+(:mod:`quire.security.ledger_keys`, re-exported here):
 ``master_key = SHA1(b"ledger" + password)`` (sent with adds, fencing and
 WRITE_LAC); ``mac_key = SHA1(b"mac" + password)`` (HMAC-SHA1 digests).
 """
@@ -114,10 +115,9 @@ from quire.protocol.entry import (
     ENTRY_HEADER_LEN,
     DigestManager,
     EntryHeader,
-    mac_key,
-    master_key,
     peek_entry_ids,
 )
+from quire.security.ledger_keys import LedgerKeys, mac_key, master_key
 
 __all__ = [
     "BATCH_READ_RESPONSE_OVERHEAD_BYTES",
@@ -141,6 +141,7 @@ __all__ = [
     "DigestManager",
     "EntryHeader",
     "ErrorResponse",
+    "LedgerKeys",
     "Message",
     "OpCode",
     "ProtocolError",

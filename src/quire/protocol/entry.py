@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import crc32c as _crc32c
 
 from quire.errors import DigestMismatchError
+from quire.security.ledger_keys import LedgerKeys, mac_key
 from quire.types import DigestType
 
 ENTRY_HEADER_LEN = 32
@@ -34,16 +35,6 @@ DIGEST_LEN = {
     DigestType.HMAC_SHA1: 20,
     DigestType.NONE: 0,
 }
-
-
-def master_key(password: bytes) -> bytes:
-    """The 20-byte key sent with adds, fences and WRITE_LAC (BookKeeper's)."""
-    return hashlib.sha1(b"ledger" + password).digest()
-
-
-def mac_key(password: bytes) -> bytes:
-    """The HMAC-SHA1 key for ``DigestType.HMAC_SHA1`` (BookKeeper's)."""
-    return hashlib.sha1(b"mac" + password).digest()
 
 
 def peek_entry_ids(entry: bytes | memoryview) -> tuple[int, int]:
@@ -68,10 +59,24 @@ class DigestManager:
     __slots__ = ("_hmac_key", "digest_len", "digest_type", "ledger_id")
 
     def __init__(self, ledger_id: int, digest_type: DigestType, password: bytes) -> None:
+        self._set(ledger_id, digest_type,
+                  mac_key(password) if digest_type is DigestType.HMAC_SHA1 else b"")
+
+    @classmethod
+    def of_keys(cls, ledger_id: int, digest_type: DigestType, keys: LedgerKeys
+                ) -> DigestManager:
+        """The manager of a ledger whose keys are known, not its password
+        (what the metadata store keeps)."""
+        manager = cls.__new__(cls)
+        manager._set(ledger_id, digest_type,
+                     keys.mac_key if digest_type is DigestType.HMAC_SHA1 else b"")
+        return manager
+
+    def _set(self, ledger_id: int, digest_type: DigestType, hmac_key: bytes) -> None:
         self.ledger_id = ledger_id
         self.digest_type = digest_type
         self.digest_len = DIGEST_LEN[digest_type]
-        self._hmac_key = mac_key(password) if digest_type is DigestType.HMAC_SHA1 else b""
+        self._hmac_key = hmac_key
 
     def _digest(self, header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
         kind = self.digest_type

@@ -12,6 +12,8 @@ only :mod:`quire.errors`).
 * :mod:`~quire.security.principal`: principals, the ``authorization``
   header, the :class:`Authenticator` seam;
 * :mod:`~quire.security.tokens`: delegation tokens and the internal identity;
+* :mod:`~quire.security.ledger_keys`: a ledger's keys (master key, MAC key)
+  derived from its password, what the metadata store keeps;
 * :mod:`~quire.security.config`: the TLS and auth settings servers share.
 
 The user database and the authenticator over it are :mod:`quire.auth`'s;
@@ -20,6 +22,7 @@ the HTTP server is :mod:`quire.http`'s.
 
 from quire.security.acl import Acl, AclEntry, Permission, format_acl, parse_acl
 from quire.security.config import SecurityConfig
+from quire.security.ledger_keys import LedgerKeys
 from quire.security.passwords import DUMMY_HASH, hash_password, verify_password
 from quire.security.principal import (
     Authenticator,
@@ -53,6 +56,7 @@ from quire.security.secrets import (
 )
 from quire.security.tls import (
     ClientCertificates,
+    ClientTls,
     ServerTls,
     certificate_role,
     client_context,
@@ -73,7 +77,9 @@ __all__ = [
     "BasicCredentials",
     "BearerToken",
     "ClientCertificates",
+    "ClientTls",
     "Credentials",
+    "LedgerKeys",
     "Permission",
     "Principal",
     "SecurityConfig",

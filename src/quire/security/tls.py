@@ -4,8 +4,10 @@ Servers take a :class:`ServerTls` built from PEM files (``tls_cert_file``,
 ``tls_key_file``, and ``tls_ca_file`` when peers must show certificates):
 its :attr:`ServerTls.context` goes to ``asyncio``/``aiohttp`` servers and
 :meth:`ServerTls.grpc_credentials` to a gRPC server.  Clients take
-:func:`client_context` (or :func:`grpc_channel_credentials`).  TLS 1.2 is
-the oldest version either side speaks.
+:func:`client_context` (or :func:`grpc_channel_credentials`), or a
+:class:`ClientTls` when they live long (a bookie's, a segment store's
+connections to bookies): its context is rebuilt when the files change.
+TLS 1.2 is the oldest version either side speaks.
 
 **Reloading** (BookKeeper #2154: rotate certificates without a restart).
 Decisions:
@@ -50,7 +52,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from quire.errors import RoleNotAllowedError, TlsConfigError
+from quire.errors import ConfigError, RoleNotAllowedError, TlsConfigError
 from quire.security.config import SecurityConfig
 from quire.security.secrets import check_secret_file
 
@@ -258,6 +260,47 @@ class ServerTls:
         return grpc.dynamic_ssl_server_credentials(
             configuration(), fetch,
             require_client_authentication=self.client_certs is ClientCertificates.REQUIRED)
+
+
+class ClientTls:
+    """A long-lived client's TLS: :func:`client_context` of these files,
+    built again when they change (a renewed client certificate is shown
+    from the next connection on; open connections keep theirs).  The files
+    are looked at when :meth:`context` is called (once per connection
+    made), at most every ``reload_interval_ms``; files that do not load
+    keep the previous context (logged once per bad state).  Construction
+    loads them (TlsConfigError if they do not load)."""
+
+    def __init__(self, ca_file: str | Path, cert_file: str | Path | None = None,
+                 key_file: str | Path | None = None, *, reload_interval_ms: int = 1000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ca_file = str(ca_file)
+        self.cert_file = str(cert_file) if cert_file else None
+        self.key_file = str(key_file) if key_file else None
+        self._paths = tuple(p for p in (self.ca_file, self.cert_file, self.key_file) if p)
+        self._interval_s = reload_interval_ms / 1000
+        self._clock = clock
+        self._signature = _signature(self._paths)
+        self._bad: _Signature | None = None
+        self._context = client_context(self.ca_file, self.cert_file, self.key_file)
+        self._checked_at = clock()
+
+    def context(self) -> ssl.SSLContext:
+        """The context for a new connection (reloaded if the files changed)."""
+        now = self._clock()
+        if now - self._checked_at >= self._interval_s:
+            self._checked_at = now
+            signature = _signature(self._paths)
+            if signature != self._signature and signature != self._bad:
+                try:
+                    self._context = client_context(self.ca_file, self.cert_file, self.key_file)
+                    self._signature = signature
+                    log.info("client TLS files reloaded (%s)", self.cert_file or self.ca_file)
+                except ConfigError as e:  # TlsConfigError, InsecureSecretFileError
+                    self._bad = signature
+                    log.warning("client TLS files changed but do not load; still using the "
+                                "previous ones: %s", e)
+        return self._context
 
 
 _FIELDS = {"CN": "commonName", "OU": "organizationalUnitName", "O": "organizationName",

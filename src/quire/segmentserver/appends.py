@@ -106,12 +106,17 @@ class AppendRequests:
                 if not r.duplicate:
                     metrics.events.inc(c.num_event)
                     metrics.bytes_appended.inc(len(c.data))
+                    totals = metrics.segment_totals.get(segment)
+                    if totals is None:
+                        totals = metrics.segment_totals[segment] = [0, 0]
+                    totals[0] += c.num_event
+                    totals[1] += len(c.data)
             return DataAppended(c.writer_id, c.last_event_number, _previous(r), c.request_id,
                                 r.length)
         self._connection.reply(
             lambda: self._store.append(segment, c.data, writer=(c.writer_id,
                                                                 c.last_event_number)),
-            appended, c.request_id, segment)
+            appended, c.request_id, segment, cost=len(c.data))
 
     def conditional_block_end(self, c: ConditionalBlockEnd) -> None:
         segment = self._writer_segment(c.writer_id, "ConditionalBlockEnd")
@@ -127,4 +132,4 @@ class AppendRequests:
                                        writer=(c.writer_id, c.event_number)),
             lambda r: DataAppended(c.writer_id, c.event_number, _previous(r), c.request_id,
                                    r.length),
-            c.request_id, segment, on_error=check_failed)
+            c.request_id, segment, on_error=check_failed, cost=len(c.data))

@@ -59,13 +59,17 @@ class ClientConnection(Protocol):
     ``ok(result)``, or the reply ``on_error(error)`` gives, or else
     :func:`error_reply`'s; a :class:`~quire.errors.QuireError` raised by
     ``request`` itself is answered the same way.  ``request`` may return a
-    future or a coroutine (run as a task).  :meth:`answer` sends a reply
-    known at once (still after those before it); :meth:`close` closes the
-    connection once what is written is sent; :meth:`abort` drops it now."""
+    future or a coroutine (run as a task).  ``cost`` is what the request
+    holds until answered, in bytes (data appended, the most a read may
+    answer), charged to the connection's budget.  :meth:`answer` sends a
+    reply known at once (still after those before it); :meth:`close`
+    closes the connection once what is written is sent; :meth:`abort`
+    drops it now."""
 
     def reply(self, request: Callable[[], Any], ok: Callable[[Any], WireCommand],
               request_id: int, segment: str, offset: int = -1,
-              on_error: Callable[[BaseException], Reply] | None = None) -> None: ...
+              on_error: Callable[[BaseException], Reply] | None = None,
+              cost: int = 0) -> None: ...
 
     def answer(self, reply: WireCommand) -> None: ...
 

@@ -23,6 +23,7 @@ from quire.pravega_wire import (
     SegmentCreated,
     SegmentDeleted,
     SegmentIsTruncated,
+    SegmentPolicyUpdated,
     SegmentRead,
     SegmentSealed,
     SegmentsMerged,
@@ -31,6 +32,7 @@ from quire.pravega_wire import (
     TableSegmentNotEmpty,
     TruncateSegment,
     UpdateSegmentAttribute,
+    UpdateSegmentPolicy,
     WireCommand,
 )
 from quire.segmentserver.config import SegmentServerConfig
@@ -46,6 +48,7 @@ from quire.segmentstore import (
     SegmentType,
     UpdateType,
 )
+from quire.segmentstore.segment_rates import policy_attributes
 
 
 class SegmentRequests:
@@ -66,17 +69,50 @@ class SegmentRequests:
         segment waits (up to the tail wait) for the segment to reach it."""
         wait_ms = self._config.tail_read_wait_ms
         deadline = self._loop.time() + wait_ms / 1000
+        waited = False
         while True:
             remaining_ms = max(0, int((deadline - self._loop.time()) * 1000))
             try:
-                return await self._store.read(segment, offset, length, remaining_ms)
+                r = await self._store.read(segment, offset, length, 0)
+                if not r.data and not r.end_of_segment and remaining_ms > 0:
+                    waited = True
+                    r = await self._store.read(segment, offset, length, remaining_ms)
+                if r.data and r.at_tail and not r.end_of_segment:
+                    return await self.burst(segment, offset, length, r, waited)
+                return r
             except BadOffsetError:
                 info = await self._store.get_info(segment)
                 if offset <= info.length:
                     continue
                 if info.sealed or remaining_ms == 0:
                     return ReadResult(offset, b"", True, info.sealed)
+                waited = True
                 await self._store.read(segment, info.length, 1, remaining_ms)
+
+    async def burst(self, segment: str, offset: int, length: int, r: ReadResult,
+                    waited: bool) -> ReadResult:
+        """An answer that reaches the tail of a segment being written (it
+        waited there, or the last append is younger than the linger) holds
+        the appends of the burst, not only those landed so far: it goes
+        once nothing more lands for the linger (at most five lingers in
+        all, or once full).  The Pravega client hands out each answer as a
+        slice, and has its next read answered before a slice is asked for:
+        cut at the instant, the events a writer wrote in a row would come
+        out one slice or two, as timing has it."""
+        linger_ms = self._config.tail_read_linger_ms
+        if not waited and linger_ms > 0:
+            last_ms = (await self._store.get_info(segment)).last_modified_ms
+            if self._store.clock.wall_ms() - last_ms >= linger_ms:
+                return r
+        linger_s = linger_ms / 1000
+        stop = self._loop.time() + 5 * linger_s
+        while len(r.data) < length:
+            left_ms = int(min(linger_s, stop - self._loop.time()) * 1000)
+            if left_ms <= 0 or not (await self._store.read(segment, offset + len(r.data), 1,
+                                                           left_ms)).data:
+                break
+            r = await self._store.read(segment, offset, length, 0)
+        return await self._store.read(segment, offset, length, 0)
 
     def read_segment(self, c: ReadSegment) -> None:
         length = min(self._config.max_read_bytes, max(1, c.suggested_length))
@@ -91,7 +127,8 @@ class SegmentRequests:
             # the reply's offset is the request's, always: the client asserts it
             return SegmentRead(c.segment, c.offset, r.at_tail, r.end_of_segment, r.data,
                                c.request_id)
-        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment, c.offset)
+        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment, c.offset,
+                               cost=length)
 
     def get_info(self, c: GetStreamSegmentInfo) -> None:
         async def info() -> WireCommand:
@@ -121,9 +158,15 @@ class SegmentRequests:
     # --- segment lifecycle ------------------------------------------------------------
 
     def create_segment(self, c: CreateSegment) -> None:
-        self._connection.reply(lambda: self._store.create_segment(c.segment, SegmentType.STREAM),
-                               lambda _: SegmentCreated(c.request_id, c.segment), c.request_id,
-                               c.segment)
+        policy = policy_attributes(c.scale_type, c.target_rate) if c.scale_type else None
+        self._connection.reply(
+            lambda: self._store.create_segment(c.segment, SegmentType.STREAM, policy),
+            lambda _: SegmentCreated(c.request_id, c.segment), c.request_id, c.segment)
+
+    def update_policy(self, c: UpdateSegmentPolicy) -> None:
+        self._connection.reply(
+            lambda: self._store.update_segment_policy(c.segment, c.scale_type, c.target_rate),
+            lambda _: SegmentPolicyUpdated(c.request_id, c.segment), c.request_id, c.segment)
 
     def create_table_segment(self, c: CreateTableSegment) -> None:
         self._connection.reply(lambda: self._store.create_segment(c.segment, SegmentType.TABLE),

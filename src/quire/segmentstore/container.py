@@ -75,10 +75,12 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     PackedAppend,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
 )
+from quire.segmentstore.segment_rates import SegmentRates
 from quire.segmentstore.throttle import Tier1Throttle
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
@@ -170,6 +172,8 @@ class SegmentContainer(ContainerUpkeep):
                                    checkpoint_every_bytes=config.checkpoint_every_bytes,
                                    on_checkpoint_due=self._checkpoint_due,
                                    on_bytes_committed=self._bytes_committed)
+        self.rates = SegmentRates()
+        """Bytes and events appended per segment, for auto-scaling."""
 
     @property
     def epoch(self) -> int:
@@ -250,6 +254,13 @@ class SegmentContainer(ContainerUpkeep):
         """A future giving ``result`` once every operation accepted so far is durable."""
         return self._oplog.barrier(result)
 
+    def confirm_ownership(self) -> asyncio.Future[Any]:
+        """Done once a :class:`~quire.segmentstore.operations.ProbeOp` logged
+        now (it changes nothing; it shares the next frame) is durable: the
+        container still owned its log then.  Fails with ContainerFencedError,
+        and fails the container, once another owner took the log."""
+        return call_as_future(lambda: self._log_op(ProbeOp(*self._next())))
+
     def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
                        attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
                        ) -> asyncio.Future[None]:
@@ -313,6 +324,7 @@ class SegmentContainer(ContainerUpkeep):
                     changed: Attributes = ()
                     queued: PackedAppend = (segment_id, offset, data, sequence, now, changed)
                     result = AppendResult(end)
+                    events = 1
                 else:
                     wid, number = writer
                     if type(wid) is not int or not 0 <= wid < _KEY_LIMIT:
@@ -334,8 +346,10 @@ class SegmentContainer(ContainerUpkeep):
                     changed = ((wid, number),)
                     queued = (segment_id, offset, data, sequence, now, changed)
                     result = AppendResult(end, number, last)
+                    events = 1 if last is None else number - last
                 apply_append(s, end, changed, now)
                 accepted.sequence = sequence
+                self.rates.record(segment_id, size, events)
                 if self.throttle.throttled:
                     return self.throttle.hold(oplog.add_encoded(queued, raw, result, size))
                 return oplog.add_encoded(queued, raw, result, size)

@@ -26,7 +26,7 @@ recorded), and an operation is covered when
 * a creation's segment is recorded; a seal is recorded sealed; a truncation
   is recorded at or past its offset; a deletion leaves no live record; a
   merge's bytes are in its target;
-* a checkpoint (nothing a client was told).
+* a checkpoint or an ownership probe (nothing a client was told).
 
 A ledger that cannot be read now (its bookies down) is kept and said so.
 """
@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from quire.client import Client
+from quire.client import Client, Password
 from quire.errors import MetadataExistsError, MetadataNotFoundError, QuireError
 from quire.log import Position
 from quire.metadata import MetadataStore
@@ -53,12 +53,13 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     Operation,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
 )
 from quire.segmentstore.storage_records import decode_attribute_batches
-from quire.segmentstore.store import LOG_PASSWORD
+from quire.segmentstore.store import tier1_passwords
 from quire.segmentstore.tier2_reader import StorageRecords, read_records
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage, read_segment
 
@@ -135,7 +136,7 @@ class _Coverage:
 
     def uncovered(self, op: Operation) -> str | None:
         """Pass two: what of ``op`` tier-2 does not hold (None: all of it)."""
-        if isinstance(op, CheckpointOp):
+        if isinstance(op, CheckpointOp | ProbeOp):
             return None
         sid = op.target_id if isinstance(op, MergeOp) else op.segment_id
         if sid in self.gone:
@@ -185,11 +186,11 @@ async def _tier2_attributes(storage: ChunkStorage, records: StorageRecords
     return out
 
 
-async def _entries(client: Client, ledger_ids: list[int]
+async def _entries(client: Client, ledger_ids: list[int], passwords: Password
                    ) -> AsyncIterator[tuple[Position, bytes]]:
     """The ledgers' entries one after another (opened with recovery)."""
     for seq, ledger_id in enumerate(ledger_ids):
-        handle = await client.open_ledger(ledger_id, password=LOG_PASSWORD, recovery=True)
+        handle = await client.open_ledger(ledger_id, password=passwords, recovery=True)
         last = handle.last_add_confirmed
         for first in range(0, last + 1, _READ_BATCH):
             for entry in await handle.read(first, min(first + _READ_BATCH - 1, last)):
@@ -197,9 +198,14 @@ async def _entries(client: Client, ledger_ids: list[int]
 
 
 async def delete_covered(client: Client, tier2: str | Tier2Config, *,
+                         passwords: Password | None = None,
                          dry_run: bool = False) -> CoverageReport:
     """Delete the recorded abandoned ledgers whose every entry tier-2 holds
-    (with ``dry_run`` only say which); report those deleted and those kept."""
+    (with ``dry_run`` only say which); report those deleted and those kept.
+    ``passwords``: the tier-1 ledgers' (the segment stores'
+    :func:`~quire.segmentstore.store.tier1_passwords`; None: the built-in one)."""
+    if passwords is None:
+        passwords = tier1_passwords(None)
     report = CoverageReport()
     metadata = client.metadata_store
     storage = await open_chunk_storage(Tier2Config(uri=tier2) if isinstance(tier2, str)
@@ -209,11 +215,11 @@ async def delete_covered(client: Client, tier2: str | Tier2Config, *,
             records = await read_records(storage, cid)
             coverage = _Coverage(records, await _tier2_attributes(storage, records))
             try:
-                async for _address, ops in operations_of(_entries(client, ledger_ids)):
+                async for _address, ops in operations_of(_entries(client, ledger_ids, passwords)):
                     for op in ops:
                         coverage.learn(op)
                 reasons: dict[int, str] = {}
-                async for address, ops in operations_of(_entries(client, ledger_ids)):
+                async for address, ops in operations_of(_entries(client, ledger_ids, passwords)):
                     for op in ops:
                         reason = coverage.uncovered(op)
                         if reason is not None:

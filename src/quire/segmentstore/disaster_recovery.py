@@ -83,7 +83,6 @@ from quire.segmentstore.operations import CheckpointOp, encode
 from quire.segmentstore.storage_records import decode_attribute_batches, decode_index_batches
 from quire.segmentstore.store import (
     CONTAINER_COUNT_CHUNK,
-    LOG_PASSWORD,
     SegmentStoreConfig,
     cluster_container_count,
     read_tier2_container_count,
@@ -278,7 +277,7 @@ async def _probe(client: Client, config: SegmentStoreConfig) -> None:
                                         options.ack_quorum_size,
                                         ledger_type=options.ledger_type,
                                         digest_type=options.digest_type,
-                                        password=LOG_PASSWORD)
+                                        password=config.tier1_passwords)
     try:
         await handle.append(b"quire recovery probe")
     finally:
@@ -395,7 +394,7 @@ async def _rebuild(client: Client, catalog: LogCatalog, storage: ChunkStorage, p
     cid = plan.container_id
     name = container_log_name(cid)
     await catalog.create(name, epoch=floor)
-    log = NamedDataLog(client, name, password=LOG_PASSWORD, options=config.tier1)
+    log = NamedDataLog(client, name, password=config.tier1_passwords, options=config.tier1)
     await log.initialize()
     try:
         if plan.metadata.segments:
@@ -406,7 +405,7 @@ async def _rebuild(client: Client, catalog: LogCatalog, storage: ChunkStorage, p
     records = plan.records
     reader = Tier2Reader(storage, dict(records.layouts), dict(records.owners))
     container = await SegmentContainer.open(cid, NamedDataLog(
-        client, name, password=LOG_PASSWORD, options=config.tier1), config.container,
+        client, name, password=config.tier1_passwords, options=config.tier1), config.container,
         tier2_read=reader.read)
     try:
         epoch = container.epoch

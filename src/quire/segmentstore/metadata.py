@@ -37,6 +37,7 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     Operation,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
@@ -156,8 +157,8 @@ class ContainerMetadata:
             source.deleted = True
             source.last_modified_ms = op.timestamp_ms
             del self.by_name[source.name]
-        else:
-            assert isinstance(op, CheckpointOp)  # the state is what it describes already
+        else:  # a checkpoint: the state is what it describes already; a probe: nothing
+            assert isinstance(op, CheckpointOp | ProbeOp)
         self.sequence = op.sequence
 
     def purge(self, segment_ids: set[int]) -> None:

@@ -12,12 +12,16 @@ first given.  Every name the rule lets in is storable in tier-2 as it is
 given: :func:`quire.tier2.chunk_path` escapes what a file system or an S3
 key cannot hold (a part starting with ``.``, a part too long).
 
-A segment's container is a stable hash of its *base* name, so a segment, its
-attribute segment (``<segment>$attributes``), its table index
+A segment's container is a stable hash of its *primary* name, so a
+segment, its attribute segment (``<segment>$attributes``), its table index
 (``<segment>$index``), its transaction segments
 (``<segment>#transaction.<id>``) and its transient segments
 (``<segment>#transient.<id>``) all land in one container, in every process
-and every run (blake2b, not Python's salted ``hash``).
+and every run (blake2b, not Python's salted ``hash``).  As in Pravega, a
+stream segment's epoch is not part of it (``scope/stream/3.#epoch.7`` is
+hashed as ``scope/stream/3``): the segments of one number in every epoch,
+the duplicates a rolling transaction creates among them, share the
+container of the transaction segments merged into them.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ ATTRIBUTES_SUFFIX = "$attributes"
 INDEX_SUFFIX = "$index"
 TRANSACTION_DELIMITER = "#transaction."
 TRANSIENT_DELIMITER = "#transient."
+EPOCH_DELIMITER = ".#epoch."
 SYSTEM_SCOPE = "_system"
 CONTAINER_COUNT_KEY = "segmentstore/container_count"
 """The metadata record holding the cluster's container count (fixed once set)."""
@@ -77,9 +82,16 @@ def base_segment_name(name: str) -> str:
     return name
 
 
+def primary_segment_name(name: str) -> str:
+    """``name``'s base name without a stream segment's epoch."""
+    base = base_segment_name(name)
+    at = base.rfind(EPOCH_DELIMITER)
+    return base[:at] if at > 0 else base
+
+
 def container_of(name: str, container_count: int) -> int:
     """The id (0 .. container_count - 1) of the container holding ``name``."""
-    digest = hashlib.blake2b(base_segment_name(name).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(primary_segment_name(name).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % container_count
 
 

@@ -127,6 +127,12 @@ class OperationLog:
         self.operations_written = 0
 
     @property
+    def queued_bytes(self) -> int:
+        """Bytes of operations queued, not yet in a frame written to tier-1
+        (the tier-1 backlog, on ``/metrics``)."""
+        return self._queued_bytes
+
+    @property
     def failure(self) -> BaseException | None:
         """The error that ended the log, if one did."""
         return self._failure

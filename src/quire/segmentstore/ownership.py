@@ -15,6 +15,17 @@ that record and converges on it: it starts the containers assigned to it
 previous owner, so a host that is only slow, not dead, fails every later
 operation with ContainerFencedError) and stops those assigned elsewhere.
 
+While its lease is uncertain (cut off from the store, or not yet past an
+expiry), a host keeps its containers: writes stay safe, as a log another
+host took refuses them, and stopping every container at each metadata
+hiccup would turn it into an outage of the data path.  Reads are not
+fenced that way, so meanwhile the host sets the store's
+:attr:`~quire.segmentstore.store.SegmentStore.confirm_reads`: each read
+first proves through tier-1 that its container is still this host's, and
+is refused (WrongHost) once another host took it over.  (Pravega's segment
+store keeps its containers across a lost ZooKeeper connection too: its
+container monitor acts on the last assignment it saw.)
+
 The assignment is sticky and balanced (:func:`balanced_assignment`): a
 container stays where it is while its host lives and holds no more than
 its fair share, so a host joining or leaving moves only the containers it
@@ -59,6 +70,11 @@ class OwnershipSettings:
     rebalance_interval_ms: int = 1000
     """How often the assigner lists the live hosts (and a host retries a
     container that failed to open or failed later)."""
+    register_wait_ms: int = 60_000
+    """How long a starting host waits for the host record of its previous
+    run to go (a restart after ``kill -9`` is usually faster than the old
+    metadata session's timeout) before it gives up: a record that outlives
+    this belongs to another live process with the same host id."""
 
 
 def balanced_assignment(container_count: int, hosts: Sequence[str],
@@ -171,6 +187,11 @@ class ContainerOwnership:
         self._lease_watch: Watch | None = None
         self._election: Election | None = None
         self._closed = False
+        self._expired = False
+        """The lease expired since this host last registered: its host
+        record is gone, even if a new lease is live by the time the
+        converging loop looks (a ZooKeeper client reconnects with a new
+        session at once once a partition heals)."""
 
     @property
     def mine(self) -> set[int]:
@@ -178,8 +199,8 @@ class ContainerOwnership:
         return {c for c, h in self.assignment.items() if h == self.host_id}
 
     async def start(self) -> None:
-        await self._register()
-        self._lease_watch = self.metadata.watch_lease(lambda _state: self._wake.set())
+        await self._register_at_start()
+        self._lease_watch = self.metadata.watch_lease(self._on_lease)
         election = self.metadata.elect(ASSIGNER_GROUP, self.host_id)
         self._election = election
         self._watch = self.metadata.watch_record(ASSIGNMENT_KEY, self._on_assignment)
@@ -187,12 +208,42 @@ class ContainerOwnership:
                        asyncio.create_task(self._assign(election),
                                            name="quire-ownership-assigner")]
 
+    async def _register_at_start(self) -> None:
+        """Register, waiting out the record an earlier run of this host left
+        (it goes when that run's lease ends)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.register_wait_ms / 1000
+        while True:
+            try:
+                await self._register()
+                return
+            except MetadataExistsError:
+                if loop.time() > deadline:
+                    raise MetadataExistsError(
+                        f"segment store host {self.host_id!r} is registered by another live "
+                        f"process (still after {self.settings.register_wait_ms} ms)") from None
+                log.warning("host %s: the record of an earlier run is still there; waiting "
+                            "for its lease to end", self.host_id)
+            await asyncio.sleep(self.settings.rebalance_interval_ms / 1000)  # polling it
+
     async def _register(self) -> None:
         record: dict[str, str] = {"address": self.address}
         if self.metrics_address is not None:
             record["metrics"] = self.metrics_address
         await self.metadata.create_leased_record(HOSTS_PREFIX + self.host_id,
                                                  json.dumps(record).encode())
+
+    def _on_lease(self, state: LeaseState) -> None:
+        if state is LeaseState.EXPIRED:
+            self._expired = True
+        self._confirm_reads()
+        self._wake.set()
+
+    def _confirm_reads(self) -> None:
+        """Reads confirm ownership through tier-1 unless the lease is
+        confirmed and no expiry is left to handle (module docstring)."""
+        self.segments.confirm_reads = \
+            self._expired or self.metadata.lease is not LeaseState.LIVE
 
     def _on_assignment(self, record: Versioned[bytes] | None) -> None:
         try:
@@ -232,15 +283,17 @@ class ContainerOwnership:
 
     async def _converge_once(self) -> None:
         lease = self.metadata.lease
-        if lease is not LeaseState.LIVE:
-            if lease is LeaseState.UNCERTAIN:
+        if lease is not LeaseState.LIVE or self._expired:
+            if lease is LeaseState.UNCERTAIN and not self._expired:
                 return  # keep serving (tier-1 fencing keeps that safe), start nothing
             # the host record is gone: others may be opening these containers now
             for container_id in self.segments.container_ids:
                 await self.segments.stop_container(container_id)
-            if lease is LeaseState.EXPIRED:
+            if lease in (LeaseState.EXPIRED, LeaseState.LIVE):
                 with contextlib.suppress(MetadataExistsError):
                     await self._register()  # a new lease; the assigner sees the host again
+                self._expired = False
+                self._confirm_reads()
             return
         mine = self.mine
         running = set(self.segments.container_ids)

@@ -12,6 +12,19 @@ Which store hosts which container is decided above this class (part 3:
 leased ownership records); here :meth:`SegmentStore.start_container` and
 :meth:`SegmentStore.stop_container` take and give up one.  Taking one fences
 its previous owner through the tier-1 log's epoch.
+
+A write proves ownership by itself (a fenced log refuses it); a read does
+not: a store cut off from the metadata store that writes nothing is never
+fenced and would answer from the state it has while another store took its
+container over and wrote on.  So while :attr:`SegmentStore.confirm_reads`
+is set (the ownership part sets it while this host's lease is not
+confirmed), every read (``read``, ``get_info``, ``get_attributes``, the
+table reads) first has its container prove ownership through tier-1
+(:meth:`SegmentContainer.confirm_ownership`): a probe operation written
+after the request arrived; once the new owner fenced the log, the probe
+fails, the container with it, and the request is refused (WrongHost on the
+wire: the client asks the controller again).  With a confirmed lease a read
+costs one attribute test more.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ import collections
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from quire.client import Client
+from quire.client import Client, LedgerPasswords
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     ChunkExistsError,
@@ -42,6 +55,7 @@ from quire.segmentstore.names import (
     container_log_name,
     container_of,
 )
+from quire.segmentstore.segment_rates import policy_attributes
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
 from quire.segmentstore.tables import TableDelta, TableEntry, TableIteratorPage
 from quire.segmentstore.tier2_reader import Tier2Reader
@@ -52,12 +66,16 @@ from quire.segmentstore.types import (
     ReadResult,
     SegmentInfo,
     SegmentType,
+    UpdateType,
 )
 from quire.segmentstore.writer_source import ContainerWriterSource, WriterSource
 from quire.tier2 import ChunkStorage, Tier2Config, open_chunk_storage
 
 DEFAULT_CONTAINER_COUNT = 4
-LOG_PASSWORD = b"quire-segmentstore"
+LEGACY_LOG_PASSWORD = b"quire-segmentstore"
+"""The password every tier-1 ledger had before it came from configuration
+(``ledger_password_file``).  Kept only as the upgrade path: see
+:func:`tier1_passwords`."""
 _ROUTE_CACHE_SIZE = 100_000
 """Names whose container is remembered (hashing a name costs a microsecond per append)."""
 
@@ -76,6 +94,25 @@ async def start_storage_writer(source: WriterSource, storage: ChunkStorage,
     return await StorageWriter.start(source, storage, config, max_chunk_bytes=max_chunk_bytes)
 
 
+def tier1_passwords(configured: bytes | None) -> LedgerPasswords:
+    """The passwords of the containers' tier-1 ledgers.
+
+    With a configured password (the cluster's ``ledger_password_file``: one
+    secret shared by every segment store), new ledgers get it, and ledgers
+    made before with :data:`LEGACY_LOG_PASSWORD` still open: each ledger
+    opens with the password its own metadata's master key says it was made
+    with (:class:`~quire.client.LedgerPasswords`), so an upgraded cluster
+    keeps reading and recovering its old ledgers, and they leave as the
+    storage writer truncates the logs behind tier-2 (or as the logs roll).
+    Nothing records which password a log uses: the keys in each ledger's
+    metadata tell.  Without one (None), the legacy password, as before: a
+    host warns about it at its start.
+    """
+    if configured is None:
+        return LedgerPasswords(LEGACY_LOG_PASSWORD)
+    return LedgerPasswords(configured, previous=(LEGACY_LOG_PASSWORD,))
+
+
 @dataclass(frozen=True)
 class SegmentStoreConfig:
     container_count: int | None = None
@@ -87,6 +124,8 @@ class SegmentStoreConfig:
     and ack quorums: E3 W3 A2 by default)."""
     storage_writer: StorageWriterConfig = field(default_factory=StorageWriterConfig)
     """Each container's storage writer (when the store has tier-2)."""
+    tier1_passwords: LedgerPasswords = field(default_factory=lambda: tier1_passwords(None))
+    """The passwords of the tier-1 ledgers (:func:`tier1_passwords`)."""
 
 
 CONTAINER_COUNT_CHUNK = f"{SYSTEM_SCOPE}/containers/container_count.E0.0"
@@ -172,6 +211,9 @@ class SegmentStore:
         self._writer_tasks: dict[int, asyncio.Task[None]] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
         self._routes: dict[str, int] = {}
+        self.confirm_reads = False
+        """Whether each read first confirms its container's ownership through
+        tier-1 (module docstring); set while this host's lease is uncertain."""
 
     @classmethod
     async def open(cls, client: Client | None, container_ids: Iterable[int] = (),
@@ -197,11 +239,11 @@ class SegmentStore:
         if open_log is None:
             if client is None:
                 raise ConfigError("SegmentStore.open needs a client or open_log")
-            named_client, options = client, config.tier1
+            named_client, options, passwords = client, config.tier1, config.tier1_passwords
 
             def open_named(container_id: int) -> DurableDataLog:
                 return NamedDataLog(named_client, container_log_name(container_id),
-                                    password=LOG_PASSWORD, options=options)
+                                    password=passwords, options=options)
             open_log = open_named
         count = await cluster_container_count(metadata_store, config.container_count)
         storage = None
@@ -364,6 +406,14 @@ class SegmentStore:
         except ContainerNotOwnedError as e:
             return failed_future(e)
 
+    def update_segment_policy(self, name: str, scale_type: int,
+                              target_rate: int) -> asyncio.Future[None]:
+        """Set the segment's scaling policy (Pravega's UpdateSegmentPolicy;
+        see :mod:`~quire.segmentstore.segment_rates`)."""
+        return self.update_attributes(name, [
+            AttributeUpdate(key, UpdateType.REPLACE, value)
+            for key, value in policy_attributes(scale_type, target_rate).items()])
+
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         """Append all of ``source`` to ``target`` (sealing ``source`` first if
         needed); ``source`` is gone afterwards.  Both must share a container
@@ -398,24 +448,44 @@ class SegmentStore:
         except ContainerNotOwnedError as e:
             return failed_future(e)
 
+    # --- reads: while confirm_reads, each confirms its container's ownership first --
+
     async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
-        return await self._route(name).tables.get(name, keys)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.tables.get(name, keys)
 
     async def table_iterate(self, name: str, keys_only: bool = False,
                             token: bytes | None = None,
                             max_entries: int = 1000) -> TableIteratorPage:
-        return await self._route(name).tables.iterate(name, keys_only, token, max_entries)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.tables.iterate(name, keys_only, token, max_entries)
 
     async def table_read_delta(self, name: str, from_position: int,
                                max_entries: int) -> TableDelta:
-        return await self._route(name).tables.read_delta(name, from_position, max_entries)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.tables.read_delta(name, from_position, max_entries)
 
     async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
-        return await self._route(name).get_attributes(name, keys)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.get_attributes(name, keys)
 
     async def get_info(self, name: str) -> SegmentInfo:
-        return await self._route(name).get_info(name)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.get_info(name)
 
     async def read(self, name: str, offset: int, max_length: int,
                    wait_ms: int = 0) -> ReadResult:
-        return await self._route(name).read(name, offset, max_length, wait_ms)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.read(name, offset, max_length, wait_ms)

@@ -130,6 +130,10 @@ class SimTransport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        """Nothing is buffered here (:meth:`write` hands the bytes to the
+        network): no limit to keep."""
+
     # --- the network's side ------------------------------------------------------
 
     def receive(self, data: bytes) -> None:

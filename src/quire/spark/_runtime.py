@@ -16,7 +16,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from quire.client import Client
+from quire.client import Client, ClientConfig
 from quire.log import LogStore
 from quire.loop_thread import LoopThread
 
@@ -28,21 +28,24 @@ class Runtime(LoopThread):
 
     def __init__(self) -> None:
         super().__init__("quire-spark-loop", "the Quire Spark runtime")
-        self._clients: dict[str, Client] = {}
+        self._clients: dict[tuple[str, ClientConfig], Client] = {}
 
-    async def client(self, uri: str) -> Client:
-        """The connected client for ``uri`` (call on the loop)."""
-        client = self._clients.get(uri)
+    async def client(self, uri: str, config: ClientConfig | None = None) -> Client:
+        """The connected client for ``uri`` and ``config`` (its TLS
+        settings; call on the loop)."""
+        key = (uri, config or ClientConfig())
+        client = self._clients.get(key)
         if client is None:
-            client = await Client.connect(uri)
-            self._clients[uri] = client
+            client = await Client.connect(uri, key[1])
+            self._clients[key] = client
         return client
 
     def with_logs(self, uri: str, password: bytes,
-                  fn: Callable[[LogStore], Awaitable[T]]) -> T:
-        """Run ``fn(LogStore(client for uri))`` on the loop and wait."""
+                  fn: Callable[[LogStore], Awaitable[T]],
+                  config: ClientConfig | None = None) -> T:
+        """Run ``fn(LogStore(client for uri and config))`` on the loop and wait."""
         async def go() -> T:
-            return await fn(LogStore(await self.client(uri), password=password))
+            return await fn(LogStore(await self.client(uri, config), password=password))
 
         return self.run(go())
 

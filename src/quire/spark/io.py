@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition, WriterCommitMessage
 
-from quire.client import LedgerEntry, ReadHandle, WriteHandle
+from quire.client import ClientConfig, LedgerEntry, ReadHandle, WriteHandle
 from quire.errors import (
     EntryNotAvailableError,
     MetadataNotFoundError,
@@ -47,6 +47,8 @@ class LedgerRange(InputPartition):
     batch_entries: int = 8192
     missing_ok: bool = False
     """A ledger gone by read time yields nothing (else LogTruncatedError)."""
+    client_config: ClientConfig | None = None
+    """The ledger client's settings (its TLS files; None: the defaults)."""
 
     @property
     def count(self) -> int:
@@ -89,7 +91,7 @@ def read_range(part: LedgerRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]
 
 
 async def _open_for_read(rt: Runtime, part: LedgerRange) -> ReadHandle | None:
-    client = await rt.client(part.metadata)
+    client = await rt.client(part.metadata, part.client_config)
     try:
         handle = await client.open_ledger(part.ledger_id, password=part.password,
                                           recovery=False)

@@ -8,6 +8,10 @@ option                meaning
 metadata              metadata store URI (default: ``$QUIRE_METADATA``)
 log                   log name (required)
 password              password of the log's ledgers (default empty)
+tls_ca                PEM CA file of the bookies' certificates: reach them
+                      over TLS (default: ``$QUIRE_TLS_CA``, else plaintext)
+tls_cert, tls_key     PEM client certificate and key, for bookies with mutual
+                      TLS (defaults: ``$QUIRE_TLS_CERT``, ``$QUIRE_TLS_KEY``)
 start, end            batch read range, ``"seq:entry"`` positions: rows with
                       start <= position < end.  For a stream, ``start`` is
                       ``earliest`` (default), ``latest`` or a position.
@@ -35,6 +39,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from quire.client import ClientConfig
+from quire.errors import ConfigError
 from quire.log import Position
 from quire.log.records import check_name
 
@@ -76,6 +82,15 @@ def positive_option(options: Mapping[str, str], name: str, default: int | None) 
     return value
 
 
+def client_config_of(tls_ca: str, tls_cert: str, tls_key: str) -> ClientConfig:
+    """A ledger client's settings with these TLS files; ValueError naming
+    the options if they do not go together."""
+    try:
+        return ClientConfig(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    except ConfigError as e:
+        raise ValueError(f"options tls_ca, tls_cert, tls_key: {e}") from None
+
+
 @dataclass(frozen=True)
 class QuireOptions:
     """Parsed data source options (picklable; see the module docstring)."""
@@ -96,6 +111,14 @@ class QuireOptions:
     max_bytes_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     create: bool = True
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    @property
+    def client_config(self) -> ClientConfig:
+        """The settings of the ledger client that reads and writes the log."""
+        return client_config_of(self.tls_ca, self.tls_cert, self.tls_key)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> QuireOptions:
@@ -131,7 +154,11 @@ class QuireOptions:
             max_bytes_per_trigger=positive_option(options, "max_bytes_per_trigger", None),
             fail_on_data_loss=bool_option(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
             create=bool_option(get("create") or "true", "create"),
+            tls_ca=get("tls_ca") or os.environ.get("QUIRE_TLS_CA", ""),
+            tls_cert=get("tls_cert") or os.environ.get("QUIRE_TLS_CERT", ""),
+            tls_key=get("tls_key") or os.environ.get("QUIRE_TLS_KEY", ""),
         )
+        parsed.client_config  # noqa: B018  (checks the TLS options now)
         return parsed
 
     @property

@@ -139,7 +139,7 @@ class QuireDataSource(DataSource):
             job = await jobs.begin_job(opts.log, ttl_ms=opts.job_ttl_ms, create=opts.create)
             return job, opts.quorums(await live_bookie_count(logs))
 
-        job, quorums = runtime().with_logs(opts.metadata, opts.password, begin)
+        job, quorums = runtime().with_logs(opts.metadata, opts.password, begin, opts.client_config)
         return QuireBatchWriter(opts, job, quorums, column, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -214,7 +214,7 @@ def _split(opts: QuireOptions, record: LedgerRecord, first: int, last: int,
             metadata=opts.metadata, log=opts.log, password=opts.password,
             ledger_seq=record.seq, ledger_id=record.ledger_id, first=start,
             last=min(last, start + step - 1), batch_entries=opts.batch_entries,
-            missing_ok=missing_ok))
+            missing_ok=missing_ok, client_config=opts.client_config))
     return ranges
 
 
@@ -260,7 +260,7 @@ class QuireBatchReader(DataSourceReader):
                                         f"(entries before {info.truncated_before} are gone)")
             return await plan_ranges(logs, opts, start, opts.end, info=info)
 
-        ranges = runtime().with_logs(opts.metadata, opts.password, plan)
+        ranges = runtime().with_logs(opts.metadata, opts.password, plan, opts.client_config)
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -298,7 +298,7 @@ def _write_task(opts: QuireOptions, job: Job, quorums: tuple[int, int, int] | No
     async def prepare(logs: LogStore) -> tuple[LogStore, tuple[int, int, int]]:
         return logs, quorums or opts.quorums(await live_bookie_count(logs))
 
-    logs, resolved = rt.with_logs(opts.metadata, opts.password, prepare)
+    logs, resolved = rt.with_logs(opts.metadata, opts.password, prepare, opts.client_config)
     writer = TaskLedgerWriter(rt, LogJobs(logs), job, resolved, batch_id=batch_id,
                               task=f"partition {partition} attempt {attempt}")
     try:
@@ -348,7 +348,8 @@ class QuireBatchWriter(DataSourceArrowWriter):
         async def commit(logs: LogStore) -> list[int]:
             return await LogJobs(logs).commit_job(job, ledger_ids, replace=overwrite)
 
-        runtime().with_logs(self._opts.metadata, self._opts.password, commit)
+        runtime().with_logs(self._opts.metadata, self._opts.password, commit,
+                                   self._opts.client_config)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         job = self._job
@@ -356,7 +357,8 @@ class QuireBatchWriter(DataSourceArrowWriter):
         async def abort(logs: LogStore) -> list[int]:
             return await LogJobs(logs).abort_job(job)
 
-        runtime().with_logs(self._opts.metadata, self._opts.password, abort)
+        runtime().with_logs(self._opts.metadata, self._opts.password, abort,
+                                   self._opts.client_config)
 
 
 # --- streaming read ---------------------------------------------------------------------
@@ -379,7 +381,8 @@ class QuireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Position | None = None
 
     def _with_logs(self, fn: Any) -> Any:
-        return runtime().with_logs(self._opts.metadata, self._opts.password, fn)
+        return runtime().with_logs(self._opts.metadata, self._opts.password, fn,
+                                   self._opts.client_config)
 
     def initialOffset(self) -> dict[str, int]:
         opts = self._opts
@@ -550,7 +553,8 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
 
         context = TaskContext.get()
         batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
-        job: Job = runtime().with_logs(self._opts.metadata, self._opts.password, self._job)
+        job: Job = runtime().with_logs(self._opts.metadata, self._opts.password, self._job,
+                                   self._opts.client_config)
         return _write_task(self._opts, job, None, self._column, iterator,
                            batch_id=None if batch is None else int(batch))
 
@@ -563,7 +567,8 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
             return await LogJobs(logs).commit_sink_batch(job, self.sink_id, batchId,
                                                          ledger_ids, replace=overwrite)
 
-        if not runtime().with_logs(self._opts.metadata, self._opts.password, commit):
+        if not runtime().with_logs(self._opts.metadata, self._opts.password, commit,
+                                   self._opts.client_config):
             log.info("sink %s of log %s: batch %d was committed before; replay dropped",
                      self.sink_id, self._opts.log, batchId)
 
@@ -574,7 +579,8 @@ class QuireStreamWriter(DataSourceStreamArrowWriter):
             job = await self._job(logs)
             await LogJobs(logs).abort_sink_batch(job, batchId, ledger_ids)
 
-        runtime().with_logs(self._opts.metadata, self._opts.password, abort)
+        runtime().with_logs(self._opts.metadata, self._opts.password, abort,
+                                   self._opts.client_config)
 
 
 # --- maintenance ---------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 - :func:`controller_resolver` asks the controller's ``getURI`` (what the
   Pravega client does); names that are not stream segments (tables such as
   ``_system/...``) are asked as segment 0 of their first two path parts,
-  which the controller answers like any other.
+  which the controller answers like any other.  An unavailable answer (no
+  live owner now, or no controller) is ContainerNotOwnedError, retried.
 - :func:`metadata_resolver` reads the metadata store directly: the
   cluster's ``container_count`` record (read once) gives the segment's
   container (:func:`~quire.segmentstore.names.container_of`), and an owner
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from quire.errors import ContainerNotOwnedError
+from quire.errors import ContainerNotOwnedError, ControllerUnavailableError
 from quire.metadata import MetadataStore
 from quire.segmentstore.names import CONTAINER_COUNT_KEY, container_of
 from quire.streams.controller import ControllerClient
@@ -34,7 +35,13 @@ def controller_resolver(controller: ControllerClient) -> Resolver:
         if parsed is None:
             scope, _, rest = segment.partition("/")
             parsed = scope, rest.partition("/")[0], 0
-        return await controller.segment_uri(*parsed)
+        try:
+            return await controller.segment_uri(*parsed)
+        except ControllerUnavailableError as e:
+            # no live owner now (a crashed store's containers not yet taken
+            # over), or no controller answer: the store retries, as the
+            # Resolver contract says, rather than failing the operation
+            raise ContainerNotOwnedError(f"no owner of {segment!r} known now: {e}") from e
     return resolve
 
 

@@ -56,7 +56,7 @@ from quire.pravega_wire import (
 from quire.streams.connection import SegmentConnection, next_request_id
 from quire.streams.controller import ControllerClient
 from quire.streams.model import Segment, frame_event, key_hash, segment_for
-from quire.streams.segments import RemoteSegmentStore, error_of
+from quire.streams.segments import NotSent, RemoteSegmentStore, error_of
 
 log = logging.getLogger(__name__)
 
@@ -319,12 +319,25 @@ class StreamWriter:
         name = writer.name
 
         async def attempt(address: str) -> tuple[SegmentConnection, WireCommand]:
-            connection = await self.store.open_connection(address)
-            request_id = next_request_id()
+            # a setup that failed is harmless to send again (to the owner
+            # resolved again): an owner that refuses connections now (it
+            # crashed; its containers are being taken over) is retried until
+            # the store's retry deadline, not given up at once
             try:
-                reply = await connection.request(SetupAppend(request_id, self.writer_id, name,
-                                                             ""), request_id)
-            except SegmentStoreConnectionError:
+                connection = await self.store.open_connection(address)
+            except SegmentStoreConnectionError as e:
+                raise NotSent(e) from e
+
+            async def set_up(token: str) -> WireCommand:
+                request_id = next_request_id()
+                return await connection.request(SetupAppend(request_id, self.writer_id, name,
+                                                            token), request_id)
+            try:
+                reply = await self.store.authorized(name, set_up)
+            except SegmentStoreConnectionError as e:
+                connection.abort()
+                raise NotSent(e) from e
+            except BaseException:  # no setup: nothing will use this connection
                 connection.abort()
                 raise
             if isinstance(reply, WrongHost):

@@ -24,6 +24,7 @@ from quire.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
+from quire.security.ledger_keys import same_key
 
 
 class EngineAdds(EngineState):
@@ -123,7 +124,7 @@ class EngineAdds(EngineState):
         size = sum(map(len, entries))
         with self._lock:
             info = self._ledgers.get(ledger_id)
-            if self._closed or info is None or info.state.master_key != master_key \
+            if self._closed or info is None or not same_key(info.state.master_key, master_key) \
                     or info.state.fenced or not self._cache.keys().isdisjoint(keys) \
                     or (self._reject_bytes and self._cache_bytes + size > self._reject_bytes):
                 return None
@@ -165,7 +166,7 @@ class EngineAdds(EngineState):
         info = self._ledgers.get(ledger_id)
         if info is not None:
             state = info.state
-            if state.master_key != master_key and (state.master_key or recovery):
+            if not same_key(state.master_key, master_key) and (state.master_key or recovery):
                 # (a key-less limbo ledger refuses plain adds as fenced, below)
                 raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
             if state.fenced and not recovery:

@@ -29,6 +29,7 @@ from quire.bookie.storage.journal_format import (
 )
 from quire.bookie.storage.state import LedgerState
 from quire.errors import BadRequestError, UnauthorizedError
+from quire.security.ledger_keys import same_key
 
 _UPDATABLE_FIELDS = frozenset({"fenced", "explicit_lac", "limbo", "sync_cursor"})
 
@@ -46,7 +47,7 @@ class EngineFencing(EngineCheckpoints):
             info = self._ledgers.get(ledger_id)
             if info is None:
                 info = self._create_locked(ledger_id, master_key)
-            elif info.state.master_key != master_key:
+            elif not same_key(info.state.master_key, master_key):
                 if info.state.master_key:
                     raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
                 # created by mark_limbo without a key: adopt this one

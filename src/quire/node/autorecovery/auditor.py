@@ -76,6 +76,9 @@ class Auditor:
         self._delay_s = lost_bookie_delay_s
         self._interval_s = check_interval_ms / 1000.0
         self.ledgers_marked = 0
+        self.under_replicated = 0
+        """Ledgers marked under-replicated as of the last check (0 unless
+        this process is the auditor)."""
 
     async def run(self) -> None:
         election = self._store.elect(AUDITOR_GROUP, self._candidate)
@@ -88,9 +91,12 @@ class Auditor:
                 while election.is_leader:
                     try:
                         await self.check(missing_since, marked_for)
+                        self.under_replicated = len(
+                            await UnderReplication(self._store).marked())
                     except QuireError as e:
                         log.warning("auditor: check failed: %s", e)
                     await asyncio.sleep(self._interval_s)
+                self.under_replicated = 0
         finally:
             await election.resign()
 

@@ -69,6 +69,8 @@ class Autorecovery:
               lambda: counts.failures)
         gauge("ledgers_marked_total", "Ledgers this process marked as auditor (counter)",
               lambda: self.auditor.ledgers_marked)
+        gauge("underreplicated_ledgers", "Ledgers marked under-replicated now (reported "
+              "by the auditor; 0 elsewhere)", lambda: self.auditor.under_replicated)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()

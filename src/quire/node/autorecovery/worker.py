@@ -125,7 +125,7 @@ class ReplicationWorker:
                 return False
             log.info("ledger %d: still open after the grace period: recovering it first",
                      ledger_id)
-            metadata = await self._recoverer.recover(ledger_id, metadata.password)
+            metadata = await self._recoverer.recover(ledger_id)
         for index in range(len(metadata.ensembles)):
             _first, bookies = metadata.ensembles[index]
             for bookie in sorted(replace & set(bookies)):
