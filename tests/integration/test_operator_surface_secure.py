@@ -47,7 +47,9 @@ def test_the_apis_and_the_page_over_tls_with_users(tmp_path: Path) -> None:
     store = SegmentStoreProcess(tmp_path, metadata, "ss-1", port=free_port(), metrics_port=0,
                                 container_count=2, tier1_ensemble_size=1,
                                 tier1_write_quorum_size=1, tier1_ack_quorum_size=1,
-                                **security)
+                                tier1_tls_ca_file=str(ca.cert_file),  # the bookie port's mTLS
+                                tier1_tls_cert_file=str(cert.cert_file),
+                                tier1_tls_key_file=str(cert.key_file), **security)
     controller = ControllerProcess(tmp_path, metadata, metrics_port=0, **security)
     tls = client_context(ca.cert_file)
     reader = {"Authorization": basic_authorization(READER.username, READER.password)}
