@@ -15,7 +15,6 @@ drained) before the server and the session go.
 from __future__ import annotations
 
 import asyncio
-import collections
 import ipaddress
 import logging
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.hosts.segmentstore_admin import SegmentStoreAdmin
+from quire.hosts.segmentstore_metrics import HealthCollector
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_leased_store
@@ -98,6 +98,10 @@ class SegmentStoreHostConfig(ServerAddressConfig):
     """Each container's in-memory data (its read index, Pravega's cache):
     recent appends are served from it; older data is read back from tier-1,
     or from tier-2 once flushed there."""
+    tier1_ceiling_bytes: int = 2 << 30
+    """With tier-2: what each container's tier-1 log may hold before its
+    appends are acknowledged only as tier-2 takes the backlog (see
+    :class:`~quire.segmentstore.ContainerConfig`)."""
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
@@ -140,8 +144,9 @@ class SegmentStoreHostConfig(ServerAddressConfig):
         super().__post_init__()
         if self.container_count < 0:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
-        if self.read_index_budget_bytes < 0:
-            raise ConfigError("read_index_budget_bytes must not be negative")
+        if self.read_index_budget_bytes < 0 or self.tier1_ceiling_bytes <= 0:
+            raise ConfigError("read_index_budget_bytes must not be negative, "
+                              "tier1_ceiling_bytes must be positive")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
@@ -235,11 +240,6 @@ class _StoreCollector(Collector):
         read_index = GaugeMetricFamily("quire_segmentstore_read_index_bytes",
                                        "Bytes the container's read index holds in memory",
                                        labels=["container"])
-        flush_failed = GaugeMetricFamily(
-            "quire_segmentstore_tier2_flush_failures",
-            "Containers whose storage writer stopped on a failure, by cause (its type)",
-            labels=["cause"])
-        causes = collections.Counter({"none": 0})
         if store is not None:
             ids = store.container_ids
             hosted.add_metric([], len(ids))
@@ -257,19 +257,15 @@ class _StoreCollector(Collector):
                 if writer is not None:
                     backlog.add_metric(label, writer.backlog_bytes())
                     iterations.add_metric(label, writer.iterations)
-                    if writer.failure is not None:
-                        causes[type(writer.failure).__name__] += 1
         ownership = self._host.ownership
         assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
-        for cause, count in sorted(causes.items()):
-            flush_failed.add_metric([cause], count)
         posted = GaugeMetricFamily("quire_segmentstore_autoscale_requests_posted",
                                    "Hot and cold segments reported to the controller since "
                                    "the process started")
         reporter = self._host.autoscaler
         posted.add_metric([], reporter.posted if reporter is not None else 0)
         yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
-                    read_index, flush_failed, tier1_queued, posted)
+                    read_index, tier1_queued, posted)
 
 
 class SegmentStoreHost:
@@ -302,7 +298,8 @@ class SegmentStoreHost:
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
                     container=ContainerConfig(
-                        read_index_budget_bytes=cfg.read_index_budget_bytes),
+                        read_index_budget_bytes=cfg.read_index_budget_bytes,
+                        tier1_ceiling_bytes=cfg.tier1_ceiling_bytes),
                     storage_writer=StorageWriterConfig(
                         flush_threshold_bytes=cfg.tier2_flush_threshold_bytes,
                         flush_threshold_ms=cfg.tier2_flush_threshold_ms,
@@ -320,11 +317,14 @@ class SegmentStoreHost:
             warn_of_ip_under_tls(cfg)
             self.host_id = cfg.host_id or \
                 f"segmentstore-{cfg.resolved_advertised_host}-{self.server.port}"
+            self._admin.host_id = self.host_id
             if cfg.metrics_port >= 0:  # before ownership: it registers the address
                 self.registry.register(_StoreCollector(self))
+                self.registry.register(HealthCollector(self))
                 self._http = HttpServer(self.registry, self._admin.routes(), tls=security.tls,
                                         authenticator=security.authenticator,
-                                        ready=self._admin.readiness)
+                                        ready=self._admin.readiness,
+                                        health=self._admin.status)
                 http_port = await self._http.start(cfg.resolved_listen_host, cfg.metrics_port)
                 self.metrics_address = cfg.advertised_address(http_port)
             self.ownership = ContainerOwnership(

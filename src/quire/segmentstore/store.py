@@ -30,6 +30,7 @@ costs one attribute test more.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -205,6 +206,8 @@ class SegmentStore:
         self._containers: dict[int, SegmentContainer] = {}
         self.writers: dict[int, StorageWriter] = {}
         """Each hosted container's storage writer (none without tier-2)."""
+        self.flush_failures: collections.Counter[str] = collections.Counter()
+        """Failed flush attempts of every writer this store ran, by cause."""
         self._writer_tasks: dict[int, asyncio.Task[None]] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
         self._routes: dict[str, int] = {}
@@ -314,6 +317,7 @@ class SegmentStore:
                 except BaseException:
                     await container.close()
                     raise
+                writer.health.counts = self.flush_failures
                 self.writers[container_id] = writer
                 self._writer_tasks[container_id] = asyncio.ensure_future(writer.run())
             self._containers[container_id] = container
