@@ -322,6 +322,9 @@ def tier1_quorums(bookies: int) -> dict[str, int]:
 
 CONTROLLER_PORT = 9090
 """Pravega's default controller port, which the sandbox takes when it is free."""
+CONTROLLER_HTTP_PORT = 9091
+"""Pravega's default controller REST port: the sandbox's first controller
+serves its REST API, cluster page and ``/metrics`` there when it is free."""
 CONTROLLERS_HOST = "quire-controllers"
 """A name for all the sandbox's controllers (127.0.0.1 .. 127.0.0.9 in
 ``/etc/hosts``, which ``scripts/setup --system`` writes): the Pravega
@@ -441,7 +444,9 @@ class Sandbox:
             secure = security.controller_settings(i, count) if security else {}
             controller_process = ControllerProcess(
                 directory, self.metadata_uri, "controller" if i == 1 else f"controller-{i}",
-                host=f"127.0.0.{i}", port=port, metrics_port=0, **controller_autoscale,
+                host=f"127.0.0.{i}", port=port,
+                metrics_port=(ports.get("controller-http") or preferred_port(CONTROLLER_HTTP_PORT))
+                if i == 1 else 0, **controller_autoscale,
                 **retention, **secure)
             controller_process.ends_with_parent = True
             self.controllers.append(controller_process)
@@ -470,8 +475,10 @@ class Sandbox:
 
     def _save_state(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        state = {"metadata": self.metadata_uri,
-                 "ports": {p.name: p.settings["port"] for p in self.processes}}
+        ports = {p.name: p.settings["port"] for p in self.processes}
+        if self.controller is not None:
+            ports["controller-http"] = self.controller.settings["metrics_port"]
+        state = {"metadata": self.metadata_uri, "ports": ports}
         (self.directory / "sandbox.json").write_text(json.dumps(state, indent=2))
 
     def start(self, on_ready: Callable[[ServiceProcess], None] | None = None,
