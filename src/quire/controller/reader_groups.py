@@ -6,7 +6,7 @@ The client keeps a reader group's state in its own table segment,
 ``<scope>/<group>_kvtable/0.#epoch.0`` (its "table synchronizer"), which
 the controller never sees created.  Each table key is a CBOR text string
 ``NN<outer>[/<inner>]`` (``NN``: the outer key's length, two digits); each
-value is CBOR (:mod:`quire.controller.cbor`) ``{"type_id": str, "data":
+value is CBOR (:mod:`quire.pravega_wire.cbor`) ``{"type_id": str, "data":
 [bytes as an array of ints]}``, ``data`` itself CBOR of a value of type
 ``type_id``.  The outer keys:
 
@@ -36,10 +36,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quire.controller.cbor import decode
 from quire.controller.model import segment_name
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import SegmentNotFoundError
+from quire.pravega_wire.cbor import decode
 
 TABLE_SUFFIX = "_kvtable"
 TOMBSTONE = "tombstone"

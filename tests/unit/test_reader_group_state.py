@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from quire.controller.cbor import decode
 from quire.controller.reader_groups import group_of, parse_state, split_key, state_table
+from quire.errors import ProtocolError
+from quire.pravega_wire.cbor import decode
 
 
 def text(s: str) -> bytes:
@@ -27,7 +28,7 @@ def test_cbor_items() -> None:
     assert decode(bytes([0xFB]) + bytes.fromhex("3ff8000000000000")) == 1.5
     assert decode(bytes([0xA1, 0xA1]) + text("k") + bytes([0x01, 0x02])) == {(("k", 1),): 2}
     for bad in (b"", bytes([0x1C]), bytes([0x62, 0x61]), bytes([0x81])):
-        with pytest.raises(ValueError):
+        with pytest.raises(ProtocolError):
             decode(bad)
 
 
