@@ -353,7 +353,7 @@ class ControllerRest:
         scope, name = await self._group(request)
         try:
             state = await self.reader_groups.state(scope, name)
-        except (ProtocolError, ValueError) as e:
+        except ProtocolError as e:
             raise HttpRequestError(500, f"reader group {scope}/{name}: unreadable state: "
                                         f"{e}") from None
         if state is None:
