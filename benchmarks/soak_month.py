@@ -77,6 +77,12 @@ log (``entry_log_max_bytes``, 512 MiB by default) of entries already
 deleted; a small one shows the bound within minutes."""
 
 
+TIER1_ROLL_BYTES = 4 * MIB
+"""The containers' tier-1 ledger size: truncation deletes whole ledgers, so
+a bookie keeps up to one ledger per container beyond the backlog (256 MiB
+by default); a small one shows that bound within minutes too."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     series: str
@@ -143,7 +149,8 @@ def system(root: Path, plant_leak: bool) -> Iterator[System]:
                                   tier2_flush_threshold_bytes=256 << 10,
                                   tier2_flush_threshold_ms=2_000, tier2_flush_interval_ms=500,
                                   read_index_budget_bytes=16 * MIB,
-                                  tier1_ceiling_bytes=256 * MIB, **tier1_quorums(3))
+                                  tier1_ceiling_bytes=256 * MIB,
+                                  tier1_ledger_roll_bytes=TIER1_ROLL_BYTES, **tier1_quorums(3))
               for i in (1, 2)]
     controller = ControllerProcess(root, metadata_uri, metrics_port=0,
                                    retention_interval_ms=2_000)

@@ -79,6 +79,12 @@ class SegmentStoreHostConfig(ServerAddressConfig):
     tier1_write_quorum_size: int = 3
     tier1_ack_quorum_size: int = 2
     """The containers' tier-1 ledgers: E3 W3 A2 unless the cluster is smaller."""
+    tier1_ledger_roll_bytes: int = 256 << 20
+    tier1_ledger_roll_age_ms: int = 3_600_000
+    """A container's tier-1 log moves to a new ledger once its current one
+    holds this much or is this old.  Truncation behind tier-2 deletes whole
+    ledgers, so each bookie keeps up to one ledger of this size per
+    container beyond the tier-1 backlog (Pravega's ``bkLedgerMaxSize``)."""
     lease_ms: int = 0
     """The metadata session's lease: the embedded drivers' lease, or
     ZooKeeper's session timeout (0: the driver's default).  A host cut off
@@ -147,8 +153,10 @@ class SegmentStoreHostConfig(ServerAddressConfig):
         if self.read_index_budget_bytes < 0 or self.tier1_ceiling_bytes <= 0:
             raise ConfigError("read_index_budget_bytes must not be negative, "
                               "tier1_ceiling_bytes must be positive")
-        if self.rebalance_interval_ms <= 0:
-            raise ConfigError("rebalance_interval_ms must be positive")
+        if self.rebalance_interval_ms <= 0 or self.tier1_ledger_roll_bytes <= 0 \
+                or self.tier1_ledger_roll_age_ms < 0:
+            raise ConfigError("rebalance_interval_ms and tier1_ledger_roll_bytes must be "
+                              "positive, tier1_ledger_roll_age_ms not negative")
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
                 <= self.tier1_ensemble_size:
             raise ConfigError("need 1 <= tier1_ack_quorum_size <= tier1_write_quorum_size "
@@ -306,7 +314,9 @@ class SegmentStoreHost:
                         iteration_interval_ms=cfg.tier2_flush_interval_ms),
                     tier1=WriterOptions(ensemble_size=cfg.tier1_ensemble_size,
                                         write_quorum_size=cfg.tier1_write_quorum_size,
-                                        ack_quorum_size=cfg.tier1_ack_quorum_size),
+                                        ack_quorum_size=cfg.tier1_ack_quorum_size,
+                                        roll_bytes=cfg.tier1_ledger_roll_bytes,
+                                        roll_age_ms=cfg.tier1_ledger_roll_age_ms),
                     tier1_passwords=passwords))
             security = server_security(cfg.security, self.metadata)
             self.server = SegmentServer(self.segments, cfg.wire,

@@ -138,8 +138,11 @@ class StreamReader:
                     if all(p in self._done for p in predecessors):
                         self._start(successor.id, 0, follow)
         except Exception as e:  # handed to the consumer, which raises it
-            self.store.done_reading(name)
             await self._queue.put(e)
+        finally:
+            # the segment's read connection goes however the read ends,
+            # cancelled by close() included (it leaked one per closed reader)
+            self.store.done_reading(name)
         # not on cancellation: close() cancels, and nobody reads the queue then
         await self._queue.put(_END)
 
