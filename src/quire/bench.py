@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from quire.client import Client
 
 
+BENCH_LEDGER_PASSWORD = b"bench"
+"""The password of the throwaway ledgers :func:`bench_write` makes, and what
+:func:`bench_read` opens with by default: not a secret (anyone may read a
+benchmark's random payloads), so it may live here."""
+
+
 @dataclass(frozen=True)
 class WriteBenchParams:
     ensemble_size: int = 3
@@ -77,7 +83,8 @@ async def bench_write(client: Client, params: WriteBenchParams,
     handles = [await client.create_ledger(
         ensemble_size=params.ensemble_size, write_quorum_size=params.write_quorum_size,
         ack_quorum_size=params.ack_quorum_size, ledger_type=params.ledger_type,
-        digest_type=DigestType.CRC32C, password=b"bench") for _ in range(params.ledgers)]
+        digest_type=DigestType.CRC32C, password=BENCH_LEDGER_PASSWORD)
+        for _ in range(params.ledgers)]
     payload = os.urandom(params.entry_bytes)
     latencies: list[float] = []
     loop = asyncio.get_running_loop()
@@ -142,7 +149,7 @@ async def bench_write(client: Client, params: WriteBenchParams,
 @dataclass(frozen=True)
 class ReadBenchParams:
     ledger_id: int
-    password: bytes = b"bench"
+    password: bytes = BENCH_LEDGER_PASSWORD
     first_entry_id: int = 0
     last_entry_id: int = -1
     """-1: the ledger's LAC / last entry."""

@@ -99,11 +99,10 @@ async def test_an_e3_w3_a2_round_trip_over_tls_through_the_client_and_the_cli(
     assert [e.data for e in await reader.read(0, 19)] == [b"entry %d" % i for i in range(20)]
     tls = tls_cluster.client_settings
     env = {**os.environ, "QUIRE_TLS_CA": tls["tls_ca"], "QUIRE_TLS_CERT": tls["tls_cert"],
-           "QUIRE_TLS_KEY": tls["tls_key"]}
+           "QUIRE_TLS_KEY": tls["tls_key"], "QUIRE_LEDGER_PASSWORD": PW.decode()}
     done = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "quire.cli.main", "ledger", "read", str(written),
-                         "--first", "18", "--password", PW.decode(), "--metadata",
-                         tls_cluster.metadata_uri, "--json"],
+                         "--first", "18", "--metadata", tls_cluster.metadata_uri, "--json"],
         capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert [base64.b64decode(e["payload"]) for e in json.loads(done.stdout)] == [

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from quire.cli.main import cli
+from quire.security import write_secret
 from tests.support.cluster import Cluster
 
 
@@ -142,9 +143,10 @@ def metadata(cli_cluster: Cluster) -> str:
     return cli_cluster.metadata_uri
 
 
-def test_known_errors_on_a_real_cluster(metadata: str) -> None:
-    def run(*args: str) -> Result:
-        return invoke([*args, "--metadata", metadata, "--json"])
+def test_known_errors_on_a_real_cluster(metadata: str, tmp_path: Path) -> None:
+    def run(*args: str, password: str = "") -> Result:
+        return CliRunner().invoke(cli, [*args, "--metadata", metadata, "--json"],
+                                  env={"QUIRE_LEDGER_PASSWORD": password})
 
     striped = assert_error(run("ledger", "create", "-e", "3", "-w", "2", "-a", "2",
                                "--ledger-type", "VD_JOURNAL"), 1, True)
@@ -152,18 +154,36 @@ def test_known_errors_on_a_real_cluster(metadata: str) -> None:
     assert_error(run("ledger", "create", "-e", "2", "-w", "3"), 1, True)
     assert "4 writable bookies" in assert_error(run("ledger", "create", "-e", "4"), 1, True)
 
-    written = json.loads(run("ledger", "append", "x", "--password", "right").stdout)
-    wrong = run("ledger", "read", str(written["ledger_id"]), "--password", "wrong")
+    written = json.loads(run("ledger", "append", "x", password="right").stdout)
+    wrong_file = str(write_secret(tmp_path / "wrong", "wrong"))
+    wrong = run("ledger", "read", str(written["ledger_id"]), "--password-file", wrong_file)
     assert_error(wrong, 1, True)
+    assert_error(run("ledger", "read", str(written["ledger_id"]), password="wrong"), 1, True)
     assert "987654" in assert_error(run("ledger", "read", "987654"), 1, True)
     assert "987654" in assert_error(run("ledger", "info", "987654"), 1, True)
     assert_error(run("ledger", "recover", "987654"), 1, True)
 
-    assert json.loads(run("log", "append", "guarded", "x", "--password", "right").stdout)
-    assert_error(run("log", "cat", "guarded", "--password", "wrong"), 1, True)
+    assert json.loads(run("log", "append", "guarded", "x", password="right").stdout)
+    assert_error(run("log", "cat", "guarded", "--password-file", wrong_file), 1, True)
     assert "no-such-log" in assert_error(run("log", "info", "no-such-log"), 1, True)
     assert_error(run("log", "create", "bad/name"), 1, True)
     assert_error(run("cookie", "get", "no-such-bookie"), 1, True)
+
+
+def test_the_deprecated_password_argument_still_reads_with_a_warning(metadata: str) -> None:
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(cli, [*args, "--metadata", metadata, "--json"],
+                                  env={"QUIRE_LEDGER_PASSWORD": "right"})
+
+    written = json.loads(run("ledger", "append", "old", "script").stdout)
+    old = run("ledger", "read", str(written["ledger_id"]), "--password", "right")
+    assert old.exit_code == 0, old.output
+    assert [e["entry_id"] for e in json.loads(old.stdout)] == [0, 1]
+    warning, = old.stderr.splitlines()
+    assert warning.startswith("warning: --password is deprecated: ")
+    # the argument is what is used, not the environment
+    assert_error(run("ledger", "read", str(written["ledger_id"]), "--password", "wrong"), 1,
+                 True)
 
 
 def test_internal_errors_show_a_traceback_only_with_debug(

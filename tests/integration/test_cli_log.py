@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from quire.cli.main import cli
+from quire.security import write_secret
 from tests.support.cluster import Cluster
 
 
@@ -25,8 +27,10 @@ def metadata(cli_cluster: Cluster) -> str:
     return cli_cluster.metadata_uri
 
 
-def quire(metadata: str, *args: str, stdin: str | None = None) -> Any:
-    result = CliRunner().invoke(cli, [*args, "--metadata", metadata, "--json"], input=stdin)
+def quire(metadata: str, *args: str, stdin: str | None = None,
+          env: dict[str, str] | None = None) -> Any:
+    result = CliRunner().invoke(cli, [*args, "--metadata", metadata, "--json"], input=stdin,
+                                env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -35,27 +39,30 @@ def payloads(records: list[dict[str, str]]) -> list[bytes]:
     return [base64.b64decode(r["payload"]) for r in records]
 
 
-def test_create_append_cat_info_truncate_delete(metadata: str) -> None:
+def test_create_append_cat_info_truncate_delete(metadata: str, tmp_path: Path) -> None:
+    pw = ("--password-file", str(write_secret(tmp_path / "pw", "pw\n")))
+    env = {"QUIRE_LEDGER_PASSWORD": "pw"}
     assert quire(metadata, "log", "create", "events") == {"name": "events", "created": True}
     refused = CliRunner().invoke(cli, ["log", "create", "events", "--metadata", metadata])
     assert refused.exit_code == 1 and refused.stderr.startswith("error: ")
     assert quire(metadata, "log", "create", "events", "--exist-ok")["created"] is False
 
-    first = quire(metadata, "log", "append", "events", "a", "b", "--password", "pw")
+    first = quire(metadata, "log", "append", "events", "a", "b", *pw)
     assert first["positions"] == ["0:0", "0:1"]
-    second = quire(metadata, "log", "append", "events", "--password", "pw", stdin="c\nd\ne\n")
+    second = quire(metadata, "log", "append", "events", stdin="c\nd\ne\n", env=env)
     assert second["positions"] == ["1:0", "1:1", "1:2"]  # each append is a new writer: a ledger
 
-    records = quire(metadata, "log", "cat", "events", "--password", "pw")
+    records = quire(metadata, "log", "cat", "events", *pw)
     assert [r["position"] for r in records] == ["0:0", "0:1", "1:0", "1:1", "1:2"]
     assert payloads(records) == [b"a", b"b", b"c", b"d", b"e"]
     assert payloads(quire(metadata, "log", "cat", "events", "--from", "1:1",
-                          "--password", "pw")) == [b"d", b"e"]
-    text = CliRunner().invoke(cli, ["log", "cat", "events", "--password", "pw",
-                                    "--metadata", metadata])
+                          env=env)) == [b"d", b"e"]
+    wrong = CliRunner().invoke(cli, ["log", "cat", "events", "--metadata", metadata])
+    assert wrong.exit_code == 1 and wrong.stderr.startswith("error: ")  # the empty password
+    text = CliRunner().invoke(cli, ["log", "cat", "events", *pw, "--metadata", metadata])
     assert text.stdout.splitlines() == ["0:0\ta", "0:1\tb", "1:0\tc", "1:1\td", "1:2\te"]
     assert payloads(quire(metadata, "log", "tail", "events", "-n", "4",
-                          "--password", "pw")) == [b"b", b"c", b"d", b"e"]
+                          env=env)) == [b"b", b"c", b"d", b"e"]
 
     info = quire(metadata, "log", "info", "events")
     assert (info["entries"], info["writer"], info["next_seq"]) == (5, None, 2)
@@ -64,16 +71,15 @@ def test_create_append_cat_info_truncate_delete(metadata: str) -> None:
     listed = {r["name"]: r for r in quire(metadata, "log", "list")}  # other tests' logs too
     assert listed["events"]["entries"] == 5
 
-    cut = quire(metadata, "log", "truncate", "events", "--before", "1:0", "--password", "pw")
+    cut = quire(metadata, "log", "truncate", "events", "--before", "1:0", *pw)
     assert cut["removed_ledgers"] == [info["ledgers"][0]["ledger_id"]]
     assert cut["truncated_before"] == "0:2"  # the end of ledger 0: the same place as 1:0
-    assert payloads(quire(metadata, "log", "cat", "events", "--password", "pw")) == [
-        b"c", b"d", b"e"]
+    assert payloads(quire(metadata, "log", "cat", "events", env=env)) == [b"c", b"d", b"e"]
     bad = CliRunner().invoke(cli, ["log", "truncate", "events", "--before", "x",
                                    "--metadata", metadata, "--json"])
     assert bad.exit_code == 2 and "error" in json.loads(bad.stdout)
 
-    assert quire(metadata, "log", "delete", "events", "--password", "pw")["deleted"] is True
+    assert quire(metadata, "log", "delete", "events", *pw)["deleted"] is True
     assert "events" not in [r["name"] for r in quire(metadata, "log", "list")]
     gone = CliRunner().invoke(cli, ["log", "cat", "events", "--metadata", metadata, "--json"])
     assert gone.exit_code == 1 and "events" in json.loads(gone.stdout)["error"]

@@ -20,6 +20,7 @@ import pytest
 
 from quire.bookie.config import BookieConfig
 from quire.config import load_config
+from quire.security import write_secret
 from tests.support.pravega_reading import read_slices
 
 QUIRE = [sys.executable, "-m", "quire.cli.main"]
@@ -101,29 +102,32 @@ def sandbox(tmp_path: Path) -> Iterator[SandboxProcess]:
         subprocess.run(["kill", "-9", line], check=False)
 
 
-def quire(metadata: str, *args: str) -> Any:
+def quire(metadata: str, *args: str, env: dict[str, str] | None = None) -> Any:
     out = subprocess.run([*QUIRE, *args, "--metadata", metadata, "--json"],
-                         capture_output=True, timeout=120)
+                         capture_output=True, timeout=120, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr.decode()
     return json.loads(out.stdout)
 
 
-def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxProcess) -> None:
+def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxProcess,
+                                                              tmp_path: Path) -> None:
+    pw = ("--password-file", str(write_secret(tmp_path / "ledger-password", "pw\n")))
     info = sandbox.start()
     metadata = info["metadata"]
     assert [b["bookie_id"] for b in info["bookies"]] == ["bookie-1", "bookie-2", "bookie-3"]
     assert len(quire(metadata, "bookie", "list")) == 3
 
-    written = quire(metadata, "ledger", "append", "alpha", "beta", "gamma", "--password", "pw")
+    written = quire(metadata, "ledger", "append", "alpha", "beta", "gamma", *pw)
     ledger_id = written["ledger_id"]
     assert written["entry_ids"] == [0, 1, 2]
-    entries = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw")
+    entries = quire(metadata, "ledger", "read", str(ledger_id), *pw)
     assert [base64.b64decode(e["payload"]) for e in entries] == [b"alpha", b"beta", b"gamma"]
-    batched = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw",
-                    "--batch", "2")
+    batched = quire(metadata, "ledger", "read", str(ledger_id), "--batch", "2",
+                    env={"QUIRE_LEDGER_PASSWORD": "pw"})
     assert batched == entries
     for mode in (["--batch", "2"], ["--batch", "0", "--window", "2"]):
-        bench_read = quire(metadata, "bench", "read", str(ledger_id), "--password", "pw", *mode)
+        bench_read = quire(metadata, "bench", "read", str(ledger_id), *mode,
+                           env={"QUIRE_LEDGER_PASSWORD": "pw"})
         assert bench_read["result"]["entries"] == 3
     info_out = quire(metadata, "ledger", "info", str(ledger_id))
     assert (info_out["state"], info_out["last_entry_id"]) == ("CLOSED", 2)
@@ -165,7 +169,7 @@ def test_sandbox_serves_stops_and_restarts_from_its_directory(sandbox: SandboxPr
     # the stream came back with the segment store (its tier-1 replayed)
     assert sorted(read_stream(pravega_client.StreamManager(controller_uri), "sandbox",
                               "events", "second", 20)) == sorted(f"event-{n}" for n in range(20))
-    entries = quire(metadata, "ledger", "read", str(ledger_id), "--password", "pw")
+    entries = quire(metadata, "ledger", "read", str(ledger_id), *pw)
     assert [base64.b64decode(e["payload"]) for e in entries] == [b"alpha", b"beta", b"gamma"]
     recovered = quire(metadata, "ledger", "recover", str(vd["ledger_id"]))
     assert recovered["last_entry_id"] == 1

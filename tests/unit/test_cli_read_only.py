@@ -16,7 +16,7 @@ READERS = [
     ["bookie", "list"],
     ["ledger", "list"],
     ["ledger", "info", "1"],
-    ["ledger", "read", "1", "--password", "pw"],
+    ["ledger", "read", "1"],
     ["log", "list"],
     ["log", "info", "x"],
     ["log", "cat", "x"],

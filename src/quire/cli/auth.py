@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quire.cli.common import emit_json, json_option, metadata_option, with_store
+from quire.cli.common import (
+    COMMAND_LINE_SHOWS_SECRETS,
+    emit_json,
+    json_option,
+    metadata_option,
+    with_store,
+)
 
 if TYPE_CHECKING:
     from quire.auth import User
@@ -31,9 +37,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 PASSWORD_ARGUMENT_REFUSED = (
-    "a password is not taken on the command line (other users of this host see it in ps "
-    "and /proc, and it stays in shell histories): type it at the prompt, pipe it on stdin, "
-    "or use --password-file PATH")
+    f"a password is not taken on the command line ({COMMAND_LINE_SHOWS_SECRETS}): type it "
+    "at the prompt, pipe it on stdin, or use --password-file PATH")
 
 
 @click.group()

@@ -6,10 +6,18 @@ from typing import Any
 
 import click
 
-from quire.bench import ReadBenchParams, WriteBenchParams, bench_read, bench_write
+from quire.bench import (
+    BENCH_LEDGER_PASSWORD,
+    ReadBenchParams,
+    WriteBenchParams,
+    bench_read,
+    bench_write,
+)
 from quire.cli.common import (
     emit_json,
     json_option,
+    ledger_password,
+    ledger_password_options,
     metadata_option,
     progress_printer,
     tls_options,
@@ -55,7 +63,7 @@ def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: A
 
 @bench.command("read")
 @click.argument("ledger_id", type=int)
-@click.option("--password", default="bench", show_default=True)
+@ledger_password_options("the password of the ledgers 'quire bench write' makes")
 @click.option("--first", "first_entry_id", default=0, show_default=True)
 @click.option("--last", "last_entry_id", default=-1, help="Default: the LAC / last entry.")
 @click.option("--batch", default=100, show_default=True,
@@ -67,10 +75,10 @@ def write(metadata_uri: str | None, as_json: bool, ledger_type: str, **kwargs: A
 @tls_options
 @metadata_option
 @json_option
-def read(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool,
-         **kwargs: Any) -> None:
+def read(ledger_id: int, metadata_uri: str | None, as_json: bool, **kwargs: Any) -> None:
     """Read a ledger range: entries/s, MB/s and per-request latency."""
-    params = ReadBenchParams(ledger_id=ledger_id, password=password.encode(), **kwargs)
+    params = ReadBenchParams(ledger_id=ledger_id,
+                             password=ledger_password(BENCH_LEDGER_PASSWORD), **kwargs)
     show = progress_printer(as_json)
     result = with_client(metadata_uri, lambda client: bench_read(client, params, show))
     if as_json:

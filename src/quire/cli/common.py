@@ -10,7 +10,7 @@ import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import click
 from click.exceptions import NoArgsIsHelpError
@@ -115,6 +115,66 @@ def client_config() -> ClientConfig:
     ctx = click.get_current_context(silent=True)
     tls = ctx.meta.get(_TLS_META, {}) if ctx is not None else {}
     return ClientConfig(**tls)
+
+
+COMMAND_LINE_SHOWS_SECRETS = ("other users of this host see it in ps and /proc, and it stays "
+                              "in shell histories")
+"""Why no secret is a command-line argument (the words the CLI says it with)."""
+
+LEDGER_PASSWORD_ENV = "QUIRE_LEDGER_PASSWORD"
+_LEDGER_PASSWORD_META = "quire.ledger_password"
+
+
+def _remember_ledger_password(ctx: click.Context, param: click.Parameter,
+                              value: str | None) -> None:
+    if value is not None and param.name:
+        ctx.meta.setdefault(_LEDGER_PASSWORD_META, {})[param.name] = value
+
+
+def ledger_password_options(absent: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--password-file PATH`` (a secret file, mode 0600, see
+    :func:`quire.security.read_secret`) and the hidden, deprecated
+    ``--password``: the ledger password of a command that opens or creates
+    ledgers, read with :func:`ledger_password`.  ``absent`` says in the help
+    what the command does with neither them nor ``$QUIRE_LEDGER_PASSWORD``."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        func = click.option("--password", "password_argument", default=None, hidden=True,
+                            expose_value=False, callback=_remember_ledger_password,
+                            help="Deprecated: see --password-file.")(func)
+        return click.option(
+            "--password-file", "password_file", type=click.Path(dir_okay=False),
+            default=None, expose_value=False, callback=_remember_ledger_password,
+            help=f"File (mode 0600) holding the ledger password (default: "
+                 f"${LEDGER_PASSWORD_ENV}, else {absent}).")(func)
+
+    return decorate
+
+
+@overload
+def ledger_password(absent: bytes) -> bytes: ...
+@overload
+def ledger_password(absent: None) -> bytes | None: ...
+def ledger_password(absent: bytes | None) -> bytes | None:
+    """The running command's ledger password (:func:`ledger_password_options`):
+    the secret in ``--password-file``, else the deprecated ``--password``
+    (with one warning on stderr), else ``$QUIRE_LEDGER_PASSWORD`` when not
+    empty, else ``absent``."""
+    from quire.security import read_secret
+
+    ctx = click.get_current_context(silent=True)
+    given = ctx.meta.get(_LEDGER_PASSWORD_META, {}) if ctx is not None else {}
+    password_file, argument = given.get("password_file"), given.get("password_argument")
+    if password_file is not None and argument is not None:
+        raise click.UsageError("give --password-file or --password, not both")
+    if password_file is not None:
+        return read_secret(password_file)
+    if argument is not None:
+        click.echo(f"warning: --password is deprecated: {COMMAND_LINE_SHOWS_SECRETS}; use "
+                   f"--password-file PATH or ${LEDGER_PASSWORD_ENV}", err=True)
+        return str(argument).encode()
+    env = os.environ.get(LEDGER_PASSWORD_ENV)
+    return env.encode() if env else absent
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -12,6 +12,8 @@ import click
 from quire.cli.common import (
     emit_json,
     json_option,
+    ledger_password,
+    ledger_password_options,
     metadata_option,
     open_cli_store,
     run_async,
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-password_option = click.option("--password", default="", help="Ledger password.")
+password_option = ledger_password_options("the empty password")
 
 
 @click.group()
@@ -56,9 +58,10 @@ def _shape_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @metadata_option
 @json_option
 def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, ledger_type: str,
-           digest_type: str, password: str, custom: tuple[str, ...], metadata_uri: str | None,
+           digest_type: str, custom: tuple[str, ...], metadata_uri: str | None,
            as_json: bool) -> None:
     """Create an empty ledger and close the handle (it stays OPEN)."""
+    password = ledger_password(b"")
     custom_metadata = {}
     for item in custom:
         key, sep, value = item.partition("=")
@@ -70,7 +73,7 @@ def create(ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, led
         handle = await client.create_ledger(
             ensemble_size=ensemble_size, write_quorum_size=write_quorum_size,
             ack_quorum_size=ack_quorum_size, ledger_type=LedgerType(ledger_type),
-            digest_type=DigestType(digest_type), password=password.encode(),
+            digest_type=DigestType(digest_type), password=password,
             custom_metadata=custom_metadata)
         return int(handle.ledger_id)
 
@@ -151,13 +154,14 @@ def info(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
 @json_option
 def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensemble_size: int,
            write_quorum_size: int, ack_quorum_size: int, ledger_type: str, digest_type: str,
-           password: str, metadata_uri: str | None, as_json: bool) -> None:
+           metadata_uri: str | None, as_json: bool) -> None:
     """Write PAYLOADS as the entries of a new ledger, then close it.
 
     A ledger has one writer, the process that created it, so the CLI writes
     a new ledger each time (BookKeeper's shell does the same); use
     ``quire ledger read`` to read it back.
     """
+    password = ledger_password(b"")
     data = [p.encode() for p in payloads]
     if from_stdin:
         data.extend(line.rstrip(b"\n") for line in sys.stdin.buffer)
@@ -166,7 +170,7 @@ def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensembl
         handle = await client.create_ledger(
             ensemble_size=ensemble_size, write_quorum_size=write_quorum_size,
             ack_quorum_size=ack_quorum_size, ledger_type=LedgerType(ledger_type),
-            digest_type=DigestType(digest_type), password=password.encode())
+            digest_type=DigestType(digest_type), password=password)
         ids = [await f for f in [handle.append(d) for d in data]]
         if not keep_open:
             await handle.close()
@@ -190,12 +194,13 @@ def append(payloads: tuple[str, ...], from_stdin: bool, keep_open: bool, ensembl
 @tls_options
 @metadata_option
 @json_option
-def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int, password: str,
+def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int,
          metadata_uri: str | None, as_json: bool) -> None:
     """Print entries (text, or hex with --hex; base64 in --json)."""
+    password = ledger_password(b"")
 
     async def go(client: Client) -> list[tuple[int, bytes]]:
-        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        handle = await client.open_ledger(ledger_id, password=password, recovery=False)
         end = last
         if end is None:
             end = await handle.read_last_add_confirmed()
@@ -222,23 +227,21 @@ def read(ledger_id: int, first: int, last: int | None, as_hex: bool, batch: int,
 
 @ledger.command("recover")
 @click.argument("ledger_id", type=int)
-@click.option("--password", default=None,
-              help="Ledger password, checked (default: none; the ledger is recovered with "
-                   "the keys its metadata holds, as an operator who reads the metadata "
-                   "store may).")
+@ledger_password_options("none: the ledger is recovered with the keys its metadata holds, "
+                         "as an operator who reads the metadata store may; a password given "
+                         "is checked")
 @tls_options
 @metadata_option
 @json_option
-def recover(ledger_id: int, password: str | None, metadata_uri: str | None,
-            as_json: bool) -> None:
+def recover(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
     """Fence and close a ledger at its last recoverable entry."""
+    password = ledger_password(None)
 
     async def go(client: Client) -> int:
         if password is None:
             handle = await client.open_ledger_as_admin(ledger_id, recovery=True)
         else:
-            handle = await client.open_ledger(ledger_id, password=password.encode(),
-                                              recovery=True)
+            handle = await client.open_ledger(ledger_id, password=password, recovery=True)
         return int(handle.last_add_confirmed)
 
     last = with_client(metadata_uri, go)
@@ -254,16 +257,17 @@ def recover(ledger_id: int, password: str | None, metadata_uri: str | None,
 @tls_options
 @metadata_option
 @json_option
-def sync(ledger_id: int, password: str, metadata_uri: str | None, as_json: bool) -> None:
+def sync(ledger_id: int, metadata_uri: str | None, as_json: bool) -> None:
     """Ask the ledger's bookies to fsync it (BP-14 SYNC); show LastAddSynced.
 
     The persisted LAC is what BP-14's rule gives over the answers: sorted
     ascending, the largest of the first W - A + 1 (a bookie that did not
     answer counts as -1).
     """
+    password = ledger_password(b"")
 
     async def go(client: Client) -> tuple[dict[str, Any], int]:
-        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        handle = await client.open_ledger(ledger_id, password=password, recovery=False)
         answers = await handle.sync_replicas()
         md = handle.metadata
         values = sorted(v if isinstance(v, int) else -1 for v in answers.values())

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quire.cli.common import emit_json, json_option, metadata_option, tls_options, with_client
+from quire.cli.common import (
+    emit_json,
+    json_option,
+    ledger_password,
+    ledger_password_options,
+    metadata_option,
+    tls_options,
+    with_client,
+)
 from quire.types import LedgerType
 
 if TYPE_CHECKING:  # imported where used: `quire` and every bookie start import this module
@@ -24,8 +32,8 @@ if TYPE_CHECKING:  # imported where used: `quire` and every bookie start import 
 
 T = TypeVar("T")
 
-password_option = click.option("--password", default="",
-                               help="Password of the log's ledgers.")
+password_option = ledger_password_options("the empty password")
+"""The password of a log's ledgers (``--password-file``, ``$QUIRE_LEDGER_PASSWORD``)."""
 
 
 class PositionType(click.ParamType["Position"]):
@@ -45,13 +53,15 @@ class PositionType(click.ParamType["Position"]):
             self.fail(str(e), param, ctx)
 
 
-def with_logs(metadata_uri: str | None, password: str,
+def with_logs(metadata_uri: str | None, password: bytes,
               action: Callable[[LogStore], Awaitable[T]]) -> T:
-    """Run ``action(logs)`` on a :class:`LogStore` of a fresh client."""
+    """Run ``action(logs)`` on a :class:`LogStore` of a fresh client whose
+    ledgers have ``password`` (:func:`ledger_password` for a command with
+    :data:`password_option`)."""
     from quire.log import LogStore
 
     async def go(client: Client) -> T:
-        return await action(LogStore(client, password=password.encode()))
+        return await action(LogStore(client, password=password))
 
     return with_client(metadata_uri, go)
 
@@ -99,7 +109,7 @@ def list_logs(metadata_uri: str | None, as_json: bool) -> None:
     async def go(logs: LogStore) -> list[dict[str, Any]]:
         return [describe(await logs.info(name)) for name in await logs.list()]
 
-    rows = with_logs(metadata_uri, "", go)
+    rows = with_logs(metadata_uri, b"", go)
     if as_json:
         emit_json(rows)
         return
@@ -123,7 +133,7 @@ def info(name: str, metadata_uri: str | None, as_json: bool) -> None:
     async def go(logs: LogStore) -> dict[str, Any]:
         return describe(await logs.info(name))
 
-    row = with_logs(metadata_uri, "", go)
+    row = with_logs(metadata_uri, b"", go)
     if as_json:
         emit_json(row)
         return
@@ -147,7 +157,7 @@ def create(name: str, exist_ok: bool, metadata_uri: str | None, as_json: bool) -
     async def go(logs: LogStore) -> bool:
         return await logs.create(name, exist_ok=exist_ok)
 
-    created = with_logs(metadata_uri, "", go)
+    created = with_logs(metadata_uri, b"", go)
     if as_json:
         emit_json({"name": name, "created": created})
     else:
@@ -168,7 +178,7 @@ def create(name: str, exist_ok: bool, metadata_uri: str | None, as_json: bool) -
 @metadata_option
 @json_option
 def append(name: str, records: tuple[str, ...], ensemble_size: int, write_quorum_size: int,
-           ack_quorum_size: int, ledger_type: str, no_create: bool, password: str,
+           ack_quorum_size: int, ledger_type: str, no_create: bool,
            metadata_uri: str | None, as_json: bool) -> None:
     """Append RECORDS (or, with none given, one record per line of stdin).
 
@@ -190,7 +200,7 @@ def append(name: str, records: tuple[str, ...], ensemble_size: int, write_quorum
         finally:
             await writer.close()
 
-    positions = with_logs(metadata_uri, password, go)
+    positions = with_logs(metadata_uri, ledger_password(b""), go)
     if as_json:
         emit_json({"name": name, "positions": [str(p) for p in positions]})
     else:
@@ -207,7 +217,7 @@ def append(name: str, records: tuple[str, ...], ensemble_size: int, write_quorum
 @tls_options
 @metadata_option
 @json_option
-def cat(name: str, start: Position | None, as_hex: bool, password: str,
+def cat(name: str, start: Position | None, as_hex: bool,
         metadata_uri: str | None, as_json: bool) -> None:
     """Print every record from a position to the end (text, hex, or base64 in --json)."""
 
@@ -218,7 +228,7 @@ def cat(name: str, start: Position | None, as_hex: bool, password: str,
         finally:
             await reader.close()
 
-    got = with_logs(metadata_uri, password, go)
+    got = with_logs(metadata_uri, ledger_password(b""), go)
     if as_json:
         emit_json([record_json(r) for r in got])
         return
@@ -265,7 +275,7 @@ async def last_records(logs: LogStore, name: str, count: int) -> tuple[list[LogR
 @tls_options
 @metadata_option
 @json_option
-def tail(name: str, count: int, follow: bool, as_hex: bool, password: str,
+def tail(name: str, count: int, follow: bool, as_hex: bool,
          metadata_uri: str | None, as_json: bool) -> None:
     """Print the last records; with -f, follow the log (one JSON object a line
     with --json)."""
@@ -297,7 +307,7 @@ def tail(name: str, count: int, follow: bool, as_hex: bool, password: str,
             await reader.close()
 
     try:
-        with_logs(metadata_uri, password, go)
+        with_logs(metadata_uri, ledger_password(b""), go)
     except KeyboardInterrupt:
         return  # Ctrl-C is how tail -f ends
 
@@ -310,7 +320,7 @@ def tail(name: str, count: int, follow: bool, as_hex: bool, password: str,
 @tls_options
 @metadata_option
 @json_option
-def truncate(name: str, before: Position, password: str, metadata_uri: str | None,
+def truncate(name: str, before: Position, metadata_uri: str | None,
              as_json: bool) -> None:
     """Remove whole ledgers from the front of the log (a ledger that is
     partly below BEFORE stays)."""
@@ -319,7 +329,7 @@ def truncate(name: str, before: Position, password: str, metadata_uri: str | Non
         removed = await logs.truncate(name, before)
         return removed, (await logs.read_head(name)).value.truncated_before
 
-    removed, truncated_before = with_logs(metadata_uri, password, go)
+    removed, truncated_before = with_logs(metadata_uri, ledger_password(b""), go)
     if as_json:
         emit_json({"name": name, "removed_ledgers": removed,
                    "truncated_before": str(truncated_before)})
@@ -334,13 +344,13 @@ def truncate(name: str, before: Position, password: str, metadata_uri: str | Non
 @tls_options
 @metadata_option
 @json_option
-def delete(name: str, password: str, metadata_uri: str | None, as_json: bool) -> None:
+def delete(name: str, metadata_uri: str | None, as_json: bool) -> None:
     """Delete a log and its ledgers (refused while a writer holds it)."""
 
     async def go(logs: LogStore) -> None:
         await logs.delete(name)
 
-    with_logs(metadata_uri, password, go)
+    with_logs(metadata_uri, ledger_password(b""), go)
     if as_json:
         emit_json({"name": name, "deleted": True})
     else:
