@@ -204,8 +204,12 @@ async def recover(client: Client, tier2: str | Tier2Config | ChunkStorage, *,
     started = time.monotonic()
     config = config or SegmentStoreConfig()
     opened = isinstance(tier2, str | Tier2Config)
-    storage = await open_chunk_storage(Tier2Config(uri=tier2) if isinstance(tier2, str)
-                                       else tier2) if opened else tier2
+    storage: ChunkStorage
+    if isinstance(tier2, str | Tier2Config):
+        storage = await open_chunk_storage(Tier2Config(uri=tier2) if isinstance(tier2, str)
+                                           else tier2)
+    else:
+        storage = tier2
     try:
         metadata = client.metadata_store
         count = await _container_count(metadata, storage, container_count)
