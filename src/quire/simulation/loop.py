@@ -89,6 +89,10 @@ class SimLoop(asyncio.BaseEventLoop):
         self._clock_resolution = 0.0 if exact_timers else 1e-9
         self.network = network
         self._tasks_of: dict[tuple[str, int], weakref.WeakSet[asyncio.Task[Any]]] | None = None
+        self._life_of: dict[int, tuple[str, int]] = {}
+        """id of a task -> its node and life (by id: a task is asked about from
+        its finalizer, when no weak reference finds it any more; an id reused
+        by a later task is overwritten when that task is created)."""
 
     # --- processes ------------------------------------------------------------------
 
@@ -111,7 +115,15 @@ class SimLoop(asyncio.BaseEventLoop):
             if found is None:
                 found = tasks_of[key] = weakref.WeakSet()
             found.add(task)
+            self._life_of[id(task)] = key
         return task
+
+    def of_dead_life(self, task: object) -> bool:
+        """Whether ``task`` was created by a life that has ended since (what
+        it does, or fails to do, is no process's any more)."""
+        key = self._life_of.get(id(task)) if isinstance(task, asyncio.Task) else None
+        return key is not None and self.network is not None \
+            and key[1] != self.network.life_of(key[0])
 
     def kill(self, node: str, life: int) -> int:
         """Life ``life`` of ``node`` crashed: drop its timers (timeouts,

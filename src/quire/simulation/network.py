@@ -174,6 +174,11 @@ class SimTransport(asyncio.Transport):
             self.protocol.connection_lost(exc)
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class SimConnection:
     """A pair of ends between a client node and a listener."""
 
@@ -377,6 +382,7 @@ class SimNetwork:
             raise Unreachable(f"{src} cannot reach {dst}" + (f" ({what})" if what else ""))
         life = self._lives.get(dst, 0)
         task: asyncio.Task[T] = loop.create_task(serve(), context=self.context_of(dst))
+        task.add_done_callback(_retrieve)  # (the caller may have given up waiting)
         await asyncio.wait([task])
         await asyncio.sleep(self._exchange_delay_s(dst, src))
         if self._lives.get(dst, 0) != life or not self.reachable(src, dst) or task.cancelled():

@@ -165,9 +165,9 @@ class SimProcess:
 
     def crash(self) -> None:
         """``kill -9`` (module docstring)."""
+        self.wanted = False
         if not self.up and self._booting is None:
             return
-        self.wanted = False
         self._booting = None
         self._end_life()
         self.cluster.trace.event(f"{self.name} crashed")

@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from quire.errors import (
     BadOffsetError,
     ControllerPreconditionError,
     QuireError,
+    SegmentExistsError,
     SegmentNotFoundError,
     SegmentTruncatedError,
     StreamSealedError,
@@ -140,13 +141,25 @@ class StreamWorkload:
     # --- set-up (before any fault) ----------------------------------------------------
 
     async def setup(self) -> None:
+        """Create the streams, segment and tables (each step again until it
+        is done: a slow network may time the first calls out)."""
         c = self.clients[0]
-        await c.controller.create_scope(SCOPE)
-        await c.controller.create_stream(SCOPE, STREAM, 2)
-        await c.controller.create_stream(SCOPE, SEALED, 1)
-        await c.segments.create_segment(CONDITIONAL, SegmentType.STREAM)
-        for table in (TABLE, POSITIONS):
-            await c.segments.create_segment(table, SegmentType.TABLE)
+        steps: list[Callable[[], Awaitable[object]]] = [
+            lambda: c.controller.create_scope(SCOPE),
+            lambda: c.controller.create_stream(SCOPE, STREAM, 2),
+            lambda: c.controller.create_stream(SCOPE, SEALED, 1),
+            lambda: c.segments.create_segment(CONDITIONAL, SegmentType.STREAM),
+            lambda: c.segments.create_segment(TABLE, SegmentType.TABLE),
+            lambda: c.segments.create_segment(POSITIONS, SegmentType.TABLE)]
+        for step in steps:
+            while True:
+                try:
+                    await step()
+                    break
+                except SegmentExistsError:
+                    break  # (an earlier attempt made it)
+                except QuireError as e:
+                    self.trace.event(f"set-up step failed, again: {e!r}")
         self.trace.event("streams, segment and tables created")
 
     # --- the run --------------------------------------------------------------------
@@ -202,6 +215,8 @@ class StreamWorkload:
                     written.append((payload, writer.write_event(payload, key)))
                 if rng.random() < 0.1:  # the client dies: what is in flight is unknown
                     self.trace.event(f"{name} abandoned with {len(written)} events in flight")
+                    for _payload, future in written:
+                        future.add_done_callback(_retrieve)
                     _abandon(writer)
                     break
                 for payload, future in written:
@@ -441,6 +456,11 @@ class StreamWorkload:
         self.trace.event(f"operator truncates {STREAM} at {reader}'s {sorted(position.items())}")
         self.history.truncated.update(self.history.reads[reader][:below])
         await c.controller.truncate_stream(SCOPE, STREAM, position)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _abandon(writer: StreamWriter) -> None:
