@@ -389,6 +389,35 @@ async def test_truncate_stream_truncates_the_cut_and_deletes_what_is_before(
         pb.UpdateStreamStatus.SUCCESS  # the same cut again
 
 
+async def test_a_truncation_cut_short_leaves_a_head_whose_segments_exist(
+        cluster: Cluster) -> None:
+    """Regression (the stream simulation, seed 36): a truncation deleted
+    the segments before its cut, then wrote the new head; one cut short in
+    between left the head naming a deleted segment, and every reader from
+    the head failed with "no such segment".  The head moves first now, and
+    the next truncation deletes what the cut-short one did not."""
+    stub, segments = cluster.stub, cluster.segments
+    await make_stream(cluster, 1)
+    await segments.append(segment_name("sc", "st", 0), b"0123456789")
+    await stub.scale(pb.ScaleRequest(
+        streamInfo=info(), sealedSegments=[0],
+        newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.0, end=1.0)]))
+    a = segment_id(1, 1)
+    await segments.append(segment_name("sc", "st", a), b"abcdef")
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["delete"] = 1  # segment 0, wholly before the cut
+    assert await status_of(stub.truncateStream(pb.StreamCut(streamInfo=info(),
+                                                            cut={a: 2}))) == \
+        grpc.StatusCode.UNAVAILABLE
+    head = await stub.getSegments(pb.GetSegmentsRequest(streamInfo=info(), timestamp=0))
+    assert {s.segmentId.segmentId: s.offset for s in head.segments} == {a: 2}
+    assert (await segments.get_info(segment_name("sc", "st", a))).start_offset == 2
+    assert (await stub.truncateStream(pb.StreamCut(streamInfo=info(), cut={a: 3}))).status \
+        == pb.UpdateStreamStatus.SUCCESS
+    with pytest.raises(SegmentNotFoundError):  # dropped by the next truncation
+        await segments.get_info(segment_name("sc", "st", 0))
+
+
 # --- errors -------------------------------------------------------------------------
 
 

@@ -230,8 +230,9 @@ class ControllerCore(ScalingOps, TxnOps, RetentionOps):
         async def truncate() -> None:
             await self.settle(scope, stream)
             record, version = await self._stream(scope, stream)
-            await self.truncate_at(scope, stream, record, cut)
+            before = await self.truncate_at(scope, stream, record, cut)
             await self.state.put_stream(scope, stream, record, version)
+            await self.drop_segments(scope, stream, before)
 
         async with self._stream_lock(scope, stream):
             await self.retrying(truncate)

@@ -26,7 +26,6 @@ In order (:func:`finish`):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -58,20 +57,37 @@ SETTLE_S = 60.0
 """Virtual seconds the cluster has to settle once the faults stopped."""
 
 
+class Eventually:
+    """Tries something until it gives a result; :attr:`last` says why it
+    did not, if it never did."""
+
+    def __init__(self) -> None:
+        self.last = "it never answered"
+
+    async def __call__(self, what: Callable[[], Awaitable[T | None]],
+                       deadline_s: float = SETTLE_S, every_s: float = 0.5) -> T | None:
+        """``what()``'s first result that is not None, tried every ``every_s``
+        until ``deadline_s`` (errors count as not yet); None if it never came."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while True:
+            try:
+                found = await asyncio.wait_for(what(), max(0.1, deadline - loop.time()))
+            except (QuireError, TimeoutError) as e:
+                self.last = repr(e)
+            else:
+                if found is not None:
+                    return found
+                self.last = "not yet"
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(every_s)
+
+
 async def eventually(what: Callable[[], Awaitable[T | None]], deadline_s: float = SETTLE_S,
                      every_s: float = 0.5) -> T | None:
-    """``what()``'s first result that is not None, tried every ``every_s``
-    until ``deadline_s`` (errors count as not yet); None if it never came."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
-    while True:
-        with contextlib.suppress(QuireError, TimeoutError):
-            found = await asyncio.wait_for(what(), max(0.1, deadline - loop.time()))
-            if found is not None:
-                return found
-        if loop.time() >= deadline:
-            return None
-        await asyncio.sleep(every_s)
+    """:class:`Eventually`, when why it failed does not matter."""
+    return await Eventually()(what, deadline_s, every_s)
 
 
 async def open_client(cluster: Cluster) -> Client:

@@ -47,7 +47,7 @@ BOOKIES = 4
 STORES = 3
 CONTROLLERS = 2
 CLIENTS = 3
-FAULT_S = 20.0
+FAULT_S = 15.0
 """Virtual seconds of workload under faults."""
 CONTROLLER_CONFIG = ControllerConfig(txn_sweep_interval_ms=1000, retention_interval_ms=60_000,
                                      stale_workflow_ms=10_000, completed_txn_retention_ms=600_000)
@@ -99,9 +99,10 @@ async def _simulate(cluster: Cluster, faults: StreamFaults, result: RunResult) -
 
     async def finish() -> None:
         await final.liveness(cluster, stores, checker, history)
-        found = await final.eventually(lambda: final.final_reads(checker))
+        reads = final.Eventually()
+        found = await reads(lambda: final.final_reads(checker))
         if found is None:
-            history.liveness.append("the final reads did not complete")
+            history.liveness.append(f"the final reads did not complete: {reads.last}")
             return
         history.final, history.final_conditional, history.final_table = found
         await final.check_tier2(cluster, history, "at the end")

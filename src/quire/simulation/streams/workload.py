@@ -165,12 +165,11 @@ class StreamWorkload:
     # --- the run --------------------------------------------------------------------
 
     async def run(self, duration_s: float) -> None:
-        tasks = []
-        for c in self.clients:
-            for job in (self._writer, self._transactions, self._conditional, self._tables,
-                        self._reader, self._lengths):
-                tasks.append(self.spawn(c, job(c)))
-        tasks.append(self.spawn(self.clients[0], self._operator(self.clients[0])))
+        jobs = {self._writer: (0, 1, 2), self._transactions: (1, 2), self._conditional: (0, 1),
+                self._tables: (0, 2), self._reader: (1, 2), self._lengths: (0,),
+                self._operator: (0,)}
+        tasks = [self.spawn(self.clients[i], job(self.clients[i]))
+                 for job, which in jobs.items() for i in which if i < len(self.clients)]
         await asyncio.sleep(duration_s)
         self.running = False
         await asyncio.gather(*tasks)
@@ -241,7 +240,7 @@ class StreamWorkload:
     async def _transactions(self, c: StreamClient) -> None:
         rng = self.rng
         while self.running:
-            await self._pause(0.3, 2.5)
+            await self._pause(0.5, 3.0)
             if not self.running:
                 return
             self._txns += 1
@@ -295,7 +294,7 @@ class StreamWorkload:
         number = 0
         length: int | None = None
         while self.running:
-            await self._pause(0.1, 1.0)
+            await self._pause(0.2, 1.2)
             if length is None:
                 try:
                     length = (await asyncio.wait_for(c.segments.get_info(CONDITIONAL),
@@ -323,7 +322,7 @@ class StreamWorkload:
         rng, history = self.rng, self.history
         number = 0
         while self.running:
-            await self._pause(0.1, 1.0)
+            await self._pause(0.2, 1.2)
             key = rng.choice(TABLE_KEYS)
             try:
                 found = (await asyncio.wait_for(c.segments.table_get(TABLE, [key]),
@@ -348,7 +347,7 @@ class StreamWorkload:
         cuts = self.reader_cuts.setdefault(name, [])
         behind = False
         while self.running:
-            await self._pause(0.3, 1.5)
+            await self._pause(0.5, 2.0)
             try:
                 await asyncio.wait_for(self._read_round(c, name, cuts, behind), OP_TIMEOUT_S)
                 behind = False
@@ -387,7 +386,7 @@ class StreamWorkload:
     async def _lengths(self, c: StreamClient) -> None:
         longest: dict[str, int] = {}
         while self.running:
-            await self._pause(0.2, 1.0)
+            await self._pause(0.3, 1.5)
             try:
                 current = await asyncio.wait_for(c.controller.current_segments(SCOPE, STREAM),
                                                  OP_TIMEOUT_S)
@@ -414,7 +413,7 @@ class StreamWorkload:
                 return
             try:
                 if SEALED not in self.history.sealed_streams and \
-                        asyncio.get_running_loop().time() - started > sealed_at * 20:
+                        asyncio.get_running_loop().time() - started > sealed_at * 12:
                     self.history.sealed_streams.add(SEALED)
                     self.trace.event(f"operator seals {SCOPE}/{SEALED}")
                     await asyncio.wait_for(c.controller.seal_stream(SCOPE, SEALED), OP_TIMEOUT_S)
