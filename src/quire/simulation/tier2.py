@@ -16,8 +16,10 @@ contract of :class:`~quire.tier2.ChunkStorage` holds exactly:
   :class:`~quire.errors.Tier2Error` with its outcome unknown: the chunk
   may or may not exist (a write torn by a crash is never visible: a torn
   write is one that did not happen);
-* while the service is *unavailable* every call fails (Tier2Error);
-  a *slow* service takes up to ``slow_ms`` longer per call;
+* every call takes the service ``latency_ms`` (an object store's, a few
+  to tens of milliseconds) besides the network's delays; while the service
+  is *unavailable* every call fails (Tier2Error); a *slow* service takes up
+  to ``slow_ms`` longer per call;
 * a delete is not durable on return: for ``delete_durable_s`` it can come
   back when the service loses power (:meth:`SimTier2.power_loss`: calls in
   flight are lost, the deleted chunks of that window return as orphans).
@@ -80,12 +82,14 @@ class SimTier2:
     """The tier-2 service (module docstring)."""
 
     def __init__(self, network: SimNetwork, rng: random.Random, trace: Trace, *,
-                 max_chunk_bytes: int, delete_durable_s: float = 2.0) -> None:
+                 max_chunk_bytes: int, delete_durable_s: float = 2.0,
+                 latency_ms: tuple[float, float] = (2.0, 20.0)) -> None:
         self._network = network
         self._rng = rng
         self._trace = trace
         self.max_chunk_bytes = max_chunk_bytes
         self.delete_durable_s = delete_durable_s
+        self.latency_ms = latency_ms
         self.chunks: dict[str, bytes] = {}
         """What the service holds durably: what every reader sees."""
         self._deleted: dict[str, tuple[float, bytes]] = {}
@@ -104,8 +108,9 @@ class SimTier2:
 
         async def serve() -> T:
             faults = self.faults
-            if faults.slow_ms:
-                await asyncio.sleep(rng.uniform(0.0, faults.slow_ms) / 1000)
+            await asyncio.sleep((rng.uniform(*self.latency_ms)
+                                 + (rng.uniform(0.0, faults.slow_ms) if faults.slow_ms else 0.0))
+                                / 1000)
             if self.faults.unavailable:
                 raise Tier2Error(f"tier-2 unavailable ({what})")
             result = do()

@@ -113,12 +113,21 @@ class StreamNemesis:
                    "tier2-outages": self._tier2_outage, "tier2-power": self._tier2_power,
                    "resets": self._reset, "clock-jumps": self._clock_jump}
         weighted = [(weight, actions[name]) for name, weight in self.faults.weights]
+        self._tasks.append(self._loop.create_task(self._watch_tier2()))
         while self.running and weighted:
             await asyncio.sleep(self.rng.uniform(0.2, 1.2))
             if not self.running:
                 break
             (act,) = self.rng.choices([a for _w, a in weighted], weights=[w for w, _a in weighted])
             await act()
+
+    async def _watch_tier2(self) -> None:
+        """``quire tier2 check`` at instants the seed picks, besides the crash
+        points (PDP-40: tier-2 is consistent whenever it is read)."""
+        while self.running:
+            await asyncio.sleep(self.rng.uniform(0.3, 1.5))
+            await check_tier2(self.cluster, self.history,
+                              f"at {self._loop.time():.3f} s")
 
     def _later(self, seconds: float, then: object) -> None:
         async def wait() -> None:
