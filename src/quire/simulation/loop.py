@@ -88,7 +88,12 @@ class SimLoop(asyncio.BaseEventLoop):
         first version's 1 ns resolution, which its stored seeds replay with."""
         self._clock_resolution = 0.0 if exact_timers else 1e-9
         self.network = network
-        self._tasks_of: dict[tuple[str, int], weakref.WeakSet[asyncio.Task[Any]]] | None = None
+        self._tasks_of: dict[tuple[str, int],
+                             weakref.WeakValueDictionary[int, asyncio.Task[Any]]] | None = None
+        """(node, life) -> its tasks by creation number (in creation order: a
+        set's order would follow the tasks' addresses, which differ from run
+        to run)."""
+        self._created = 0
         self._life_of: dict[int, tuple[str, int]] = {}
         """id of a task -> its node and life (by id: a task is asked about from
         its finalizer, when no weak reference finds it any more; an id reused
@@ -113,8 +118,9 @@ class SimLoop(asyncio.BaseEventLoop):
                 return task
             found = tasks_of.get(key)
             if found is None:
-                found = tasks_of[key] = weakref.WeakSet()
-            found.add(task)
+                found = tasks_of[key] = weakref.WeakValueDictionary()
+            self._created += 1
+            found[self._created] = task
             self._life_of[id(task)] = key
         return task
 
@@ -139,7 +145,7 @@ class SimLoop(asyncio.BaseEventLoop):
                 handle.cancel()
         tasks = self._tasks_of.pop((node, life), None) if self._tasks_of is not None else None
         cancelled = 0
-        for task in list(tasks or ()):
+        for task in list(tasks.values()) if tasks is not None else []:
             if not task.done():
                 task.cancel()
                 cancelled += 1
