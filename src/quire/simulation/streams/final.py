@@ -149,8 +149,12 @@ async def _flushed(cluster: Cluster, stores: list[SimSegmentStore],
     segment store restarts; ``/health`` reports it) gets its store
     restarted, as an operator following ``/health`` would, at most twice."""
     restarts: dict[str, int] = {}
+    caught_up: dict[object, int] = {}
+    """Writer -> its iteration count when it was first seen with nothing
+    left to flush: once two more have ended, what it flushed is recorded too."""
 
     async def done() -> bool | None:
+        finished = True
         for s in stores:
             segments = s.store
             if segments is None:
@@ -164,8 +168,13 @@ async def _flushed(cluster: Cluster, stores: list[SimSegmentStore],
                     await s.start()
                     return None
                 if writer.failure is not None or writer.backlog_bytes() > 0:
+                    caught_up.pop(writer, None)
                     return None
-        return True if hosted(stores) == set(range(cluster.settings.containers)) else None
+                since = caught_up.setdefault(writer, writer.iterations)
+                finished = finished and writer.iterations >= since + 2
+        if not finished or hosted(stores) != set(range(cluster.settings.containers)):
+            return None
+        return True
     if await eventually(done) is None:
         for s in stores:
             if s.store is None:
@@ -271,9 +280,12 @@ async def disaster_recovery(cluster: Cluster, stores: list[SimSegmentStore],
         return
     streams, content, table = found
     for stream, events in sorted(expected[0].items()):
-        if sorted(streams.get(stream, [])) != sorted(events):  # (segments interleave anyhow)
-            history.recovery.append(f"{stream} came back with {len(streams.get(stream, []))} "
-                                    f"events, not the {len(events)} it had")
+        got = streams.get(stream, [])
+        if sorted(got) != sorted(events):  # (segments interleave anyhow)
+            missing = sorted(set(events) - set(got))[:3]
+            extra = sorted(set(got) - set(events))[:3]
+            history.recovery.append(f"{stream} came back with {len(got)} events, not the "
+                                    f"{len(events)} it had (missing {missing}, new {extra})")
     if content != expected[1]:
         history.recovery.append(f"{CONDITIONAL} came back with {len(content)} bytes, not "
                                 f"{len(expected[1])}")
