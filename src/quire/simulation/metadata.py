@@ -76,13 +76,25 @@ class SimMetadataStore(MemoryStore):
         return result
 
 
+def _at_once(coro: Coroutine[Any, Any, R]) -> R:
+    """The result of a coroutine that never suspends (the in-memory store's
+    transactions), run here and now."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: R = done.value
+        return result
+    coro.close()
+    raise RuntimeError("an in-memory metadata transaction suspended")
+
+
 class NodeMetadataStore(MemoryStore):
     """One node's session with the shared store (module docstring).
     ``timeout_ms``: how long a transaction that cannot reach the store takes
     to fail."""
 
     def __init__(self, network: SimNetwork, instance: _Instance, clock: Clock, *,
-                 lease_ms: int, poll_interval_ms: int = 200, timeout_ms: int = 500) -> None:
+                 lease_ms: int, poll_interval_ms: int = 250, timeout_ms: int = 500) -> None:
         super().__init__("memory://sim", "", instance, lease_ms=lease_ms,
                          poll_interval_ms=poll_interval_ms, clock=clock)
         self._network = network
@@ -90,7 +102,7 @@ class NodeMetadataStore(MemoryStore):
 
     async def _exchange(self, serve: Callable[[], Coroutine[Any, Any, R]]) -> R:
         try:
-            return await self._network.exchange(METADATA, serve, "metadata")
+            return await self._network.call(METADATA, lambda: _at_once(serve()), "metadata")
         except Unreachable as e:
             await asyncio.sleep(self._timeout_s)  # a client library's timeout
             raise MetadataError(f"metadata store unreachable: {e}") from None

@@ -392,6 +392,29 @@ class SimNetwork:
                              + (f" ({what})" if what else ""))
         return task.result()
 
+    async def call(self, dst: str, serve: Callable[[], T], what: str = "") -> T:
+        """:meth:`exchange` for a service that answers at once (``serve`` is
+        a plain function: a metadata transaction): the same delays and
+        faults, without a task on the far side."""
+        src = current_node.get()
+        await asyncio.sleep(self._exchange_delay_s(src, dst))
+        if not self.reachable(src, dst) or not self.alive():
+            raise Unreachable(f"{src} cannot reach {dst}" + (f" ({what})" if what else ""))
+        life = self._lives.get(dst, 0)
+        try:
+            result = serve()
+        except Exception as e:
+            error: Exception | None = e
+        else:
+            error = None
+        await asyncio.sleep(self._exchange_delay_s(dst, src))
+        if self._lives.get(dst, 0) != life or not self.reachable(src, dst):
+            raise AnswerLost(f"the answer of {dst} to {src} was lost"
+                             + (f" ({what})" if what else ""))
+        if error is not None:
+            raise error
+        return result
+
     def _exchange_delay_s(self, src: str, dst: str) -> float:
         wait = max(0.0, self._resumes_at(src, dst) - self._loop().time())
         return wait + self._delay_s()

@@ -42,7 +42,7 @@ from typing import TypeVar
 from quire.errors import ChunkExistsError, ChunkNotFoundError, ChunkRangeError, Tier2Error
 from quire.simulation.network import AnswerLost, SimNetwork, Unreachable, current_node
 from quire.simulation.trace import Trace
-from quire.tier2 import ChunkInfo, MemoryChunkStorage
+from quire.tier2 import ChunkInfo
 from quire.tier2.chunk_storage import (
     ChunkData,
     check_chunk_name,
@@ -170,12 +170,53 @@ class SimTier2:
         self._trace.event(f"tier-2 lost power: {len(back)} deleted chunks came back")
         return back
 
-    async def snapshot(self) -> MemoryChunkStorage:
+    async def snapshot(self) -> Snapshot:
         """Tier-2 as a reader sees it now, in a storage of its own."""
-        copy = MemoryChunkStorage("memory://snapshot", "", self.max_chunk_bytes)
-        for name, content in sorted(self.chunks.items()):
-            await copy.write_chunk(name, content)  # (never suspends)
-        return copy
+        return Snapshot(dict(self.chunks))
+
+
+class Snapshot:
+    """Chunks as they were at one instant: the reading half of a
+    :class:`~quire.tier2.ChunkStorage` (what ``quire tier2 check`` and
+    recovery's readers use), answering at once."""
+
+    uri = "sim://tier2-snapshot"
+
+    def __init__(self, chunks: dict[str, bytes]) -> None:
+        self._chunks = chunks
+
+    def _get(self, name: str) -> bytes:
+        try:
+            return self._chunks[name]
+        except KeyError:
+            raise ChunkNotFoundError(f"snapshot: no chunk {name}") from None
+
+    async def write_chunk(self, name: str, data: ChunkData) -> None:
+        raise Tier2Error("a snapshot is read-only")
+
+    async def read(self, name: str, offset: int, length: int) -> bytes:
+        check_read_arguments(offset, length)
+        content = self._get(name)
+        if offset > len(content):
+            raise ChunkRangeError(f"snapshot: read of chunk {name} at {offset}, past its end "
+                                  f"({len(content)})", offset, len(content))
+        return content[offset:offset + length]
+
+    async def length(self, name: str) -> int:
+        return len(self._get(name))
+
+    async def exists(self, name: str) -> bool:
+        return name in self._chunks
+
+    async def delete(self, name: str) -> None:
+        raise Tier2Error("a snapshot is read-only")
+
+    async def list_chunks(self, prefix: str = "") -> list[ChunkInfo]:
+        return [ChunkInfo(name, len(content)) for name, content in sorted(self._chunks.items())
+                if name.startswith(prefix)]
+
+    async def close(self) -> None:
+        """Nothing to release."""
 
 
 class SimChunkStorage:

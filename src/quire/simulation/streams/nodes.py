@@ -56,7 +56,7 @@ STORE_PORT = 12345
 TIER1_PASSWORD = b"sim-tier1"
 TIER1_CLIENT = ClientConfig(add_entry_timeout_ms=4000, read_timeout_ms=3000,
                             speculative_read_timeout_ms=500, explicit_lac_interval_ms=0,
-                            connect_timeout_ms=2000)
+                            connect_timeout_ms=2000, timeout_check_interval_ms=250)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class StreamSettings:
     containers: int = 4
     lease_ms: int = 3000
     """Each process's metadata session."""
-    rebalance_interval_ms: int = 500
+    rebalance_interval_ms: int = 1000
     roll_bytes: int = 16 << 10
     """Tier-1 ledgers roll this often (rolls are part of the path)."""
     max_chunk_bytes: int = 4 << 10

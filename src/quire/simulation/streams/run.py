@@ -47,7 +47,7 @@ BOOKIES = 4
 STORES = 3
 CONTROLLERS = 2
 CLIENTS = 3
-FAULT_S = 15.0
+FAULT_S = 12.0
 """Virtual seconds of workload under faults."""
 CONTROLLER_CONFIG = ControllerConfig(txn_sweep_interval_ms=1000, retention_interval_ms=60_000,
                                      stale_workflow_ms=10_000, completed_txn_retention_ms=600_000)
@@ -91,10 +91,12 @@ async def _simulate(cluster: Cluster, faults: StreamFaults, result: RunResult) -
     nemesis = StreamNemesis(cluster, faults, stores, list(controllers.values()), bookies,
                             [c.name for c in workload.clients], history)
     nemesis_task = asyncio.get_running_loop().create_task(nemesis.run())
-    await workload.run(FAULT_S)
-    await nemesis.quiesce()
-    await nemesis_task
-    trace.event("faults over")
+    async def faults_over() -> None:
+        await nemesis.quiesce()
+        await nemesis_task
+        trace.event("faults over")
+    await workload.run(FAULT_S, faults_over)
+    trace.event("clients done")
     checker = workload.clients[0]
 
     async def finish() -> None:

@@ -164,7 +164,9 @@ class StreamWorkload:
 
     # --- the run --------------------------------------------------------------------
 
-    async def run(self, duration_s: float) -> None:
+    async def run(self, duration_s: float, then: Callable[[], Awaitable[None]]) -> None:
+        """The clients' jobs for ``duration_s``; ``then()`` once they are told
+        to stop (the faults end), before waiting for what they still do."""
         jobs = {self._writer: (0, 1, 2), self._transactions: (1, 2), self._conditional: (0, 1),
                 self._tables: (0, 2), self._reader: (1, 2), self._lengths: (0,),
                 self._operator: (0,)}
@@ -172,6 +174,7 @@ class StreamWorkload:
                  for job, which in jobs.items() for i in which if i < len(self.clients)]
         await asyncio.sleep(duration_s)
         self.running = False
+        await then()
         await asyncio.gather(*tasks)
 
     async def _pause(self, low: float = 0.05, high: float = 0.8) -> None:
@@ -413,7 +416,7 @@ class StreamWorkload:
                 return
             try:
                 if SEALED not in self.history.sealed_streams and \
-                        asyncio.get_running_loop().time() - started > sealed_at * 12:
+                        asyncio.get_running_loop().time() - started > sealed_at * 10:
                     self.history.sealed_streams.add(SEALED)
                     self.trace.event(f"operator seals {SCOPE}/{SEALED}")
                     await asyncio.wait_for(c.controller.seal_stream(SCOPE, SEALED), OP_TIMEOUT_S)
