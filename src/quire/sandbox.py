@@ -24,10 +24,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quire.bookie.storage.files import lock_holder
 from quire.errors import QuireError
+
+if TYPE_CHECKING:
+    from quire.sandbox_security import SandboxSecurity
 
 _PR_SET_PDEATHSIG = 1
 
@@ -265,8 +268,8 @@ class ControllerProcess(ServiceProcess):
 
     @property
     def uri(self) -> str:
-        """``tcp://host:port``, what a Pravega client is given."""
-        return f"tcp://{self.address}"
+        """``tcp://host:port`` (``tls://`` under TLS), what a Pravega client is given."""
+        return str(self.ready_event.get("uri") or f"tcp://{self.address}")
 
 
 _LOWEST_PORT = 10_000
@@ -388,14 +391,21 @@ class Sandbox:
     controller on 9090 when that is free) are chosen on first start and
     kept in ``directory/sandbox.json``, so a restart serves the same
     ledgers and segments at the same addresses.
+
+    With ``security`` (:mod:`quire.sandbox_security`) every process gets
+    its TLS and auth settings from it.
     """
 
     def __init__(self, directory: Path, bookies: int = 3, metadata_uri: str | None = None,
                  segment_stores: int = 1, controller: bool = True, controllers: int = 1,
                  autoscale_interval_s: int = 0, retention_interval_s: int = 0,
+                 security: SandboxSecurity | None = None,
                  **bookie_settings: Any) -> None:
         self.directory = directory
         self.count = bookies
+        self.security = security
+        if security is not None:
+            bookie_settings = {**bookie_settings, **security.bookie_settings()}
         self.bookie_settings = bookie_settings
         state = self._load_state()
         self.metadata_uri = (metadata_uri or state.get("metadata")
@@ -416,7 +426,9 @@ class Sandbox:
             store = SegmentStoreProcess(directory, self.metadata_uri, name,
                                         port=ports.get(name) or free_port(), metrics_port=0,
                                         tier2_uri=(directory / "tier2").resolve().as_uri(),
-                                        **tier1_quorums(bookies), **store_autoscale)
+                                        **tier1_quorums(bookies), **store_autoscale,
+                                        **(security.segment_store_settings() if security
+                                           else {}))
             store.ends_with_parent = True
             self.segment_stores.append(store)
         # controllers on 127.0.0.1 .. 127.0.0.N, one port (see CONTROLLERS_HOST)
@@ -424,20 +436,25 @@ class Sandbox:
         port = ports.get("controller") or preferred_port(CONTROLLER_PORT)
         retention = {"retention_interval_ms": retention_interval_s * 1000} \
             if retention_interval_s > 0 else {}
-        for i in range(1, (controllers if controller else 0) + 1):
+        count = controllers if controller else 0
+        for i in range(1, count + 1):
+            secure = security.controller_settings(i, count) if security else {}
             controller_process = ControllerProcess(
                 directory, self.metadata_uri, "controller" if i == 1 else f"controller-{i}",
                 host=f"127.0.0.{i}", port=port, metrics_port=0, **controller_autoscale,
-                **retention)
+                **retention, **secure)
             controller_process.ends_with_parent = True
             self.controllers.append(controller_process)
         self.controller = self.controllers[0] if self.controllers else None
 
     @property
     def controller_uri(self) -> str:
-        """Every controller, for Quire's clients: ``tcp://a:p,b:p,...``."""
-        return "tcp://" + ",".join(c.address or f"{c.settings['host']}:{c.settings['port']}"
-                                   for c in self.controllers)
+        """Every controller, for Quire's clients: ``tcp://a:p,b:p,...``
+        (``tls://`` under TLS)."""
+        scheme = "tls" if self.security is not None else "tcp"
+        return f"{scheme}://" + ",".join(
+            c.uri.partition("://")[2] if c.address else f"{c.settings['host']}:{c.settings['port']}"
+            for c in self.controllers)
 
     @property
     def processes(self) -> list[ServiceProcess]:
@@ -510,7 +527,10 @@ class Sandbox:
                     "page": self.controller.ready_event.get("page"),
                     "pid": pid(self.controller)},
                 "controllers": [{"address": c.address, "metrics": c.metrics_address,
-                                 "pid": pid(c)} for c in self.controllers]}
+                                 "pid": pid(c)} for c in self.controllers],
+                "security": None if self.security is None else {
+                    "tls_ca": str(self.security.ca_file.resolve()),
+                    "credentials": str(self.security.credentials_file.resolve())}}
 
 
 @dataclass(frozen=True)

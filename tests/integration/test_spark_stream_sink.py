@@ -35,7 +35,7 @@ from quire.client import Client
 from quire.log import LogStore
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port
 from quire.spark import recover_stream_writes
-from quire.spark.stream_commits import StreamCommits
+from quire.spark.stream_commits import StreamCommits, writes_table
 from quire.spark.stream_sink import StreamSinkOptions, _write_task
 from quire.streams import ControllerClient, RemoteSegmentStore, TxnState, tail_cut
 from tests.support.cluster import Cluster
@@ -106,11 +106,12 @@ def framed(events: list[str]) -> int:
     return sum(len(e.encode()) + 8 for e in events)
 
 
-def table_keys(uri: str) -> list[str]:
-    """The keys of the Spark writes' table (registrations, records)."""
+def table_keys(uri: str, name: str) -> list[str]:
+    """The keys of the Spark writes' table of stream ``name`` (registrations, records)."""
     async def keys(controller: ControllerClient, segments: RemoteSegmentStore) -> list[str]:
         found: list[str] = []
-        async for entry in StreamCommits(controller, segments)._entries(""):
+        async for entry in StreamCommits(controller, segments)._entries(
+                writes_table(SCOPE, name), ""):
             found.append(entry.key.decode())
         return found
     return with_stream_clients(uri, keys)
@@ -183,7 +184,7 @@ def test_batch_write_is_exactly_what_the_pravega_client_reads(
     rows = keyed_rows("k", 1200)
     save(spark, streams.uri, "orders", rows, partitions=3)
     assert_stream_is(streams.uri, "orders", rows)
-    assert table_keys(streams.uri) == []  # registrations and the record are gone
+    assert table_keys(streams.uri, "orders") == []  # registrations and the record are gone
 
 
 def test_binary_events_without_routing_keys(spark: SparkSession, streams: Streams) -> None:
@@ -236,7 +237,7 @@ def test_a_task_killed_on_every_attempt_leaves_nothing_visible(
     # Spark fails the job without waiting for the writers' Python workers: one
     # may register after the abort listed the registrations, and then aborts
     # its transaction and removes its registration itself on its way out.
-    wait_for(lambda: table_keys(streams.uri) == [], "every registration gone")
+    wait_for(lambda: table_keys(streams.uri, "doomed") == [], "every registration gone")
     assert stream_bytes(streams.uri, "doomed") == 0
 
 
@@ -251,7 +252,7 @@ def test_a_failed_attempt_aborts_its_transaction_and_removes_its_registration(
 
     def batches() -> Iterator[pa.RecordBatch]:
         yield pa.record_batch([pa.array([f"f:{n}" for n in range(50)])], names=["event"])
-        registered.append(table_keys(streams.uri))  # the attempt is registered by now
+        registered.append(table_keys(streams.uri, "failed"))  # the attempt is registered by now
         raise ConnectionResetError("the task's input went away")
 
     with pytest.raises(ConnectionResetError):
@@ -259,7 +260,7 @@ def test_a_failed_attempt_aborts_its_transaction_and_removes_its_registration(
     [[key]] = registered
     assert key.startswith("txn/w-failed/")
     txn = int(key.rsplit("/", 1)[1], 16)
-    assert table_keys(streams.uri) == []
+    assert table_keys(streams.uri, "failed") == []
 
     async def state(controller: ControllerClient, _s: RemoteSegmentStore) -> TxnState:
         return await controller.transaction_state(SCOPE, "failed", txn)
@@ -277,7 +278,7 @@ def test_a_killed_first_attempt_is_retried_and_written_once(
     assert_stream_is(streams.uri, "retried", rows)
     # the killed attempt's registration: removed by the commit, or by the
     # attempt itself if its writer registered after the commit listed them
-    wait_for(lambda: table_keys(streams.uri) == [], "every registration gone")
+    wait_for(lambda: table_keys(streams.uri, "retried") == [], "every registration gone")
 
 
 # --- the standalone cluster: a plain write, then a driver crash ---------------------------
@@ -303,12 +304,12 @@ def test_driver_crash_after_the_commit_record_rolls_forward_exactly_once(
 
     # the crash came after the record, before any commit: nothing visible yet
     assert stream_bytes(streams.uri, "crash") == 0
-    keys = table_keys(streams.uri)
+    keys = table_keys(streams.uri, "crash")
     assert [k for k in keys if k.startswith("commit/")] != []
     report = recover_stream_writes(streams.uri, SCOPE, "crash")
     assert len(report.rolled_forward) == 1 and report.committed_txns == 2
     assert_stream_is(streams.uri, "crash", crash)
-    assert table_keys(streams.uri) == []
+    assert table_keys(streams.uri, "crash") == []
     again = recover_stream_writes(streams.uri, SCOPE, "crash")  # nothing left to do
     assert again.rolled_forward == [] and again.committed_txns == 0
     assert stream_bytes(streams.uri, "crash") == framed(events_of(crash))
@@ -373,4 +374,4 @@ def test_stream_sink_is_exactly_once_across_a_restart_from_its_checkpoint(
     run_query()
     assert sink_progress(streams.uri, "events", "copy-1") == 3
     assert_stream_is(streams.uri, "events", as_rows(source + more))
-    assert [k for k in table_keys(streams.uri) if not k.startswith("sink/")] == []
+    assert [k for k in table_keys(streams.uri, "events") if not k.startswith("sink/")] == []

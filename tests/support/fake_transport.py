@@ -39,3 +39,6 @@ class FakeTransport:
 
     def get_extra_info(self, name: str) -> Any:
         return self.peername
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.written.append(b"".join(data))

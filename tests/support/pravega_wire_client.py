@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
 
 from quire.pravega_wire import (
@@ -53,8 +54,14 @@ class WireClient:
         self.decoder = Decoder(REPLY_TYPES)
 
     @classmethod
-    async def connect(cls, host: str, port: int, hello: bool = True) -> WireClient:
-        reader, writer = await asyncio.open_connection(host, port)
+    async def connect(cls, host: str, port: int, hello: bool = True,
+                      tls: ssl.SSLContext | None = None,
+                      local_addr: tuple[str, int] | None = None) -> WireClient:
+        """Connect (with ``tls``: over TLS, checking ``host``; from
+        ``local_addr`` if given) and exchange Hellos."""
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls is not None else None,
+            local_addr=local_addr)
         client = cls(reader, writer)
         server_hello = await client.recv()
         assert server_hello == Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION)

@@ -47,6 +47,8 @@ RANKS: dict[str, int] = {
     "quire.bench": 6,
     "quire.tier2": 6,
     "quire.segmentstore": 7,
+    # the secure sandbox's files and settings, below the sandbox that takes them
+    "quire.sandbox_security": 7,
     "quire.sandbox": 8,
     "quire.segmentserver": 8,
     "quire.controller": 8,

@@ -146,6 +146,8 @@ def test_resource_builders_give_pravegas_names() -> None:
     ("sc/rg_kvtable/0.#epoch.0$index", "prn::/scope:sc/reader-group:rg"),
     ("sc/_RGrg/0.#epoch.0", "prn::/scope:sc/reader-group:rg"),  # the Java client's
     ("sc/_MARKst/0.#epoch.0", "prn::/scope:sc/stream:st"),
+    ("sc/_SPARKst/0.#epoch.0", "prn::/scope:sc/stream:st"),  # Spark's commit records
+    ("sc/_SPARKst_kvtable/0.#epoch.0", "prn::/scope:sc/stream:st_kvtable"),
     ("_system/_tables/scopes", INTERNAL_RESOURCE),
     ("_system/containers/storage_metadata_3", INTERNAL_RESOURCE),
     ("_other/x/0", INTERNAL_RESOURCE),

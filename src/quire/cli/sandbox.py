@@ -8,6 +8,7 @@ import select
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from quire.sandbox import (
     ServiceSupervisor,
     resolves_to,
 )
+
+if TYPE_CHECKING:
+    from quire.sandbox_security import SandboxSecurity
 
 
 @click.command()
@@ -41,10 +45,14 @@ from quire.sandbox import (
                    "streams scale within seconds (0: Pravega's 2 to 20 minutes).")
 @click.option("--retention-interval-s", default=0, type=click.IntRange(0, None),
               help="How often retention policies are applied (0: every minute).")
+@click.option("--secure", is_flag=True,
+              help="TLS and authentication everywhere: a local CA and certificates for "
+                   "localhost, a cluster secret and an admin user with a random password "
+                   "(credentials.toml, mode 0600), all in DIR/security.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object once ready.")
 def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal: bool,
             segment_stores: int, controllers: int, autoscale_interval_s: int,
-            retention_interval_s: int, as_json: bool) -> None:
+            retention_interval_s: int, secure: bool, as_json: bool) -> None:
     """Run the whole system locally until Ctrl-C (or SIGTERM), as
     ``pravega standalone`` does: bookies, segment stores and the controller.
 
@@ -52,21 +60,31 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
     that exits is restarted on its address, with a backoff from 0.5 s
     doubling up to 30 s while restarts fail; the others keep serving.  Every
     process ends when the sandbox does, even by kill -9 (Linux).
+
+    With --secure it prints the controller's tls://localhost URI, the CA and
+    the credentials file, and the environment a Pravega client needs.
     """
     journal_settings = NO_JOURNAL_SETTINGS if no_journal else {}
+    security = None
+    if secure:
+        from quire.sandbox_security import prepare
+
+        security = prepare(directory / "security")
     cluster = Sandbox(directory, bookies, metadata_uri, segment_stores=segment_stores,
                       controller=segment_stores > 0, controllers=controllers,
                       autoscale_interval_s=autoscale_interval_s,
-                      retention_interval_s=retention_interval_s, metrics_port=0,
+                      retention_interval_s=retention_interval_s, security=security,
+                      metrics_port=0,
                       autorecovery_enabled=True, **journal_settings)
-    run_async(lambda: check_store(cluster.metadata_uri))
+    run_async(lambda: check_store(cluster.metadata_uri, security))
+    scheme = "https" if secure else "http"
 
     def ready(process: ServiceProcess) -> None:
         if not as_json:
             label = process.service if process.name == process.service or \
                 process.service == "controller" else f"{process.service} {process.name}"
             click.echo(f"{label} ready on {process.address} "
-                       f"(metrics http://{process.metrics_address}/metrics)", err=True)
+                       f"(metrics {scheme}://{process.metrics_address}/metrics)", err=True)
 
     def announce() -> None:
         if as_json:
@@ -88,10 +106,22 @@ def sandbox(bookies: int, directory: Path, metadata_uri: str | None, no_journal:
                                    f"127.0.0.{len(cluster.controllers)} (run scripts/setup "
                                    "--system): a Pravega client can use one controller only",
                                    err=True)
+            if security is not None:
+                click.echo(f"tls ca: {security.ca_file.resolve()}")
+                click.echo(f"credentials: {security.credentials_file.resolve()}")
+                click.echo("a Pravega client needs (the password read from the credentials "
+                           "file):")
+                for line in security.shell_exports():
+                    click.echo(f"  {line}")
+                click.echo("quire commands need:")
+                for line in security.cli_exports():
+                    click.echo(f"  {line}")
             click.echo(f"try: QUIRE_METADATA={cluster.metadata_uri} quire bookie list", err=True)
             if cluster.controller is not None:
-                click.echo(f"try: quire stream --controller {cluster.controller_uri} ... "
-                           "(or any Pravega client)", err=True)
+                extra = (f" --tls-ca {security.ca_file.resolve()} --credentials "
+                         f"{security.credentials_file.resolve()}" if security else "")
+                click.echo(f"try: quire scope list --controller {cluster.controller_uri}"
+                           f"{extra} (or any Pravega client)", err=True)
             click.echo("Ctrl-C stops the sandbox", err=True)
 
     def say(line: str) -> None:
@@ -147,10 +177,16 @@ def supervise(cluster: Sandbox, say: Callable[[str], None], announce: Callable[[
         os.close(wake_write)
 
 
-async def check_store(metadata_uri: str) -> None:
+async def check_store(metadata_uri: str, security: SandboxSecurity | None = None) -> None:
     """Open and close the metadata store, so a URI that is not one fails
-    here, before any bookie starts (initialising it, and saying so, if new)."""
+    here, before any bookie starts (initialising it, and saying so, if new);
+    with ``security``, put its admin user in the user database."""
+    from quire.auth import UserDatabase
     from quire.cli.common import open_cli_store
 
     store = await open_cli_store(metadata_uri, create=True)
-    await store.close()
+    try:
+        if security is not None:
+            await security.ensure_admin(UserDatabase(store))
+    finally:
+        await store.close()

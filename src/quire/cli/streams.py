@@ -5,7 +5,10 @@
 Over :mod:`quire.streams`, against a controller (``--controller
 tcp://host:port``, default ``$QUIRE_CONTROLLER``, then
 ``tcp://127.0.0.1:9090``); segment stores are found through the
-controller's getURI.  ``--json`` prints one JSON document, except
+controller's getURI.  A secured cluster: ``--controller tls://host:port``
+with ``--tls-ca`` (``$QUIRE_TLS_CA``) and ``--credentials`` (a TOML file
+with ``username`` and ``password``, mode 0600; ``$QUIRE_CREDENTIALS``);
+a password is never a command-line argument.  ``--json`` prints one JSON document, except
 ``tail``, which prints one JSON object per event as it comes.
 """
 
@@ -25,9 +28,31 @@ if TYPE_CHECKING:  # imported where used: every `quire` command imports this mod
 
 T = TypeVar("T")
 
-controller_option = click.option(
-    "--controller", "controller_uri", default=None, metavar="tcp://HOST:PORT",
-    help="Controller URI (default: $QUIRE_CONTROLLER, then tcp://127.0.0.1:9090).")
+_ACCESS_KEY = "quire_stream_access"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if param.name is not None:
+        ctx.meta.setdefault(_ACCESS_KEY, {})[param.name] = value
+    return value
+
+
+def controller_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--controller`` (given to the command), ``--tls-ca`` and
+    ``--credentials`` (kept for :func:`with_controller`)."""
+    f = click.option("--credentials", "credentials", type=click.Path(dir_okay=False),
+                     default=None, envvar="QUIRE_CREDENTIALS", expose_value=False,
+                     callback=_remember,
+                     help="TOML file (mode 0600) with the username and password "
+                          "($QUIRE_CREDENTIALS).")(f)
+    f = click.option("--tls-ca", "tls_ca", type=click.Path(dir_okay=False), default=None,
+                     envvar="QUIRE_TLS_CA", expose_value=False, callback=_remember,
+                     help="CA certificates (PEM) trusted for a tls:// controller and its "
+                          "segment stores ($QUIRE_TLS_CA; default: the system's).")(f)
+    return click.option(
+        "--controller", "controller_uri", default=None, metavar="tcp://HOST:PORT",
+        help="Controller URI, tcp:// or tls:// (default: $QUIRE_CONTROLLER, then "
+             "tcp://127.0.0.1:9090).")(f)
 
 
 def controller_uri_of(given: str | None) -> str:
@@ -38,12 +63,21 @@ def controller_uri_of(given: str | None) -> str:
 
 def with_controller(uri: str | None,
                     action: Callable[[ControllerClient, RemoteSegmentStore], Awaitable[T]]) -> T:
-    """Run ``action(controller, segments)`` with fresh clients, closed afterwards."""
-    from quire.streams import ControllerClient, RemoteSegmentStore, controller_resolver
+    """Run ``action(controller, segments)`` with fresh clients, closed
+    afterwards (TLS and credentials from :func:`controller_option`'s options)."""
+    from quire.errors import QuireError
+    from quire.streams import StreamAccess
+
+    context = click.get_current_context(silent=True)
+    given = context.meta.get(_ACCESS_KEY, {}) if context is not None else {}
+    try:
+        access = StreamAccess.of(controller_uri_of(uri), given.get("tls_ca"),
+                                 given.get("credentials"))
+    except QuireError as e:
+        raise click.UsageError(str(e)) from e
 
     async def go() -> T:
-        controller = ControllerClient(controller_uri_of(uri))
-        segments = RemoteSegmentStore(controller_resolver(controller))
+        controller, segments = access.clients()
         try:
             return await action(controller, segments)
         finally:

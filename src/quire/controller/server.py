@@ -14,15 +14,18 @@ import grpc
 
 from quire.auth import ServerSecurity
 from quire.clock import SYSTEM_CLOCK, Clock
+from quire.controller.access import TokenIssuer
 from quire.controller.admin import AdminService
 from quire.controller.cluster import ControllerCluster
 from quire.controller.core import ControllerConfig, ControllerCore
+from quire.controller.interceptor import ControllerInterceptor, ControllerRpcConfig
 from quire.controller.reader_groups import ReaderGroups
 from quire.controller.rest import ControllerRest
 from quire.controller.service import ControllerService, SegmentLocator
 from quire.controller.state import ControllerSegmentStore
 from quire.errors import ConfigError
 from quire.http import HttpServer, Route, SessionStore
+from quire.security import TokenSigner
 from quire.segmentstore.scale_requests import ScaleRequests
 
 log = logging.getLogger(__name__)
@@ -37,9 +40,11 @@ class Controller:
     ``clock`` the wall clock of leases and retention; ``cluster`` the other
     controllers (None: this is the only one); ``requests`` where the
     segment stores post auto-scaling requests (None: no auto-scaling);
-    ``security`` the TLS and authenticator of its HTTP endpoints (none:
-    plain and open).  :meth:`start` binds and starts serving and the
-    duties' loops;
+    ``security`` the TLS and authenticator of the gRPC port and the HTTP
+    endpoints (none: plain and open); ``tokens`` signs the delegation
+    tokens ``getDelegationToken`` answers (with an authenticator; none:
+    ""); ``rpc`` the gRPC limits (:mod:`quire.controller.interceptor`).
+    :meth:`start` binds and starts serving and the duties' loops;
     :meth:`close` stops.
     """
 
@@ -47,10 +52,19 @@ class Controller:
                  locate: SegmentLocator, clock: Clock = SYSTEM_CLOCK,
                  cluster: ControllerCluster | None = None,
                  requests: ScaleRequests | None = None,
-                 security: ServerSecurity | None = None) -> None:
+                 security: ServerSecurity | None = None,
+                 tokens: TokenSigner | None = None,
+                 rpc: ControllerRpcConfig | None = None) -> None:
         self.security = security or ServerSecurity()
+        self.rpc = rpc or ControllerRpcConfig()
         self.core = ControllerCore(store, config, clock, cluster=cluster, requests=requests)
         self.service = ControllerService(self.core, locate)
+        if tokens is not None and self.security.authenticator is not None:
+            self.service.tokens = TokenIssuer(tokens, self.rpc.delegation_token_ttl_ms,
+                                              config.txn_max_lease_ms)
+        self.interceptor = ControllerInterceptor(self.security.authenticator,
+                                                 self.rpc.max_concurrent_rpcs,
+                                                 self.core.metrics.registry)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         """The transaction sweeper and the retention pass, while serving."""
@@ -72,10 +86,13 @@ class Controller:
         if self._server is not None:
             raise ConfigError("the controller is started already")
         await self.core.start()
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=(self.interceptor,),
+                                 options=self.rpc.server_options())
         server.add_generic_rpc_handlers((self.service.handler(),
                                          AdminService(self.core).handler()))
-        bound: int = server.add_insecure_port(f"{host}:{port}")
+        tls = self.security.tls
+        bound: int = (server.add_secure_port(f"{host}:{port}", tls.grpc_credentials())
+                      if tls is not None else server.add_insecure_port(f"{host}:{port}"))
         if bound == 0:
             raise ConfigError(f"controller: cannot listen on {host}:{port}")
         config = self.core.config

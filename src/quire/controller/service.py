@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from quire.controller.access import TokenIssuer
 from quire.controller.core import ControllerCore
 from quire.controller.messages import (
     config_message,
@@ -29,7 +30,7 @@ from quire.controller.messages import (
     ranges_message,
 )
 from quire.controller.metrics import ControllerMetrics
-from quire.controller.model import TxnState, check_name, segment_name, txn_id_of, txn_id_parts
+from quire.controller.model import TxnState, segment_name, txn_id_of, txn_id_parts
 from quire.controller_api import Controller_pb2 as pb
 from quire.errors import (
     ContainerClosedError,
@@ -43,6 +44,7 @@ from quire.errors import (
     StreamNotFoundError,
     TransactionNotFoundError,
 )
+from quire.segmentstore.names import check_name
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class ControllerService:
     def __init__(self, core: ControllerCore, locate: SegmentLocator) -> None:
         self.core = core
         self._locate = locate
+        self.tokens: TokenIssuer | None = None
+        """Issues delegation tokens (None: auth is off, tokens are "")."""
 
     # --- scopes ----------------------------------------------------------------
 
@@ -245,7 +249,9 @@ class ControllerService:
         return pb.NodeUri(endpoint=host, port=port)
 
     async def getDelegationToken(self, request: pb.StreamInfo) -> pb.DelegationToken:
-        return pb.DelegationToken(delegationToken="")
+        # the caller's own permission on the stream (quire.controller.access)
+        token = self.tokens.issue(request) if self.tokens is not None else ""
+        return pb.DelegationToken(delegationToken=token)
 
     # --- scaling --------------------------------------------------------------------
 

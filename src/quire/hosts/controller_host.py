@@ -6,19 +6,29 @@ containers are hosted, through :class:`~quire.streams.RemoteSegmentStore`
 over Pravega's wire protocol, and finds a segment's owner in the ownership
 records of the metadata store (the same records that ``getURI`` answers
 from), so it follows containers as they move between segment stores.
+
+Security: with TLS settings the gRPC port serves TLS, and the controller
+speaks TLS to the segment stores too (trusting ``tls_ca_file``, or the
+system's CAs); with ``auth_enabled`` it authenticates every call, issues
+delegation tokens signed with the cluster secret
+(``auth_token_secret_file``, required then), and carries the internal
+identity's token on its own wire requests (its ``_system`` tables).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
 from quire.auth import server_security
+from quire.config import ServerAddressConfig
 from quire.controller import Controller, ControllerConfig, NodeAddress
 from quire.controller.cluster import MetadataCluster
 from quire.controller.cluster_view import ClusterView, PeerHttp
+from quire.controller.interceptor import ControllerRpcConfig
 from quire.controller.page import ClusterPage
 from quire.errors import ConfigError
 from quire.hosts.process import run
@@ -27,16 +37,26 @@ from quire.metadata import MetadataStore, open_leased_store
 from quire.security import SecurityConfig, TokenSigner, client_context
 from quire.segmentstore import owner_address
 from quire.segmentstore.scale_requests import ScaleRequests
-from quire.streams import RemoteSegmentStore, SegmentClientConfig, metadata_resolver
+from quire.streams import (
+    NO_TOKENS,
+    InternalTokens,
+    RemoteSegmentStore,
+    SegmentClientConfig,
+    metadata_resolver,
+)
 from quire.streams.connection import split_address
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ControllerHostConfig:
+class ControllerHostConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (gRPC and the HTTP port
+    listen on the listen host; the member record and the ready line carry
+    the advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
-    host: str = "127.0.0.1"
     port: int = 9090
     """The gRPC port (Pravega's default; 0: any free one)."""
     metrics_port: int = -1
@@ -62,14 +82,41 @@ class ControllerHostConfig:
     """Pause after each workflow's intent is written (tests and demos)."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """TLS and authentication (flat keys ``tls_cert_file``, ``auth_enabled``...,
-    see :class:`~quire.security.SecurityConfig`): ``/metrics`` serves over
-    TLS and authenticates against the metadata store's users when set."""
+    see :class:`~quire.security.SecurityConfig`) of the gRPC port and
+    ``/metrics`` (module docstring)."""
+    rpc: ControllerRpcConfig = field(default_factory=ControllerRpcConfig)
+    """gRPC limits and the delegation tokens' life (flat keys
+    ``max_concurrent_rpcs``, ``grpc_max_connection_idle_ms``,
+    ``grpc_max_connection_age_ms``, ``grpc_max_connection_age_grace_ms``,
+    ``delegation_token_ttl_ms``)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.segment_request_timeout_ms <= 0:
             raise ConfigError("segment_request_timeout_ms must be positive")
         if self.lease_ms < 0:
             raise ConfigError("lease_ms must not be negative")
+
+
+def cluster_signer(security: SecurityConfig) -> TokenSigner | None:
+    """The cluster secret's signer with ``auth_enabled`` (None without);
+    ConfigError if the secret file is not set, missing or open to others."""
+    if not security.auth_enabled:
+        return None
+    if not security.auth_token_secret_file:
+        raise ConfigError("auth_enabled on a controller needs auth_token_secret_file (the "
+                          "cluster secret that signs delegation tokens)")
+    return TokenSigner.from_file(security.auth_token_secret_file)
+
+
+def segment_store_tls(security: SecurityConfig) -> ssl.SSLContext | None:
+    """The client context of the controller's segment-store connections:
+    TLS when the controller itself serves TLS (a cluster is secured as a
+    whole), trusting ``tls_ca_file`` (else the system's CAs)."""
+    if not security.tls_enabled:
+        return None
+    return (client_context(security.tls_ca_file) if security.tls_ca_file
+            else ssl.create_default_context())
 
 
 class ControllerHost:
@@ -88,25 +135,30 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
+            self.metadata = await open_leased_store(
+                cfg.metadata_uri, cfg.lease_ms, **cfg.security.zookeeper.store_options())
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:
                 return split_address(await resolve(segment))
 
+            tokens = cluster_signer(cfg.security)
             self.segments = RemoteSegmentStore(resolve, SegmentClientConfig(
                 request_timeout_ms=cfg.segment_request_timeout_ms,
-                retry_deadline_ms=cfg.segment_request_timeout_ms))
+                retry_deadline_ms=cfg.segment_request_timeout_ms),
+                tls=segment_store_tls(cfg.security),
+                tokens=InternalTokens(tokens) if tokens is not None else NO_TOKENS)
             self.controller = Controller(
                 self.segments, self._controller_config(), locate,
-                cluster=MetadataCluster(self.metadata, f"{cfg.host}:{cfg.port}"),
+                cluster=MetadataCluster(self.metadata, cfg.advertised_address(cfg.port)),
                 requests=ScaleRequests(self.metadata),
-                security=server_security(cfg.security, self.metadata))
+                security=server_security(cfg.security, self.metadata),
+                tokens=tokens, rpc=cfg.rpc)
             self._add_page(self.controller, self.metadata)
-            port = await self.controller.start(cfg.host, cfg.port)
-            self.address = f"{cfg.host}:{port}"
+            port = await self.controller.start(cfg.resolved_listen_host, cfg.port)
+            self.address = cfg.advertised_address(port)
             if self.controller.metrics_port is not None:
-                self.metrics_address = f"{cfg.host}:{self.controller.metrics_port}"
+                self.metrics_address = cfg.advertised_address(self.controller.metrics_port)
                 if self.view is not None:
                     self.view.start()
         except BaseException:
@@ -165,10 +217,14 @@ class ControllerHost:
         await self._stopped.wait()
 
     def ready_event(self) -> dict[str, Any]:
-        scheme = "https" if self.config.security.tls_enabled else "http"
-        page = f"{scheme}://{self.metrics_address}/ui/" if self.metrics_address else None
+        cfg = self.config
+        http = "https" if cfg.security.tls_enabled else "http"
+        page = f"{http}://{self.metrics_address}/ui/" if self.metrics_address else None
         member = self.controller.core.cluster.member if self.controller is not None else None
-        return {"address": self.address, "uri": f"tcp://{self.address}",
+        scheme = "tls" if cfg.security.tls_enabled else "tcp"
+        port = self.address.rpartition(":")[2]
+        return {"address": self.address,
+                "uri": f"{scheme}://{cfg.resolved_advertised_host}:{port}",
                 "metrics": self.metrics_address, "page": page, "member": member}
 
 

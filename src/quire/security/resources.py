@@ -30,7 +30,9 @@ checks it (``StreamAuthParams``, ``AuthorizationResourceImpl``): the Rust
 client keeps it in the table segment ``S/<G>_kvtable/0.#epoch.0`` (and asks
 ``getDelegationToken`` for the stream ``<G>_kvtable``), the Java client in
 the stream ``S/_RG<G>``; a Java writer's watermark stream ``S/_MARK<T>`` is
-stream T's.  (Pravega names a key-value table's segments ``S/<K>_kvtable/...``
+stream T's, and so is ``S/_SPARK<T>``, the table where Spark writes to T
+record their commits (:mod:`quire.spark.stream_commits`: who may write T
+may record a write to it).  (Pravega names a key-value table's segments ``S/<K>_kvtable/...``
 as well; Quire serves no key-value tables, so that name is the reader
 group's.)
 
@@ -65,6 +67,8 @@ READER_GROUP_STREAM_PREFIX = "_RG"
 """The Java client's reader-group state stream: ``_RG<group>``."""
 MARK_STREAM_PREFIX = "_MARK"
 """The Java client's watermark stream of stream T: ``_MARK<T>``."""
+SPARK_WRITES_STREAM_PREFIX = "_SPARK"
+"""The table of Spark's writes to stream T: stream ``_SPARK<T>``."""
 _FORBIDDEN_IN_NAMES = frozenset("/,; \t\r\n")
 
 
@@ -98,10 +102,14 @@ def stream_info_resource(scope: str, stream: str) -> str:
     """The resource guarding what a client names as stream ``stream`` of
     ``scope`` (a ``StreamInfo`` of ``getDelegationToken``): a reader
     group's state (``<G>_kvtable``, ``_RG<G>``) is the reader group's, a
-    watermark stream (``_MARK<T>``) stream T's, a ``_`` scope internal
+    watermark stream (``_MARK<T>``) and Spark's commit table of T
+    (``_SPARK<T>``) stream T's, a ``_`` scope internal
     (see the module docstring)."""
     if not scope or scope.startswith("_") or not stream:
         return INTERNAL_RESOURCE
+    if stream.startswith(SPARK_WRITES_STREAM_PREFIX) and len(stream) > len(
+            SPARK_WRITES_STREAM_PREFIX):
+        return stream_resource(scope, stream[len(SPARK_WRITES_STREAM_PREFIX):])
     if stream.endswith(READER_GROUP_TABLE_SUFFIX) and len(stream) > len(
             READER_GROUP_TABLE_SUFFIX):
         return reader_group_resource(scope, stream[:-len(READER_GROUP_TABLE_SUFFIX)])

@@ -37,13 +37,19 @@ control), which hands appends, segment requests and table requests to
   frames.  Known commands this server does not implement are answered
   OperationUnsupported.
 - Flow control: a connection with more than
-  :attr:`SegmentServerConfig.max_outstanding_requests` unanswered requests
-  stops being read until half of them are answered.
+  :attr:`SegmentServerConfig.max_outstanding_requests` unanswered requests,
+  or more than :attr:`SegmentServerConfig.max_outstanding_bytes` held by
+  them, stops being read until half are answered; so does one whose
+  replies the client does not take (``max_buffered_reply_bytes``).
+- Security: TLS, delegation tokens (:mod:`~quire.segmentserver.auth`) and
+  connection limits, all optional (see :mod:`~quire.segmentserver.server`).
 """
 
+from quire.segmentserver.auth import WireAuth
 from quire.segmentserver.config import SegmentServerConfig
 from quire.segmentserver.connection import WireConnection
 from quire.segmentserver.metrics import SegmentServerMetrics
 from quire.segmentserver.server import SegmentServer
 
-__all__ = ["SegmentServer", "SegmentServerConfig", "SegmentServerMetrics", "WireConnection"]
+__all__ = ["SegmentServer", "SegmentServerConfig", "SegmentServerMetrics", "WireAuth",
+           "WireConnection"]

@@ -129,7 +129,7 @@ class AppendRequests:
         self._connection.reply(
             lambda: self._store.append(segment, c.data, writer=(c.writer_id,
                                                                 c.last_event_number)),
-            appended, c.request_id, segment)
+            appended, c.request_id, segment, cost=len(c.data))
 
     def conditional_block_end(self, c: ConditionalBlockEnd) -> None:
         segment = self._writer_segment(c.writer_id, "ConditionalBlockEnd")
@@ -145,4 +145,4 @@ class AppendRequests:
                                        writer=(c.writer_id, c.event_number)),
             lambda r: DataAppended(c.writer_id, c.event_number, _previous(r), c.request_id,
                                    r.length),
-            c.request_id, segment, on_error=check_failed)
+            c.request_id, segment, on_error=check_failed, cost=len(c.data))

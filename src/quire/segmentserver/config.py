@@ -27,6 +27,24 @@ class SegmentServerConfig:
     """Most bytes one SegmentRead carries (and table reads, roughly)."""
     max_table_entries_per_read: int = 1_000
     """Most entries or keys one table read answers, whatever was suggested."""
+    max_connections: int = 10_000
+    """Client connections served at once; one more is closed as soon as it
+    is accepted (after its TLS handshake, under TLS)."""
+    max_connections_per_peer: int = 1_000
+    """Client connections from one IP address at once (the same refusal)."""
+    idle_timeout_ms: int = 30_000
+    """A connection that has not finished its TLS handshake and its Hello
+    within this, or that leaves a frame it started unfinished this long, is
+    closed.  (A connection idle between requests is kept: clients keep
+    their connections open.)"""
+    max_buffered_reply_bytes: int = 4 << 20
+    """Replies written but not yet taken by the client above which the
+    connection is no longer read (``pause_writing``), until the client has
+    taken them down to a quarter of this (``resume_writing``)."""
+    max_outstanding_bytes: int = 16 << 20
+    """A connection's budget: bytes of its unanswered requests (appended
+    data, table entries, and the most each pending read may answer) above
+    which it is no longer read, until half are answered."""
 
     def __post_init__(self) -> None:
         if not 8 <= self.max_frame_bytes <= MAX_WIRECOMMAND_SIZE:
@@ -41,3 +59,7 @@ class SegmentServerConfig:
             raise ConfigError("max_read_bytes must be in 1..half the largest frame")
         if self.max_table_entries_per_read < 1:
             raise ConfigError("max_table_entries_per_read must be positive")
+        for name in ("max_connections", "max_connections_per_peer", "idle_timeout_ms",
+                     "max_buffered_reply_bytes", "max_outstanding_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive")

@@ -51,6 +51,7 @@ from quire.pravega_wire import (
     WireCommand,
 )
 from quire.segmentserver.appends import AppendRequests
+from quire.segmentserver.auth import WireAuth
 from quire.segmentserver.config import SegmentServerConfig
 from quire.segmentserver.metrics import SegmentServerMetrics
 from quire.segmentserver.replies import ClientConnection, Formatter, Reply, error_reply, log
@@ -58,6 +59,9 @@ from quire.segmentserver.segment_requests import SegmentRequests
 from quire.segmentserver.table_requests import TableRequests
 from quire.segmentstore import SegmentStore
 from quire.segmentstore.futures import retrieve
+
+LARGE_REPLY_BYTES = 1 << 16
+"""Replies are joined into one write unless one is larger than this."""
 
 
 class WireConnection(asyncio.Protocol):
@@ -72,16 +76,27 @@ class WireConnection(asyncio.Protocol):
     def __init__(self, store: SegmentStore, config: SegmentServerConfig,
                  on_lost: Callable[[WireConnection], None],
                  appenders: dict[tuple[int, str], ClientConnection],
-                 metrics: SegmentServerMetrics | None = None) -> None:
+                 metrics: SegmentServerMetrics | None = None, *,
+                 auth: WireAuth | None = None,
+                 on_made: Callable[[WireConnection], None] | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._on_lost = on_lost
+        self._on_made = on_made
         self._decoder = Decoder(REQUEST_TYPES, config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
+        self.peer: str = ""
+        """The client's IP address, once connected."""
         self._greeted = False
         self._paused = False
-        self._pending: deque[tuple[asyncio.Future[Any], Formatter]] = deque()
+        self._write_paused = False
+        self._pending: deque[tuple[asyncio.Future[Any], Formatter, int]] = deque()
+        self._pending_bytes = 0
+        """The budget in use: the costs of the unanswered requests."""
         self._loop = asyncio.get_running_loop()
+        self.opened_at = self._loop.time()
+        self._progress_at = self.opened_at
+        """When the frame being received began (or the last one ended)."""
         self._appends = AppendRequests(store, self, appenders, metrics)
         segments = SegmentRequests(store, config, self, metrics)
         tables = TableRequests(store, config, self)
@@ -113,47 +128,96 @@ class WireConnection(asyncio.Protocol):
             UpdateSegmentPolicy: segments.update_policy,
             MergeTableSegments: self._unsupported,
         }
+        if auth is not None:
+            self._handlers = auth.guard(self._handlers, self.refuse)
 
     # --- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if self._on_made is not None:
+            self._on_made(self)
+        high = self._config.max_buffered_reply_bytes
+        self._transport.set_write_buffer_limits(high=high, low=high // 4)
         self._transport.write(Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode())
 
     def data_received(self, data: bytes) -> None:
+        decoder = self._decoder
+        starting = decoder.buffered_bytes == 0
         try:
-            self._decoder.feed(data)
-            while self._transport is not None:
-                command = self._decoder.next()
+            decoder.feed(data)
+        except WireCommandError as e:
+            self.close(f"malformed input: {e}")
+            return
+        if self._dispatch() or starting:
+            self._progress_at = self._loop.time()
+
+    def _dispatch(self) -> int:
+        """Hand the whole commands buffered to their handlers, until the
+        connection pauses (a chunk may hold thousands of requests: those
+        after the pause wait in the decoder); how many were handed on."""
+        decoder = self._decoder
+        decoded = 0
+        try:
+            while self._transport is not None and not self._paused:
+                command = decoder.next()
                 if command is None:
-                    return
+                    break
+                decoded += 1
                 if not self._greeted and type(command) is not Hello:
                     self.close(f"{type(command).__name__} before Hello")
-                    return
+                    break
                 self._handlers[type(command)](command)
         except WireCommandError as e:
             self.close(f"malformed input: {e}")
         except Exception:  # a defect here: this connection only pays for it
             log.exception("handling a request failed")
             self.close("a request could not be handled")
+        return decoded
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._appends.forget_writers()
-        for future, _ in self._pending:
+        for future, _, _ in self._pending:
             if isinstance(future, asyncio.Task):
                 future.cancel()
             future.add_done_callback(retrieve)
         self._pending.clear()
+        self._pending_bytes = 0
         self._on_lost(self)
+
+    def pause_writing(self) -> None:
+        """The client is not taking its replies: stop reading its requests."""
+        self._write_paused = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._resume_if_drained()
+
+    def stalled_since(self) -> float | None:
+        """Since when this connection has owed the server its handshake (no
+        Hello yet) or the rest of a frame it started; None if it owes nothing
+        (or is closing, or paused: then the server is the one not reading)."""
+        if self._transport is None:
+            return None
+        if not self._greeted:
+            return self.opened_at
+        if self._decoder.buffered_bytes and not self._paused:
+            return self._progress_at
+        return None
 
     # --- replies, in arrival order ---------------------------------------------------
 
-    def close(self, why: str) -> None:
-        """Close the connection (what is written still goes out), saying why in the log."""
+    def close(self, why: str, quiet: bool = False) -> None:
+        """Close the connection (what is written still goes out), saying why
+        in the log (at debug level if ``quiet``: the caller logs for many)."""
         if self._transport is not None:
-            log.warning("closing connection from %s: %s",
-                        self._transport.get_extra_info("peername"), why)
+            (log.debug if quiet else log.warning)(
+                "closing connection from %s: %s", self._transport.get_extra_info("peername"),
+                why)
             self._transport.close()
             self._transport = None
 
@@ -162,17 +226,34 @@ class WireConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def _push(self, future: asyncio.Future[Any], formatter: Formatter) -> None:
-        self._pending.append((future, formatter))
+    def _push(self, future: asyncio.Future[Any], formatter: Formatter, cost: int = 0) -> None:
+        self._pending.append((future, formatter, cost))
+        self._pending_bytes += cost
         future.add_done_callback(self._flush)
-        if not self._paused and len(self._pending) > self._config.max_outstanding_requests:
-            assert self._transport is not None
+        if not self._paused and (len(self._pending) > self._config.max_outstanding_requests
+                                 or self._pending_bytes > self._config.max_outstanding_bytes):
+            self._pause()
+
+    def _pause(self) -> None:
+        if not self._paused and self._transport is not None:
             self._transport.pause_reading()
             self._paused = True
 
+    def _resume_if_drained(self) -> None:
+        config = self._config
+        if self._paused and not self._write_paused and self._transport is not None \
+                and len(self._pending) <= config.max_outstanding_requests // 2 \
+                and self._pending_bytes <= config.max_outstanding_bytes // 2 \
+                and self._transport.get_write_buffer_size() < config.max_buffered_reply_bytes:
+            self._paused = False
+            self._transport.resume_reading()
+            if self._decoder.buffered_bytes and self._dispatch():  # what waited while paused
+                self._progress_at = self._loop.time()
+
     def reply(self, request: Callable[[], Any], ok: Callable[[Any], WireCommand],
               request_id: int, segment: str, offset: int = -1,
-              on_error: Callable[[BaseException], Reply] | None = None) -> None:
+              on_error: Callable[[BaseException], Reply] | None = None,
+              cost: int = 0) -> None:
         """Call ``request`` now (the store orders it), answer ``ok(result)``
         or the error's reply when its turn comes (see
         :class:`~quire.segmentserver.replies.ClientConnection`)."""
@@ -204,7 +285,7 @@ class WireConnection(asyncio.Protocol):
         if asyncio.iscoroutine(future):
             future = self._loop.create_task(future)
         taken = not future.done()
-        self._push(future, formatter)
+        self._push(future, formatter, cost)
 
     def answer(self, reply: WireCommand) -> None:
         """A reply known at once (still sent after those before it)."""
@@ -212,11 +293,19 @@ class WireConnection(asyncio.Protocol):
         future.set_result(reply)
         self._push(future, asyncio.Future.result)
 
+    def refuse(self, reply: WireCommand) -> None:
+        """Answer a refusal known at once (an AuthTokenCheckFailed), counted."""
+        if self._metrics is not None:
+            self._metrics.refused.labels(type(reply).__name__).inc()
+        self.answer(reply)
+
     def _flush(self, _done: asyncio.Future[Any] | None = None) -> None:
         pending = self._pending
         out: list[bytes] = []
+        large = False
         while pending and pending[0][0].done() and self._transport is not None:
-            future, formatter = pending.popleft()
+            future, formatter, cost = pending.popleft()
+            self._pending_bytes -= cost
             try:
                 reply = formatter(future)
                 encoded = None if reply is None else reply.encode()
@@ -228,13 +317,16 @@ class WireConnection(asyncio.Protocol):
                 self.close("a request failed in a way no reply describes")
                 return
             out.append(encoded)
+            if len(encoded) > LARGE_REPLY_BYTES:
+                large = True
         if self._transport is None:
             return
-        if out:
+        if large:
+            self._transport.writelines(out)  # no copy of megabytes of reads
+        elif out:
             self._transport.write(b"".join(out))
-        if self._paused and len(pending) <= self._config.max_outstanding_requests // 2:
-            self._paused = False
-            self._transport.resume_reading()
+        if self._paused:
+            self._resume_if_drained()
 
     # --- handshake ---------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,16 @@ class SegmentServerMetrics:
         self.refused = Counter("quire_segmentstore_refused_requests",
                                "Requests answered with an error reply, by reply",
                                ["reply"], registry=registry)
+        self.connections = Gauge("quire_segmentstore_connections",
+                                 "Client connections served now", registry=registry)
+        self.connections_refused = Counter(
+            "quire_segmentstore_connections_refused",
+            "Client connections closed by a limit, by reason (max_connections, "
+            "max_connections_per_peer, idle_timeout, tls_handshake)", ["reason"],
+            registry=registry)
+        for reason in ("max_connections", "max_connections_per_peer", "idle_timeout",
+                       "tls_handshake"):
+            self.connections_refused.labels(reason)
         self.segment_totals: dict[str, list[int]] = {}
         """Events and bytes acknowledged per segment name (plain ints on the
         append path; summed by stream at scrape time)."""

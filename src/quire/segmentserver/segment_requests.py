@@ -127,7 +127,8 @@ class SegmentRequests:
             # the reply's offset is the request's, always: the client asserts it
             return SegmentRead(c.segment, c.offset, r.at_tail, r.end_of_segment, r.data,
                                c.request_id)
-        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment, c.offset)
+        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment, c.offset,
+                               cost=length)
 
     def get_info(self, c: GetStreamSegmentInfo) -> None:
         async def info() -> WireCommand:

@@ -56,7 +56,8 @@ class TableRequests:
         self._connection.reply(lambda: self._store.table_put(c.segment, entries),
                                lambda versions: TableEntriesUpdated(c.request_id,
                                                                     tuple(versions)),
-                               c.request_id, c.segment)
+                               c.request_id, c.segment,
+                               cost=sum(len(k) + len(v) for k, v, _ in entries))
 
     def remove_keys(self, c: RemoveTableKeys) -> None:
         if c.table_segment_offset != -1:
@@ -76,7 +77,8 @@ class TableRequests:
                 else (TableKey(e.key, e.version), TableValue(e.value or b""))
                 for k, e in zip(c.keys, found, strict=True))
             return TableRead(c.request_id, c.segment, entries)
-        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment)
+        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
+                               cost=self._config.max_read_bytes)
 
     def _count(self, suggested: int) -> int:
         return min(max(1, suggested), self._config.max_table_entries_per_read)
@@ -88,7 +90,8 @@ class TableRequests:
             keys = tuple(TableKey(e.key, e.version) for e in page.entries)
             return TableKeysRead(c.request_id, c.segment, keys,
                                  keys[-1].data if keys else c.continuation_token)
-        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment)
+        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
+                               cost=self._config.max_read_bytes)
 
     def read_entries(self, c: ReadTableEntries) -> None:
         async def read() -> WireCommand:
@@ -99,7 +102,8 @@ class TableRequests:
                             for e in page.entries)
             return TableEntriesRead(c.request_id, c.segment, entries,
                                     entries[-1][0].data if entries else c.continuation_token)
-        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment)
+        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
+                               cost=self._config.max_read_bytes)
 
     def read_delta(self, c: ReadTableEntriesDelta) -> None:
         async def read() -> WireCommand:
@@ -119,4 +123,5 @@ class TableRequests:
             return TableEntriesDeltaRead(c.request_id, c.segment, tuple(entries),
                                          delta.should_clear, last_position >= length,
                                          last_position)
-        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment)
+        self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
+                               cost=self._config.max_read_bytes)

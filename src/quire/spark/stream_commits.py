@@ -5,10 +5,9 @@ commits the successful attempts' transactions together.  Committing N
 transactions is N controller calls, so a driver that dies part way would
 leave some committed and some not.  :class:`StreamCommits` makes the commit
 a decision recorded durably *before* the first transaction is committed,
-in a table segment of the segment store (next to the controller's own
-``_system`` tables)::
+in a table segment of the segment store, one per stream written::
 
-    _system/_tables/_spark/stream_writes
+    <scope>/_SPARK<stream>/0.#epoch.0
         txn/<write>/<txn id>      a task attempt's transaction (registered
                                   before it writes; aborted unless committed;
                                   a failing attempt aborts and removes its own)
@@ -18,6 +17,21 @@ in a table segment of the segment store (next to the controller's own
                                   a streaming sink: the last batch id committed
                                   and, until they are all committed, its
                                   transactions
+
+The table is guarded like the stream itself
+(:func:`quire.security.segment_resource` maps ``_SPARK<T>`` to stream T):
+whoever may write the stream may record a write to it, and nobody else can
+read or change the records.  Its name is shaped like a stream segment's,
+so a client finds its segment store through the controller's ``getURI``.
+
+Upgrade: the records used to live in one table for every stream,
+``_system/_tables/_spark/stream_writes`` (:data:`LEGACY_WRITES_TABLE`),
+which users cannot reach once auth is on.  Before upgrading, finish
+interrupted writes with :func:`~quire.spark.recover_stream_writes` (a
+crashed driver's transactions are aborted when their lease runs out
+anyway).  A streaming sink's progress (the last batch committed) is
+carried over: when a sink has no record in its stream's table, the old
+table's record is read (if it can be) and used.
 
 The record says what to commit; finishing (:meth:`StreamCommits.roll_forward`)
 commits every transaction listed (committing a committed one is a no-op),
@@ -48,6 +62,7 @@ from typing import Any
 from quire.clock import SYSTEM_CLOCK
 from quire.errors import (
     ControllerPreconditionError,
+    PermissionDeniedError,
     QuireError,
     SegmentExistsError,
     SegmentNotFoundError,
@@ -55,13 +70,20 @@ from quire.errors import (
     TableKeyNotFoundError,
     TransactionNotFoundError,
 )
+from quire.security.resources import SPARK_WRITES_STREAM_PREFIX
 from quire.segmentstore import NOT_EXISTS, SegmentType, TableEntry
 from quire.streams import ControllerClient, RemoteSegmentStore, TxnState
 
 log = logging.getLogger("quire.spark.streams")
 
-WRITES_TABLE = "_system/_tables/_spark/stream_writes"
-"""The table segment holding the records of Spark writes to streams."""
+LEGACY_WRITES_TABLE = "_system/_tables/_spark/stream_writes"
+"""Where the records of every stream's writes were kept before (read only
+for a sink's progress, see the module docstring)."""
+
+
+def writes_table(scope: str, stream: str) -> str:
+    """The table segment holding the records of Spark writes to ``scope/stream``."""
+    return f"{scope}/{SPARK_WRITES_STREAM_PREFIX}{stream}/0.#epoch.0"
 
 
 class StreamWriteError(QuireError):
@@ -167,40 +189,39 @@ class StreamCommits:
     ``lease_ms`` is the lease every ping asks for."""
 
     def __init__(self, controller: ControllerClient, segments: RemoteSegmentStore,
-                 lease_ms: int = 120_000, table: str = WRITES_TABLE) -> None:
+                 lease_ms: int = 120_000) -> None:
         self.controller = controller
         self.segments = segments
         self.lease_ms = lease_ms
-        self.table = table
         self.after_record: Hook | None = None
         """Test hook: called once a commit decision is recorded, before the
         first transaction is committed."""
 
     # --- the table ----------------------------------------------------------------------
 
-    async def ensure_table(self) -> None:
+    async def ensure_table(self, table: str) -> None:
         with contextlib.suppress(SegmentExistsError):
-            await self.segments.create_segment(self.table, SegmentType.TABLE)
+            await self.segments.create_segment(table, SegmentType.TABLE)
 
-    async def _get(self, key: str) -> TableEntry | None:
+    async def _get(self, table: str, key: str) -> TableEntry | None:
         try:
-            return (await self.segments.table_get(self.table, [key.encode()]))[0]
+            return (await self.segments.table_get(table, [key.encode()]))[0]
         except SegmentNotFoundError:
             return None
 
-    async def _put(self, key: str, value: bytes, version: int | None) -> int:
-        return (await self.segments.table_put(self.table, [(key.encode(), value, version)]))[0]
+    async def _put(self, table: str, key: str, value: bytes, version: int | None) -> int:
+        return (await self.segments.table_put(table, [(key.encode(), value, version)]))[0]
 
-    async def _remove(self, keys: Sequence[str]) -> None:
+    async def _remove(self, table: str, keys: Sequence[str]) -> None:
         if keys:
             with contextlib.suppress(TableKeyNotFoundError, SegmentNotFoundError):
-                await self.segments.table_remove(self.table, [(k.encode(), None) for k in keys])
+                await self.segments.table_remove(table, [(k.encode(), None) for k in keys])
 
-    async def _entries(self, prefix: str) -> AsyncIterator[TableEntry]:
+    async def _entries(self, table: str, prefix: str) -> AsyncIterator[TableEntry]:
         token: bytes | None = None
         while True:
             try:
-                page = await self.segments.table_iterate(self.table, False, token, 1000)
+                page = await self.segments.table_iterate(table, False, token, 1000)
             except SegmentNotFoundError:
                 return
             for entry in page.entries:
@@ -216,21 +237,23 @@ class StreamCommits:
                        task: str) -> None:
         """Record a task attempt's transaction before it writes, so that it
         is aborted unless committed (even if the task dies)."""
-        await self.ensure_table()
+        table = writes_table(scope, stream)
+        await self.ensure_table(table)
         record = {"scope": scope, "stream": stream, "task": task,
                   "created_ms": SYSTEM_CLOCK.wall_ms()}
-        await self._put(txn_key(write_id, txn_id), json.dumps(record).encode(), None)
+        await self._put(table, txn_key(write_id, txn_id), json.dumps(record).encode(), None)
 
-    async def unregister(self, write_id: str, txn_id: int) -> None:
+    async def unregister(self, write_id: str, scope: str, stream: str, txn_id: int) -> None:
         """Forget a task attempt's registration once its transaction is
         aborted (what the registration was there to make sure of)."""
-        await self._remove([txn_key(write_id, txn_id)])
+        await self._remove(writes_table(scope, stream), [txn_key(write_id, txn_id)])
 
-    async def _registered(self, write_id: str) -> list[tuple[str, str, str, int]]:
+    async def _registered(self, write_id: str, scope: str, stream: str
+                          ) -> list[tuple[str, str, str, int]]:
         """(key, scope, stream, txn id) of the attempts registered for ``write_id``."""
         prefix = f"txn/{write_id}/"
         found = []
-        async for entry in self._entries(prefix):
+        async for entry in self._entries(writes_table(scope, stream), prefix):
             key = entry.key.decode()
             doc = json.loads(entry.value or b"{}")
             found.append((key, doc["scope"], doc["stream"], int(key[len(prefix):], 16)))
@@ -301,7 +324,8 @@ class StreamCommits:
         """Commit a batch write: every transaction of ``txns`` (in order) or
         none.  Returns the number committed.  StreamWriteAbortedError if one
         was gone before the decision (then all are aborted)."""
-        await self.ensure_table()
+        table = writes_table(scope, stream)
+        await self.ensure_table(table)
         gone = await self._ping_all(scope, stream, txns)
         if gone:
             await self.abort_write(write_id, scope, stream, txns)
@@ -311,9 +335,9 @@ class StreamCommits:
                 f"{self.lease_ms} ms ran out?); the whole write was aborted")
         record = CommitRecord(scope, stream, tuple(txns), SYSTEM_CLOCK.wall_ms())
         try:
-            await self._put(write_key(write_id), record.to_json(), NOT_EXISTS)
+            await self._put(table, write_key(write_id), record.to_json(), NOT_EXISTS)
         except TableKeyBadVersionError:  # recorded before (a retried commit): finish that
-            entry = await self._get(write_key(write_id))
+            entry = await self._get(table, write_key(write_id))
             if entry is not None and entry.value is not None:
                 record = CommitRecord.from_json(entry.value)
         await self._hook()
@@ -325,22 +349,24 @@ class StreamCommits:
                           txns: Sequence[int] = ()) -> RecoveryReport:
         """Abort a batch write, unless its commit was recorded (then finish it)."""
         report = RecoveryReport()
-        entry = await self._get(write_key(write_id))
+        table = writes_table(scope, stream)
+        entry = await self._get(table, write_key(write_id))
         if entry is not None and entry.value is not None:
             await self._finish_write(write_id, CommitRecord.from_json(entry.value), report)
             return report
-        registered = await self._registered(write_id)
+        registered = await self._registered(write_id, scope, stream)
         report.aborted_txns += await self._abort(scope, stream, sorted(
             set(txns) | {t for _, _, _, t in registered}))
-        await self._remove([k for k, _, _, _ in registered])
+        await self._remove(table, [k for k, _, _, _ in registered])
         return report
 
     async def _finish_write(self, write_id: str, record: CommitRecord,
                             report: RecoveryReport) -> None:
         committed, lost = await self._commit_all(record.scope, record.stream, record.txns)
         report.committed_txns += committed
-        report.aborted_txns += await self._clean_attempts(write_id, set(record.txns))
-        await self._remove([write_key(write_id)])
+        report.aborted_txns += await self._clean_attempts(write_id, record.scope, record.stream,
+                                                          set(record.txns))
+        await self._remove(writes_table(record.scope, record.stream), [write_key(write_id)])
         report.rolled_forward.append(write_id)
         if lost:
             raise StreamWriteIncompleteError(
@@ -348,15 +374,16 @@ class StreamCommits:
                 f"{', '.join(_hex(t) for t in lost)} were aborted before the recorded commit "
                 "was finished (finish recorded commits within txn_lease)")
 
-    async def _clean_attempts(self, write_id: str, keep: set[int]) -> int:
+    async def _clean_attempts(self, write_id: str, scope: str, stream: str,
+                              keep: set[int]) -> int:
         """Abort the write's registered transactions not in ``keep`` and
         forget its registrations."""
-        registered = await self._registered(write_id)
+        registered = await self._registered(write_id, scope, stream)
         aborted = 0
-        for _, scope, stream, txn in registered:
+        for _, txn_scope, txn_stream, txn in registered:
             if txn not in keep:
-                aborted += await self._abort(scope, stream, [txn])
-        await self._remove([k for k, _, _, _ in registered])
+                aborted += await self._abort(txn_scope, txn_stream, [txn])
+        await self._remove(writes_table(scope, stream), [k for k, _, _, _ in registered])
         return aborted
 
     async def _hook(self) -> None:
@@ -369,19 +396,35 @@ class StreamCommits:
 
     async def sink_progress(self, scope: str, stream: str, sink_id: str
                             ) -> tuple[SinkRecord | None, int]:
-        entry = await self._get(sink_key(scope, stream, sink_id))
+        """The sink's record and its version (NOT_EXISTS: none in the
+        stream's table; the record may then come from the legacy table)."""
+        entry = await self._get(writes_table(scope, stream), sink_key(scope, stream, sink_id))
         if entry is None or entry.value is None:
-            return None, NOT_EXISTS
+            return await self._legacy_sink_progress(scope, stream, sink_id), NOT_EXISTS
         return SinkRecord.from_json(entry.value), entry.version
+
+    async def _legacy_sink_progress(self, scope: str, stream: str, sink_id: str
+                                    ) -> SinkRecord | None:
+        """The sink's record in :data:`LEGACY_WRITES_TABLE`, if it has one
+        there and this client may read it (an upgrade's carry-over)."""
+        try:
+            entry = await self._get(LEGACY_WRITES_TABLE, sink_key(scope, stream, sink_id))
+        except QuireError as e:  # refused (auth on) or unreachable: nothing to carry over
+            log.debug("no legacy progress of sink %s of %s/%s: %s", sink_id, scope, stream, e)
+            return None
+        if entry is None or entry.value is None:
+            return None
+        return SinkRecord.from_json(entry.value)
 
     async def _finish_sink(self, scope: str, stream: str, sink_id: str, record: SinkRecord,
                            version: int, report: RecoveryReport) -> int:
         committed, lost = await self._commit_all(scope, stream, record.txns)
         report.committed_txns += committed
         write_id = sink_batch_write_id(scope, stream, sink_id, record.batch_id)
-        report.aborted_txns += await self._clean_attempts(write_id, set(record.txns))
+        report.aborted_txns += await self._clean_attempts(write_id, scope, stream,
+                                                          set(record.txns))
         try:
-            version = await self._put(sink_key(scope, stream, sink_id),
+            version = await self._put(writes_table(scope, stream), sink_key(scope, stream, sink_id),
                                       SinkRecord(record.batch_id).to_json(), version)
         except (TableKeyBadVersionError, TableKeyNotFoundError) as e:
             # a recovery (another write to the stream) may have finished it first
@@ -403,7 +446,8 @@ class StreamCommits:
                                 txns: Sequence[int]) -> bool:
         """Commit micro-batch ``batch_id`` of the sink exactly once: False (and
         its transactions aborted) if that batch was committed before."""
-        await self.ensure_table()
+        table = writes_table(scope, stream)
+        await self.ensure_table(table)
         record, version = await self.sink_progress(scope, stream, sink_id)
         if record is not None and record.txns:  # an earlier commit to finish first
             version = await self._finish_sink(scope, stream, sink_id, record, version,
@@ -421,7 +465,7 @@ class StreamCommits:
                 "aborted")
         decided = SinkRecord(batch_id, tuple(txns))
         try:
-            version = await self._put(sink_key(scope, stream, sink_id), decided.to_json(),
+            version = await self._put(table, sink_key(scope, stream, sink_id), decided.to_json(),
                                       version)
         except (TableKeyBadVersionError, TableKeyNotFoundError) as e:
             await self.abort_write(write_id, scope, stream, txns)
@@ -436,32 +480,47 @@ class StreamCommits:
 
     async def recover(self, scope: str | None = None, stream: str | None = None,
                       abandoned_after_ms: int | None = None) -> RecoveryReport:
-        """Finish every recorded commit (of ``scope/stream`` if given), and
-        forget the registered attempts of writes that never recorded one,
-        older than ``abandoned_after_ms`` (default: twice the lease) and
-        whose transaction has ended (the controller aborts an abandoned one
-        when its lease runs out)."""
+        """Finish every recorded commit (of every stream this client may
+        list, of ``scope``'s, or of ``scope/stream``), and forget the
+        registered attempts of writes that never recorded one, older than
+        ``abandoned_after_ms`` (default: twice the lease) and whose
+        transaction has ended (the controller aborts an abandoned one when
+        its lease runs out)."""
         report = RecoveryReport()
-        match = "" if scope is None else f"{scope}/" if stream is None else f"{scope}/{stream}/"
-        async for entry in self._entries("commit/"):
+        for one_scope, one_stream in await self._streams(scope, stream):
+            try:
+                await self._recover_stream(one_scope, one_stream, abandoned_after_ms, report)
+            except PermissionDeniedError:
+                if stream is not None:
+                    raise
+                log.info("not recovering writes to %s/%s: this user may not write it",
+                         one_scope, one_stream)
+        return report
+
+    async def _streams(self, scope: str | None, stream: str | None) -> list[tuple[str, str]]:
+        if scope is not None and stream is not None:
+            return [(scope, stream)]
+        scopes = [scope] if scope is not None else await self.controller.list_scopes()
+        return [(s, name) for s in scopes for name in await self.controller.list_streams(s)]
+
+    async def _recover_stream(self, scope: str, stream: str, abandoned_after_ms: int | None,
+                              report: RecoveryReport) -> None:
+        table = writes_table(scope, stream)
+        async for entry in self._entries(table, "commit/"):
             record = CommitRecord.from_json(entry.value or b"{}")
-            if f"{record.scope}/{record.stream}/".startswith(match):
-                write_id = entry.key.decode().removeprefix("commit/")
-                await self._finish_write(write_id, record, report)
-        async for entry in self._entries(f"sink/{match}"):
+            write_id = entry.key.decode().removeprefix("commit/")
+            await self._finish_write(write_id, record, report)
+        async for entry in self._entries(table, "sink/"):
             sink = SinkRecord.from_json(entry.value or b"{}")
             if sink.txns:
-                sink_scope, sink_stream, sink_id = \
-                    entry.key.decode().removeprefix("sink/").split("/", 2)
-                await self._finish_sink(sink_scope, sink_stream, sink_id, sink, entry.version,
-                                        report)
+                sink_id = entry.key.decode().removeprefix(f"sink/{scope}/{stream}/")
+                await self._finish_sink(scope, stream, sink_id, sink, entry.version, report)
         cutoff = SYSTEM_CLOCK.wall_ms() - (abandoned_after_ms if abandoned_after_ms is not None
-                             else 2 * self.lease_ms)
+                                           else 2 * self.lease_ms)
         stale: list[tuple[str, dict[str, Any]]] = []
-        async for entry in self._entries("txn/"):
+        async for entry in self._entries(table, "txn/"):
             doc = json.loads(entry.value or b"{}")
-            if f"{doc['scope']}/{doc['stream']}/".startswith(match) and \
-                    int(doc.get("created_ms", 0)) <= cutoff:
+            if int(doc.get("created_ms", 0)) <= cutoff:
                 stale.append((entry.key.decode(), doc))
         for key, doc in stale:
             # an attempt of a write that never recorded a commit: forget it
@@ -474,6 +533,5 @@ class StreamCommits:
             except TransactionNotFoundError:
                 state = TxnState.UNKNOWN
             if state is not TxnState.OPEN and state is not TxnState.COMMITTING:
-                await self._remove([key])
+                await self._remove(table, [key])
                 report.forgotten += 1
-        return report

@@ -5,8 +5,15 @@
 option                 meaning
 =====================  ======================================================
 stream                 ``scope/stream`` to read (required; selects this reader)
-controller             controller URI ``tcp://host:port`` (default
+controller             controller URI ``tcp://host:port``, or
+                       ``tls://host:port`` for TLS (default
                        ``$QUIRE_CONTROLLER``, else ``tcp://127.0.0.1:9090``)
+tls_ca                 CA certificates (PEM file, on every executor) trusted
+                       for a ``tls://`` controller and its segment stores
+                       (default: the system's)
+credentials_file       TOML file (mode 0600, read by the driver) with
+                       ``username`` and ``password`` of a user of a cluster
+                       with auth on; or give ``username`` and ``password``
 start_stream_cut       where reading starts: ``earliest`` (default: the
                        stream's head, after truncation), ``latest`` (its
                        tail now) or a stream cut in JSON, segment id ->
@@ -47,8 +54,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from quire.errors import ConfigError
+from quire.security import Credentials
 from quire.spark.options import bool_option, positive_option
-from quire.streams.controller import controller_target, controller_uri
+from quire.streams.controller import controller_uri
+from quire.streams.credentials import StreamAccess
 from quire.tier2 import parse_tier2_uri
 
 EARLIEST = "earliest"
@@ -102,6 +111,22 @@ def _cut_option(text: str | None, name: str, default: str,
     return parse_cut(text, name)
 
 
+def access_options(options: Mapping[str, str]) -> StreamAccess:
+    """The controller, ``tls_ca`` and credentials (``credentials_file``, or
+    ``username`` and ``password``) of a read's or a write's options;
+    ValueError naming what is wrong.  A credentials file is read here, on
+    the driver: executors get the credentials with the plan."""
+    try:
+        return StreamAccess.of(controller_uri(options.get("controller")),
+                               options.get("tls_ca") or None,
+                               options.get("credentials_file") or None,
+                               options.get("username") or None,
+                               options.get("password") or None)
+    except ConfigError as e:
+        raise ValueError(f"options controller, tls_ca, credentials_file, username, "
+                         f"password: {e}") from None
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     """Parsed options of a stream read (picklable; module docstring)."""
@@ -117,6 +142,12 @@ class StreamOptions:
     fail_on_data_loss: bool = True
     read_bytes: int = 1 << 20
     batch_rows: int = 8192
+    tls_ca: str | None = None
+    credentials: Credentials | None = None
+
+    @property
+    def access(self) -> StreamAccess:
+        return StreamAccess(self.controller, self.tls_ca, self.credentials)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamOptions:
@@ -126,11 +157,7 @@ class StreamOptions:
         scope, sep, name = stream.partition("/")
         if not sep or not scope or not name or "/" in name:
             raise ValueError(f"option stream must be scope/stream, got {stream!r}")
-        controller = controller_uri(get("controller"))
-        try:
-            controller_target(controller)
-        except ConfigError as e:
-            raise ValueError(f"option controller: {e}") from None
+        access = access_options(options)
         tier2 = get("tier2") or None
         if tier2 is not None:
             try:
@@ -138,7 +165,7 @@ class StreamOptions:
             except ConfigError as e:
                 raise ValueError(f"option tier2: {e}") from None
         return cls(
-            controller=controller, scope=scope, stream=name,
+            controller=access.controller, scope=scope, stream=name,
             start=_cut_option(get("start_stream_cut"), "start_stream_cut", EARLIEST,
                               (EARLIEST, LATEST)),
             end=_cut_option(get("end_stream_cut"), "end_stream_cut", LATEST,
@@ -149,4 +176,5 @@ class StreamOptions:
             fail_on_data_loss=bool_option(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
             read_bytes=positive_option(options, "read_bytes", 1 << 20) or 1 << 20,
             batch_rows=positive_option(options, "batch_rows", 8192) or 8192,
+            tls_ca=access.tls_ca, credentials=access.credentials,
         )

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import InputPartition
 
 from quire.errors import ProtocolError, SegmentNotFoundError, SegmentTruncatedError
+from quire.security import Credentials
 from quire.spark._runtime import runtime
 from quire.spark.stream_plan import StreamDataLossError
 from quire.spark.tier2_reads import Tier2Layout, reread_layout, tier2_storage
 from quire.streams.controller import ControllerClient
+from quire.streams.credentials import StreamAccess
 from quire.streams.model import EVENT_HEADER, EVENT_TYPE, segment_name
-from quire.streams.resolvers import controller_resolver
 from quire.streams.segments import RemoteSegmentStore, SegmentClientConfig
 from quire.tier2 import read_segment
 
@@ -42,21 +43,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quire.spark")
 
-_clients: dict[tuple[int, str], tuple[ControllerClient, RemoteSegmentStore]] = {}
-"""(process id, controller URI) -> its clients (touched on the runtime loop only)."""
+_clients: dict[tuple[int, StreamAccess], tuple[ControllerClient, RemoteSegmentStore]] = {}
+"""(process id, access) -> its clients (touched on the runtime loop only)."""
 
 
-async def stream_clients(controller_uri: str, read_bytes: int = 1 << 20
+async def stream_clients(access: StreamAccess, read_bytes: int = 1 << 20
                          ) -> tuple[ControllerClient, RemoteSegmentStore]:
     """This process's controller client and segment store client for
-    ``controller_uri`` (call on the runtime loop; kept for the process)."""
-    key = (os.getpid(), controller_uri)
+    ``access`` (call on the runtime loop; kept for the process)."""
+    key = (os.getpid(), access)
     found = _clients.get(key)
     if found is None:
-        controller = ControllerClient(controller_uri)
-        segments = RemoteSegmentStore(controller_resolver(controller),
-                                      SegmentClientConfig(read_length_bytes=read_bytes))
-        found = _clients[key] = (controller, segments)
+        found = _clients[key] = access.clients(
+            config=SegmentClientConfig(read_length_bytes=read_bytes))
     return found
 
 
@@ -75,6 +74,12 @@ class SegmentRange(InputPartition):
     fail_on_data_loss: bool = True
     read_bytes: int = 1 << 20
     batch_rows: int = 8192
+    tls_ca: str | None = None
+    credentials: Credentials | None = None
+
+    @property
+    def access(self) -> StreamAccess:
+        return StreamAccess(self.controller, self.tls_ca, self.credentials)
 
     @property
     def name(self) -> str:
@@ -251,7 +256,7 @@ class _RangeBytes:
                     restarted = True
                     continue
             else:
-                _controller, segments = await stream_clients(part.controller, part.read_bytes)
+                _controller, segments = await stream_clients(part.access, part.read_bytes)
                 self._used_store = True
                 try:
                     r = await segments.read(part.name, at, min(part.read_bytes, part.last - at))
@@ -277,7 +282,7 @@ class _RangeBytes:
 
     async def close(self) -> None:
         if self._used_store:
-            _controller, segments = await stream_clients(self.part.controller,
+            _controller, segments = await stream_clients(self.part.access,
                                                          self.part.read_bytes)
             segments.done_reading(self.part.name)
 

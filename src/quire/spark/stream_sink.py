@@ -29,8 +29,14 @@ committed, and a replayed ``n`` is aborted.
 option            meaning
 ================  ===============================================================
 stream            ``scope/stream`` to write (it must exist)
-controller        controller URI, ``tcp://host:port`` (default
-                  ``$QUIRE_CONTROLLER``, else ``tcp://127.0.0.1:9090``)
+controller        controller URI, ``tcp://host:port`` or ``tls://host:port``
+                  (default ``$QUIRE_CONTROLLER``, else ``tcp://127.0.0.1:9090``)
+tls_ca            CA certificates (PEM file, on every executor) trusted for a
+                  ``tls://`` controller and its segment stores
+credentials_file  TOML file (mode 0600, read by the driver) with ``username``
+                  and ``password``; or give ``username`` and ``password``
+                  (a cluster with auth on: the user needs READ_UPDATE on the
+                  stream, which also guards the write's commit records)
 sink_id           streaming write: the sink's stable id (required)
 txn_lease         lease of the transactions, renewed by pings (duration,
                   default ``120s``, at most the controller's maximum); a
@@ -57,6 +63,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from quire.errors import QuireError
+from quire.security import Credentials
 from quire.spark._runtime import runtime
 from quire.spark.options import parse_duration_ms
 from quire.spark.stream_commits import (
@@ -64,14 +71,14 @@ from quire.spark.stream_commits import (
     StreamCommits,
     sink_batch_write_id,
 )
+from quire.spark.stream_options import access_options
 from quire.streams import (
     ControllerClient,
     RemoteSegmentStore,
+    StreamAccess,
     StreamTransaction,
-    controller_resolver,
     controller_uri,
 )
-from quire.streams.controller import controller_target
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,6 +97,12 @@ class StreamSinkOptions:
     controller: str
     sink_id: str | None = None
     txn_lease_ms: int = 120_000
+    tls_ca: str | None = None
+    credentials: Credentials | None = None
+
+    @property
+    def access(self) -> StreamAccess:
+        return StreamAccess(self.controller, self.tls_ca, self.credentials)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamSinkOptions:
@@ -98,11 +111,7 @@ class StreamSinkOptions:
         scope, sep, stream = target.partition("/")
         if not sep or not scope or not stream or "/" in stream:
             raise ValueError(f"option stream must be scope/stream, got {target!r}")
-        controller = controller_uri(options.get("controller"))
-        try:
-            controller_target(controller)
-        except QuireError as e:
-            raise ValueError(f"option controller: {e}") from None
+        access = access_options(options)
         lease = parse_duration_ms(options.get("txn_lease") or "120s")
         if lease <= 0:
             raise ValueError("option txn_lease must be positive")
@@ -110,7 +119,8 @@ class StreamSinkOptions:
         if sink_id is not None and (not sink_id.strip() or "/" in sink_id):
             raise ValueError(f"option sink_id must be a non-empty name without '/', "
                              f"got {sink_id!r}")
-        return cls(scope, stream, controller, sink_id, lease)
+        return cls(scope, stream, access.controller, sink_id, lease, access.tls_ca,
+                   access.credentials)
 
 
 def _columns(schema: StructType) -> tuple[str, str | None]:
@@ -136,35 +146,36 @@ def _columns(schema: StructType) -> tuple[str, str | None]:
 
 # --- clients, one pair per process and controller ---------------------------------------
 
-_clients: dict[tuple[int, str], tuple[ControllerClient, RemoteSegmentStore]] = {}
+_clients: dict[tuple[int, StreamAccess], tuple[ControllerClient, RemoteSegmentStore]] = {}
 
 
-async def stream_clients(uri: str) -> tuple[ControllerClient, RemoteSegmentStore]:
+async def stream_clients(access: StreamAccess) -> tuple[ControllerClient, RemoteSegmentStore]:
     """This process's controller client and segment store client for
-    ``uri`` (call on the runtime's loop; kept for the life of the process)."""
-    key = (os.getpid(), uri)
+    ``access`` (call on the runtime's loop; kept for the life of the process)."""
+    key = (os.getpid(), access)
     found = _clients.get(key)
     if found is None:
-        controller = ControllerClient(uri)
-        found = _clients[key] = (controller, RemoteSegmentStore(controller_resolver(controller)))
+        found = _clients[key] = access.clients()
     return found
 
 
 async def _commits(opts: StreamSinkOptions) -> StreamCommits:
-    controller, segments = await stream_clients(opts.controller)
+    controller, segments = await stream_clients(opts.access)
     return StreamCommits(controller, segments, lease_ms=opts.txn_lease_ms)
 
 
 def recover_stream_writes(controller: str | None = None, scope: str | None = None,
-                          stream: str | None = None) -> RecoveryReport:
+                          stream: str | None = None, *, tls_ca: str | None = None,
+                          credentials_file: str | None = None) -> RecoveryReport:
     """Finish the Spark writes to streams whose driver died after recording
     their commit (all streams, one scope's, or one stream's), from any
     process; what was done.  Run it within ``txn_lease`` of the crash (a
-    later write to the same stream does it too)."""
-    uri = controller_uri(controller)
+    later write to the same stream does it too).  A cluster with TLS or
+    auth: ``tls_ca`` and a ``credentials_file`` as the options say."""
+    access = StreamAccess.of(controller_uri(controller), tls_ca, credentials_file)
 
     async def go() -> RecoveryReport:
-        controller_client, segments = await stream_clients(uri)
+        controller_client, segments = await stream_clients(access)
         return await StreamCommits(controller_client, segments).recover(scope, stream)
 
     return runtime().run(go())
@@ -284,7 +295,8 @@ class _TaskTransaction:
         # listed the registrations, and only the attempt itself removes that one.
         with contextlib.suppress(QuireError):
             commits = await _commits(self.opts)
-            await commits.unregister(self.write_id, self.txn.id)
+            await commits.unregister(self.write_id, self.opts.scope, self.opts.stream,
+                                     self.txn.id)
 
     def discard(self) -> None:
         """Abort the transaction (a failed attempt)."""

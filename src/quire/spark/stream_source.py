@@ -92,7 +92,7 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
 
 
 async def _planner(opts: StreamOptions) -> CutPlanner:
-    controller, segments = await stream_clients(opts.controller, opts.read_bytes)
+    controller, segments = await stream_clients(opts.access, opts.read_bytes)
     return CutPlanner(controller, segments, opts.scope, opts.stream,
                       fail_on_data_loss=opts.fail_on_data_loss, read_bytes=opts.read_bytes)
 
@@ -116,7 +116,8 @@ async def _partitions(opts: StreamOptions, spans: list[SegmentSpan]) -> list[Seg
         segment_id=s.segment_id, first=s.first, last=s.last,
         tier2=layouts.get(segment_name(opts.scope, opts.stream, s.segment_id)),
         fail_on_data_loss=opts.fail_on_data_loss, read_bytes=opts.read_bytes,
-        batch_rows=opts.batch_rows) for s in spans]
+        batch_rows=opts.batch_rows, tls_ca=opts.tls_ca, credentials=opts.credentials)
+        for s in spans]
 
 
 def _read(partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:

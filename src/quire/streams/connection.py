@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from typing import cast
 
-from quire.errors import SegmentStoreConnectionError, WireCommandError
+from quire.errors import SegmentStoreConnectionError, TlsHandshakeError, WireCommandError
 from quire.pravega_wire import (
     OLDEST_COMPATIBLE_VERSION,
     REPLY_TYPES,
@@ -68,16 +69,26 @@ class SegmentConnection(asyncio.Protocol):
         """Set once the connection is down."""
 
     @classmethod
-    async def open(cls, address: str, timeout_ms: int) -> SegmentConnection:
-        """Connect to ``address`` (``host:port``) and exchange Hellos within
-        ``timeout_ms``; SegmentStoreConnectionError if that fails."""
+    async def open(cls, address: str, timeout_ms: int,
+                   tls: ssl.SSLContext | None = None) -> SegmentConnection:
+        """Connect to ``address`` (``host:port``; with ``tls``, over TLS
+        checking that the certificate covers ``host``) and exchange Hellos
+        within ``timeout_ms``; SegmentStoreConnectionError if that fails,
+        TlsHandshakeError (not worth retrying) if the TLS handshake does."""
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                _transport, connection = await loop.create_connection(
-                    lambda: cls(address), host, port)
+                if tls is None:
+                    _transport, connection = await loop.create_connection(
+                        lambda: cls(address), host, port)
+                else:
+                    _transport, connection = await loop.create_connection(
+                        lambda: cls(address), host, port, ssl=tls, server_hostname=host)
                 await asyncio.shield(connection._greeted)
+        except ssl.SSLError as e:
+            raise TlsHandshakeError(f"TLS handshake with segment store {address} failed: "
+                                    f"{e.reason or e}") from e
         except (OSError, TimeoutError) as e:
             raise SegmentStoreConnectionError(
                 f"cannot connect to segment store {address}: {e or type(e).__name__}") from e

@@ -11,6 +11,8 @@ errors of :mod:`quire.errors`:
 - gRPC INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION and ABORTED as
   ControllerInvalidArgumentError, ControllerNotFoundError,
   ControllerPreconditionError and ControllerConcurrentUpdateError;
+- PERMISSION_DENIED as PermissionDeniedError (wrong credentials too: Quire's
+  controller answers them so), UNAUTHENTICATED as AuthenticationError;
 - every other status (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN...)
   as ControllerUnavailableError: the outcome is unknown, never a "no".
 
@@ -18,6 +20,11 @@ Several controllers serve one cluster: give them all, comma-separated
 (``tcp://h1:9090,h2:9090``).  Calls go to one until it answers UNAVAILABLE
 (it is down, or its connection broke), then to the next, round after
 round with a short backoff, within the call's timeout.
+
+Security: a ``tls://host:port[,host:port...]`` URI speaks TLS, trusting
+``tls_ca`` (PEM; none: the system's CAs) and checking that the certificate
+covers each host; ``credentials`` are sent as Basic ``authorization``
+metadata on every call.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -35,17 +43,20 @@ import grpc
 from quire.controller_api import Controller_pb2 as pb
 from quire.controller_api.Controller_pb2_grpc import ControllerServiceStub
 from quire.errors import (
+    AuthenticationError,
     ConfigError,
     ControllerConcurrentUpdateError,
-    ControllerError,
     ControllerInvalidArgumentError,
     ControllerNotFoundError,
     ControllerPreconditionError,
     ControllerUnavailableError,
+    PermissionDeniedError,
+    QuireError,
     ScopeNotFoundError,
     StreamNotFoundError,
     TransactionNotFoundError,
 )
+from quire.security import Credentials, basic_authorization, grpc_channel_credentials
 from quire.streams.model import Segment
 
 T = TypeVar("T")
@@ -60,23 +71,34 @@ def controller_uri(given: str | None) -> str:
     :data:`DEFAULT_CONTROLLER_URI` (as the CLI and Spark's options do)."""
     return given or os.environ.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER_URI
 
-_STATUS_ERRORS: dict[grpc.StatusCode, type[ControllerError]] = {
+_STATUS_ERRORS: dict[grpc.StatusCode, type[QuireError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: ControllerInvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: ControllerNotFoundError,
     grpc.StatusCode.FAILED_PRECONDITION: ControllerPreconditionError,
     grpc.StatusCode.ABORTED: ControllerConcurrentUpdateError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
+TLS_SCHEMES = ("tls://", "ssl://", "tcps://", "pravegas://")
+"""URI schemes of a controller spoken to over TLS (the Pravega client's)."""
+
+
+def controller_uses_tls(uri: str) -> bool:
+    return uri.startswith(TLS_SCHEMES)
 
 
 def controller_targets(uri: str) -> list[str]:
-    """``tcp://host:port[,host:port...]`` (``tcp://`` optional, on each or
-    the first) as gRPC targets ``host:port``."""
+    """``tcp://host:port[,host:port...]`` or ``tls://...`` (the scheme
+    optional, on each or the first) as gRPC targets ``host:port``."""
     targets = []
     for part in uri.split(","):
-        rest = part.strip().removeprefix("tcp://")
+        rest = part.strip()
+        for scheme in ("tcp://", *TLS_SCHEMES):
+            rest = rest.removeprefix(scheme)
         host, sep, port = rest.rpartition(":")
         if "://" in rest or not sep or not host or not port.isdigit():
-            raise ConfigError(f"a controller URI is tcp://host:port[,host:port...], got {uri!r}")
+            raise ConfigError("a controller URI is tcp://host:port[,host:port...] or "
+                              f"tls://host:port[,...], got {uri!r}")
         targets.append(rest)
     return targets
 
@@ -168,22 +190,36 @@ def txn_id_of(message: pb.TxnId) -> int:
 
 
 class ControllerClient:
-    """The controller(s) at ``uri`` (module docstring); :meth:`close` when done.
+    """The controller(s) at ``uri`` (``tcp://host:port[,host:port...]``,
+    ``tls://...``); :meth:`close` when done (failover and security in the
+    module docstring).
 
     Every call waits at most ``timeout_ms`` for its answer."""
 
-    def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000) -> None:
+    def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000, *,
+                 tls_ca: str | Path | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.uri = uri
         self.timeout_ms = timeout_ms
         self._targets = controller_targets(uri)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._current = 0
+        self._trust: grpc.ChannelCredentials | None = None
+        if controller_uses_tls(uri):
+            self._trust = (grpc_channel_credentials(tls_ca) if tls_ca
+                           else grpc.ssl_channel_credentials())
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+        if credentials is not None:
+            self._metadata = (("authorization", basic_authorization(
+                credentials.username, credentials.password)),)
 
     def _channel(self) -> grpc.aio.Channel:
         target = self._targets[self._current]
         channel = self._channels.get(target)
         if channel is None:
-            channel = self._channels[target] = grpc.aio.insecure_channel(target)
+            channel = self._channels[target] = (
+                grpc.aio.secure_channel(target, self._trust) if self._trust is not None
+                else grpc.aio.insecure_channel(target))
         return channel
 
     async def close(self) -> None:
@@ -202,7 +238,8 @@ class ControllerClient:
         its answer (errors as the module docstring says)."""
         async def attempt(channel: grpc.aio.Channel, timeout_s: float) -> Any:
             stub: Any = ControllerServiceStub(channel)  # type: ignore[no-untyped-call]
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s,
+                                                metadata=self._metadata)
         return await self._failing_over(method, attempt)
 
     async def admin(self, method: str, request: dict[str, Any]) -> Any:
@@ -211,7 +248,7 @@ class ControllerClient:
             ask = channel.unary_unary(f"/{ADMIN_SERVICE}/{method}",
                                       request_serializer=lambda r: json.dumps(r).encode(),
                                       response_deserializer=json.loads)
-            return await ask(request, timeout=timeout_s)
+            return await ask(request, timeout=timeout_s, metadata=self._metadata)
         return await self._failing_over(method, attempt)
 
     async def _failing_over(self, method: str,
@@ -399,6 +436,12 @@ class ControllerClient:
         answer = await self.call("getSegmentsImmediatelyFollowing", pb.SegmentId(
             streamInfo=self._info(scope, stream), segmentId=segment_id))
         return [(self._segments([e.segment])[0], list(e.value)) for e in answer.segments]
+
+    async def delegation_token(self, scope: str, stream: str) -> str:
+        """A token for the segment stores' requests on ``scope/stream``
+        ("" from a controller without auth)."""
+        answer = await self.call("getDelegationToken", self._info(scope, stream))
+        return str(answer.delegationToken)
 
     async def segment_uri(self, scope: str, stream: str, segment_id: int) -> str:
         """The ``host:port`` of the segment store serving the segment."""

@@ -14,7 +14,8 @@ queries are simply retried, a mutation fails with
 Replies become the segment store's own errors (SegmentNotFoundError,
 SegmentExistsError, SegmentSealedError, SegmentTruncatedError,
 BadOffsetError for a failed conditional append, TableKeyBadVersionError,
-TableKeyNotFoundError), so code written against the in-process
+TableKeyNotFoundError; a refused delegation token PermissionDeniedError),
+so code written against the in-process
 :class:`~quire.segmentstore.SegmentStore` (the controller's
 ``ControllerSegmentStore`` seam) works unchanged over the wire.
 
@@ -26,6 +27,11 @@ by a new one on the next request.  Mutations start when called, as tasks
 in call order, and while the owner is known and its connection is up each
 is on the wire before its task first waits, so calls made in one go reach
 the store in call order.
+
+Security: with ``tls`` (a client context) every connection is TLS, checking
+the owner's host name; ``tokens`` (:mod:`quire.streams.tokens`) gives the
+delegation token each request carries, fetched again once when the store
+answers that it expired.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,15 +48,19 @@ from quire.errors import (
     BadOffsetError,
     ConfigError,
     ContainerNotOwnedError,
+    InvalidNameError,
+    PermissionDeniedError,
     ProtocolError,
     SegmentExistsError,
     SegmentNotFoundError,
+    SegmentQuarantinedError,
     SegmentSealedError,
     SegmentStoreConnectionError,
     SegmentStoreError,
     SegmentTruncatedError,
     TableKeyBadVersionError,
     TableKeyNotFoundError,
+    TokenExpiredError,
 )
 from quire.pravega_wire import (
     KEY_NO_VERSION,
@@ -118,6 +129,7 @@ from quire.segmentstore import (
 )
 from quire.segmentstore.segment_rates import SCALE_POLICY_RATE_KEY, SCALE_POLICY_TYPE_KEY
 from quire.streams.connection import SegmentConnection, next_request_id
+from quire.streams.tokens import NO_TOKENS, TOKEN_EXPIRED_CODE, TokenSource
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +194,16 @@ def error_of(reply: WireCommand, segment: str) -> Exception:
                                   "(its length is not the expected offset)", -1, -1)
         case OperationUnsupported(operation_name=name):
             return SegmentStoreError(f"segment store does not support {name}")
+        case ErrorMessage(message=message, error_code=0):  # ILLEGAL_ARGUMENT_EXCEPTION
+            return InvalidNameError(message)
+        case ErrorMessage(message=message) if "is quarantined" in message:
+            return SegmentQuarantinedError(message)
         case ErrorMessage(message=message):
             return SegmentStoreError(f"segment {segment!r}: {message}")
-        case AuthTokenCheckFailed():
-            return SegmentStoreError(f"segment {segment!r}: delegation token refused")
+        case AuthTokenCheckFailed(server_stack_trace=why, error_code=code):
+            kind = TokenExpiredError if code == TOKEN_EXPIRED_CODE else PermissionDeniedError
+            return kind(f"segment {segment!r}: the segment store refused the delegation "
+                        f"token: {why}")
     return ProtocolError(f"unexpected {type(reply).__name__} for segment {segment!r}")
 
 
@@ -200,9 +218,12 @@ class RemoteSegmentStore:
     docstring).  Satisfies the controller's ``ControllerSegmentStore``
     seam; :meth:`close` drops every connection."""
 
-    def __init__(self, resolve: Resolver, config: SegmentClientConfig | None = None) -> None:
+    def __init__(self, resolve: Resolver, config: SegmentClientConfig | None = None, *,
+                 tls: ssl.SSLContext | None = None, tokens: TokenSource = NO_TOKENS) -> None:
         self.resolve = resolve
         self.config = config or SegmentClientConfig()
+        self.tls = tls
+        self.tokens = tokens
         self._owners: dict[str, str] = {}
         """Segment name -> owner address, as last resolved and not refuted."""
         self._shared: dict[str, SegmentConnection] = {}
@@ -230,7 +251,18 @@ class RemoteSegmentStore:
 
     async def open_connection(self, address: str) -> SegmentConnection:
         """A new connection of the caller's own (a writer's, a reader's)."""
-        return await SegmentConnection.open(address, self.config.connect_timeout_ms)
+        return await SegmentConnection.open(address, self.config.connect_timeout_ms, self.tls)
+
+    async def authorized(self, segment: str, send: Callable[[str], Awaitable[WireCommand]]
+                         ) -> WireCommand:
+        """``await send(token)`` with ``segment``'s token; once more with a
+        new token if the store answers that it expired."""
+        token = await self.tokens.token(segment)
+        reply = await send(token)
+        if isinstance(reply, AuthTokenCheckFailed) and reply.error_code == TOKEN_EXPIRED_CODE:
+            self.tokens.expired(segment, token)
+            reply = await send(await self.tokens.token(segment))
+        return reply
 
     def _cached_connection(self, address: str) -> SegmentConnection | None:
         connection = self._shared.get(address)
@@ -299,18 +331,21 @@ class RemoteSegmentStore:
                 f"segment store {connection.address} does not serve {reply.segment!r} now")
         return reply
 
-    async def _call(self, segment: str, make: Callable[[int], WireCommand],
+    async def _call(self, segment: str, make: Callable[[int, str], WireCommand],
                     idempotent: bool = False) -> WireCommand:
-        """Send ``make(request_id)`` to ``segment``'s owner on the shared
-        connection, retrying as the module docstring says."""
+        """Send ``make(request_id, token)`` to ``segment``'s owner on the
+        shared connection, retrying as the module docstring says."""
         async def attempt(address: str) -> WireCommand:
             try:
                 connection = await self._shared_connection(address)
             except SegmentStoreConnectionError as e:
                 raise NotSent(e) from e
-            request_id = next_request_id()
+
+            async def send(token: str) -> WireCommand:
+                request_id = next_request_id()
+                return await self._send(connection, make(request_id, token), request_id)
             try:
-                return await self._send(connection, make(request_id), request_id)
+                return await self.authorized(segment, send)
             except SegmentStoreConnectionError as e:
                 if idempotent and not isinstance(e, NotSent):
                     raise NotSent(e) from e
@@ -337,44 +372,44 @@ class RemoteSegmentStore:
                 raise SegmentStoreError("only a stream segment's scaling policy can be set "
                                         "when creating a segment over the wire")
             if segment_type is SegmentType.TABLE:
-                reply = await self._call(name, lambda r: CreateTableSegment(r, name, ""))
+                reply = await self._call(name, lambda r, t: CreateTableSegment(r, name, t))
             else:
-                reply = await self._call(name, lambda r: CreateSegment(
-                    r, name, target_rate, scale_type, ""))
+                reply = await self._call(name, lambda r, t: CreateSegment(
+                    r, name, target_rate, scale_type, t))
             expect(reply, SegmentCreated, name)
         return self._now(go())
 
     def update_segment_policy(self, name: str, scale_type: int,
                               target_rate: int) -> asyncio.Future[None]:
         async def go() -> None:
-            expect(await self._call(name, lambda r: UpdateSegmentPolicy(
-                r, name, target_rate, scale_type, ""), idempotent=True),
+            expect(await self._call(name, lambda r, t: UpdateSegmentPolicy(
+                r, name, target_rate, scale_type, t), idempotent=True),
                 SegmentPolicyUpdated, name)
         return self._now(go())
 
     def seal(self, name: str) -> asyncio.Future[int]:
         """Seal ``name``; its final length."""
         async def go() -> int:
-            expect(await self._call(name, lambda r: SealSegment(r, name, "")), SegmentSealed,
+            expect(await self._call(name, lambda r, t: SealSegment(r, name, t)), SegmentSealed,
                    name)
             return (await self.get_info(name)).length
         return self._now(go())
 
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         async def go() -> MergeResult:
-            reply = await self._call(target, lambda r: MergeSegments(r, target, source, ""))
+            reply = await self._call(target, lambda r, t: MergeSegments(r, target, source, t))
             return MergeResult(expect(reply, SegmentsMerged, source).new_target_write_offset)
         return self._now(go())
 
     def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
         async def go() -> None:
-            expect(await self._call(name, lambda r: TruncateSegment(r, name, offset, "")),
+            expect(await self._call(name, lambda r, t: TruncateSegment(r, name, offset, t)),
                    SegmentTruncated, name)
         return self._now(go())
 
     def delete(self, name: str) -> asyncio.Future[None]:
         async def go() -> None:
-            expect(await self._call(name, lambda r: DeleteSegment(r, name, "")),
+            expect(await self._call(name, lambda r, t: DeleteSegment(r, name, t)),
                    SegmentDeleted, name)
         return self._now(go())
 
@@ -382,7 +417,7 @@ class RemoteSegmentStore:
         """The segment's state.  The wire carries neither its type nor its
         attributes nor its tier-2 length: ``type`` is STREAM, ``attributes``
         empty and ``storage_length`` 0 here."""
-        reply = expect(await self._call(name, lambda r: GetStreamSegmentInfo(r, name, ""),
+        reply = expect(await self._call(name, lambda r, t: GetStreamSegmentInfo(r, name, t),
                                         idempotent=True), StreamSegmentInfo, name)
         if not reply.exists or reply.is_deleted:
             raise SegmentNotFoundError(f"no such segment {name!r}")
@@ -405,11 +440,13 @@ class RemoteSegmentStore:
                 raise NotSent(e) from e
             async with self._append_lock:  # one writer's setup must precede its block
                 if connection.writers.get(writer_id) != name:
-                    setup_id = next_request_id()
+                    async def set_up(token: str) -> WireCommand:
+                        setup_id = next_request_id()
+                        return await self._send(connection,
+                                                SetupAppend(setup_id, writer_id, name, token),
+                                                setup_id)
                     try:
-                        setup = await self._send(connection,
-                                                 SetupAppend(setup_id, writer_id, name, ""),
-                                                 setup_id)
+                        setup = await self.authorized(name, set_up)
                     except NotSent:
                         raise
                     except SegmentStoreConnectionError as e:  # the block was not sent
@@ -454,11 +491,14 @@ class RemoteSegmentStore:
                     connection = self._readers[name] = await self.open_connection(address)
                 except SegmentStoreConnectionError as e:
                     raise NotSent(e) from e
-            request_id = next_request_id()
+            reader = connection
+
+            async def send(token: str) -> WireCommand:
+                request_id = next_request_id()
+                return await self._send(reader, ReadSegment(name, offset, length, token,
+                                                            request_id), request_id)
             try:
-                reply = await self._send(connection,
-                                         ReadSegment(name, offset, length, "", request_id),
-                                         request_id)
+                reply = await self.authorized(name, send)
             except NotSent:
                 raise
             except SegmentStoreConnectionError as e:
@@ -483,7 +523,7 @@ class RemoteSegmentStore:
         wire = tuple((TableKey(k, wire_version(v)), TableValue(value)) for k, value, v in entries)
 
         async def go() -> list[int]:
-            reply = await self._call(name, lambda r: UpdateTableEntries(r, name, "", wire, -1))
+            reply = await self._call(name, lambda r, t: UpdateTableEntries(r, name, t, wire, -1))
             return list(expect(reply, TableEntriesUpdated, name).updated_versions)
         return self._now(go())
 
@@ -492,13 +532,13 @@ class RemoteSegmentStore:
         keys = tuple(TableKey(k, wire_version(v)) for k, v in keys_with_versions)
 
         async def go() -> None:
-            expect(await self._call(name, lambda r: RemoveTableKeys(r, name, "", keys, -1)),
+            expect(await self._call(name, lambda r, t: RemoveTableKeys(r, name, t, keys, -1)),
                    TableKeysRemoved, name)
         return self._now(go())
 
     async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
         wire = tuple(TableKey(k, KEY_NO_VERSION) for k in keys)
-        reply = expect(await self._call(name, lambda r: ReadTable(r, name, "", wire),
+        reply = expect(await self._call(name, lambda r, t: ReadTable(r, name, t, wire),
                                         idempotent=True), TableRead, name)
         return [None if key.key_version == KEY_NOT_EXISTS
                 else TableEntry(key.data, value.data, key.key_version)
@@ -513,13 +553,14 @@ class RemoteSegmentStore:
         start = token or b""
         if keys_only:
             keys = expect(await self._call(
-                name, lambda r: ReadTableKeys(r, name, "", max_entries, start), idempotent=True),
+                name, lambda r, t: ReadTableKeys(r, name, t, max_entries, start),
+                idempotent=True),
                 TableKeysRead, name)
             found = [TableEntry(k.data, None, k.key_version) for k in keys.keys]
             next_token = keys.continuation_token
         else:
             read = expect(await self._call(
-                name, lambda r: ReadTableEntries(r, name, "", max_entries, start),
+                name, lambda r, t: ReadTableEntries(r, name, t, max_entries, start),
                 idempotent=True), TableEntriesRead, name)
             found = [TableEntry(k.data, v.data, k.key_version) for k, v in read.entries]
             next_token = read.continuation_token
@@ -528,7 +569,7 @@ class RemoteSegmentStore:
     async def table_read_delta(self, name: str, from_position: int,
                                max_entries: int) -> TableDelta:
         reply = expect(await self._call(
-            name, lambda r: ReadTableEntriesDelta(r, name, "", from_position, max_entries),
+            name, lambda r, t: ReadTableEntriesDelta(r, name, t, from_position, max_entries),
             idempotent=True), TableEntriesDeltaRead, name)
         return TableDelta([TableEntry(k.data, v.data, k.key_version) for k, v in reply.entries],
                           reply.last_position, reply.should_clear)

@@ -327,13 +327,19 @@ class StreamWriter:
                 connection = await self.store.open_connection(address)
             except SegmentStoreConnectionError as e:
                 raise NotSent(e) from e
-            request_id = next_request_id()
+
+            async def set_up(token: str) -> WireCommand:
+                request_id = next_request_id()
+                return await connection.request(SetupAppend(request_id, self.writer_id, name,
+                                                            token), request_id)
             try:
-                reply = await connection.request(SetupAppend(request_id, self.writer_id, name,
-                                                             ""), request_id)
+                reply = await self.store.authorized(name, set_up)
             except SegmentStoreConnectionError as e:
                 connection.abort()
                 raise NotSent(e) from e
+            except BaseException:  # no setup: nothing will use this connection
+                connection.abort()
+                raise
             if isinstance(reply, WrongHost):
                 connection.abort()
                 raise ContainerNotOwnedError(f"{address} does not serve {name!r} now")

@@ -7,7 +7,10 @@ is applied through :meth:`~quire.segmentstore.metadata.ContainerMetadata.apply`,
 the container's own state transition, and is committed at once.  Every
 byte appended stays in memory, so :meth:`read` never needs tier-2.
 Checkpoints and tier-1 truncation are remembered as numbers:
-:attr:`checkpoints` and :attr:`truncated_at`.  A storage writer runs on it
+:attr:`checkpoints` and :attr:`truncated_at`; a test sets :attr:`failure`
+(the container stopped serving) and :attr:`pressure` (tier-1 near its
+ceiling); :meth:`forget` drops the deleted segments at once, and
+:meth:`quarantine` marks and seals a segment as the container does.  A storage writer runs on it
 alone, with no container::
 
     source = MemoryWriterSource()
@@ -17,7 +20,7 @@ alone, with no container::
     await writer.flush_once()
 
 Its requests take the container's arguments (attribute updates resolved by
-the container's :func:`~quire.segmentstore.container.resolve_updates`), so a
+the container's :func:`~quire.segmentstore.attribute_updates.resolve_updates`), so a
 test written against a container runs on it too.
 """
 
@@ -31,11 +34,12 @@ from quire.errors import (
     BadOffsetError,
     SegmentExistsError,
     SegmentNotFoundError,
-    SegmentSealedError,
     SegmentStoreError,
 )
-from quire.segmentstore.container import resolve_updates
+from quire.segmentstore.attribute_updates import resolve_updates
+from quire.segmentstore.container import sealed_error
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
+from quire.segmentstore.names import check_name
 from quire.segmentstore.operations import (
     AppendOp,
     AttributesOp,
@@ -48,7 +52,13 @@ from quire.segmentstore.operations import (
     TruncateOp,
 )
 from quire.segmentstore.tables import TableIndex, encode_batch
-from quire.segmentstore.types import AppendResult, AttributeUpdate, SegmentInfo, SegmentType
+from quire.segmentstore.types import (
+    QUARANTINED_ATTRIBUTE,
+    AppendResult,
+    AttributeUpdate,
+    SegmentInfo,
+    SegmentType,
+)
 from quire.segmentstore.writer_source import Merge
 from quire.testing.clock import ManualClock
 
@@ -79,6 +89,12 @@ class MemoryWriterSource:
         """The sequence of the checkpoint "tier-1" was last cut at."""
         self.tier2_read: Tier2Read | None = None
         """What :meth:`read_from_tier2` was given."""
+        self.failure: BaseException | None = None
+        """Why "the container" stopped serving (a test sets it)."""
+        self.pressure = False
+        """What :meth:`tier1_pressure` answers (a test sets it)."""
+        self.forgotten: list[int] = []
+        """The segments :meth:`forget` dropped, in order."""
 
     # --- WriterSource ----------------------------------------------------------------
 
@@ -92,6 +108,9 @@ class MemoryWriterSource:
 
     def now_ms(self) -> int:
         return self._clock.wall_ms()
+
+    def tier1_pressure(self) -> bool:
+        return self.pressure
 
     @property
     def segments(self) -> Mapping[int, SegmentMetadata]:
@@ -122,6 +141,7 @@ class MemoryWriterSource:
 
     async def create_segment(self, name: str,
                              segment_type: SegmentType = SegmentType.STREAM) -> None:
+        check_name("segment", name)
         if self.metadata.get(name) is not None:
             raise SegmentExistsError(f"segment {name!r} exists")
         segment_id = self.metadata.next_segment_id
@@ -142,6 +162,21 @@ class MemoryWriterSource:
         self._append(s, data, ())
         table.apply(data, offset)
         return [offset + o for o in offsets]
+
+    async def quarantine(self, name: str) -> None:
+        s = self._live(name)
+        if QUARANTINED_ATTRIBUTE not in s.attributes:
+            self._apply(AttributesOp(self._sequence(), self.now_ms(), s.segment_id,
+                                     ((QUARANTINED_ATTRIBUTE, self.now_ms()),)))
+        if not s.sealed:
+            self._apply(SealOp(self._sequence(), self.now_ms(), s.segment_id))
+
+    def forget(self, segment_ids: Sequence[int]) -> None:
+        self.metadata.purge(set(segment_ids))
+        for segment_id in segment_ids:
+            if segment_id not in self.metadata.segments:
+                self.data.pop(segment_id, None)
+                self.forgotten.append(segment_id)
 
     def add_checkpoint(self) -> None:
         """A checkpoint, unless nothing happened since the last (durable at once)."""
@@ -247,5 +282,5 @@ class MemoryWriterSource:
     def _writable(self, name: str) -> SegmentMetadata:
         s = self._live(name)
         if s.sealed:
-            raise SegmentSealedError(f"segment {name!r} is sealed")
+            raise sealed_error(s)
         return s

@@ -43,7 +43,8 @@ from quire.log.catalog import LogHold
 from quire.segmentstore.metadata import ContainerMetadata
 from quire.segmentstore.operations import MergeOp, Operation
 from quire.segmentstore.recorded_layouts import SYSTEM, USER
-from quire.segmentstore.storage_writer import IterationReport, SegmentSnapshot, StorageWriter
+from quire.segmentstore.segment_flush import IterationReport, SegmentFlushing, SegmentSnapshot
+from quire.segmentstore.storage_writer import StorageWriter
 from quire.segmentstore.types import SegmentType
 
 STREAM_BUGS = ("index-before-data", "metadata-not-last", "dedup-forgets-writer",
@@ -52,14 +53,14 @@ WRITER_KEYS = 1 << 64
 """Attribute keys from here up are writers' ids (128-bit, random)."""
 
 
-async def _index_ahead(self: StorageWriter, segment_id: int, report: IterationReport) -> None:
+async def _index_ahead(self: SegmentFlushing, segment_id: int, report: IterationReport) -> None:
     snapshot = self._snapshot(segment_id)
     await self._flush_data(snapshot, report)
     await self._flush_index(self._snapshot(segment_id), report)  # the bug: the table now
     await self._flush_attributes(snapshot, report)
 
 
-def _always_flushed(self: StorageWriter, snapshot: SegmentSnapshot) -> bool:
+def _always_flushed(self: SegmentFlushing, snapshot: SegmentSnapshot) -> bool:
     return True
 
 
@@ -123,12 +124,12 @@ async def _seal_then_create(self: ScalingOps, scope: str, stream: str) -> None:
 @contextlib.contextmanager
 def stream_bug(name: str) -> Iterator[None]:
     """Switch stream bug ``name`` on inside the block."""
-    saved = (StorageWriter._flush_segment, StorageWriter._data_flushed,
+    saved = (SegmentFlushing._flush_segment, SegmentFlushing._data_flushed,
              StorageWriter._flush_planned, ContainerMetadata.__dict__["restore"],
              LogHold.holds, ContainerMetadata.apply, ScalingOps.finish_scale)
     if name == "index-before-data":
-        StorageWriter._flush_segment = _index_ahead  # type: ignore[method-assign]
-        StorageWriter._data_flushed = _always_flushed  # type: ignore[method-assign]
+        SegmentFlushing._flush_segment = _index_ahead  # type: ignore[method-assign]
+        SegmentFlushing._data_flushed = _always_flushed  # type: ignore[method-assign]
     elif name == "metadata-not-last":
         StorageWriter._flush_planned = _metadata_first  # type: ignore[method-assign]
     elif name == "dedup-forgets-writer":
@@ -144,8 +145,8 @@ def stream_bug(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        StorageWriter._flush_segment = saved[0]  # type: ignore[method-assign]
-        StorageWriter._data_flushed = saved[1]  # type: ignore[method-assign]
+        SegmentFlushing._flush_segment = saved[0]  # type: ignore[method-assign]
+        SegmentFlushing._data_flushed = saved[1]  # type: ignore[method-assign]
         StorageWriter._flush_planned = saved[2]  # type: ignore[method-assign]
         ContainerMetadata.restore = saved[3]  # type: ignore[method-assign]
         LogHold.holds = saved[4]  # type: ignore[method-assign]

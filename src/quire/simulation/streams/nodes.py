@@ -265,7 +265,7 @@ class SimSegmentStore(SimProcess):
         self.store = store = SegmentStore(count, open_log, config, tier2,
                                           settings.max_chunk_bytes, clock=self.clock)
         server = SegmentServer(store, SegmentServerConfig(tail_read_wait_ms=1000))
-        cluster.network.listen(self.name, self.address, server._connection)
+        cluster.network.listen(self.name, self.address, server.protocol)
         self.ownership = ContainerOwnership(
             metadata, store, self.name, self.address,
             OwnershipSettings(rebalance_interval_ms=settings.rebalance_interval_ms,
