@@ -206,6 +206,10 @@ class StorageWriter(SegmentFlushing):
     def plan(self) -> list[list[int]]:
         """The eligible segments' ids per bucket (user, system, metadata), in
         flush order (by segment id within a bucket)."""
+        # every merge committed until now first: a merge source deleted by a
+        # merge the planner does not know yet would be forgettable, and its
+        # container could purge it before the target's flush needs its name
+        self._take_merges()
         config = self.config
         return self._planner.plan(self.source.segments, config.flush_threshold_bytes,
                                   config.flush_threshold_ms, self.source.now_ms(),
@@ -216,7 +220,6 @@ class StorageWriter(SegmentFlushing):
     async def flush_once(self) -> IterationReport:
         """Run one flush iteration (see the module docstring)."""
         report = IterationReport()
-        self._take_merges()
         deletable = self.recorded.take_deletable()
         try:
             with step("delete", ""):

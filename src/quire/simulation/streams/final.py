@@ -185,7 +185,8 @@ async def _flushed(cluster: Cluster, stores: list[SimSegmentStore],
                                             f"{s.name} stopped: {writer.failure!r}")
                 elif writer.backlog_bytes():
                     history.liveness.append(f"container {cid} on {s.name} keeps "
-                                            f"{writer.backlog_bytes()} bytes out of tier-2")
+                                            f"{writer.backlog_bytes()} bytes out of tier-2 "
+                                            f"({writer.health.status()})")
 
 
 async def final_reads(client: StreamClient) -> tuple[dict[str, list[bytes]], bytes,
