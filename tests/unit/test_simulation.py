@@ -335,13 +335,17 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 
 
 def test_the_soak_script_runs_its_seeds_with_progress() -> None:
+    """Both layers by default, each with its summary and progress."""
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run([str(root / "scripts" / "soak-simulation"), "2", "7", "--workers", "1"],
                             capture_output=True, text=True, timeout=300, check=False,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "2 seeds from 7: 2 ok, 0 failed" in result.stdout
-    assert "2/2 seeds, 0 failed" in result.stderr  # (the progress lines, off a terminal)
+    assert "2 seeds from 7: 2 ok, 0 failed" in result.stdout  # both layers, in turn
+    assert "2 seeds from 7 (streams): 2 ok, 0 failed" in result.stdout
+    assert result.stdout.index("(streams)") > result.stdout.index("2 seeds from 7: 2 ok")
+    # (the progress lines, off a terminal: one per layer)
+    assert result.stderr.count("2/2 seeds, 0 failed") == 2
 
 
 @pytest.mark.parametrize("seed", ["5702", "188", "581", "927"])
