@@ -144,10 +144,11 @@ def _txn_ended(client: StreamClient, history: StreamHistory, name: str
 
 async def _flushed(cluster: Cluster, stores: list[SimSegmentStore],
                    history: StreamHistory) -> None:
-    """Every storage writer flushed everything.  A writer that stopped on a
-    failure (on main, a tier-2 error stops a container's writer until its
-    segment store restarts; ``/health`` reports it) gets its store
-    restarted, as an operator following ``/health`` would, at most twice."""
+    """Every storage writer flushed everything.  A writer retries tier-2
+    failures for as long as its container serves (its health says it is
+    degraded meanwhile); one that stopped all the same (:attr:`failure`)
+    gets its store restarted, as an operator following ``/health`` would,
+    at most twice."""
     restarts: dict[str, int] = {}
     caught_up: dict[object, int] = {}
     """Writer -> its iteration count when it was first seen with nothing
