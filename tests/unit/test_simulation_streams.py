@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
 
 from quire.simulation.streams.bugs import STREAM_BUGS
+from tests.support.simulation import digest, without_cpu
+from tests.support.simulation import simulate as run_simulation
 
 CI_SEEDS = 150
 """Seeds of the stream layer CI runs (a seed costs about 1 CPU s: the
@@ -19,21 +20,7 @@ ledger layer's is 0.25); each seeded bug must be caught within them."""
 
 
 def simulate(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quire.simulation", "--layer", "streams",
-                           *args], capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
-
-
-def _digest(output: str) -> str:
-    match = re.search(r"trace sha256 ([0-9a-f]{64})", output)
-    assert match, output[-2000:]
-    return match.group(1)
-
-
-def _without_cpu(output: str) -> str:
-    """The output without the CPU time the run took (the one thing a replay
-    does not repeat)."""
-    return re.sub(r"[\d.]+ CPU s", "CPU s", output)
+    return run_simulation("--layer", "streams", *args, timeout_s=timeout_s)
 
 
 def _violations(output: str) -> set[str]:
@@ -44,16 +31,16 @@ def _violations(output: str) -> set[str]:
 def test_the_same_seed_gives_the_same_run_byte_for_byte() -> None:
     first, second = simulate("--seed", "7"), simulate("--seed", "7")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert _without_cpu(first.stdout) == _without_cpu(second.stdout)  # the trace, all of it
+    assert without_cpu(first.stdout) == without_cpu(second.stdout)  # the trace, all of it
     assert first.stdout.count("\n") > 100  # a real run, with its trace
     assert "faults over" in first.stdout and "clients done" in first.stdout
     many = simulate("--seeds", "3", "--first", "6", "--workers", "2", "--digests")
     assert many.returncode == 0, many.stdout[-3000:] + many.stderr[-3000:]
-    assert f"seed 7: trace sha256 {_digest(first.stdout)}" in many.stdout  # in any worker
+    assert f"seed 7: trace sha256 {digest(first.stdout)}" in many.stdout  # in any worker
     assert re.search(r"3 seeds from 6 \(streams\): 3 ok, 0 failed; \d+ events acknowledged, "
                      r"\d+ virtual s in [\d.]+ s \([\d.]+ CPU s in the runs\); "
                      r"[\d.]+ CPU s per seed", many.stdout), many.stdout[-2000:]
-    assert _digest(simulate("--seed", "8").stdout) != _digest(first.stdout)
+    assert digest(simulate("--seed", "8").stdout) != digest(first.stdout)
 
 
 @pytest.mark.timeout(900)  # (about 150 CPU s on 2 cores; the machine may be shared)
