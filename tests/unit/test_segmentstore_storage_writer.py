@@ -545,6 +545,33 @@ async def test_a_reopen_replaying_a_merge_whose_source_was_forgotten_flushes_on(
     assert await read_segment(r.storage, merged, 0, 30) == b"T" * 10 + b"X" * 20
 
 
+async def test_a_writer_of_an_owner_taken_over_meanwhile_does_not_start(r: Rig) -> None:
+    """Regression (stream simulation seed 100035): an owner whose writer
+    started after a newer owner had written tier-2's journal took that
+    journal's layouts as its own, replaced the container-metadata
+    segments' and deleted the chunks the newer owner's layouts named.  Its
+    writer now refuses to start (nothing of tier-1 would have stopped it)."""
+    old = r.container
+    assert isinstance(old, SegmentContainer)
+    await old.create_segment(SYSTEM)
+    await old.append(SYSTEM, b"s")
+    await r.writer.flush_once()
+    reader = await Tier2Reader.load(r.storage, 0)
+    new = await SegmentContainer.open(0, r.logs.open("c0"), clock=r.clock,
+                                      tier2_read=reader.read)
+    r.opened.append(new)
+    writer = await StorageWriter.start(ContainerWriterSource(new), r.storage, config(),
+                                       max_chunk_bytes=64)
+    await writer.flush_once()  # the newer owner's journal
+    r.storage.take()
+    with pytest.raises(ContainerFencedError):
+        await StorageWriter.start(ContainerWriterSource(old), r.storage, config(),
+                                  max_chunk_bytes=64)
+    assert r.storage.take() == []  # nothing written or deleted
+    await writer.flush_once()
+    assert await check(r.storage) == []
+
+
 @ANY_SOURCE
 async def test_small_chunks_are_concatenated_and_the_old_ones_deleted_a_cycle_later(r: Rig
                                                                                     ) -> None:

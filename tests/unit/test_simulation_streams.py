@@ -51,7 +51,7 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
     assert f"{CI_SEEDS} seeds from 0 (streams): {CI_SEEDS} ok, 0 failed" in result.stdout
 
 
-@pytest.mark.parametrize("seed", ["3", "5", "11", "27", "35", "36"])
+@pytest.mark.parametrize("seed", ["3", "5", "11", "27", "35", "36", "100035"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -73,6 +73,10 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
       (test_segmentstore_container);
     * 36: a truncation cut short left the stream's head naming deleted
       segments (the head is written first; test_controller).
+    * 100035 (found beyond CI's seeds): an owner whose storage writer started
+      after a newer owner wrote tier-2's journal took over its layouts and
+      deleted the chunks they named (the writer refuses to start now;
+      test_segmentstore_storage_writer).
 
     The product changed since, so a seed no longer draws the schedule that
     found its bug; each still runs every invariant."""
