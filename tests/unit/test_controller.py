@@ -389,6 +389,35 @@ async def test_truncate_stream_truncates_the_cut_and_deletes_what_is_before(
         pb.UpdateStreamStatus.SUCCESS  # the same cut again
 
 
+async def test_a_truncation_cut_short_leaves_a_head_whose_segments_exist(
+        cluster: Cluster) -> None:
+    """Regression (the stream simulation, seed 36): a truncation deleted
+    the segments before its cut, then wrote the new head; one cut short in
+    between left the head naming a deleted segment, and every reader from
+    the head failed with "no such segment".  The head moves first now, and
+    the next truncation deletes what the cut-short one did not."""
+    stub, segments = cluster.stub, cluster.segments
+    await make_stream(cluster, 1)
+    await segments.append(segment_name("sc", "st", 0), b"0123456789")
+    await stub.scale(pb.ScaleRequest(
+        streamInfo=info(), sealedSegments=[0],
+        newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.0, end=1.0)]))
+    a = segment_id(1, 1)
+    await segments.append(segment_name("sc", "st", a), b"abcdef")
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["delete"] = 1  # segment 0, wholly before the cut
+    assert await status_of(stub.truncateStream(pb.StreamCut(streamInfo=info(),
+                                                            cut={a: 2}))) == \
+        grpc.StatusCode.UNAVAILABLE
+    head = await stub.getSegments(pb.GetSegmentsRequest(streamInfo=info(), timestamp=0))
+    assert {s.segmentId.segmentId: s.offset for s in head.segments} == {a: 2}
+    assert (await segments.get_info(segment_name("sc", "st", a))).start_offset == 2
+    assert (await stub.truncateStream(pb.StreamCut(streamInfo=info(), cut={a: 3}))).status \
+        == pb.UpdateStreamStatus.SUCCESS
+    with pytest.raises(SegmentNotFoundError):  # dropped by the next truncation
+        await segments.get_info(segment_name("sc", "st", 0))
+
+
 # --- errors -------------------------------------------------------------------------
 
 
@@ -479,6 +508,35 @@ async def test_an_interrupted_scale_is_finished_by_the_restarted_controller(
     assert (await cluster.segments.get_info(segment_name("sc", "st", 1))).sealed
     assert [sid for sid, _, _ in ranges(await cluster.stub.getCurrentSegments(info()))] == \
         [0, segment_id(1, 2)]
+
+
+async def test_a_scale_that_failed_in_the_leader_is_finished_by_its_own_sweeper() -> None:
+    """Regression (the stream simulation, seed 11): the leader skipped the
+    workflow notes of its own, so a scale that failed half done in the
+    leading controller stayed half done while it led (writers on the
+    sealed segment went to a successor no reader could reach, commits
+    into the sealed parent failed).  Its own note is finished now unless
+    that workflow is under way in it."""
+    cluster = await make_cluster(txn_sweep_interval_ms=20)
+    try:
+        await make_stream(cluster, 2)
+        assert cluster.faulty is not None
+        cluster.faulty.fail_at["seal"] = 1  # the successor is created, then the seal fails
+        assert await status_of(cluster.stub.scale(pb.ScaleRequest(
+            streamInfo=info(), sealedSegments=[1],
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]))) == \
+            grpc.StatusCode.UNAVAILABLE
+
+        async def scaled() -> bool:
+            return (await cluster.stub.checkScale(pb.ScaleStatusRequest(
+                streamInfo=info(), epoch=0))).status == pb.ScaleStatusResponse.SUCCESS
+        await wait_for(scaled)
+        assert (await cluster.segments.get_info(segment_name("sc", "st", 1))).sealed
+        assert cluster.controller is not None
+        assert await cluster.controller.core.state.works() == []
+    finally:
+        await cluster.stop()
+        await cluster.metadata.close()
 
 
 async def test_an_interrupted_commit_is_finished_by_the_sweeper() -> None:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quire.log import Position
+from quire.log import LogError, Position
 from quire.metadata import open_store
 from quire.pravega_wire import (
     KEY_NO_VERSION,
@@ -84,7 +84,7 @@ from quire.pravega_wire import (
     WrongHost,
 )
 from quire.segmentserver import SegmentServer, SegmentServerConfig, WireConnection
-from quire.segmentstore import SegmentExistsError, SegmentStore, SegmentStoreConfig
+from quire.segmentstore import SegmentExistsError, SegmentStore, SegmentStoreConfig, SegmentType
 from quire.segmentstore.names import container_of
 from quire.segmentstore.segment_rates import SCALE_POLICY_RATE_KEY, SCALE_POLICY_TYPE_KEY
 from quire.segmentstore.types import MAX_APPEND_BYTES
@@ -386,14 +386,23 @@ async def test_seal_and_truncate(served: Served) -> None:
     sealed = await c.request(ConditionalBlockEnd(12, 2, 6, b"g", 8))
     assert isinstance(sealed, SegmentIsSealed) and sealed.request_id == 8
     other = await served.connect()
-    setup = await other.request(SetupAppend(9, 13, S, ""))
-    assert isinstance(setup, SegmentIsSealed) and setup.request_id == 9
-    info = await c.request(GetStreamSegmentInfo(10, S, ""))
+    # a sealed segment answers a setup with the writer's number, as Pravega's
+    # server does (regression, the stream simulation, seed 27: answering
+    # SegmentIsSealed made a writer whose connection broke send its blocks
+    # the segment had to the successors as well: duplicates); what is then
+    # sent is answered SegmentIsSealed
+    assert await other.request(SetupAppend(9, 13, S, "")) == \
+        AppendSetup(9, S, 13, NO_EVENT_NUMBER)
+    assert await other.request(SetupAppend(13, 12, S, "")) == AppendSetup(13, S, 12, 1)
+    assert await c.closed_by_server()  # (writer 12's old connection)
+    refused = await other.request(block(12, 1, 14, b"h"))
+    assert isinstance(refused, SegmentIsSealed) and refused.request_id == 14
+    info = await other.request(GetStreamSegmentInfo(10, S, ""))
     assert isinstance(info, StreamSegmentInfo)
     assert (info.exists, info.is_sealed, info.write_offset, info.start_offset) == \
         (True, True, 6, 2)
-    assert await c.request(DeleteSegment(11, S, "")) == SegmentDeleted(11, S)
-    gone = await c.request(GetStreamSegmentInfo(12, S, ""))
+    assert await other.request(DeleteSegment(11, S, "")) == SegmentDeleted(11, S)
+    gone = await other.request(GetStreamSegmentInfo(12, S, ""))
     assert isinstance(gone, NoSuchSegment) and gone.request_id == 12
 
 
@@ -638,6 +647,45 @@ async def test_setup_counts_appends_accepted_but_not_yet_durable() -> None:
         decoder = Decoder(REPLY_TYPES)
         decoder.feed(second_out.written[1])
         assert decoder.next() == AppendSetup(3, S, 41, 10)
+    finally:
+        await store.close()
+
+
+async def test_a_request_whose_container_failed_after_taking_it_closes_the_connection() -> None:
+    """Regression (the stream simulation, seed 3): a table put the container
+    had taken when its tier-1 append failed (outcome unknown: the log may
+    hold it) was answered WrongHost, so the client sent it to the next
+    owner, which had it applied already and answered TableKeyBadVersion: a
+    put that took effect reported as refused.  The connection closes now
+    (the client's "outcome unknown"); a request refused before the store
+    took it still gets WrongHost."""
+    logs = MemoryDataLogs()
+    held = HeldLog(logs.open("c0"))
+    store = await SegmentStore.open(None, [0], metadata_store=await open_store("memory://taken"),
+                                    open_log=lambda c: held,
+                                    config=SegmentStoreConfig(container_count=CONTAINERS))
+    try:
+        await store.create_segment(T, SegmentType.TABLE)
+        hello = Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION).encode()
+        connection, out = WireConnection(store, SegmentServerConfig(), lambda _: None,
+                                         {}), FakeTransport()
+        connection.connection_made(out)  # type: ignore[arg-type]
+        held.holding = True
+        connection.data_received(hello + put(2, (b"k", KEY_NO_VERSION, b"v")).encode())
+        await wait_for(lambda: bool(held.held))  # taken, in tier-1, not acknowledged
+        for outer, _address in held.held:
+            outer.set_exception(LogError("the ledger went away"))
+        await wait_for(lambda: out.aborted)
+        assert b"".join(out.written[1:]) == b""  # after the Hello, no reply: no WrongHost
+
+        later, later_out = WireConnection(store, SegmentServerConfig(), lambda _: None,
+                                          {}), FakeTransport()
+        later.connection_made(later_out)  # type: ignore[arg-type]
+        later.data_received(hello + put(3, (b"k", KEY_NO_VERSION, b"w")).encode())
+        await wait_for(lambda: len(later_out.written) == 2)
+        decoder = Decoder(REPLY_TYPES)
+        decoder.feed(later_out.written[1])
+        assert isinstance(decoder.next(), WrongHost)  # refused at once: not applied
     finally:
         await store.close()
 

@@ -255,6 +255,29 @@ async def test_a_second_owner_fences_the_first(logs: MemoryDataLogs) -> None:
     await second.close()
 
 
+async def test_a_fenced_owner_never_says_a_merge_source_is_missing(logs: MemoryDataLogs) -> None:
+    """Regression (stream simulation seed 35): an owner paused past its lease
+    answered a commit's merge "no such segment" for a transaction segment
+    the new owner had made, which the controller takes for "merged
+    already": the transaction was committed with none of its events.  That
+    answer now waits for a probe through tier-1, which the new owner fenced."""
+    first = await reopen(logs)
+    await first.create_segment(S)
+    second = await SegmentContainer.open(0, logs.open("c0"))
+    txn = S + "#transaction.1"
+    await second.create_segment(txn)
+    await second.append(txn, b"t")
+    with pytest.raises(ContainerFencedError):
+        await first.merge(S, txn)
+    assert isinstance(first.failure, ContainerFencedError)
+    await first.close()
+    with pytest.raises(SegmentNotFoundError):  # the owner's answer, confirmed
+        await second.merge(S, S + "#transaction.2")
+    assert (await second.merge(S, txn)).target_length == 1
+    assert (await second.read(S, 0, 10)).data == b"t"
+    await second.close()
+
+
 async def test_confirming_ownership_logs_a_probe_that_changes_nothing(
         logs: MemoryDataLogs) -> None:
     first = await reopen(logs)

@@ -511,6 +511,67 @@ async def test_merges_move_flushed_chunks_or_copy_the_rest(r: Rig) -> None:
     assert (await r.container.read(target, 0, 180)).data == b"T" * 50 + b"F" * 100 + b"U" * 30
 
 
+async def test_a_reopen_replaying_a_merge_whose_source_was_forgotten_flushes_on(r: Rig) -> None:
+    """Regression (stream simulation seed 5): a merge replayed from tier-1
+    whose source a later checkpoint left out (the merge was in tier-2, the
+    source forgotten) was handed to the new writer, which failed every
+    iteration on the source's missing name: the container never flushed
+    again.  Replay drops such merges."""
+    await r.reopen(config(flush_threshold_bytes=1))
+    c = r.container
+    assert isinstance(c, SegmentContainer)
+    target, txn, other = USER, USER + "#transaction.1", "sc/other/0"
+    for name in (target, txn, other):
+        await c.create_segment(name)
+    await c.append(target, b"T" * 10)
+    await r.writer.flush_once()
+    r.writer.config = config()  # from here on only the merge makes anything eligible
+    await c.append(other, b"O" * 10)  # never flushed: tier-1 is not cut below the merge
+    await c.append(txn, b"X" * 20)
+    source = c.accepted.get(txn)
+    assert source is not None
+    await c.merge(target, txn)
+    for _ in range(3):  # merged in tier-2, the source's records gone: forgotten
+        await r.writer.flush_once()
+    checkpoint = c.add_checkpoint()  # (None if the writer's own left it out already)
+    if checkpoint is not None:
+        await checkpoint
+    assert source.segment_id not in c.committed_side.metadata.segments
+    await r.reopen()
+    await r.writer.flush_once()
+    await r.writer.flush_once()
+    merged = await read_layout(r.storage, target)
+    assert merged is not None and merged.length == 30
+    assert await read_segment(r.storage, merged, 0, 30) == b"T" * 10 + b"X" * 20
+
+
+async def test_a_writer_of_an_owner_taken_over_meanwhile_does_not_start(r: Rig) -> None:
+    """Regression (stream simulation seed 100035): an owner whose writer
+    started after a newer owner had written tier-2's journal took that
+    journal's layouts as its own, replaced the container-metadata
+    segments' and deleted the chunks the newer owner's layouts named.  Its
+    writer now refuses to start (nothing of tier-1 would have stopped it)."""
+    old = r.container
+    assert isinstance(old, SegmentContainer)
+    await old.create_segment(SYSTEM)
+    await old.append(SYSTEM, b"s")
+    await r.writer.flush_once()
+    reader = await Tier2Reader.load(r.storage, 0)
+    new = await SegmentContainer.open(0, r.logs.open("c0"), clock=r.clock,
+                                      tier2_read=reader.read)
+    r.opened.append(new)
+    writer = await StorageWriter.start(ContainerWriterSource(new), r.storage, config(),
+                                       max_chunk_bytes=64)
+    await writer.flush_once()  # the newer owner's journal
+    r.storage.take()
+    with pytest.raises(ContainerFencedError):
+        await StorageWriter.start(ContainerWriterSource(old), r.storage, config(),
+                                  max_chunk_bytes=64)
+    assert r.storage.take() == []  # nothing written or deleted
+    await writer.flush_once()
+    assert await check(r.storage) == []
+
+
 @ANY_SOURCE
 async def test_small_chunks_are_concatenated_and_the_old_ones_deleted_a_cycle_later(r: Rig
                                                                                     ) -> None:

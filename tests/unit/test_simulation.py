@@ -46,15 +46,11 @@ from quire.simulation.run import cancel_all
 from quire.simulation.trace import Trace
 from quire.simulation.workload import History, LacWatch, check, payload
 from quire.types import LedgerType
+from tests.support.simulation import digest, simulate, without_cpu
 
 CI_SEEDS = 500
 """Seeds CI runs (test_the_ci_seeds_hold_every_invariant); a seeded bug must
 be caught within them."""
-
-
-def simulate(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quire.simulation", *args],
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 # --- the loop -------------------------------------------------------------------------
@@ -306,22 +302,16 @@ def test_the_limbo_watch_tells_negative_answers_from_the_rest(
 
 # --- whole runs -----------------------------------------------------------------------
 
-def _digest(output: str) -> str:
-    match = re.search(r"trace sha256 ([0-9a-f]{64})", output)
-    assert match, output[-2000:]
-    return match.group(1)
-
-
 @pytest.mark.timeout(600)
 def test_the_same_seed_gives_the_same_run_byte_for_byte() -> None:
     first, second = simulate("--seed", "11"), simulate("--seed", "11")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert _digest(first.stdout) == _digest(second.stdout)
-    assert first.stdout == second.stdout
+    assert digest(first.stdout) == digest(second.stdout)
+    assert without_cpu(first.stdout) == without_cpu(second.stdout)  # the trace, all of it
     assert first.stdout.count("\n") > 50  # a real run, with its trace
     many = simulate("--seeds", "3", "--first", "10", "--workers", "2", "--digests")
-    assert f"seed 11: trace sha256 {_digest(first.stdout)}" in many.stdout  # any worker
-    assert _digest(simulate("--seed", "12").stdout) != _digest(first.stdout)
+    assert f"seed 11: trace sha256 {digest(first.stdout)}" in many.stdout  # any worker
+    assert digest(simulate("--seed", "12").stdout) != digest(first.stdout)
 
 
 @pytest.mark.timeout(900)  # (about 100 CPU s on 2 cores; the machine may be shared)
@@ -335,13 +325,17 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 
 
 def test_the_soak_script_runs_its_seeds_with_progress() -> None:
+    """Both layers by default, each with its summary and progress."""
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run([str(root / "scripts" / "soak-simulation"), "2", "7", "--workers", "1"],
                             capture_output=True, text=True, timeout=300, check=False,
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "2 seeds from 7: 2 ok, 0 failed" in result.stdout
-    assert "2/2 seeds, 0 failed" in result.stderr  # (the progress lines, off a terminal)
+    assert "2 seeds from 7: 2 ok, 0 failed" in result.stdout  # both layers, in turn
+    assert "2 seeds from 7 (streams): 2 ok, 0 failed" in result.stdout
+    assert result.stdout.index("(streams)") > result.stdout.index("2 seeds from 7: 2 ok")
+    # (the progress lines, off a terminal: one per layer)
+    assert result.stderr.count("2/2 seeds, 0 failed") == 2
 
 
 @pytest.mark.parametrize("seed", ["5702", "188", "581", "927"])

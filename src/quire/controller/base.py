@@ -18,7 +18,8 @@ Before a workflow (creating a stream, a scale, a commit or an abort)
 writes its intent, the controller notes itself in the workflows table
 (:meth:`CoreBase.changing`); the note goes once the workflow is done.  The
 leader finishes the workflows whose note names a dead controller, or is
-older than ``stale_workflow_ms``.
+older than ``stale_workflow_ms``, and its own whose workflow failed (a note
+of its own while it is not changing that stream).
 """
 
 from __future__ import annotations

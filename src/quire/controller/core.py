@@ -230,8 +230,9 @@ class ControllerCore(ScalingOps, TxnOps, RetentionOps):
         async def truncate() -> None:
             await self.settle(scope, stream)
             record, version = await self._stream(scope, stream)
-            await self.truncate_at(scope, stream, record, cut)
+            before = await self.truncate_at(scope, stream, record, cut)
             await self.state.put_stream(scope, stream, record, version)
+            await self.drop_segments(scope, stream, before)
 
         async with self._stream_lock(scope, stream):
             await self.retrying(truncate)
@@ -287,16 +288,21 @@ class ControllerCore(ScalingOps, TxnOps, RetentionOps):
     # --- the leader's duties -------------------------------------------------------
 
     async def sweep(self) -> None:
-        """Finish the workflows of dead controllers (and stale ones), then
-        pass over the streams with transactions; nothing unless leading."""
+        """Finish the workflows of dead controllers (and stale ones, and its
+        own that failed), then pass over the streams with transactions;
+        nothing unless leading."""
         if not self.cluster.is_leader:
             return
         now = self.now_ms()
         busy = set()
         for scope, stream, member, since, version in await self.state.works():
             if member == self.cluster.member:
-                continue
-            if await self.cluster.alive(member) and now - since < self.config.stale_workflow_ms:
+                if self._stream_lock(scope, stream).locked():
+                    busy.add((scope, stream))  # under way in this process
+                    continue
+                # this controller's own, left by a workflow that failed here: finish it
+            elif await self.cluster.alive(member) and \
+                    now - since < self.config.stale_workflow_ms:
                 busy.add((scope, stream))
                 continue
             log.info("stream %s/%s: finishing what controller %s left", scope, stream, member)

@@ -56,8 +56,12 @@ class RetentionOps(CoreBase):
     """The retention part of ControllerCore."""
 
     async def truncate_at(self, scope: str, stream: str, record: StreamRecord,
-                          cut: dict[int, int]) -> None:
-        """Truncate at ``cut`` and make it ``record``'s head (written by the caller)."""
+                          cut: dict[int, int]) -> list[int]:
+        """Truncate at ``cut`` and make it ``record``'s head; the ids of the
+        segments wholly before it.  The caller writes the record, then drops
+        those (:meth:`drop_segments`): the head moves before any segment
+        goes, so a truncation cut short never leaves the head naming a
+        deleted segment (a later one drops what this one did not)."""
         before = check_cut(record, cut)
         for sid, offset in sorted(cut.items()):  # every offset checked before any change
             try:
@@ -70,11 +74,15 @@ class RetentionOps(CoreBase):
                     f"segment {sid}: offset {offset} is past its length {length}")
         for sid, offset in sorted(cut.items()):
             await self.store.truncate(segment_name(scope, stream, sid), offset)
-        for sid in before:
-            await delete_if_present(self.store, segment_name(scope, stream, sid))
         record.head = dict(cut)
         record.truncated_ms = self.now_ms()
         record.retention_cuts = [r for r in record.retention_cuts if after_head(record, r.cut)]
+        return before
+
+    async def drop_segments(self, scope: str, stream: str, ids: list[int]) -> None:
+        """Delete the segments ``ids`` (before the head: see :meth:`truncate_at`)."""
+        for sid in ids:
+            await delete_if_present(self.store, segment_name(scope, stream, sid))
 
     async def enforce_retention(self) -> None:
         """One retention pass (the module docstring)."""
@@ -105,11 +113,13 @@ class RetentionOps(CoreBase):
         subscribers = [cut_of(doc["cut"]) or record.head_cut()
                        for _name, doc, _v in await self.state.subscribers(scope, stream)]
         chosen = retention_cut(record, now, size, subscribers)
+        before: list[int] = []
         if chosen is not None:
             log.info("stream %s/%s: retention truncates at %s", scope, stream, chosen.cut)
-            await self.truncate_at(scope, stream, record, dict(chosen.cut))
+            before = await self.truncate_at(scope, stream, record, dict(chosen.cut))
             self.metrics.retention_truncations.inc()
         await self.state.put_stream(scope, stream, record, version)
+        await self.drop_segments(scope, stream, before)
 
     # --- reader groups and subscribers ---------------------------------------------
 

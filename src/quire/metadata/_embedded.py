@@ -21,13 +21,12 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple, Protocol, TypeVar
 
-from quire.clock import SYSTEM_CLOCK
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     ConfigError,
     MetadataError,
@@ -123,7 +122,8 @@ class Txn(Protocol):
 class EmbeddedStore(LeaseHolder, abc.ABC):
     """:class:`~quire.metadata.store.MetadataStore` over a driver's :class:`Txn`."""
 
-    def __init__(self, uri: str, *, lease_ms: int, poll_interval_ms: int) -> None:
+    def __init__(self, uri: str, *, lease_ms: int, poll_interval_ms: int,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         if lease_ms < 30:
             raise ConfigError(f"lease_ms must be >= 30, got {lease_ms}")
         if not 0 < poll_interval_ms <= 250:
@@ -131,6 +131,9 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         super().__init__()
         self.uri = uri
         self._lease_ms = lease_ms
+        self._now_ms = clock.wall_ms
+        """The wall clock of lease expiries (every process sharing the store
+        must read the same one)."""
         self._poll_interval = poll_interval_ms / 1000
         self._owner = uuid.uuid4().hex
         self._registered: dict[str, BookieInfo] = {}
@@ -214,16 +217,17 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
                                            f"({type(op).__name__}) failed: {e}", index, e) from e
             return versions
 
-        return await self._write(_reaping(run))
+        return await self._write(self._reaping(run))
 
     # --- bookie registry -------------------------------------------------
 
     async def register_bookie(self, info: BookieInfo) -> None:
         _names.check_bookie_id(info.bookie_id)
         # Wait out a registration left by a dead process (its lease runs out).
-        deadline = time.monotonic() + 2 * self._lease_ms / 1000
-        while not await self._write(lambda t: self._claim(t, info, SYSTEM_CLOCK.wall_ms())):
-            if time.monotonic() > deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self._lease_ms / 1000
+        while not await self._write(lambda t: self._claim(t, info, self._now_ms())):
+            if loop.time() > deadline:
                 raise MetadataExistsError(
                     f"bookie {info.bookie_id} is registered by another live process")
             await asyncio.sleep(min(0.1, self._lease_ms / 3000))
@@ -236,7 +240,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         await self._write(lambda t: t.delete_lease(bookie_id))
 
     async def list_bookies(self) -> list[BookieInfo]:
-        leases = await self._read(lambda t: t.live_leases(SYSTEM_CLOCK.wall_ms()))
+        leases = await self._read(lambda t: t.live_leases(self._now_ms()))
         return [deserialize_bookie(lease.data) for lease in leases]
 
     def _claim(self, t: Txn, info: BookieInfo, now_ms: int) -> bool:
@@ -250,7 +254,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
     def _claim_all(self, infos: list[BookieInfo], t: Txn) -> list[str]:
         """Claim every one of ``infos``; returns the ids another owner holds."""
-        now_ms = SYSTEM_CLOCK.wall_ms()
+        now_ms = self._now_ms()
         return [info.bookie_id for info in infos if not self._claim(t, info, now_ms)]
 
     def _start_heartbeat(self) -> None:
@@ -289,7 +293,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         """Claim ``infos``; renew ``session`` unless it expired.  Returns the
         bookie ids another owner holds and whether the session lives."""
         lost = self._claim_all(infos, t)
-        now_ms = SYSTEM_CLOCK.wall_ms()
+        now_ms = self._now_ms()
         alive = session is not None and self._renew_session(t, session, now_ms)
         t.drop_expired_leases(now_ms)
         return lost, alive
@@ -336,11 +340,11 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
     async def create_record(self, key: str, value: bytes) -> int:
         _names.check_record_key(key)
-        return await self._write(_reaping(lambda t: _create(t, Table.RECORDS, key, value)))
+        return await self._write(self._reaping(lambda t: _create(t, Table.RECORDS, key, value)))
 
     async def read_record(self, key: str) -> Versioned[bytes]:
         _names.check_record_key(key)
-        row = await self._read(lambda t: _live_record(t, key, SYSTEM_CLOCK.wall_ms()))
+        row = await self._read(lambda t: _live_record(t, key, self._now_ms()))
         if row is None:
             raise MetadataNotFoundError(f"{_name(Table.RECORDS, key)} does not exist")
         return Versioned(*row)
@@ -348,19 +352,19 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
     async def write_record(self, key: str, value: bytes, expected_version: int) -> int:
         _names.check_record_key(key)
         _names.check_version(expected_version)
-        return await self._write(_reaping(
+        return await self._write(self._reaping(
             lambda t: _update(t, Table.RECORDS, key, value, expected_version)))
 
     async def delete_record(self, key: str, expected_version: int | None = None) -> None:
         _names.check_record_key(key)
         _names.check_optional_version(expected_version)
-        await self._write(_reaping(
+        await self._write(self._reaping(
             lambda t: _delete(t, Table.RECORDS, key, expected_version)))
 
     async def list_records(self, prefix: str) -> list[str]:
         def live_keys(t: Txn) -> list[str]:
             keys = t.record_keys(prefix)
-            dead = set(t.dead_leased_keys(SYSTEM_CLOCK.wall_ms()))
+            dead = set(t.dead_leased_keys(self._now_ms()))
             return [key for key in keys if key not in dead] if dead else keys
 
         return await self._read(live_keys)
@@ -390,7 +394,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
                        t: Txn) -> bool:
         """Create ``key`` leased by ``session`` (creating the session unless
         it was ``confirmed`` before); False if the session has expired."""
-        now_ms = SYSTEM_CLOCK.wall_ms()
+        now_ms = self._now_ms()
         if not self._renew_session(t, session, now_ms):
             if confirmed:
                 return False
@@ -468,7 +472,7 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
     async def _poll_once(self, ledger_ids: list[int], record_keys: list[str],
                          bookies: bool) -> None:
-        now_ms = SYSTEM_CLOCK.wall_ms()
+        now_ms = self._now_ms()
         rows, records, leases = await self._read(lambda t: (
             {i: t.get(Table.LEDGERS, i) for i in ledger_ids},
             {k: _live_record(t, k, now_ms) for k in record_keys},
@@ -484,6 +488,14 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
         live = [deserialize_bookie(lease.data) for lease in leases]
         for bookie_sub in list(self._bookie_subs):
             bookie_sub.offer(live, live)
+
+    def _reaping(self, fn: Callable[[Txn], R]) -> Callable[[Txn], R]:
+        """``fn`` preceded by deleting expired leased records, so that record
+        writes see them absent as reads do."""
+        def run(t: Txn) -> R:
+            t.drop_expired_leases(self._now_ms())
+            return fn(t)
+        return run
 
     # --- lifecycle -------------------------------------------------------
 
@@ -521,15 +533,6 @@ class EmbeddedStore(LeaseHolder, abc.ABC):
 
 def _name(table: Table, key: Key) -> str:
     return f"{table.value} {key}"
-
-
-def _reaping(fn: Callable[[Txn], R]) -> Callable[[Txn], R]:
-    """``fn`` preceded by deleting expired leased records, so that record
-    writes see them absent as reads do."""
-    def run(t: Txn) -> R:
-        t.drop_expired_leases(SYSTEM_CLOCK.wall_ms())
-        return fn(t)
-    return run
 
 
 def _live_record(t: Txn, key: str, now_ms: int) -> Row | None:

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any, TypeVar
 
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import ConfigError, MetadataError
 from quire.metadata._embedded import EmbeddedStore, Key, Lease, Row, Table, Txn
 
@@ -139,8 +140,9 @@ class MemoryStore(EmbeddedStore):
     """An in-process :class:`~quire.metadata.store.MetadataStore`."""
 
     def __init__(self, uri: str, name: str, data: _Instance, *,
-                 lease_ms: int, poll_interval_ms: int) -> None:
-        super().__init__(uri, lease_ms=lease_ms, poll_interval_ms=poll_interval_ms)
+                 lease_ms: int, poll_interval_ms: int, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(uri, lease_ms=lease_ms, poll_interval_ms=poll_interval_ms,
+                         clock=clock)
         self._name = name
         self._data: _Instance | None = data
 

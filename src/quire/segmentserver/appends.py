@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from quire.pravega_wire import (
@@ -11,14 +12,17 @@ from quire.pravega_wire import (
     ConditionalBlockEnd,
     ConditionalCheckFailed,
     DataAppended,
-    SegmentIsSealed,
     SetupAppend,
     WireCommand,
 )
 from quire.segmentserver.metrics import SegmentServerMetrics
 from quire.segmentserver.replies import ClientConnection, Reply
-from quire.segmentstore import AppendResult, BadOffsetError, SegmentStore
+from quire.segmentstore import AppendResult, BadOffsetError, SegmentSealedError, SegmentStore
 from quire.segmentstore.futures import retrieve
+
+SEAL_WAIT_MS = 1000
+"""A setup on a segment being sealed looks again this often (woken sooner
+by the seal)."""
 
 
 def _previous(result: AppendResult) -> int:
@@ -55,12 +59,18 @@ class AppendRequests:
         # request (say, sent on a connection that has just dropped), or the
         # client resends them in a block numbered higher, which is then no
         # duplicate: an empty attribute update is a barrier, done when all
-        # the operations accepted before it are durable (SegmentIsSealed or
-        # NoSuchSegment if it is not writable).
+        # the operations accepted before it are durable (NoSuchSegment if
+        # there is no such segment).
         # A writer set up again on a new connection has left its old one
         # (Pravega's writer keeps one connection per segment): that one is
         # dropped now, so that no block still unread on it lands after this
         # setup's answer, where the barrier below would not count it.
+        # A sealed segment answers the writer's number too (as Pravega's
+        # server does), once its seal is durable (and with it every append
+        # accepted before it): the writer learns which of its blocks the
+        # segment has, and sends its successors only the others (each block
+        # it sends here is answered SegmentIsSealed).  Answering
+        # SegmentIsSealed to the setup would make it send them all there.
         previous = self._appenders.get((c.writer_id, c.segment))
         if previous is not None and previous is not self._connection:
             previous.abort()
@@ -69,10 +79,13 @@ class AppendRequests:
         barrier.add_done_callback(retrieve)  # also when the connection drops first
 
         async def setup() -> WireCommand:
-            await barrier
+            with contextlib.suppress(SegmentSealedError):
+                await barrier
             info = await self._store.get_info(c.segment)
-            if info.sealed:
-                return SegmentIsSealed(c.request_id, c.segment, "", -1)
+            while not info.sealed and barrier.exception() is not None:
+                # sealed, the seal not yet durable: a read at the end wakes when it is
+                await self._store.read(c.segment, info.length, 1, SEAL_WAIT_MS)
+                info = await self._store.get_info(c.segment)
             self._writers[c.writer_id] = c.segment
             return AppendSetup(c.request_id, c.segment, c.writer_id,
                                info.attributes.get(c.writer_id, NO_EVENT_NUMBER))

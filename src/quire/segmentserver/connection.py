@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
-from quire.errors import QuireError, WireCommandError
+from quire.errors import ContainerClosedError, ContainerFencedError, QuireError, WireCommandError
 from quire.pravega_wire import (
     OLDEST_COMPATIBLE_VERSION,
     REQUEST_TYPES,
@@ -263,6 +263,12 @@ class WireConnection(asyncio.Protocol):
             error = future.exception()
             if error is None:
                 return ok(future.result())
+            if taken and isinstance(error, ContainerClosedError | ContainerFencedError):
+                # taken, then its container failed: its outcome is unknown, and
+                # WrongHost would tell the client it was not applied (a retry
+                # elsewhere finds it applied: BadVersion for a put that landed);
+                # the connection closes instead, as for any unknown outcome
+                return None
             reply: Reply = None
             if on_error is not None:
                 reply = on_error(error)
@@ -278,6 +284,7 @@ class WireConnection(asyncio.Protocol):
             future.set_exception(e)
         if asyncio.iscoroutine(future):
             future = self._loop.create_task(future)
+        taken = not future.done()
         self._push(future, formatter, cost)
 
     def answer(self, reply: WireCommand) -> None:

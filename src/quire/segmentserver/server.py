@@ -137,8 +137,7 @@ class SegmentServer:
         made: list[WireConnection] = []
 
         def connection() -> WireConnection:
-            made.append(WireConnection(self.store, self.config, self._lost, self._appenders,
-                                       self.metrics, auth=self.auth, on_made=self._made))
+            made.append(self.protocol())
             self._slots[made[0]] = slot
             return made[0]
 
@@ -156,6 +155,13 @@ class SegmentServer:
                 self._refused("tls_handshake", slot.peer, f" ({type(e).__name__}: {e})")
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def protocol(self) -> WireConnection:
+        """A new connection's protocol, for a transport accepted by the caller
+        (the accept loop here; an in-process network): the connection
+        limits count only what the accept loop accepted."""
+        return WireConnection(self.store, self.config, self._lost, self._appenders,
+                              self.metrics, auth=self.auth, on_made=self._made)
 
     def _made(self, connection: WireConnection) -> None:
         self._connections.add(connection)

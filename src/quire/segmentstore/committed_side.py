@@ -127,6 +127,10 @@ class CommittedSide:
                             f"container {self.container_id}: checkpoint after "
                             f"{restored.sequence} found after {committed.sequence}")
                     self.metadata = committed = restored
+                    # a merge whose source or target the checkpoint left out was
+                    # in tier-2 before it was forgotten: not the writer's to do
+                    self.merges = [m for m in self.merges
+                                   if m[0] in restored.segments and m[1] in restored.segments]
                 committed.apply(op)
                 self._index(op, address)
         if truncated:

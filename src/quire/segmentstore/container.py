@@ -261,6 +261,22 @@ class SegmentContainer(ContainerUpkeep):
         and fails the container, once another owner took the log."""
         return call_as_future(lambda: self._log_op(ProbeOp(*self._next())))
 
+    def _refused_as_owner(self, error: QuireError) -> asyncio.Future[Any]:
+        """A future failing with ``error`` once a probe confirmed ownership
+        (with the container's fencing error if it did not)."""
+        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def answer(probe: asyncio.Future[Any]) -> None:
+            if refused.done():
+                return
+            if probe.cancelled():
+                refused.set_exception(ContainerClosedError("the container closed before it "
+                                                           "confirmed its ownership"))
+            else:
+                refused.set_exception(probe.exception() or error)
+        self.confirm_ownership().add_done_callback(answer)
+        return refused
+
     def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
                        attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
                        ) -> asyncio.Future[None]:
@@ -420,10 +436,17 @@ class SegmentContainer(ContainerUpkeep):
 
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         """Append all of ``source`` to ``target`` and remove ``source``
-        (sealed first if it is not).  The source must not be truncated."""
+        (sealed first if it is not).  The source must not be truncated.
+        No such source is answered only once ownership is confirmed through
+        tier-1: a commit retried takes it for "merged already", which an
+        owner that has not noticed another took its container over (paused
+        past its lease, say) must not say of a source the new owner made."""
         def make() -> asyncio.Future[MergeResult]:
             t = self.writable_segment(target)
-            src = self._segment(source)
+            try:
+                src = self._segment(source)
+            except SegmentNotFoundError as e:
+                return self._refused_as_owner(e)
             if src is t:
                 raise SegmentStoreError(f"cannot merge segment {target!r} into itself")
             if SegmentType.TABLE in (t.type, src.type):

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.client import Client
-from quire.clock import SYSTEM_CLOCK
+from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import ConfigError, InvalidChunkNameError, MetadataNotFoundError, RecoveryError
 from quire.log import LogCatalog, LogNotFoundError, NamedDataLog
 from quire.metadata import MetadataStore
@@ -184,12 +184,12 @@ class _Plan:
     dangling: list[str] = field(default_factory=list)
 
 
-async def recover(client: Client, tier2: str | Tier2Config, *,
+async def recover(client: Client, tier2: str | Tier2Config | ChunkStorage, *,
                   container_ids: Iterable[int] | None = None,
                   progress: Progress | None = None,
                   container_count: int | None = None,
                   config: SegmentStoreConfig | None = None,
-                  replace_logs: bool = False) -> RecoveryReport:
+                  replace_logs: bool = False, clock: Clock = SYSTEM_CLOCK) -> RecoveryReport:
     """Rebuild containers (all, or ``container_ids``) from ``tier2`` alone
     onto fresh tier-1 logs on ``client``'s cluster (see the module
     docstring).  ``container_count`` is used only if neither the metadata
@@ -201,11 +201,18 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
     unread; stop every segment store first, as an owner still running is
     not fenced at its open ledger) or records
     that do not fit; a failure part-way leaves the logs made so far (run
-    again with ``replace_logs``) and never touches tier-2."""
+    again with ``replace_logs``) and never touches tier-2.  ``tier2``: a
+    URI or configuration (opened and closed here) or an open storage;
+    ``clock`` stamps the recovered state (:class:`~quire.clock.Clock`)."""
     started = time.monotonic()
     config = config or SegmentStoreConfig()
-    storage = await open_chunk_storage(Tier2Config(uri=tier2) if isinstance(tier2, str)
-                                       else tier2)
+    opened = isinstance(tier2, str | Tier2Config)
+    storage: ChunkStorage
+    if isinstance(tier2, str | Tier2Config):
+        storage = await open_chunk_storage(Tier2Config(uri=tier2) if isinstance(tier2, str)
+                                           else tier2)
+    else:
+        storage = tier2
     try:
         metadata = client.metadata_store
         count = await _container_count(metadata, storage, container_count)
@@ -231,7 +238,7 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
             abandoned |= ledgers
         recorded = {cid: await read_records(storage, cid)
                     for cid in sorted(set(await journal_containers(storage)) | set(ids))}
-        plans = [await _plan(cid, recorded[cid], storage, count) for cid in ids]
+        plans = [await _plan(cid, recorded[cid], storage, count, clock) for cid in ids]
         await cluster_container_count(metadata, count)
         total = sum(len(p.segments) for p in plans)
         done = 0
@@ -239,7 +246,7 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
             progress(done, total)
         out = []
         for plan in plans:
-            out.append(await _rebuild(client, catalog, storage, plan, floor, config))
+            out.append(await _rebuild(client, catalog, storage, plan, floor, config, clock))
             done += len(plan.segments)
             if progress is not None:
                 progress(done, total)
@@ -247,7 +254,8 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
         return RecoveryReport(count, tuple(out), tuple(orphans), time.monotonic() - started,
                               tuple(sorted(abandoned)))
     finally:
-        await storage.close()
+        if opened:
+            await storage.close()
 
 
 async def _container_count(metadata: MetadataStore, storage: ChunkStorage,
@@ -305,12 +313,12 @@ def _highest_epoch(chunks: list[ChunkInfo]) -> int:
 
 
 async def _plan(container_id: int, records: StorageRecords, storage: ChunkStorage,
-                count: int) -> _Plan:
+                count: int, clock: Clock) -> _Plan:
     """The container's segments as tier-2 records them."""
     layouts, owners = records.layouts, records.owners
     metadata = ContainerMetadata(container_id)
     plan = _Plan(container_id, records, metadata)
-    now = SYSTEM_CLOCK.wall_ms()
+    now = clock.wall_ms()
     reads: list[Coroutine[Any, Any, None]] = []
     limit = asyncio.Semaphore(_READS_IN_FLIGHT)
     for name, layout in sorted(layouts.items()):
@@ -380,9 +388,10 @@ async def _read_all(storage: ChunkStorage, layout: SegmentLayout) -> bytes:
                               layout.length - layout.start_offset)
 
 
-def _seed_records(metadata: ContainerMetadata, max_frame_bytes: int) -> list[bytes]:
+def _seed_records(metadata: ContainerMetadata, max_frame_bytes: int,
+                  now_ms: int) -> list[bytes]:
     """The tier-1 records holding the seed checkpoint (one frame, or part frames)."""
-    raw = encode(CheckpointOp(SEED_SEQUENCE, SYSTEM_CLOCK.wall_ms(), metadata.checkpoint()))
+    raw = encode(CheckpointOp(SEED_SEQUENCE, now_ms, metadata.checkpoint()))
     framed = frames.framed(raw)
     if frames.FRAME_OVERHEAD + len(framed) <= max_frame_bytes:
         return [frames.join(1, [framed])]
@@ -390,7 +399,7 @@ def _seed_records(metadata: ContainerMetadata, max_frame_bytes: int) -> list[byt
 
 
 async def _rebuild(client: Client, catalog: LogCatalog, storage: ChunkStorage, plan: _Plan,
-                   floor: int, config: SegmentStoreConfig) -> RecoveredContainer:
+                   floor: int, config: SegmentStoreConfig, clock: Clock) -> RecoveredContainer:
     cid = plan.container_id
     name = container_log_name(cid)
     await catalog.create(name, epoch=floor)
@@ -398,7 +407,8 @@ async def _rebuild(client: Client, catalog: LogCatalog, storage: ChunkStorage, p
     await log.initialize()
     try:
         if plan.metadata.segments:
-            for record in _seed_records(plan.metadata, config.container.max_frame_bytes):
+            for record in _seed_records(plan.metadata, config.container.max_frame_bytes,
+                                        clock.wall_ms()):
                 await log.append(record)
     finally:
         await log.close()
@@ -406,7 +416,7 @@ async def _rebuild(client: Client, catalog: LogCatalog, storage: ChunkStorage, p
     reader = Tier2Reader(storage, dict(records.layouts), dict(records.owners))
     container = await SegmentContainer.open(cid, NamedDataLog(
         client, name, password=config.tier1_passwords, options=config.tier1), config.container,
-        tier2_read=reader.read)
+        clock=clock, tier2_read=reader.read)
     try:
         epoch = container.epoch
         for want in plan.segments:

@@ -72,7 +72,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Self, TypeVar
 
-from quire.errors import ConfigError, SegmentStoreError, Tier2RefusedError
+from quire.errors import ConfigError, ContainerFencedError, SegmentStoreError, Tier2RefusedError
 from quire.segmentstore.flush_health import FlushHealth, step_of
 from quire.segmentstore.flush_plan import FlushPlanner
 from quire.segmentstore.quarantine import Quarantined, QuarantineWatch, quarantine_path
@@ -192,8 +192,15 @@ class StorageWriter(SegmentFlushing):
         source = self.source
         s = source.segment(self.metadata_segment)
         assert s is not None
-        self.recorded.load(source.table_entries(s.segment_id),
-                           await read_journal(self.storage, source.container_id), s.segment_id)
+        journal = await read_journal(self.storage, source.container_id)
+        if journal is not None and journal.epoch > source.epoch:
+            # a newer owner took the container over while this one opened: its
+            # layouts are not this writer's to replace (it would delete the
+            # chunks they name), and nothing of tier-1 would stop it
+            raise ContainerFencedError(
+                f"container {source.container_id}: tier-2's journal is owner epoch "
+                f"{journal.epoch}'s, newer than this owner's {source.epoch}")
+        self.recorded.load(source.table_entries(s.segment_id), journal, s.segment_id)
         for m in source.segments.values():
             found = self.layouts.get(m.name)
             if found is not None and not m.deleted and self.owners[m.name] == m.segment_id:
@@ -206,6 +213,10 @@ class StorageWriter(SegmentFlushing):
     def plan(self) -> list[list[int]]:
         """The eligible segments' ids per bucket (user, system, metadata), in
         flush order (by segment id within a bucket)."""
+        # every merge committed until now first: a merge source deleted by a
+        # merge the planner does not know yet would be forgettable, and its
+        # container could purge it before the target's flush needs its name
+        self._take_merges()
         config = self.config
         return self._planner.plan(self.source.segments, config.flush_threshold_bytes,
                                   config.flush_threshold_ms, self.source.now_ms(),
@@ -216,7 +227,6 @@ class StorageWriter(SegmentFlushing):
     async def flush_once(self) -> IterationReport:
         """Run one flush iteration (see the module docstring)."""
         report = IterationReport()
-        self._take_merges()
         deletable = self.recorded.take_deletable()
         try:
             with step("delete", ""):

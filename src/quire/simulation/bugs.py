@@ -32,6 +32,9 @@ package.
   there (``RequestHandlers.unless_limbo`` passes every status on); the
   watched connections of :mod:`~quire.simulation.cluster` see the
   negatives at once (``limbo-negative``).
+
+The stream layer's bugs (:data:`STREAM_BUGS`) are described in
+:mod:`quire.simulation.streams.bugs`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from quire.errors import BookieUnavailableError, QuireError, StatusCode
 from quire.peer import BookieClient
 from quire.peer.connection import ReadHandler
 from quire.protocol import LAST_ENTRY_ID, ReadRequest, ReadResponse
+from quire.simulation.streams.bugs import STREAM_BUGS, stream_bug
 from quire.types import LedgerState
 
 BUGS = ("unknown-as-no", "skip-fencing", "ack-before-fsync", "forget-limbo", "lac-backwards",
@@ -102,8 +106,13 @@ def seeded_bug(name: str) -> Iterator[None]:
     if not name:
         yield
         return
+    if name in STREAM_BUGS:
+        with stream_bug(name):
+            yield
+        return
     if name not in BUGS:
-        raise ValueError(f"unknown seeded bug {name!r} (known: {', '.join(BUGS)})")
+        raise ValueError(f"unknown seeded bug {name!r} (known: "
+                         f"{', '.join(BUGS + STREAM_BUGS)})")
     names = vars(reads)  # (the module's globals: its reads look the name up there)
     saved = (names["EXPLICIT_NEGATIVES"], BookieClient.fence_read, AfterFsync.run,
              AfterFsync.adds, ReadHandle.read_last_add_confirmed, RequestHandlers.unless_limbo)

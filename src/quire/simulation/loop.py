@@ -17,6 +17,11 @@ There is no self-pipe, no selector and no thread pool:
 
 A loop with nothing ready and no timer can never make progress again:
 :class:`SimDeadlock` is raised from ``run_until_complete``.
+
+With :meth:`SimLoop.track_tasks`, every task is recorded under the node and
+life it was created in (``current_node``, ``current_life``), so that a
+process's crash (:meth:`SimLoop.kill`) stops all of it at once: its tasks
+are cancelled, its pending callbacks and timers dropped.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import asyncio
 import concurrent.futures
 import contextvars
 import heapq
-from collections.abc import Callable
+import math
+import weakref
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
-from quire.simulation.network import current_node
+from quire.simulation.network import current_life, current_node
 
 if TYPE_CHECKING:
     from quire.simulation.network import SimNetwork
@@ -51,8 +58,14 @@ class _VirtualSelector:
     def select(self, timeout: float | None) -> list[Any]:
         if timeout is None:
             raise SimDeadlock("nothing ready and no timer: every task waits forever")
-        if timeout > 0:
-            self._loop.advance(timeout)
+        loop = self._loop
+        if loop.exact_timers:
+            scheduled = loop._scheduled  # type: ignore[attr-defined]
+            if scheduled and not loop._ready and not loop._stopping:  # type: ignore[attr-defined]
+                # just past the first deadline: it (and whatever is due with it) runs next
+                loop.advance_to(math.nextafter(scheduled[0]._when, math.inf))
+        elif timeout > 0:
+            loop.advance(timeout)
         return []
 
     def close(self) -> None:
@@ -62,12 +75,81 @@ class _VirtualSelector:
 class SimLoop(asyncio.BaseEventLoop):
     """See the module docstring.  ``network`` serves ``create_connection``."""
 
-    def __init__(self, network: SimNetwork | None = None, *, start_s: float = 0.0) -> None:
+    def __init__(self, network: SimNetwork | None = None, *, start_s: float = 0.0,
+                 exact_timers: bool = False) -> None:
         super().__init__()
         self._now_s = start_s
         self._selector = _VirtualSelector(self)
-        self._clock_resolution = 1e-9
+        self.exact_timers = exact_timers
+        """A timer fires when the clock reaches its deadline exactly (the
+        clock jumps there), never a hair early: code that loops until
+        ``deadline - loop.time()`` is not positive (as it may on a real
+        clock, which moves by itself) then ends.  The ledger layer keeps the
+        first version's 1 ns resolution, which its stored seeds replay with."""
+        self._clock_resolution = 0.0 if exact_timers else 1e-9
         self.network = network
+        self._tasks_of: dict[tuple[str, int],
+                             weakref.WeakValueDictionary[int, asyncio.Task[Any]]] | None = None
+        """(node, life) -> its tasks by creation number (in creation order: a
+        set's order would follow the tasks' addresses, which differ from run
+        to run)."""
+        self._created = 0
+        self._life_of: dict[int, tuple[str, int]] = {}
+        """id of a task -> its node and life (by id: a task is asked about from
+        its finalizer, when no weak reference finds it any more; an id reused
+        by a later task is overwritten when that task is created)."""
+
+    # --- processes ------------------------------------------------------------------
+
+    def track_tasks(self) -> None:
+        """Record each task's node and life from now on (see :meth:`kill`)."""
+        self._tasks_of = {}
+
+    def create_task(self, coro: Generator[Any, None, T] | Coroutine[Any, Any, T], *,
+                    name: object = None,
+                    context: contextvars.Context | None = None) -> asyncio.Task[T]:
+        task = super().create_task(coro, name=name, context=context)
+        tasks_of = self._tasks_of
+        if tasks_of is not None:
+            key = (current_node.get(), current_life.get()) if context is None else \
+                (context.get(current_node, "?"), context.get(current_life, 0))
+            if self.network is not None and key[1] != self.network.life_of(key[0]):
+                task.cancel()  # spawned by a dead life's cleanup: it never runs
+                return task
+            found = tasks_of.get(key)
+            if found is None:
+                found = tasks_of[key] = weakref.WeakValueDictionary()
+            self._created += 1
+            found[self._created] = task
+            self._life_of[id(task)] = key
+        return task
+
+    def of_dead_life(self, task: object) -> bool:
+        """Whether ``task`` was created by a life that has ended since (what
+        it does, or fails to do, is no process's any more)."""
+        key = self._life_of.get(id(task)) if isinstance(task, asyncio.Task) else None
+        return key is not None and self.network is not None \
+            and key[1] != self.network.life_of(key[0])
+
+    def kill(self, node: str, life: int) -> int:
+        """Life ``life`` of ``node`` crashed: drop its timers (timeouts,
+        retries, delayed work; network deliveries are the network's to
+        drop), then cancel its tasks (a sleeping one wakes up cancelled).
+        Callbacks already due run (a task's wake-up among them, which a
+        cancelled task needs to end).  Returns how many tasks were cancelled."""
+        for handle in self._scheduled:  # type: ignore[attr-defined]
+            context = handle._context
+            if context is not None and context.get(current_node, "?") == node \
+                    and context.get(current_life, 0) == life \
+                    and getattr(handle._callback, "__self__", None) is not self.network:
+                handle.cancel()
+        tasks = self._tasks_of.pop((node, life), None) if self._tasks_of is not None else None
+        cancelled = 0
+        for task in list(tasks.values()) if tasks is not None else []:
+            if not task.done():
+                task.cancel()
+                cancelled += 1
+        return cancelled
 
     # --- the clock ------------------------------------------------------------------
 
@@ -77,6 +159,9 @@ class SimLoop(asyncio.BaseEventLoop):
     def advance(self, seconds: float) -> None:
         """Move virtual time forward (the selector does, when idle)."""
         self._now_s += seconds
+
+    def advance_to(self, when: float) -> None:
+        self._now_s = max(self._now_s, when)
 
     def jump_clock(self, node: str, seconds: float) -> int:
         """Node ``node``'s clock jumps ``seconds`` ahead: each of its timers
@@ -136,3 +221,18 @@ class SimLoop(asyncio.BaseEventLoop):
         if self.network is None:
             raise ConnectionRefusedError("this simulation has no network")
         return await self.network.connect(protocol_factory, f"{host}:{port}")
+
+
+class VirtualClock:
+    """A :class:`~quire.clock.Clock` on the loop's virtual time: wall time
+    ``start_ms`` at loop time 0, plus ``offset_ms`` (a node whose clock
+    jumped)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, start_ms: int = 1_700_000_000_000,
+                 offset_ms: int = 0) -> None:
+        self._loop = loop
+        self.start_ms = start_ms
+        self.offset_ms = offset_ms
+
+    def wall_ms(self) -> int:
+        return self.start_ms + self.offset_ms + int(self._loop.time() * 1000)

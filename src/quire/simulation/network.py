@@ -18,7 +18,17 @@ their messages are reordered against each other.  Faults:
   from the rest: their connections across the cut are reset and new ones
   refused until :meth:`SimNetwork.heal`;
 * **listener down** (a crashed bookie, :meth:`SimNetwork.unlisten`):
-  connections to it are reset and refused.
+  connections to it are reset and refused;
+* **link cut** (:meth:`SimNetwork.cut_link`): two nodes cannot reach each
+  other (the rest of the network can), until :meth:`SimNetwork.heal`.
+
+A node that crashes and restarts (a segment store, a controller) lives
+several *lives* (:meth:`SimNetwork.kill`): what a dead life still runs
+(its tasks' cleanup after they were cancelled) connects nowhere and
+exchanges nothing, so it cannot act on the cluster once its process is
+gone, even after the node came back.  :meth:`SimNetwork.exchange` is one
+request and its answer between two nodes (a gRPC call, a metadata
+transaction), with the same delays, pauses, cuts and lives.
 
 The node a connection comes from is the ``current_node`` context variable
 of the task that opens it (each simulated client runs its tasks under its
@@ -31,7 +41,7 @@ import asyncio
 import contextvars
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,6 +52,17 @@ P = TypeVar("P", bound=asyncio.BaseProtocol)
 current_node: contextvars.ContextVar[str] = contextvars.ContextVar("current_node",
                                                                    default="?")
 """The simulated node the running task belongs to."""
+current_life: contextvars.ContextVar[int] = contextvars.ContextVar("current_life", default=0)
+"""Which life of its node the running task belongs to (see :meth:`SimNetwork.kill`)."""
+T = TypeVar("T")
+
+
+class Unreachable(ConnectionRefusedError):
+    """An exchange that never reached its destination (nothing was done)."""
+
+
+class AnswerLost(ConnectionResetError):
+    """An exchange whose answer was lost (what it did is unknown)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +174,11 @@ class SimTransport(asyncio.Transport):
             self.protocol.connection_lost(exc)
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class SimConnection:
     """A pair of ends between a client node and a listener."""
 
@@ -185,16 +211,44 @@ class SimNetwork:
         self._contexts: dict[str, contextvars.Context] = {}
         self._down: set[str] = set()
         """Crashed nodes: they open no connection."""
+        self._cut_links: set[frozenset[str]] = set()
+        """Pairs of nodes that cannot reach each other."""
+        self._lives: dict[str, int] = {}
+        """Node -> its current life (0 unless it was killed)."""
 
     def _context_of(self, node: str) -> contextvars.Context:
         """A context whose ``current_node`` is ``node``: what arrives at a
         node runs in it, so the tasks it starts (a reconnection, an
         ensemble change) belong to that node too."""
-        context = self._contexts.get(node)
+        life = self._lives.get(node, 0)
+        key = node if not life else f"{node}#{life}"
+        context = self._contexts.get(key)
         if context is None:
-            context = self._contexts[node] = contextvars.Context()
+            context = self._contexts[key] = contextvars.Context()
             context.run(current_node.set, node)
+            context.run(current_life.set, life)
         return context
+
+    def context_of(self, node: str) -> contextvars.Context:
+        """A copy of the context of ``node``'s current life (to run a task as it)."""
+        return self._context_of(node).copy()
+
+    def life_of(self, node: str) -> int:
+        return self._lives.get(node, 0)
+
+    def alive(self) -> bool:
+        """Whether the running code belongs to its node's current life, up."""
+        node = current_node.get()
+        return node not in self._down and current_life.get() == self._lives.get(node, 0)
+
+    def kill(self, node: str) -> int:
+        """``node``'s process dies: as :meth:`node_down`, and its current life
+        ends (what that life still runs is cut off for good); returns the
+        life that ended."""
+        self.node_down(node)
+        life = self._lives.get(node, 0)
+        self._lives[node] = life + 1
+        return life
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
@@ -227,7 +281,20 @@ class SimNetwork:
     # --- faults ------------------------------------------------------------------
 
     def _blocked(self, a: str, b: str) -> bool:
-        return (a in self._cut) != (b in self._cut)
+        return (a in self._cut) != (b in self._cut) or (
+            bool(self._cut_links) and frozenset((a, b)) in self._cut_links)
+
+    def reachable(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` can talk now (neither down, nothing between)."""
+        return not self._blocked(a, b) and a not in self._down and b not in self._down
+
+    def cut_link(self, a: str, b: str) -> None:
+        """``a`` and ``b`` cannot reach each other until :meth:`heal`."""
+        self._cut_links.add(frozenset((a, b)))
+        self._trace.event(f"link {a} - {b} cut")
+        for conn in list(self._connections):
+            if {conn.client_node, conn.server_node} == {a, b}:
+                self.sever(conn, ConnectionResetError("link cut"))
 
     def partition(self, nodes: frozenset[str]) -> None:
         """Cut ``nodes`` off from every other node (replacing any cut)."""
@@ -256,10 +323,17 @@ class SimNetwork:
     def _resumes_at(self, *nodes: str) -> float:
         return max(self._paused_until.get(node, 0.0) for node in nodes)
 
+    def heal_link(self, a: str, b: str) -> None:
+        """Undo :meth:`cut_link` of ``a`` and ``b``."""
+        if frozenset((a, b)) in self._cut_links:
+            self._cut_links.discard(frozenset((a, b)))
+            self._trace.event(f"link {a} - {b} healed")
+
     def heal(self) -> None:
-        if self._cut:
+        if self._cut or self._cut_links:
             self._trace.event("partition healed")
         self._cut = frozenset()
+        self._cut_links = set()
 
     def reset_random(self) -> None:
         """Reset one open connection, chosen by the run's rng (if any)."""
@@ -272,7 +346,8 @@ class SimNetwork:
         node = current_node.get()
         await asyncio.sleep(self._delay_s())
         entry = self._listeners.get(address)
-        if entry is None or self._blocked(node, entry[0]) or node in self._down:
+        if entry is None or self._blocked(node, entry[0]) or node in self._down \
+                or entry[0] in self._down or not self.alive():
             raise ConnectionRefusedError(f"{node} cannot reach {address}")
         server_node, server_factory = entry
         self._next_id += 1
@@ -291,6 +366,58 @@ class SimNetwork:
         protocol.connection_made(client_end)
         self._trace.event(f"connect {conn}")
         return client_end, protocol
+
+    async def exchange(self, dst: str, serve: Callable[[], Coroutine[Any, Any, T]],
+                       what: str = "") -> T:
+        """One request from the running node to ``dst`` and its answer:
+        ``serve()`` runs as ``dst`` (its current life) once the request
+        arrives, and its result or error comes back.  Unreachable if the
+        request cannot be delivered (nothing was done); AnswerLost if ``dst``
+        died meanwhile or the answer cannot be delivered (the outcome is
+        unknown).  Both after the network's delays."""
+        src = current_node.get()
+        loop = self._loop()
+        await asyncio.sleep(self._exchange_delay_s(src, dst))
+        if not self.reachable(src, dst) or not self.alive():
+            raise Unreachable(f"{src} cannot reach {dst}" + (f" ({what})" if what else ""))
+        life = self._lives.get(dst, 0)
+        task: asyncio.Task[T] = loop.create_task(serve(), context=self.context_of(dst))
+        task.add_done_callback(_retrieve)  # (the caller may have given up waiting)
+        await asyncio.wait([task])
+        await asyncio.sleep(self._exchange_delay_s(dst, src))
+        if self._lives.get(dst, 0) != life or not self.reachable(src, dst) or task.cancelled():
+            if not task.cancelled():
+                task.exception()  # (retrieved: the caller hears "unknown")
+            raise AnswerLost(f"the answer of {dst} to {src} was lost"
+                             + (f" ({what})" if what else ""))
+        return task.result()
+
+    async def call(self, dst: str, serve: Callable[[], T], what: str = "") -> T:
+        """:meth:`exchange` for a service that answers at once (``serve`` is
+        a plain function: a metadata transaction): the same delays and
+        faults, without a task on the far side."""
+        src = current_node.get()
+        await asyncio.sleep(self._exchange_delay_s(src, dst))
+        if not self.reachable(src, dst) or not self.alive():
+            raise Unreachable(f"{src} cannot reach {dst}" + (f" ({what})" if what else ""))
+        life = self._lives.get(dst, 0)
+        try:
+            result = serve()
+        except Exception as e:
+            error: Exception | None = e
+        else:
+            error = None
+        await asyncio.sleep(self._exchange_delay_s(dst, src))
+        if self._lives.get(dst, 0) != life or not self.reachable(src, dst):
+            raise AnswerLost(f"the answer of {dst} to {src} was lost"
+                             + (f" ({what})" if what else ""))
+        if error is not None:
+            raise error
+        return result
+
+    def _exchange_delay_s(self, src: str, dst: str) -> float:
+        wait = max(0.0, self._resumes_at(src, dst) - self._loop().time())
+        return wait + self._delay_s()
 
     def _delay_s(self) -> float:
         cfg, rng = self.config, self._rng

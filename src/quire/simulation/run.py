@@ -361,7 +361,10 @@ def _stray(context: dict[str, object]) -> str:
     exception nobody retrieved, a callback that raised)."""
     error = context.get("exception")
     what = f"{type(error).__name__}: {error}" if error is not None else ""
-    return f"{context.get('message', '')} {what}".strip()
+    task = context.get("task", context.get("future"))
+    coro = getattr(task, "get_coro", lambda: None)()
+    where = f" (in {coro.__qualname__})" if coro is not None else ""
+    return f"{context.get('message', '')} {what}".strip() + where
 
 
 def cancel_all(loop: SimLoop) -> None:
