@@ -29,27 +29,46 @@ import time
 from pathlib import Path
 from typing import Any
 
-FIGURES = ("entries_per_s", "p50_ms", "p99_ms")
+FIGURE_SUFFIXES = ("_per_s", "p50_ms", "p99_ms", "_cpu_us")
+"""A figure is a number under a key ending so: rates, latencies, CPU per call."""
+ROW_LABELS = ("what", "name", "label", "shape", "size", "segments")
+"""Keys that name a row of a list of rows (the path shows them, not its index)."""
+
+
+def is_figure(key: str) -> bool:
+    return key.endswith(FIGURE_SUFFIXES) and not key.startswith(("raw_fsync",))
 
 
 def figures_of(result: Any, prefix: str = "") -> dict[str, float]:
-    """Flatten a benchmark's JSON into {"path/to/figure": value} for FIGURES."""
+    """Flatten a benchmark's JSON into {"path/to/figure": value}."""
     found: dict[str, float] = {}
     if isinstance(result, dict):
         for key, value in result.items():
             path = f"{prefix}/{key}" if prefix else str(key)
-            if key in FIGURES and isinstance(value, int | float):
+            if is_figure(str(key)) and isinstance(value, int | float) \
+                    and not isinstance(value, bool):
                 found[path] = float(value)
             else:
                 found.update(figures_of(value, path))
+    elif isinstance(result, list):
+        for index, item in enumerate(result):
+            label = ",".join(f"{item[k]}" for k in ROW_LABELS if isinstance(item, dict)
+                             and k in item) or str(index)
+            found.update(figures_of(item, f"{prefix}[{label}]"))
     return found
+
+
+def takes(script: Path, option: str) -> bool:
+    """Whether ``script`` declares ``option`` (not every script has ``--rounds``)."""
+    return f'"{option}"' in script.read_text()
 
 
 def run_round(tree: Path, script: str, extra: list[str]) -> dict[str, float]:
     tree = tree.resolve()
     env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree}"}
-    command = [sys.executable, str(tree / "benchmarks" / script), "--rounds", "1", "--json",
-               *extra]
+    path = tree / "benchmarks" / script
+    rounds = ["--rounds", "1"] if takes(path, "--rounds") else []
+    command = [sys.executable, str(path), *rounds, "--json", *extra]
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:

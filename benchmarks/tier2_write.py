@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import statistics
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None,
                         help="where to write (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args()
     chunk_bytes = int(args.chunk_mib * _MiB)
     data = memoryview(os.urandom(args.total_mib * _MiB))
@@ -86,9 +88,14 @@ def main() -> None:
             tier2_rates.append(megabytes / asyncio.run(
                 tier2_write(work / "tier2", data, chunk_bytes, args.concurrency)))
             shutil.rmtree(work / "tier2")
-            print(f"round {round_number + 1}: raw {raw_rates[-1]:.0f} MB/s, "
-                  f"tier-2 {tier2_rates[-1]:.0f} MB/s", flush=True)
+            if not args.json:
+                print(f"round {round_number + 1}: raw {raw_rates[-1]:.0f} MB/s, "
+                      f"tier-2 {tier2_rates[-1]:.0f} MB/s", flush=True)
     raw_rate, tier2_rate = statistics.median(raw_rates), statistics.median(tier2_rates)
+    if args.json:
+        print(json.dumps({"raw": {"mb_per_s": raw_rate}, "tier2": {"mb_per_s": tier2_rate},
+                          "ratio": tier2_rate / raw_rate}))
+        return
     print(f"{args.total_mib} MiB in chunks of {chunk_bytes / _MiB:g} MiB, "
           f"{args.concurrency} in flight, median of {args.rounds} rounds:")
     print(f"  raw sequential write + fsync: {raw_rate:8.1f} MB/s")
