@@ -67,6 +67,7 @@ from quire.segmentstore.recorded_layouts import (
     SystemJournal,
     bucket_of,
 )
+from quire.segmentstore.sidecar_writer import SidecarWriter
 from quire.segmentstore.storage_records import (
     REMOVED_VERSION,
     encode_attribute_batch,
@@ -158,6 +159,8 @@ class StorageWriter:
         self._planner = FlushPlanner(self.recorded)
         self.reader = Tier2Reader(storage, self.layouts, self.owners)
         """Reads through the layouts as this writer records them."""
+        self.sidecars = SidecarWriter(storage, source)
+        """Writes the sidecars of stream segments' chunks (chunk_sidecars)."""
         self.truncated_at: int | None = None
         """The sequence of the checkpoint the tier-1 log was last truncated at."""
         self._wake = asyncio.Event()
@@ -176,6 +179,7 @@ class StorageWriter:
             await source.create_segment(writer.metadata_segment, SegmentType.TABLE)
         await writer._load()
         source.read_from_tier2(writer.reader.read)
+        source.times_from_tier2(writer.reader)
         return writer
 
     async def _load(self) -> None:
@@ -203,7 +207,7 @@ class StorageWriter:
         report = IterationReport()
         self._take_merges()
         dropped = self.recorded.take_dropped()
-        await self._concurrently(dropped, self.storage.delete)
+        await self._concurrently(dropped, self.sidecars.delete_chunk)
         report.chunks_deleted += len(dropped)
         plan = self.plan()
         segments = self.source.segments
@@ -264,6 +268,7 @@ class StorageWriter:
             piece = data[at:at + self.max_chunk_bytes]
             name = self._namer.next_name(layout.segment)
             await self.storage.write_chunk(name, piece)
+            await self.sidecars.chunk_written(layout, name, piece)
             layout = layout.with_chunk(name, len(piece))
             report.chunks_written += 1
             report.bytes_written += len(piece)
@@ -286,6 +291,7 @@ class StorageWriter:
             return layout
         name = self._namer.next_name(layout.segment)
         written = await concat_chunks(self.storage, name, [c.name for c in chunks[first:]])
+        await self.sidecars.concatenated(layout, first, len(chunks) - first, name)
         report.chunks_written += 1
         report.bytes_written += written
         layout, replaced = layout.concatenated(first, len(chunks) - first, name)
@@ -322,6 +328,7 @@ class StorageWriter:
                     and source.start_offset == 0 and source.length == length:
                 # the source's chunks join the target's layout: nothing copied
                 layout, gone = layout.merged(source if source.sealed else source.with_sealed())
+                await self.sidecars.joined(layout, offset, length)
                 recorded.set(gone, source_id)
             else:  # copied (through the read index, the source's layout still readable)
                 layout = await self._copy(snapshot.segment_id, layout, offset + length, report)

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import InputPartition
 
 from quire.errors import ProtocolError, SegmentNotFoundError, SegmentTruncatedError
+from quire.pravega_wire import EVENT_HEADER, EVENT_TYPE
 from quire.security import Credentials
 from quire.spark._runtime import runtime
 from quire.spark.stream_plan import StreamDataLossError
 from quire.spark.tier2_reads import Tier2Layout, reread_layout, tier2_storage
 from quire.streams.controller import ControllerClient
 from quire.streams.credentials import StreamAccess
-from quire.streams.model import EVENT_HEADER, EVENT_TYPE, segment_name
+from quire.streams.model import segment_name
 from quire.streams.segments import RemoteSegmentStore, SegmentClientConfig
 from quire.tier2 import read_segment
 
