@@ -78,10 +78,13 @@ class SegmentRange(InputPartition):
     batch_rows: int = 8192
     tls_ca: str | None = None
     credentials: Credentials | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def access(self) -> StreamAccess:
-        return StreamAccess(self.controller, self.tls_ca, self.credentials)
+        return StreamAccess(self.controller, self.tls_ca, self.credentials, self.tls_cert,
+                            self.tls_key)
 
     @property
     def name(self) -> str:

@@ -198,7 +198,9 @@ class ControllerClient:
 
     def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000, *,
                  tls_ca: str | Path | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None,
+                 tls_cert: str | Path | None = None,
+                 tls_key: str | Path | None = None) -> None:
         self.uri = uri
         self.timeout_ms = timeout_ms
         self._targets = controller_targets(uri)
@@ -206,7 +208,7 @@ class ControllerClient:
         self._current = 0
         self._trust: grpc.ChannelCredentials | None = None
         if controller_uses_tls(uri):
-            self._trust = (grpc_channel_credentials(tls_ca) if tls_ca
+            self._trust = (grpc_channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca
                            else grpc.ssl_channel_credentials())
         self._metadata: tuple[tuple[str, str], ...] | None = None
         if credentials is not None:
