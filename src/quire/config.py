@@ -13,11 +13,16 @@ contributes its fields as flat keys (see :func:`settings_of`).
 Supported field types: ``int``, ``float``, ``bool``, ``str``, ``Path``,
 ``tuple[str, ...]`` and ``tuple[Path, ...]`` (a TOML list, or a comma
 separated string on the command line).
+
+Every server's config derives from :class:`ServerAddressConfig`: the keys
+``host``, ``listen_host`` and ``advertised_host``, where it listens and
+what it tells the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -185,3 +190,68 @@ def load_config(
         return _build(cls, values)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
+
+
+def is_wildcard_host(host: str) -> bool:
+    """Whether ``host`` stands for every interface rather than one address
+    (``0.0.0.0``, ``::``, ``[::]``, ``*``, or nothing)."""
+    bare = host.strip().removeprefix("[").removesuffix("]")
+    if bare in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_unspecified
+    except ValueError:
+        return False  # a name
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerAddressConfig:
+    """Where a server listens and what it tells the others: the base of every
+    server's config (the bookie's, the segment store's, the controller's),
+    so the three keys are the same everywhere (BookKeeper's
+    ``listeningInterface`` and ``advertisedAddress``, Pravega's listening
+    and published addresses).
+
+    The server binds :attr:`resolved_listen_host` (its wire or gRPC port
+    and its HTTP port alike); everything that tells another process where
+    to reach it carries :attr:`resolved_advertised_host`: a bookie's
+    registration (and its default bookie id), a segment store's host record
+    (so the controller's ``getURI``), the HTTP ``metrics`` addresses
+    registered, a controller's member record, the ready line.  Under TLS
+    the server's certificate must cover the advertised name."""
+
+    host: str = "127.0.0.1"
+    """Both the listen and the advertised host, for whichever of
+    ``listen_host`` and ``advertised_host`` is not set."""
+    listen_host: str = ""
+    """The address the server's sockets bind ("" : ``host``); may be a
+    wildcard (``0.0.0.0``, ``::``: every interface)."""
+    advertised_host: str = ""
+    """The name or address the others reach the server at ("" : ``host``);
+    never a wildcard (a ConfigError)."""
+
+    def __post_init__(self) -> None:
+        advertised = self.resolved_advertised_host
+        if not is_wildcard_host(advertised):
+            return
+        if self.advertised_host:
+            raise ConfigError(f"advertised_host {advertised!r} is a wildcard address: "
+                              "advertise the name or address others reach this server at")
+        raise ConfigError(f"host {advertised!r} is a wildcard address, which cannot be "
+                          f"advertised: set listen_host = {advertised!r} to listen on every "
+                          "interface, and advertised_host (or host) to the name or address "
+                          "others reach this server at")
+
+    @property
+    def resolved_listen_host(self) -> str:
+        """What the server binds: ``listen_host``, else ``host``."""
+        return self.listen_host or self.host
+
+    @property
+    def resolved_advertised_host(self) -> str:
+        """What the server tells the others: ``advertised_host``, else ``host``."""
+        return self.advertised_host or self.host
+
+    def advertised_address(self, port: int) -> str:
+        """``host:port`` as the others reach the server's ``port``."""
+        return f"{self.resolved_advertised_host}:{port}"

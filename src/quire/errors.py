@@ -272,6 +272,13 @@ class NoMetadataError(MetadataError):
         self.uri = uri
 
 
+class MetadataAccessDeniedError(MetadataError):
+    """The metadata store refused this process a definite no: ZooKeeper
+    answered NoAuth, because Quire's znodes carry digest ACLs and this
+    process has no credentials for them, or other ones.  The message names
+    the fix (``zookeeper_digest_file``)."""
+
+
 class TransactionError(MetadataError):
     """A transaction failed as a whole; ``failed_index`` names the op that
     caused it (when the driver can tell) and ``cause`` the reason."""
@@ -447,6 +454,12 @@ class CorruptRecordError(SegmentStoreError):
     defect wrote it), and the message says which and where."""
 
 
+class SegmentQuarantinedError(SegmentSealedError):
+    """The segment was quarantined: tier-2 refused it for good, so its storage
+    writer sealed it (keeping every byte acknowledged) and it takes no more
+    appends.  ``quire segmentstore status`` names it and the cause."""
+
+
 class RecoveryError(SegmentStoreError):
     """Disaster recovery refused or could not finish: tier-1 logs that exist
     already, a container count nobody records, tier-2 records that do not
@@ -464,6 +477,14 @@ class ControllerError(QuireError):
 class ControllerInvalidArgumentError(ControllerError):
     """A malformed request: a bad name, key range, lease, stream cut or an
     auto-scaling policy (gRPC INVALID_ARGUMENT)."""
+
+
+class InvalidNameError(SegmentStoreError, ControllerInvalidArgumentError):
+    """A scope, stream, reader group or segment name outside Quire's naming
+    rule (Pravega's, :func:`quire.segmentstore.names.check_name`): refused
+    where it is first given, by the controller (gRPC INVALID_ARGUMENT) and by
+    the segment store (the wire's ErrorMessage with code
+    ILLEGAL_ARGUMENT_EXCEPTION); nothing of the request was applied."""
 
 
 class ControllerNotFoundError(ControllerError):
@@ -524,11 +545,19 @@ class ChunkRangeError(Tier2Error):
         self.chunk_length = chunk_length
 
 
-class ChunkTooLargeError(Tier2Error):
+class Tier2RefusedError(Tier2Error):
+    """Tier-2 refused a request definitely: the same request would be refused
+    the same way again (a name or size outside the contract, an S3 access
+    denial or invalid key, a file system's EACCES, ENAMETOOLONG...).  Nothing
+    was written.  The storage writer quarantines a segment tier-2 keeps
+    refusing while it accepts the others' chunks."""
+
+
+class ChunkTooLargeError(Tier2RefusedError):
     """A chunk over ``max_chunk_bytes`` was refused; nothing was written."""
 
 
-class InvalidChunkNameError(Tier2Error):
+class InvalidChunkNameError(Tier2RefusedError):
     """A chunk name outside the contract of :class:`quire.tier2.ChunkStorage`."""
 
 

@@ -19,7 +19,7 @@ restarts; made once)::
 Keys, the secret and the credentials are written 0600.  :class:`SandboxSecurity`
 then gives each process its settings: TLS on every port it owns (the
 segment store's wire, the controller's gRPC, every HTTP endpoint), auth on,
-``advertise_host = "localhost"`` so ``getURI`` answers a name the
+``advertised_host = "localhost"`` so ``getURI`` answers a name the
 certificate covers; and :meth:`SandboxSecurity.ensure_admin` puts the
 ``admin`` user (ACL ``prn::*,READ_UPDATE``) in the metadata store's user
 database with the file's password.
@@ -130,7 +130,7 @@ class SandboxSecurity:
 
     def segment_store_settings(self) -> dict[str, Any]:
         return {**self.server_settings(), **self.ledger_client_settings(),
-                "advertise_host": SERVER_NAME}
+                "advertised_host": SERVER_NAME}
 
     def controller_settings(self, index: int = 1, count: int = 1) -> dict[str, Any]:
         """Controller ``index`` of ``count``: alone it is ``localhost``; one of
@@ -138,7 +138,7 @@ class SandboxSecurity:
         also covers), while the official client reaches them all as
         ``quire-controllers``."""
         host = SERVER_NAME if count == 1 else f"127.0.0.{index}"
-        return {**self.server_settings(), "advertise_host": host}
+        return {**self.server_settings(), "advertised_host": host}
 
     def cli_exports(self) -> list[str]:
         """``export`` lines for ``quire`` commands against the sandbox."""

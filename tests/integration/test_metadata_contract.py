@@ -43,12 +43,19 @@ from quire.security.ledger_keys import LedgerKeys
 from quire.types import BookieState, DigestType, LedgerState, LedgerType
 from tests.support.metadata import Target, next_matching, target_for
 
-DRIVERS = ["memory", "sqlite", pytest.param("zk", marks=pytest.mark.zookeeper)]
+DRIVERS = ["memory", "sqlite", pytest.param("zk", marks=pytest.mark.zookeeper),
+           pytest.param("zk-digest", marks=pytest.mark.zookeeper)]
+"""``zk-digest``: the ZooKeeper store with digest credentials (every znode
+it makes carries the ACL)."""
+TIMED = pytest.mark.parametrize("target", DRIVERS[:3], indirect=True)
+"""For the tests that wait out a lease or a session: ACLs change nothing
+there, so the ``zk-digest`` variant does not spend seconds on them."""
 
 
 @pytest.fixture(params=DRIVERS)
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    zookeeper = request.getfixturevalue("zookeeper_server") if request.param == "zk" else None
+    zookeeper = (request.getfixturevalue("zookeeper_server")
+                 if request.param.startswith("zk") else None)
     return target_for(request.param, tmp_path, zookeeper)
 
 
@@ -303,6 +310,7 @@ async def test_bookie_registry(store: MetadataStore) -> None:
     assert await store.list_bookies() == [bookie("b1", BookieState.READ_ONLY)]
 
 
+@TIMED
 async def test_registration_is_renewed(target: Target, store: MetadataStore) -> None:
     await store.register_bookie(bookie("b1"))
     # not synchronisation: the registration must survive past its lease/session
@@ -310,6 +318,7 @@ async def test_registration_is_renewed(target: Target, store: MetadataStore) -> 
     assert await store.list_bookies() == [bookie("b1")]
 
 
+@TIMED
 async def test_a_bookie_id_live_elsewhere_cannot_be_registered(
         target: Target, store: MetadataStore) -> None:
     await store.register_bookie(bookie("b1"))
@@ -417,6 +426,7 @@ async def test_a_deleted_leased_record_is_gone_for_good(
         await store.read_record("locks/c")
 
 
+@TIMED
 async def test_a_leased_record_outlives_its_lease_while_renewed(
         target: Target, store: MetadataStore) -> None:
     leases: asyncio.Queue[LeaseState] = asyncio.Queue()

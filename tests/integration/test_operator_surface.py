@@ -190,6 +190,10 @@ def test_controller_rest_api(sandbox: SandboxProcess) -> None:
     assert group["onlineReaderIds"] == [] and sum(group["positions"].values()) > 0
     assert call(f"{v1}/groups/readergroups/nope")[0] == 404
     assert call(f"{v1}/nope/readergroups")[0] == 404
+    for bad in ("g_1", "g" * 251):  # outside the naming rule (check_name): 400, GET and DELETE
+        for method in ("GET", "DELETE"):
+            status, refusal = call(f"{v1}/groups/readergroups/{bad}", method)
+            assert status == 400 and "invalid reader group name" in refusal["error"], refusal
 
     # the OpenAPI document names exactly the routes served
     document = call(f"{base}/v1/openapi.json")[1]

@@ -2,6 +2,9 @@
 the controller, each its own process, every HTTP port over TLS (a local CA)
 authenticating against the user database.  No credentials 401, a READ user
 reads but may not change (403), a READ_UPDATE user changes, bad JSON 400;
+the segment store's ``/health`` says only its status word, its containers'
+health (``/api/v1/health``, what ``quire segmentstore status`` shows) needs
+READ;
 the page's login sets an HttpOnly, Secure, SameSite=Strict cookie, a change
 made with it needs the CSRF token, Basic still works for API clients; and
 the page, reading the other processes with the controller's internal
@@ -15,8 +18,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from quire.cli.main import cli
 from quire.sandbox import ControllerProcess, SegmentStoreProcess, free_port, sqlite_uri
-from quire.security import basic_authorization, client_context, write_secret
+from quire.security import basic_authorization, client_context, write_credentials, write_secret
 from quire.security.certificates import issue_certificate, make_ca
 from tests.integration.test_operator_surface import call
 from tests.integration.test_security_http import OPERATOR, READER, add_user
@@ -41,7 +47,9 @@ def test_the_apis_and_the_page_over_tls_with_users(tmp_path: Path) -> None:
     store = SegmentStoreProcess(tmp_path, metadata, "ss-1", port=free_port(), metrics_port=0,
                                 container_count=2, tier1_ensemble_size=1,
                                 tier1_write_quorum_size=1, tier1_ack_quorum_size=1,
-                                **security)
+                                tier1_tls_ca_file=str(ca.cert_file),  # the bookie port's mTLS
+                                tier1_tls_cert_file=str(cert.cert_file),
+                                tier1_tls_key_file=str(cert.key_file), **security)
     controller = ControllerProcess(tmp_path, metadata, metrics_port=0, **security)
     tls = client_context(ca.cert_file)
     reader = {"Authorization": basic_authorization(READER.username, READER.password)}
@@ -55,9 +63,26 @@ def test_the_apis_and_the_page_over_tls_with_users(tmp_path: Path) -> None:
         base = f"https://{controller.metrics_address}"
         assert controller.ready_event["page"] == f"{base}/ui/"
         for url in (f"{b_api}/bookie/info", f"{base}/v1/scopes",
-                    f"https://{store.metrics_address}/api/v1/containers"):
+                    f"https://{store.metrics_address}/api/v1/containers",
+                    f"https://{store.metrics_address}/api/v1/health"):
             assert call(url, context=tls)[0] == 401
             assert call(url, context=tls, headers=reader)[0] == 200
+        # /health is a probe's: the status word only, the containers' detail needs READ
+        assert call(f"https://{store.metrics_address}/health", context=tls) == (
+            200, {"status": "ok"})
+        health = call(f"https://{store.metrics_address}/api/v1/health", context=tls,
+                      headers=reader)[1]
+        assert health["status"] == "ok" and [c["container"] for c in health["containers"]] == [
+            0, 1]
+        status_cli = ["segmentstore", "status", "--json", "--metadata", metadata,
+                      "--tls-ca", str(ca.cert_file)]
+        refused = CliRunner().invoke(cli, status_cli)
+        assert refused.exit_code == 1 and all(
+            "no credentials" in c["status"] for c in json.loads(refused.stdout)["containers"])
+        credentials = write_credentials(tmp_path / "reader.toml", READER)
+        shown = CliRunner().invoke(cli, [*status_cli, "--credentials", str(credentials)])
+        assert shown.exit_code == 0, shown.output
+        assert [c["status"] for c in json.loads(shown.stdout)["containers"]] == ["ok", "ok"]
         assert call(f"https://{bookie.metrics_address}/ready", context=tls)[0] == 200
         assert call(f"{base}/ready", context=tls)[0] == 200
         status, refusal = call(f"{b_api}/bookie/state/readonly", "PUT", {"readOnly": True},

@@ -10,83 +10,20 @@ makes its new ledgers with the configured one, and serves every event."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from quire.errors import QuireError
-from quire.metadata import open_store
-from quire.pravega_wire import (
-    AppendSetup,
-    CreateSegment,
-    DataAppended,
-    ReadSegment,
-    SegmentCreated,
-    SegmentRead,
-    SetupAppend,
-    WrongHost,
-)
 from quire.sandbox import SegmentStoreProcess
 from quire.security import LedgerKeys, write_secret
 from quire.segmentstore.store import LEGACY_LOG_PASSWORD
 from tests.support.cluster import Cluster
-from tests.support.pravega_wire_client import WireClient, block, events_of
+from tests.support.metadata import ledger_keys
+from tests.support.segment_events import append, read_events
 from tests.support.tls import Pki, secure_bookies
 
 SECRET = b"the cluster's tier-1 secret"
-SEGMENT = "sc/st/0.#epoch.0"
-WRITER = 0x5E
-
-
-async def wire(address: str) -> WireClient:
-    host, port = address.rsplit(":", 1)
-    return await WireClient.connect(host, int(port))
-
-
-async def append(address: str, first: int, events: list[bytes]) -> None:
-    """Append ``events`` (numbered from ``first``) once the container is open."""
-    async with asyncio.timeout(60):
-        while True:
-            client = await wire(address)
-            try:
-                created = await client.request(CreateSegment(1, SEGMENT, 0, 0, ""))
-                if not isinstance(created, WrongHost):
-                    break
-            finally:
-                await client.close()
-            await asyncio.sleep(0.05)  # the container is not open yet
-    assert isinstance(created, SegmentCreated) or first > 1
-    client = await wire(address)
-    try:
-        setup = await client.request(SetupAppend(2, WRITER, SEGMENT, ""))
-        assert isinstance(setup, AppendSetup)
-        assert setup.last_event_number == first - 1 if first > 1 else \
-            setup.last_event_number < 0
-        await client.send(block(WRITER, first + len(events) - 1, 3, *events))
-        appended = await client.recv()
-        assert isinstance(appended, DataAppended)
-        assert appended.event_number == first + len(events) - 1
-    finally:
-        await client.close()
-
-
-async def read_events(address: str) -> list[bytes]:
-    client = await wire(address)
-    try:
-        read = await client.request(ReadSegment(SEGMENT, 0, 1 << 20, "", 4))
-        assert isinstance(read, SegmentRead)
-        return events_of(read.data)
-    finally:
-        await client.close()
-
-
-async def ledger_keys(metadata_uri: str) -> dict[int, LedgerKeys]:
-    store = await open_store(metadata_uri)
-    try:
-        return {i: (await store.read_ledger(i)).value.keys for i in await store.list_ledgers()}
-    finally:
-        await store.close()
 
 
 async def test_tier1_ledgers_take_the_configured_password_and_old_ones_still_open(

@@ -2,7 +2,8 @@
 
 ``Cluster(root, size)`` prepares ``size`` :class:`BookieProcess` es (ids
 ``bookie-0`` ...; each keeps its port across restarts) sharing
-``root/metadata.db``; :meth:`Cluster.start` starts them in parallel.  Bookies
+``root/metadata.db`` (or the store at ``metadata_uri``, e.g. ``zk://``);
+:meth:`Cluster.start` starts them in parallel.  Bookies
 are addressed by index: :meth:`kill9`, :meth:`stop`, :meth:`restart`.
 """
 
@@ -17,10 +18,11 @@ from tests.support.bookies import BookieProcess
 
 
 class Cluster:
-    def __init__(self, root: Path, size: int, **bookie_settings: Any) -> None:
+    def __init__(self, root: Path, size: int, metadata_uri: str | None = None,
+                 **bookie_settings: Any) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.metadata_uri = sqlite_uri(root / "metadata.db")
+        self.metadata_uri = metadata_uri or sqlite_uri(root / "metadata.db")
         self.bookies = [
             BookieProcess(root, self.metadata_uri, f"bookie-{i}", port=free_port(),
                           **bookie_settings)

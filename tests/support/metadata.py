@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from quire.metadata import MetadataStore, open_store
+from quire.security import LedgerKeys, write_secret
 from tests.support.zookeeper import ZooKeeperServer
 
 T = TypeVar("T")
@@ -20,6 +21,8 @@ T = TypeVar("T")
 WORKER = Path(__file__).with_name("metadata_worker.py")
 LEASE_MS = 600
 ZK_SESSION_TIMEOUT_MS = 2000
+ZK_DIGEST = "quire-test:digest-password"
+"""The ``user:password`` of the ``zk-digest`` targets' digest files."""
 
 
 @dataclass
@@ -41,16 +44,29 @@ class Target:
 
 
 def target_for(driver: str, tmp_path: Path, zookeeper: ZooKeeperServer | None) -> Target:
-    """A fresh, empty store of ``driver`` (a unique chroot for ZooKeeper)."""
+    """A fresh, empty store of ``driver`` (a unique chroot for ZooKeeper;
+    ``zk-digest``: opened with digest credentials, so its znodes carry ACLs)."""
     unique = uuid.uuid4().hex
     if driver == "memory":
         return Target(f"memory://test-{unique}", {"lease_ms": LEASE_MS})
     if driver == "sqlite":
         return Target(f"sqlite:///{tmp_path / 'metadata' / 'store.db'}",
                       {"lease_ms": LEASE_MS, "poll_interval_ms": 50})
-    assert driver == "zk" and zookeeper is not None
-    return Target(f"zk://{zookeeper.connect_string}/quire-test/{unique}",
-                  {"session_timeout_ms": ZK_SESSION_TIMEOUT_MS})
+    assert driver in ("zk", "zk-digest") and zookeeper is not None
+    options: dict[str, Any] = {"session_timeout_ms": ZK_SESSION_TIMEOUT_MS}
+    if driver == "zk-digest":
+        digest = write_secret(tmp_path / f"zk-{unique}.digest", ZK_DIGEST)
+        options["zookeeper_digest_file"] = str(digest)
+    return Target(f"zk://{zookeeper.connect_string}/quire-test/{unique}", options)
+
+
+async def ledger_keys(metadata_uri: str, **options: Any) -> dict[int, LedgerKeys]:
+    """Every ledger's keys, as the store at ``metadata_uri`` keeps them."""
+    store = await open_store(metadata_uri, **options)
+    try:
+        return {i: (await store.read_ledger(i)).value.keys for i in await store.list_ledgers()}
+    finally:
+        await store.close()
 
 
 async def next_matching(queue: asyncio.Queue[T], predicate: Callable[[T], bool],

@@ -4,10 +4,13 @@ namespace of its own, with its own address on one bridge (see
 a three-member ensemble), five bookies, segment stores flushing to tier-2
 on a moto S3 server, one controller, and clients on hosts of their own.
 
-Each server listens on its host's address, which is also the address it
-advertises (``host`` in its config), so fixed ports serve: ZooKeeper 2181,
-bookies 3181, segment stores 12345 (``/metrics`` 9100), the controller
-9090, S3 5000.  Timeouts are set explicitly: ZooKeeper sessions (the
+Each server listens on its host's address and advertises it, so fixed
+ports serve: ZooKeeper 2181, bookies 3181, segment stores 12345
+(``/metrics`` 9100), the controller 9090, S3 5000.  The bookies and the
+segment stores listen on every interface of their namespace
+(``listen_host = "0.0.0.0"``) and advertise their host's address
+(``advertised_host``), as behind a load balancer or in a container; the
+controller's ``host`` is both.  Timeouts are set explicitly: ZooKeeper sessions (the
 bookies' registrations, the segment stores' and controller's leases) last
 :attr:`NetClusterSpec.session_ms`, long enough that a starved process on a
 busy 2-core machine keeps its session, short enough for a fault round.
@@ -232,7 +235,7 @@ class NetCluster:
     def _bookie(self, i: int) -> BookieProcess:
         host = self.net.add_host(f"bookie-{i}")
         settings: dict[str, Any] = {
-            "host": host.address, "port": BOOKIE_PORT,
+            "listen_host": "0.0.0.0", "advertised_host": host.address, "port": BOOKIE_PORT,
             "registration_lease_ms": self.spec.session_ms, "power_loss_tracking": False,
             "write_cache_max_bytes": 16 << 20, "read_cache_max_bytes": 4 << 20}
         if self.spec.bookie_disk_mib:
@@ -255,7 +258,8 @@ class NetCluster:
     def _store(self, i: int) -> SegmentStoreProcess:
         host = self.net.add_host(f"ss-{i}")
         settings: dict[str, Any] = {
-            "host": host.address, "port": STORE_PORT, "metrics_port": METRICS_PORT,
+            "listen_host": "0.0.0.0", "advertised_host": host.address, "port": STORE_PORT,
+            "metrics_port": METRICS_PORT,
             "lease_ms": self.spec.session_ms, "container_count": self.spec.container_count,
             "rebalance_interval_ms": 250, "tail_read_wait_ms": 500,
             "tier1_ensemble_size": 3, "tier1_write_quorum_size": 3, "tier1_ack_quorum_size": 2,

@@ -392,10 +392,12 @@ def quiet_store_partitioned_from_zookeeper(cluster: NetCluster, seed: int,
     """A one-segment stream is written, then left alone; its owner is cut
     off from ZooKeeper and, once its container was taken over, a new
     writer appends through the new owner while a probe asks both stores
-    for the segment's length.  Nothing tells the quiet old owner that it
-    lost the container (no write of its own is fenced), so it keeps
-    answering the length it had: a stale read, until it sees its session
-    expire after the partition heals."""
+    for the segment's length.  Nothing the quiet old owner writes tells it
+    that it lost the container (no write of its own is fenced): its reads
+    must confirm ownership through tier-1 while its lease is uncertain, or
+    it answers the length it had, a stale read, until it sees its session
+    expire after the partition heals (``facts["victim_during_fault"]``:
+    its answers while cut off, by outcome)."""
     r = Round(cluster, "quiet-store-zookeeper-partition", seed, root)
     with r.running():
         stream = f"q{seed}"
@@ -417,6 +419,13 @@ def quiet_store_partitioned_from_zookeeper(cluster: NetCluster, seed: int,
             r.pause(1.0, 1.5)  # the probe asks both stores meanwhile
         cluster.wait_assigned(timeout_s=60)
         probe.finish()
+        start, end = _fault_window(r)
+        address = cluster.service(victim).address
+        answers = [o for o in r.ops() if o.f == "segment.length" and o.arg("host") == address
+                   and start < o.invoked and o.completed is not None and o.completed < end]
+        r.facts["victim_during_fault"] = {
+            outcome: sum(1 for o in answers if (o.error or "ok") == outcome)
+            for outcome in {o.error or "ok" for o in answers}}
         reader = r.client("stream-reader", "qr", group="qr", scope=SCOPE, stream=stream)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(

@@ -115,6 +115,11 @@ class MotoS3Server:
             return ""
         return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def send_signal(self, sig: int) -> None:
+        """Signal the server process (SIGSTOP: it hangs; SIGCONT: it goes on)."""
+        assert self._process is not None
+        self._process.send_signal(sig)
+
     def stop(self) -> None:
         if self._process is not None:
             self._process.terminate()

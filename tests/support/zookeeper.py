@@ -7,6 +7,12 @@ harness it may instead listen on a given address and port, be run through a
 command prefix (``ip netns exec NS``), and be one member of an ensemble
 (``peers``: every member's address, ``my_id`` its own 1-based place there);
 such a member can be killed and restarted on its data, or paused.
+
+With ``tls`` (:class:`ZooKeeperTls`: PEM files, e.g. from
+``quire.security.certificates``) it also serves TLS on
+:attr:`ZooKeeperServer.secure_connect_string` (Netty's connection factory,
+PEM key and trust stores, client certificates required), besides the
+plaintext port it is watched on.
 """
 
 from __future__ import annotations
@@ -21,16 +27,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kazoo.client import KazooClient
 
 from quire.sandbox import free_port
+from quire.security import write_secret
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ENVIRONMENT = Path("/etc/zookeeper/conf/environment")
 # A logging backend for slf4j (Debian's libslf4j-java, a zookeeper dependency).
 SLF4J_SIMPLE = Path("/usr/share/java/slf4j-simple.jar")
+# What Netty's connection factory (TLS) needs beyond the jar's manifest.
+NETTY_EXTRA = (Path("/usr/share/java/netty-codec.jar"), Path("/usr/share/java/netty-resolver.jar"))
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 TICK_MS = 500
@@ -41,13 +51,23 @@ class ZooKeeperUnavailable(RuntimeError):
     """The ZooKeeper server cannot be run here; the message says why."""
 
 
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """The server's certificate and key, and the CA its clients' certificates
+    must chain to (PEM files)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
 class ZooKeeperServer:
     """One standalone ZooKeeper server: :meth:`start`, use
     :attr:`connect_string`, :meth:`stop`."""
 
     def __init__(self, start_timeout: float = 60.0, host: str = "127.0.0.1", port: int = 0,
                  command_prefix: Sequence[str] = (), peers: Sequence[str] = (),
-                 my_id: int = 1) -> None:
+                 my_id: int = 1, tls: ZooKeeperTls | None = None) -> None:
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -56,6 +76,8 @@ class ZooKeeperServer:
         self._command_prefix = list(command_prefix)
         self._peers = list(peers)
         self._my_id = my_id
+        self._tls = tls
+        self._secure_port = 0
 
     @property
     def connect_string(self) -> str:
@@ -63,6 +85,13 @@ class ZooKeeperServer:
         if self._process is None:
             raise RuntimeError("ZooKeeper server is not running")
         return f"{self.host}:{self._port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        """``host:port`` of the TLS port (a server started with ``tls``)."""
+        if self._process is None or not self._secure_port:
+            raise RuntimeError("ZooKeeper server is not serving TLS")
+        return f"{self.host}:{self._secure_port}"
 
     @property
     def pid(self) -> int | None:
@@ -91,7 +120,7 @@ class ZooKeeperServer:
             f"clientPortAddress={self.host}\n"
             "maxClientCnxns=0\n"
             "admin.enableServer=false\n"
-            "4lw.commands.whitelist=\n" + self._ensemble_config())
+            "4lw.commands.whitelist=\n" + self._ensemble_config() + self._tls_config())
         self._launch()
         if wait:
             self.wait_serving()
@@ -104,6 +133,21 @@ class ZooKeeperServer:
         # a follower that loses its leader gives up after syncLimit ticks (2 s)
         return "initLimit=20\nsyncLimit=4\n" + "".join(
             f"server.{i}={peer}:2888:3888\n" for i, peer in enumerate(self._peers, 1))
+
+    def _tls_config(self) -> str:
+        if self._tls is None:
+            return ""
+        assert self._workdir is not None
+        keystore = write_secret(self._workdir / "keystore.pem",  # key and chain in one file
+                                self._tls.key_file.read_bytes() + self._tls.cert_file.read_bytes())
+        self._secure_port = self._secure_port or free_port()
+        return ("serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+                f"secureClientPort={self._secure_port}\n"
+                f"secureClientPortAddress={self.host}\n"
+                f"ssl.keyStore.location={keystore}\n"
+                "ssl.keyStore.type=PEM\n"
+                f"ssl.trustStore.location={self._tls.ca_file}\n"
+                "ssl.trustStore.type=PEM\n")
 
     def _launch(self) -> None:
         assert self._workdir is not None
@@ -193,11 +237,8 @@ def _classpath() -> str:
         for line in ENVIRONMENT.read_text().splitlines():
             if line.startswith("CLASSPATH="):
                 entries = shlex.split(line.partition("=")[2])[0].split(":")
-    if SLF4J_SIMPLE.exists():
-        entries.append(str(SLF4J_SIMPLE))
+    entries += [str(jar) for jar in (SLF4J_SIMPLE, *NETTY_EXTRA) if jar.exists()]
     return ":".join(entries)
-
-
 
 
 def _die_with_parent() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,13 @@ from click.testing import CliRunner
 from quire.bookie.config import DEFAULT_DATA_DIR, BookieConfig
 from quire.bookie.storage import StorageConfig
 from quire.cli.main import cli
-from quire.config import load_config, settings_of
+from quire.config import ServerAddressConfig, is_wildcard_host, load_config, settings_of
 from quire.errors import ConfigError
+from quire.hosts import ControllerHostConfig, SegmentStoreHostConfig
+from quire.metadata import open_store
+from tests.support.bookie_node import node_at, node_config
+
+SERVERS = [BookieConfig, SegmentStoreHostConfig, ControllerHostConfig]
 
 
 def test_storage_knobs_are_flat_keys_declared_once() -> None:
@@ -77,3 +83,84 @@ def test_bookie_start_has_a_flag_per_flat_key(monkeypatch: pytest.MonkeyPatch,
     assert config.storage.journal_dirs == (tmp_path,)
     assert not config.storage.entry_log_direct_io
     assert config.storage.journal_reuse_files_max == 2
+
+
+# --- listen and advertise apart ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_every_server_takes_the_same_three_address_keys(server: type[Any]) -> None:
+    settings = settings_of(server)
+    for key in ("host", "listen_host", "advertised_host"):
+        assert settings[key].path == () and settings[key].hint is str
+    plain = load_config(server, None, {"host": "10.0.0.5"})  # host alone is both, as before
+    assert plain.resolved_listen_host == plain.resolved_advertised_host == "10.0.0.5"
+    apart = load_config(server, None, {"listen_host": "0.0.0.0",
+                                       "advertised_host": "ss-1.example"})
+    assert apart.resolved_listen_host == "0.0.0.0"
+    assert apart.advertised_address(12345) == "ss-1.example:12345"
+    half = load_config(server, None, {"host": "10.0.0.5", "listen_host": "::"})
+    assert (half.resolved_listen_host, half.resolved_advertised_host) == ("::", "10.0.0.5")
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_wildcard_address_is_never_advertised(server: type[Any], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"host '0\.0\.0\.0' is a wildcard.*set listen_host"):
+        load_config(server, None, {"host": "0.0.0.0"})
+    with pytest.raises(ConfigError, match="advertised_host '::' is a wildcard"):
+        load_config(server, None, {"listen_host": "0.0.0.0", "advertised_host": "::"})
+    path = tmp_path / "server.toml"
+    path.write_text('listen_host = "0.0.0.0"\nhost = "[::]"\n')
+    with pytest.raises(ConfigError, match="wildcard"):
+        load_config(server, path)
+    with pytest.raises(ConfigError, match="wildcard"):
+        server(host="")
+
+
+def test_what_counts_as_a_wildcard() -> None:
+    assert all(map(is_wildcard_host, ["", " ", "*", "0.0.0.0", "::", "[::]", "0:0::0"]))
+    assert not any(map(is_wildcard_host, ["127.0.0.1", "::1", "[::1]", "10.1.2.3",
+                                          "bookie-1", "localhost"]))
+    assert ServerAddressConfig(listen_host="0.0.0.0").resolved_advertised_host == "127.0.0.1"
+
+
+def test_the_default_bookie_id_is_the_advertised_address() -> None:
+    config = BookieConfig(listen_host="0.0.0.0", advertised_host="10.0.0.7", port=3181)
+    assert config.resolved_bookie_id == "10.0.0.7:3181"
+    assert BookieConfig(host="10.0.0.8", port=3181).resolved_bookie_id == "10.0.0.8:3181"
+
+
+@pytest.mark.parametrize("flags, listen, advertised", [
+    (["--host", "127.0.0.3"], "127.0.0.3", "127.0.0.3"),
+    (["--listen-host", "0.0.0.0", "--advertised-host", "127.0.0.4"], "0.0.0.0", "127.0.0.4"),
+])
+def test_segment_store_start_has_the_address_flags(monkeypatch: pytest.MonkeyPatch,
+                                                   flags: list[str], listen: str,
+                                                   advertised: str) -> None:
+    started: list[Any] = []
+    monkeypatch.setattr("quire.hosts.run_segment_store", started.append)
+    result = CliRunner().invoke(cli, ["segmentstore", "start", *flags])
+    assert result.exit_code == 0, result.output
+    (config,) = started
+    assert (config.resolved_listen_host, config.resolved_advertised_host) == (listen, advertised)
+
+
+async def test_a_bookie_listening_everywhere_registers_its_advertised_address(
+        tmp_path: Path) -> None:
+    config = node_config(tmp_path, bookie_id="b-any", port=0, metrics_port=0,
+                         listen_host="0.0.0.0", advertised_host="127.0.0.1")
+    async with node_at(config) as node:
+        store = await open_store(config.metadata_uri)
+        try:
+            (info,) = await store.list_bookies()
+        finally:
+            await store.close()
+        port = int(node.address.rpartition(":")[2])
+        assert info.address == node.address == f"127.0.0.1:{port}"
+        assert info.metrics_address == node.metrics_address
+        assert info.metrics_address is not None
+        assert info.metrics_address.startswith("127.0.0.1:")
+        # bound to every interface: another loopback address reaches it too
+        _reader, writer = await asyncio.open_connection("127.0.0.2", port)
+        writer.close()
+        await writer.wait_closed()

@@ -16,6 +16,7 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     Operation,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
@@ -42,6 +43,7 @@ GOLDEN: list[tuple[Operation, str]] = [
     (MergeOp(25, 26, 27, 28, 29, 30),
      "08" "0000000000000019" "000000000000001a" "000000000000001b" "000000000000001c"
      "000000000000001d" "000000000000001e"),
+    (ProbeOp(31, 32), "09" "000000000000001f" "0000000000000020"),
 ]
 
 
@@ -63,7 +65,7 @@ def test_every_cut_and_extension_is_refused(op: Operation, golden: str) -> None:
 
 def test_unknown_kind_and_segment_type_are_refused() -> None:
     with pytest.raises(CorruptRecordError, match="kind"):
-        decode(bytes([9]) + bytes(16))
+        decode(bytes([10]) + bytes(16))
     raw = bytearray(bytes.fromhex(GOLDEN[0][1]))
     raw[25] = 99  # the segment type
     with pytest.raises(CorruptRecordError, match="segment type"):
@@ -84,6 +86,7 @@ operations = st.one_of(
     st.builds(AttributesOp, u64, u64, u64, attributes),
     st.builds(CheckpointOp, u64, u64, st.binary(max_size=100)),
     st.builds(MergeOp, u64, u64, u64, u64, u64, u64),
+    st.builds(ProbeOp, u64, u64),
 )
 
 

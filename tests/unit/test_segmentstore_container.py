@@ -255,6 +255,33 @@ async def test_a_second_owner_fences_the_first(logs: MemoryDataLogs) -> None:
     await second.close()
 
 
+async def test_confirming_ownership_logs_a_probe_that_changes_nothing(
+        logs: MemoryDataLogs) -> None:
+    first = await reopen(logs)
+    await first.create_segment(S)
+    await first.append(S, b"a")
+    info = await first.get_info(S)
+    frames_before, ops_before = (first.operation_log.frames_written,
+                                 first.operation_log.operations_written)
+    await asyncio.gather(first.confirm_ownership(), first.confirm_ownership())
+    assert first.operation_log.frames_written == frames_before + 1  # one frame for both
+    assert first.operation_log.operations_written == ops_before + 2
+    assert await first.get_info(S) == info
+    second = await SegmentContainer.open(0, logs.open("c0"))  # replays them, fences first
+    assert await second.get_info(S) == info
+    assert second.committed.sequence == first.committed.sequence + 1  # (its checkpoint)
+    # nothing first did touched tier-1 since: it still answers from its state...
+    assert (await first.get_info(S)).length == 1
+    # ...until it confirms its ownership, which fails it for good
+    with pytest.raises(ContainerFencedError):
+        await first.confirm_ownership()
+    assert isinstance(first.failure, ContainerFencedError)
+    with pytest.raises(ContainerFencedError):
+        await first.read(S, 0, 10)
+    await first.close()
+    await second.close()
+
+
 async def test_replay_restores_from_checkpoints_and_reads_evicted_data_from_tier1(
         logs: MemoryDataLogs) -> None:
     c = await reopen(logs, checkpoint_every_bytes=2000, read_index_budget_bytes=500)

@@ -14,6 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quire.metadata import LeaseState, MetadataStore, open_store
+from quire.pravega_wire import WrongHost
+from quire.segmentserver.replies import error_reply
 from quire.segmentstore import (
     ContainerFencedError,
     ContainerNotOwnedError,
@@ -69,11 +71,11 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
 class Host:
     """One segment store 'process': its own metadata session, store and ownership."""
 
-    def __init__(self, uri: str, logs: MemoryDataLogs, name: str) -> None:
-        self.uri, self.logs, self.name = uri, logs, name
+    def __init__(self, uri: str, logs: MemoryDataLogs, name: str, lease_ms: int = 400) -> None:
+        self.uri, self.logs, self.name, self.lease_ms = uri, logs, name, lease_ms
 
     async def start(self) -> Host:
-        self.metadata: MetadataStore = await open_store(self.uri, lease_ms=400)
+        self.metadata: MetadataStore = await open_store(self.uri, lease_ms=self.lease_ms)
         self.store = await SegmentStore.open(
             None, (), config=SegmentStoreConfig(container_count=COUNT),
             metadata_store=self.metadata, open_log=lambda c: self.logs.open(f"c{c}"))
@@ -190,3 +192,58 @@ async def test_a_host_that_closes_hands_its_containers_over(
     await until(lambda: set(b.store.container_ids) == set(range(COUNT)))
     await b.ownership.wait_converged()
     assert all(b.store.container(c).failure is None for c in range(COUNT))
+
+
+async def test_a_host_whose_lease_is_uncertain_confirms_ownership_before_each_read(
+        cluster: tuple[str, MemoryDataLogs, list[Host]]) -> None:
+    """A host cut off from the metadata store (its lease UNCERTAIN) keeps
+    its containers, but each read first writes a probe to its container's
+    tier-1 log; once another store took the container over (fencing the
+    log) and wrote on, the read is refused as not owned (WrongHost on the
+    wire), never answered from the old state.  (Found by a network round: a
+    quiet store cut off from ZooKeeper answered the length it had.)"""
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a", lease_ms=60_000).start()  # (no expiry meanwhile)
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    name = "sc/st/0"
+    await a.store.create_segment(name)
+    await a.store.append(name, b"x" * 10)
+    c = a.store.container_for(name)
+    oplog = a.store.container(c).operation_log
+
+    written = oplog.operations_written
+    assert (await a.store.get_info(name)).length == 10  # a live lease: nothing written
+    assert (await a.store.read(name, 0, 100)).data == b"x" * 10
+    assert oplog.operations_written == written and not a.store.confirm_reads
+
+    a.metadata._heartbeat.cancel()  # type: ignore[attr-defined]  # cut off: no renewals
+    a.metadata._set_lease(LeaseState.UNCERTAIN)  # type: ignore[attr-defined]
+    await until(lambda: a.store.confirm_reads)  # (the watch calls back on the loop)
+    assert (await a.store.get_info(name)).length == 10  # still its own: confirmed first
+    assert oplog.operations_written == written + 1
+    await asyncio.gather(a.store.read(name, 0, 100), a.store.get_attributes(name, [1]))
+    assert oplog.operations_written == written + 3
+    assert set(a.store.container_ids) == set(range(COUNT))  # it kept its containers
+    a.metadata._set_lease(LeaseState.LIVE)  # type: ignore[attr-defined]  # back in time
+    await until(lambda: not a.store.confirm_reads)
+    await a.store.get_info(name)
+    assert oplog.operations_written == written + 3
+    a.metadata._set_lease(LeaseState.UNCERTAIN)  # type: ignore[attr-defined]  # cut off again
+    await until(lambda: a.store.confirm_reads)
+
+    # another store takes the container over (as once a's session is gone) and writes
+    other_metadata = await open_store(uri)
+    other = await SegmentStore.open(None, (c,), config=SegmentStoreConfig(container_count=COUNT),
+                                    metadata_store=other_metadata,
+                                    open_log=lambda i: logs.open(f"c{i}"))
+    try:
+        await other.append(name, b"y" * 10)
+        for read in (a.store.get_info(name), a.store.read(name, 0, 100)):
+            with pytest.raises(ContainerFencedError) as refused:
+                await read
+            assert isinstance(error_reply(refused.value, 1, name, 0), WrongHost)
+        assert (await other.get_info(name)).length == 20
+    finally:
+        await other.close()
+        await other_metadata.close()

@@ -121,8 +121,9 @@ def test_chunk_names_carry_the_epoch_and_are_never_given_twice() -> None:
     for bad in ("s/a", "s/a.E1", "s/a.E.1", "s/a.1.2"):
         with pytest.raises(InvalidChunkNameError):
             parse_chunk_name(bad)
-    with pytest.raises(InvalidChunkNameError):
-        ChunkNamer(epoch=1).next_name("bad name")
+    # a name no chunk can hold as it is gets an escaped path (test_naming_rule.py)
+    escaped = ChunkNamer(epoch=1).next_name("bad name/.x")
+    assert escaped.startswith("~bad-name@") and "/~.x.E1.0" in escaped
 
 
 # --- codec ------------------------------------------------------------------------

@@ -25,18 +25,15 @@ protocol go on meanwhile.
 from __future__ import annotations
 
 import dataclasses
-import json
 import ssl
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
 from quire.bookie.services import BackgroundServices
-from quire.errors import AdminRequestError
 from quire.http import HttpServer, Readiness, Route, json_route
+from quire.http.client import request_json
 from quire.security import Authenticator, ServerTls
 
 GC_PATH = "/admin/gc"
@@ -87,18 +84,5 @@ def request_gc(metrics_address: str, *, timeout_s: float, tls: ssl.SSLContext | 
     ``authorization`` header if given) and return its report once it is
     done (:class:`~quire.errors.AdminRequestError` if it cannot be asked or
     answers an error, a refusal included)."""
-    url = f"{'https' if tls is not None else 'http'}://{metrics_address}{GC_PATH}"
-    headers = {"Authorization": authorization} if authorization else {}
-    request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
-            body: dict[str, Any] = json.loads(answer.read())
-            return body
-    except urllib.error.HTTPError as e:
-        try:
-            reason = json.loads(e.read()).get("error", e.reason)
-        except ValueError:
-            reason = e.reason
-        raise AdminRequestError(f"{url}: {reason}") from None
-    except (OSError, ValueError) as e:
-        raise AdminRequestError(f"{url}: {e}") from None
+    return request_json("POST", metrics_address, GC_PATH, timeout_s=timeout_s, tls=tls,
+                        authorization=authorization)

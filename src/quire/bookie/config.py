@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quire.bookie.storage.config import StorageConfig
+from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
 from quire.security import SecurityConfig
@@ -34,11 +35,16 @@ class ConnectionLimits:
 
 
 @dataclass(frozen=True)
-class BookieConfig:
+class BookieConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (the bookie port and the HTTP
+    endpoint listen on the listen host; the registration carries the
+    advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
     bookie_id: str = ""
-    """Stable identity kept in the cookie; empty = ``host:port`` (port must be set)."""
-    host: str = "127.0.0.1"
+    """Stable identity kept in the cookie; empty = the advertised ``host:port``
+    (port must be set)."""
     port: int = 3181
     """Listening port; 0 picks a free one (the registry records the real one)."""
     metrics_port: int = -1
@@ -186,6 +192,7 @@ class BookieConfig:
 
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("minor_compaction_threshold", "major_compaction_threshold",
                      "compaction_disk_usage_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
@@ -213,8 +220,8 @@ class BookieConfig:
     @property
     def resolved_bookie_id(self) -> str:
         """The id the bookie registers and keeps in its cookie:
-        ``bookie_id``, else ``host:port``."""
-        return self.bookie_id or f"{self.host}:{self.port}"
+        ``bookie_id``, else the advertised ``host:port``."""
+        return self.bookie_id or self.advertised_address(self.port)
 
 
 def warn_if_unprotected(config: BookieConfig) -> bool:

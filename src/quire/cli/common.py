@@ -20,6 +20,7 @@ from quire.errors import QuireError
 if TYPE_CHECKING:
     from quire.client import Client, ClientConfig
     from quire.metadata import MetadataStore
+    from quire.security import ZooKeeperSecurityConfig
 
 T = TypeVar("T")
 
@@ -34,9 +35,49 @@ def default_metadata_uri() -> str:
     return f"sqlite:///{(DEFAULT_SANDBOX_DIR / 'metadata.db').resolve()}"
 
 
-metadata_option = click.option(
-    "--metadata", "metadata_uri", default=None,
-    help="Metadata store URI (default: $QUIRE_METADATA, then ./quire-sandbox/metadata.db).")
+ZOOKEEPER_OPTIONS = (
+    ("zookeeper_digest_file", "QUIRE_ZOOKEEPER_DIGEST_FILE",
+     "File (mode 0600) holding the user:password of a zk:// store's digest ACLs"),
+    ("zookeeper_tls_ca_file", "QUIRE_ZOOKEEPER_TLS_CA_FILE",
+     "PEM CA file of ZooKeeper's certificate: reach a zk:// store over TLS"),
+    ("zookeeper_tls_cert_file", "QUIRE_ZOOKEEPER_TLS_CERT_FILE",
+     "PEM client certificate for ZooKeeper over TLS"),
+    ("zookeeper_tls_key_file", "QUIRE_ZOOKEEPER_TLS_KEY_FILE",
+     "PEM private key of --zookeeper-tls-cert-file (mode 0600)"),
+)
+"""The options of every command with ``--metadata``: how it reaches a
+``zk://`` store (ZooKeeperSecurityConfig key, environment variable, help)."""
+_ZOOKEEPER_META = "quire.zookeeper"
+
+
+def _remember_zookeeper(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value and param.name:
+        ctx.meta.setdefault(_ZOOKEEPER_META, {})[param.name] = value
+
+
+def metadata_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--metadata URI``, and the ``--zookeeper-*`` options (defaults
+    ``$QUIRE_ZOOKEEPER_DIGEST_FILE`` ...) that :func:`open_cli_store` uses;
+    only the URI is passed to the command."""
+    for name, env, text in reversed(ZOOKEEPER_OPTIONS):
+        func = click.option("--" + name.replace("_", "-"), name, envvar=env, default=None,
+                            expose_value=False, callback=_remember_zookeeper,
+                            help=f"{text} (default: ${env}).")(func)
+    return click.option(
+        "--metadata", "metadata_uri", default=None,
+        help="Metadata store URI (default: $QUIRE_METADATA, then "
+             "./quire-sandbox/metadata.db).")(func)
+
+
+def zookeeper_settings() -> ZooKeeperSecurityConfig:
+    """The running command's ``--zookeeper-*`` options (or their variables)."""
+    from quire.security import ZooKeeperSecurityConfig
+
+    ctx = click.get_current_context(silent=True)
+    given = ctx.meta.get(_ZOOKEEPER_META, {}) if ctx is not None else {}
+    return ZooKeeperSecurityConfig(**given)
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 TLS_OPTIONS = (
@@ -178,11 +219,12 @@ async def open_cli_store(metadata_uri: str | None, *, create: bool = False) -> M
     Reading never creates: without ``create`` a URI that names no store is
     ``error: no Quire metadata at URI`` (:class:`~quire.errors.NoMetadataError`).
     Only a command that creates things passes ``create``, and says so on
-    stderr when it did initialise a new store."""
+    stderr when it did initialise a new store.  A ``zk://`` store is reached
+    with the command's ``--zookeeper-*`` options (:func:`metadata_option`)."""
     from quire.metadata import open_store
 
     uri = metadata_uri or default_metadata_uri()
-    store = await open_store(uri, create=create)
+    store = await open_store(uri, create=create, **zookeeper_settings().store_options())
     if getattr(store, "initialised", False):
         click.echo(f"initialised a new Quire metadata store at {uri}", err=True)
     return store

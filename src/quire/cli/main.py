@@ -13,6 +13,7 @@ from quire.cli.controller import controller
 from quire.cli.cookie import cookie
 from quire.cli.ledger import ledger
 from quire.cli.log import log
+from quire.cli.metadata import metadata
 from quire.cli.readergroups import readergroup, txn
 from quire.cli.sandbox import sandbox
 from quire.cli.segmentstore import segmentstore
@@ -50,6 +51,7 @@ for command in (stream_info, stream_update, stream_truncate, stream_scale):
 cli.add_command(txn)
 cli.add_command(tier2)
 cli.add_command(auth)
+cli.add_command(metadata)
 bookie.add_command(decommission)
 ledger.add_command(underreplicated)
 

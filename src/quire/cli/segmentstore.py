@@ -1,4 +1,4 @@
-"""``quire segmentstore start`` and ``quire segmentstore recover``."""
+"""``quire segmentstore start``, ``status`` and ``recover``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ from typing import Any
 
 import click
 
-from quire.cli.common import emit_json, json_option, metadata_option, tls_options, with_client
+from quire.cli.common import (
+    emit_json,
+    json_option,
+    metadata_option,
+    open_cli_store,
+    run_async,
+    tls_options,
+    with_client,
+)
 from quire.cli.options import config_options, pick_overrides
 from quire.config import load_config
 from quire.errors import QuireError
@@ -43,6 +51,55 @@ def start(config_path: str | None, **kwargs: Any) -> None:
         raise SystemExit(2) from e
 
 
+@segmentstore.command("status")
+@click.option("--timeout-s", type=float, default=10.0, show_default=True,
+              help="How long to wait for each segment store's answer.")
+@click.option("--tls-ca", "tls_ca", type=click.Path(dir_okay=False), default=None,
+              help="Speak HTTPS to the segment stores, trusting this CA (PEM).")
+@click.option("--credentials", "credentials_path", type=click.Path(dir_okay=False),
+              default=None, help="TOML file (mode 0600) with the username and password of a "
+                                 "user with READ on prn::/ (segment stores with auth_enabled).")
+@metadata_option
+@json_option
+def status(timeout_s: float, tls_ca: str | None, credentials_path: str | None,
+           metadata_uri: str | None, as_json: bool) -> None:
+    """Show each container's owner and health, from the segment stores' /api/v1/health.
+
+    One line per container: ``container N: <owner>: ok``, or ``degraded:
+    tier-2 unavailable since <UTC> (<cause>)`` while its tier-2 flushing
+    fails, with its throttled appends and quarantined segments if any.
+    Exits 1 when a container is not ok (or cannot be told)."""
+    from quire.hosts.segmentstore_status import cluster_status
+    from quire.security import basic_authorization, client_context, read_credentials
+
+    tls = client_context(tls_ca) if tls_ca else None
+    authorization = None
+    if credentials_path:
+        credentials = read_credentials(credentials_path)
+        authorization = basic_authorization(credentials.username, credentials.password)
+
+    async def fetch() -> list[Any]:
+        store = await open_cli_store(metadata_uri)
+        try:
+            return await cluster_status(store, timeout_s=timeout_s, tls=tls,
+                                        authorization=authorization)
+        finally:
+            await store.close()
+
+    containers = run_async(fetch)
+    if as_json:
+        emit_json({"containers": [c.as_json() for c in containers],
+                   "ok": all(c.ok for c in containers)})
+    else:
+        if not containers:
+            click.echo("no container: no segment store has run on this metadata store")
+        for c in containers:
+            for line in c.lines():
+                click.echo(line)
+    if not all(c.ok for c in containers):
+        raise SystemExit(1)
+
+
 @segmentstore.command("recover")
 @click.option("--tier2", "tier2_uri", required=True,
               help="Tier-2 URI to recover from (file:///path, s3://bucket/prefix?...).")
@@ -58,10 +115,15 @@ def start(config_path: str | None, **kwargs: Any) -> None:
 @click.option("--replace-logs", is_flag=True,
               help="Drop the containers' tier-1 logs if the metadata store still has them "
                    "(their ledgers are not read; stop the segment stores first).")
+@click.option("--delete-covered-ledgers", is_flag=True,
+              help="Recover nothing: delete the tier-1 ledgers an earlier --replace-logs "
+                   "abandoned whose every entry tier-2 holds; list the others.")
+@click.option("--dry-run", is_flag=True,
+              help="With --delete-covered-ledgers: only say which would be deleted.")
 @json_option
 def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, ...],
             container_count: int | None, ledger_password_file: str | None, replace_logs: bool,
-            as_json: bool) -> None:
+            delete_covered_ledgers: bool, dry_run: bool, as_json: bool) -> None:
     """Rebuild every container from tier-2 alone onto fresh tier-1 logs.
 
     For a lost bookie cluster and/or a lost metadata store: --metadata names
@@ -84,6 +146,11 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     tier2 = Tier2Config(uri=tier2_uri)  # a bad URI fails before anything connects
     config = SegmentStoreConfig(tier1_passwords=tier1_passwords(
         read_secret(ledger_password_file) if ledger_password_file else None))
+    if delete_covered_ledgers:
+        _delete_covered(tier2, metadata_uri, config.tier1_passwords, dry_run, as_json)
+        return
+    if dry_run:
+        raise click.UsageError("--dry-run goes with --delete-covered-ledgers")
     console = Console(stderr=True)
     bar = Progress("recovering segments", BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=console, disable=as_json, transient=False)
@@ -125,10 +192,33 @@ def recover(tier2_uri: str, metadata_uri: str | None, container_ids: tuple[int, 
     if report.abandoned_ledgers:
         ids = " ".join(str(i) for i in report.abandoned_ledgers)
         out.print(f"the replaced tier-1 logs' ledgers are left as they were: {ids} (what was "
-                  "acknowledged after their last flush is only there; `quire ledger delete "
-                  "ID` once it is not needed)")
+                  "acknowledged after their last flush is only there; `quire segmentstore "
+                  "recover --delete-covered-ledgers` deletes those tier-2 covers)")
     rate = report.segments / report.elapsed_s if report.elapsed_s > 0 else 0.0
     out.print(f"recovered {len(report.containers)} container(s) of {report.container_count}, "
               f"{report.segments:,} segment(s), {report.bytes:,} bytes, "
               f"{len(report.orphans)} orphan chunk(s) in {report.elapsed_s:.1f} s "
               f"({rate:,.0f} segments/s)")
+
+
+def _delete_covered(tier2: Any, metadata_uri: str | None, passwords: Any, dry_run: bool,
+                    as_json: bool) -> None:
+    """``recover --delete-covered-ledgers``: see
+    :mod:`quire.segmentstore.covered_ledgers`."""
+    from quire.client import Client
+    from quire.segmentstore.covered_ledgers import CoverageReport, delete_covered
+
+    async def go(client: Client) -> CoverageReport:
+        return await delete_covered(client, tier2, passwords=passwords, dry_run=dry_run)
+
+    report = with_client(metadata_uri, go)
+    if as_json:
+        emit_json({**report.as_json(), "dry_run": dry_run})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for ledger_id in report.deleted:
+        click.echo(f"ledger {ledger_id}: {verb}: tier-2 holds every entry")
+    for kept in report.kept:
+        click.echo(f"ledger {kept.ledger_id} (container {kept.container_id}): kept: "
+                   f"{kept.reason}")
+    click.echo(f"{len(report.deleted)} abandoned ledger(s) {verb}, {len(report.kept)} kept")

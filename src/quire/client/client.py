@@ -45,9 +45,10 @@ class Client:
         """Open the metadata store named by ``metadata_uri`` (``sqlite:///...``,
         ``zk://...``, ``memory://``) and follow its bookie registry.  Bookies
         that serve TLS are reached with ``config``'s ``tls_ca`` (and
-        ``tls_cert``/``tls_key`` for mutual TLS)."""
+        ``tls_cert``/``tls_key`` for mutual TLS); a ``zk://`` store with its
+        ``zookeeper`` settings (digest credentials, TLS)."""
         config = config or ClientConfig()
-        store = await open_store(metadata_uri)
+        store = await open_store(metadata_uri, **config.zookeeper.store_options())
         try:
             pool = await BookiePool.open(store, config.peer_config())
         except BaseException:

@@ -7,12 +7,13 @@ Load one from TOML with :func:`quire.config.load_config` (section
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quire.errors import ConfigError
 from quire.peer import PeerConfig
 from quire.peer.config import check_client_tls
 from quire.protocol import DEFAULT_MAX_FRAME_BYTES
+from quire.security import ZooKeeperSecurityConfig
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class ClientConfig:
     its role (the subject's OU by default, ``tls_allowed_roles``)."""
     tls_key: str = ""
     """PEM private key of ``tls_cert`` (a secret file, mode 0600)."""
+    zookeeper: ZooKeeperSecurityConfig = field(default_factory=ZooKeeperSecurityConfig)
+    """How :meth:`Client.connect <quire.client.Client.connect>` reaches a
+    ``zk://`` metadata store (flat keys ``zookeeper_digest_file``,
+    ``zookeeper_tls_ca_file``, ...)."""
 
     def __post_init__(self) -> None:
         positive = ("max_pending_adds", "max_queued_bytes", "add_entry_timeout_ms",

@@ -9,7 +9,7 @@
 * **segment stores**: the live registrations (``segmentstore/hosts/``),
   each one's ``/api/v1/containers`` (owned containers, tier-1 frames,
   tier-2 backlog, read-index bytes, failures) and ``/metrics`` (per-stream
-  event and byte totals, tier-2 flush failures);
+  event and byte totals, containers whose tier-2 flushing fails now);
 * **streams**: the controller's own records (state, segment counts per
   epoch: the scaling history, retention), rates from the stores' totals,
   and the reader groups of each scope with their lag in bytes (the
@@ -241,7 +241,7 @@ class ClusterView:
     async def _segment_stores(self) -> list[dict[str, Any]]:
         async def one(host_id: str, record: dict[str, str]) -> dict[str, Any]:
             view: dict[str, Any] = {"id": host_id, "address": record.get("address"),
-                                    "containers": [], "flush_failures": 0, "error": None}
+                                    "containers": [], "degraded_containers": 0, "error": None}
             samples: Samples = {}
             address = record.get("metrics")
             if address:
@@ -249,9 +249,8 @@ class ClusterView:
                     samples = parse_metrics(await self.peers.get_ok(address, "/metrics"))
                     view["containers"] = json.loads(await self.peers.get_ok(
                         address, "/api/v1/containers"))["containers"]
-                    view["flush_failures"] = sum(
-                        v for labels, v in samples.get("quire_segmentstore_tier2_flush_failures",
-                                                       ()) if labels.get("cause") != "none")
+                    view["degraded_containers"] = int(_total(
+                        samples, "quire_segmentstore_container_degraded"))
                 except (TimeoutError, OSError, QuireError, ValueError, KeyError) as e:
                     view["error"] = self._failed(f"segment store {host_id}", e)
             return {"view": view, "samples": samples, "metrics": address}

@@ -35,7 +35,6 @@ from quire.controller.model import (
     StreamRecord,
     StreamState,
     TxnState,
-    check_name,
     segment_name,
 )
 from quire.controller.retention import RetentionOps
@@ -56,6 +55,7 @@ from quire.errors import (
     SegmentSealedError,
 )
 from quire.segmentstore import NOT_EXISTS, SegmentType
+from quire.segmentstore.names import check_name
 from quire.segmentstore.scale_requests import ScaleRequests
 
 log = logging.getLogger("quire.controller")

@@ -11,11 +11,11 @@ from quire.controller.model import (
     SegmentRange,
     StreamConfig,
     StreamRecord,
-    check_name,
 )
 from quire.controller.retention import RETENTION_TYPES
 from quire.controller_api import Controller_pb2 as pb
 from quire.errors import ControllerInvalidArgumentError
+from quire.segmentstore.names import check_name
 
 
 def names(info: pb.StreamInfo) -> tuple[str, str]:

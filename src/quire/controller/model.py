@@ -30,23 +30,12 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-import re
 from dataclasses import dataclass, field
 
 from quire.errors import ControllerInvalidArgumentError, ControllerPreconditionError
 
 KEY_SPACE_END = 1.0
-NAME_PATTERN = re.compile(r"[A-Za-z0-9.\-][A-Za-z0-9._\-]{0,254}")
-"""A user's scope or stream name (Pravega's rule): 1 to 255 of letters,
-digits, '.', '-' and '_', not starting with '_' (kept for internal names)."""
 MAX_SEGMENT_NUMBER = (1 << 31) - 1
-
-
-def check_name(kind: str, name: str) -> None:
-    """Raise ControllerInvalidArgumentError unless ``name`` is a valid user name."""
-    if not NAME_PATTERN.fullmatch(name) or name in (".", ".."):
-        raise ControllerInvalidArgumentError(
-            f"invalid {kind} name {name!r}: 1 to 255 of [A-Za-z0-9._-], not starting with '_'")
 
 
 def segment_id(epoch: int, number: int) -> int:

@@ -166,9 +166,10 @@ PATHS: dict[str, Any] = {
         "parameters": _path_params("scopeName", "readerGroupName"),
         "get": _op("getReaderGroup", "A reader group, its readers and positions", {
             "200": _json(_ref("ReaderGroupProperty"), "The reader group"),
+            "400": _error("A bad reader group name"),
             "404": _error("No such scope or reader group")}),
         "delete": _op("deleteReaderGroup", "Delete a reader group's state", {
-            "204": {"description": "Deleted"},
+            "204": {"description": "Deleted"}, "400": _error("A bad reader group name"),
             "404": _error("No such scope or reader group")})},
     OPENAPI_PATH: {
         "get": _op("getOpenApi", "This document", {"200": {"description": "OpenAPI 3"}})},

@@ -43,6 +43,7 @@ from quire.errors import (
     HttpRequestError,
 )
 from quire.http import Route, json_response, read_json
+from quire.segmentstore.names import check_name
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -333,6 +334,14 @@ class ControllerRest:
         if not await self.core.scope_exists(scope):
             raise HttpRequestError(404, f"no scope {scope!r}")
 
+    async def _group(self, request: web.Request) -> tuple[str, str]:
+        """The route's scope (404 if none) and reader group name (400 outside
+        the naming rule, :func:`~quire.segmentstore.names.check_name`)."""
+        scope, name = request.match_info["scopeName"], request.match_info["readerGroupName"]
+        check_name("reader group", name)
+        await self._scope(scope)
+        return scope, name
+
     async def list_reader_groups(self, request: web.Request) -> web.StreamResponse:
         scope = request.match_info["scopeName"]
         await self._scope(scope)
@@ -340,8 +349,7 @@ class ControllerRest:
         return json_response(200, {"readerGroups": [{"readerGroupName": n} for n in names]})
 
     async def get_reader_group(self, request: web.Request) -> web.StreamResponse:
-        scope, name = request.match_info["scopeName"], request.match_info["readerGroupName"]
-        await self._scope(scope)
+        scope, name = await self._group(request)
         try:
             state = await self.reader_groups.state(scope, name)
         except ValueError as e:
@@ -355,8 +363,7 @@ class ControllerRest:
             "readers": state.readers, "unassignedSegments": state.unassigned})
 
     async def delete_reader_group(self, request: web.Request) -> web.StreamResponse:
-        scope, name = request.match_info["scopeName"], request.match_info["readerGroupName"]
-        await self._scope(scope)
+        scope, name = await self._group(request)
         if not await self.reader_groups.delete(scope, name):
             raise HttpRequestError(404, f"no reader group {scope}/{name}")
         return _no_content()

@@ -41,6 +41,7 @@ from quire.errors import (
     SegmentNotFoundError,
 )
 from quire.segmentstore import NOT_EXISTS
+from quire.segmentstore.names import check_name
 
 log = logging.getLogger("quire.controller")
 RETENTION_TYPES = ("none", "manual", "automatic")
@@ -115,7 +116,9 @@ class RetentionOps(CoreBase):
     async def create_reader_group(self, scope: str, name: str, group: dict[str, Any]
                                   ) -> dict[str, Any]:
         """Register a reader group (``group``: its configuration: ``retention``,
-        ``streams`` {stream: cut pairs}, ...); the stored one if it exists."""
+        ``streams`` {stream: cut pairs}, ...); the stored one if it exists
+        (:class:`~quire.errors.InvalidNameError` for a name outside the rule)."""
+        check_name("reader group", name)
         if not await self.scope_exists(scope):
             raise ScopeNotFoundError(f"no scope {scope!r}")
         found = await self.state.reader_group(scope, name)

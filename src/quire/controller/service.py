@@ -30,7 +30,7 @@ from quire.controller.messages import (
     ranges_message,
 )
 from quire.controller.metrics import ControllerMetrics
-from quire.controller.model import TxnState, check_name, segment_name, txn_id_of, txn_id_parts
+from quire.controller.model import TxnState, segment_name, txn_id_of, txn_id_parts
 from quire.controller_api import Controller_pb2 as pb
 from quire.errors import (
     ContainerClosedError,
@@ -44,6 +44,7 @@ from quire.errors import (
     StreamNotFoundError,
     TransactionNotFoundError,
 )
+from quire.segmentstore.names import check_name
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.auth import server_security
+from quire.config import ServerAddressConfig
 from quire.controller import Controller, ControllerConfig, NodeAddress
 from quire.controller.cluster import MetadataCluster
 from quire.controller.cluster_view import ClusterView, PeerHttp
@@ -49,14 +50,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ControllerHostConfig:
+class ControllerHostConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (gRPC and the HTTP port
+    listen on the listen host; the member record and the ready line carry
+    the advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
-    host: str = "127.0.0.1"
     port: int = 9090
     """The gRPC port (Pravega's default; 0: any free one)."""
-    advertise_host: str = ""
-    """The host name of the URI it announces when ready ("" : ``host``);
-    under TLS a DNS name the certificate covers (e.g. ``localhost``)."""
     metrics_port: int = -1
     """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
     retention_interval_ms: int = 60_000
@@ -89,6 +91,7 @@ class ControllerHostConfig:
     ``delegation_token_ttl_ms``)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.segment_request_timeout_ms <= 0:
             raise ConfigError("segment_request_timeout_ms must be positive")
         if self.lease_ms < 0:
@@ -132,7 +135,8 @@ class ControllerHost:
     async def start(self) -> None:
         cfg = self.config
         try:
-            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
+            self.metadata = await open_leased_store(
+                cfg.metadata_uri, cfg.lease_ms, **cfg.security.zookeeper.store_options())
             resolve = metadata_resolver(self.metadata, owner_address)
 
             async def locate(segment: str) -> NodeAddress:
@@ -146,15 +150,15 @@ class ControllerHost:
                 tokens=InternalTokens(tokens) if tokens is not None else NO_TOKENS)
             self.controller = Controller(
                 self.segments, self._controller_config(), locate,
-                cluster=MetadataCluster(self.metadata, f"{cfg.host}:{cfg.port}"),
+                cluster=MetadataCluster(self.metadata, cfg.advertised_address(cfg.port)),
                 requests=ScaleRequests(self.metadata),
                 security=server_security(cfg.security, self.metadata),
                 tokens=tokens, rpc=cfg.rpc)
             self._add_page(self.controller, self.metadata)
-            port = await self.controller.start(cfg.host, cfg.port)
-            self.address = f"{cfg.host}:{port}"
+            port = await self.controller.start(cfg.resolved_listen_host, cfg.port)
+            self.address = cfg.advertised_address(port)
             if self.controller.metrics_port is not None:
-                self.metrics_address = f"{cfg.host}:{self.controller.metrics_port}"
+                self.metrics_address = cfg.advertised_address(self.controller.metrics_port)
                 if self.view is not None:
                     self.view.start()
         except BaseException:
@@ -220,7 +224,7 @@ class ControllerHost:
         scheme = "tls" if cfg.security.tls_enabled else "tcp"
         port = self.address.rpartition(":")[2]
         return {"address": self.address,
-                "uri": f"{scheme}://{cfg.advertise_host or cfg.host}:{port}",
+                "uri": f"{scheme}://{cfg.resolved_advertised_host}:{port}",
                 "metrics": self.metrics_address, "page": page, "member": member}
 
 

@@ -5,10 +5,17 @@
 * ``GET /api/v1/segments?prefix=P``: the live segments of those
   containers whose name starts with ``P`` (name, type, length, sealed):
   how the controller finds the reader groups' state tables of a scope
-  (``S/<group>_kvtable/...``), which no RPC lists.
+  (``S/<group>_kvtable/...``), which no RPC lists;
+* ``GET /api/v1/health``: this host's id, its status (``ok``, or
+  ``degraded`` while a container is not) and each hosted container's
+  health (:func:`quire.segmentstore.health.store_health`: its flushing's
+  cause, tier-1 backlog and throttle, quarantined segment names), what
+  ``quire segmentstore status`` shows.
 
 Reading only (READ on ``prn::/`` when authentication is on).  ``/ready``
-answers 200 once the host runs every container assigned to it.
+answers 200 once the host runs every container assigned to it; the
+unauthenticated ``/health`` says only the status word (:meth:`status`):
+the causes and segment names are for an authenticated reader.
 """
 
 from __future__ import annotations
@@ -16,6 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from quire.http import Route, json_response
+from quire.segmentstore.health import store_health
+
+HEALTH_DETAIL_PATH = "/api/v1/health"
+"""Each hosted container's health, for an authenticated reader."""
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -29,10 +40,12 @@ class SegmentStoreAdmin:
     def __init__(self) -> None:
         self.store: SegmentStore | None = None
         self.ownership: ContainerOwnership | None = None
+        self.host_id = ""
 
     def routes(self) -> list[Route]:
         return [Route("GET", "/api/v1/containers", self._containers),
-                Route("GET", "/api/v1/segments", self._segments)]
+                Route("GET", "/api/v1/segments", self._segments),
+                Route("GET", HEALTH_DETAIL_PATH, self._health)]
 
     def readiness(self) -> tuple[bool, str]:
         if self.ownership is None or self.store is None:
@@ -58,6 +71,17 @@ class SegmentStoreAdmin:
                         "failure": None if failure is None else
                         f"{type(failure).__name__}: {failure}"})
         return out
+
+    def health(self) -> dict[str, Any]:
+        """``/api/v1/health``'s answer (module docstring)."""
+        return {"host": self.host_id, **store_health(self.store)}
+
+    def status(self) -> str:
+        """``/health``'s status word: ``ok`` or ``degraded``."""
+        return str(store_health(self.store)["status"])
+
+    async def _health(self, _request: web.Request) -> web.StreamResponse:
+        return json_response(200, self.health())
 
     async def _containers(self, _request: web.Request) -> web.StreamResponse:
         return json_response(200, {"containers": self.containers()})

@@ -15,7 +15,6 @@ drained) before the server and the session go.
 from __future__ import annotations
 
 import asyncio
-import collections
 import ipaddress
 import logging
 from dataclasses import dataclass, field
@@ -27,9 +26,11 @@ from prometheus_client.registry import Collector
 
 from quire.auth import server_security
 from quire.client import Client, ClientConfig, LedgerPasswords
+from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
 from quire.hosts.segmentstore_admin import SegmentStoreAdmin
+from quire.hosts.segmentstore_metrics import HealthCollector
 from quire.http import HttpServer
 from quire.log import WriterOptions
 from quire.metadata import MetadataStore, open_leased_store
@@ -56,18 +57,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SegmentStoreHostConfig:
+class SegmentStoreHostConfig(ServerAddressConfig):
+    """``host``, ``listen_host`` and ``advertised_host``: see
+    :class:`~quire.config.ServerAddressConfig` (the wire server and
+    ``/metrics`` listen on the listen host; the host record, which the
+    controller's ``getURI`` answers from, carries the advertised one)."""
+
     metadata_uri: str = "sqlite:///quire-sandbox/metadata.db"
     host_id: str = ""
-    """This host's name in the ownership records ("" : ``segmentstore-<host>-<port>``)."""
-    host: str = "127.0.0.1"
+    """This host's name in the ownership records ("" :
+    ``segmentstore-<advertised host>-<port>``)."""
     port: int = 12345
     """The wire server's port (Pravega's default; 0: any free one)."""
-    advertise_host: str = ""
-    """The host name clients are given for this store (the ownership
-    records, so the controller's getURI) ("" : ``host``).  Under TLS it
-    must be a DNS name the certificate covers (e.g. ``localhost``): the
-    official client cannot check an IP address."""
     metrics_port: int = -1
     """``/metrics`` (Prometheus) on this port; 0: any free one; -1: off."""
     container_count: int = 0
@@ -97,6 +98,10 @@ class SegmentStoreHostConfig:
     """Each container's in-memory data (its read index, Pravega's cache):
     recent appends are served from it; older data is read back from tier-1,
     or from tier-2 once flushed there."""
+    tier1_ceiling_bytes: int = 2 << 30
+    """With tier-2: what each container's tier-1 log may hold before its
+    appends are acknowledged only as tier-2 takes the backlog (see
+    :class:`~quire.segmentstore.ContainerConfig`)."""
     gc_gen0_threshold_allocations: int = 50_000
     """Python's gen-0 collection threshold (the default 700 collects every
     few hundred appends on a busy host)."""
@@ -136,10 +141,12 @@ class SegmentStoreHostConfig:
     """PEM private key of ``tier1_tls_cert_file`` (a secret file, mode 0600)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.container_count < 0:
             raise ConfigError("container_count must be 0 (the stored one) or positive")
-        if self.read_index_budget_bytes < 0:
-            raise ConfigError("read_index_budget_bytes must not be negative")
+        if self.read_index_budget_bytes < 0 or self.tier1_ceiling_bytes <= 0:
+            raise ConfigError("read_index_budget_bytes must not be negative, "
+                              "tier1_ceiling_bytes must be positive")
         if self.rebalance_interval_ms <= 0:
             raise ConfigError("rebalance_interval_ms must be positive")
         if not 1 <= self.tier1_ack_quorum_size <= self.tier1_write_quorum_size \
@@ -181,14 +188,14 @@ def wire_auth(security: SecurityConfig) -> WireAuth | None:
     return WireAuth(TokenSigner.from_file(security.auth_token_secret_file))
 
 
-def advertised_host(cfg: SegmentStoreHostConfig) -> str:
-    """The host name this store is known by (``advertise_host``, else ``host``)."""
-    host = cfg.advertise_host or cfg.host
+def warn_of_ip_under_tls(cfg: SegmentStoreHostConfig) -> None:
+    """Log that clients will be given an IP address under TLS, which the
+    official Pravega client cannot check against a certificate."""
+    host = cfg.resolved_advertised_host
     if cfg.security.tls_enabled and _is_ip_literal(host):
         log.warning("TLS is on but clients are given the IP address %s: the official Pravega "
-                    "client cannot check it (set advertise_host to a DNS name the "
+                    "client cannot check it (set advertised_host to a DNS name the "
                     "certificate covers, e.g. localhost)", host)
-    return host
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -233,11 +240,6 @@ class _StoreCollector(Collector):
         read_index = GaugeMetricFamily("quire_segmentstore_read_index_bytes",
                                        "Bytes the container's read index holds in memory",
                                        labels=["container"])
-        flush_failed = GaugeMetricFamily(
-            "quire_segmentstore_tier2_flush_failures",
-            "Containers whose storage writer stopped on a failure, by cause (its type)",
-            labels=["cause"])
-        causes = collections.Counter({"none": 0})
         if store is not None:
             ids = store.container_ids
             hosted.add_metric([], len(ids))
@@ -255,19 +257,15 @@ class _StoreCollector(Collector):
                 if writer is not None:
                     backlog.add_metric(label, writer.backlog_bytes())
                     iterations.add_metric(label, writer.iterations)
-                    if writer.failure is not None:
-                        causes[type(writer.failure).__name__] += 1
         ownership = self._host.ownership
         assigned.add_metric([], len(ownership.mine) if ownership is not None else 0)
-        for cause, count in sorted(causes.items()):
-            flush_failed.add_metric([cause], count)
         posted = GaugeMetricFamily("quire_segmentstore_autoscale_requests_posted",
                                    "Hot and cold segments reported to the controller since "
                                    "the process started")
         reporter = self._host.autoscaler
         posted.add_metric([], reporter.posted if reporter is not None else 0)
         yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
-                    read_index, flush_failed, tier1_queued, posted)
+                    read_index, tier1_queued, posted)
 
 
 class SegmentStoreHost:
@@ -293,13 +291,15 @@ class SegmentStoreHost:
         cfg = self.config
         try:
             passwords = cfg.tier1_passwords()
-            self.metadata = await open_leased_store(cfg.metadata_uri, cfg.lease_ms)
+            self.metadata = await open_leased_store(
+                cfg.metadata_uri, cfg.lease_ms, **cfg.security.zookeeper.store_options())
             self.client = await Client.over(self.metadata, cfg.tier1_client())
             self.segments = await SegmentStore.open(
                 self.client, (), cfg.tier2_uri or None, config=SegmentStoreConfig(
                     container_count=cfg.container_count or None,
                     container=ContainerConfig(
-                        read_index_budget_bytes=cfg.read_index_budget_bytes),
+                        read_index_budget_bytes=cfg.read_index_budget_bytes,
+                        tier1_ceiling_bytes=cfg.tier1_ceiling_bytes),
                     storage_writer=StorageWriterConfig(
                         flush_threshold_bytes=cfg.tier2_flush_threshold_bytes,
                         flush_threshold_ms=cfg.tier2_flush_threshold_ms,
@@ -312,16 +312,21 @@ class SegmentStoreHost:
             self.server = SegmentServer(self.segments, cfg.wire,
                                         SegmentServerMetrics(self.registry), tls=security.tls,
                                         auth=wire_auth(cfg.security))
-            await self.server.start(cfg.host, cfg.port)
-            self.address = f"{advertised_host(cfg)}:{self.server.port}"
-            self.host_id = cfg.host_id or f"segmentstore-{cfg.host}-{self.server.port}"
+            await self.server.start(cfg.resolved_listen_host, cfg.port)
+            self.address = cfg.advertised_address(self.server.port)
+            warn_of_ip_under_tls(cfg)
+            self.host_id = cfg.host_id or \
+                f"segmentstore-{cfg.resolved_advertised_host}-{self.server.port}"
+            self._admin.host_id = self.host_id
             if cfg.metrics_port >= 0:  # before ownership: it registers the address
                 self.registry.register(_StoreCollector(self))
+                self.registry.register(HealthCollector(self))
                 self._http = HttpServer(self.registry, self._admin.routes(), tls=security.tls,
                                         authenticator=security.authenticator,
-                                        ready=self._admin.readiness)
-                http_port = await self._http.start(cfg.host, cfg.metrics_port)
-                self.metrics_address = f"{cfg.host}:{http_port}"
+                                        ready=self._admin.readiness,
+                                        health=self._admin.status)
+                http_port = await self._http.start(cfg.resolved_listen_host, cfg.metrics_port)
+                self.metrics_address = cfg.advertised_address(http_port)
             self.ownership = ContainerOwnership(
                 self.metadata, self.segments, self.host_id, self.address,
                 OwnershipSettings(rebalance_interval_ms=cfg.rebalance_interval_ms),

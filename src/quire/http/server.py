@@ -7,7 +7,10 @@ process's event loop:
 * ``GET /metrics``: Prometheus text (or OpenMetrics, by the ``Accept``
   header) of the registry it was given;
 * ``GET /health``: ``{"status": "ok"}``, never authenticated (a load
-  balancer's or supervisor's probe), and saying nothing else;
+  balancer's or supervisor's probe), and saying nothing else (a process
+  that gives a ``health`` callable has it say the status word, e.g. a
+  segment store's ``"degraded"`` while a container is not ok; what and
+  why is on the process's own authenticated routes);
 * ``GET /ready``: ``200 {"status": "ready"}`` once the process finished
   starting and holds what it needs (the ``ready`` callable it was given
   says; without one, as soon as it serves), else ``503 {"status": "not
@@ -177,13 +180,15 @@ class HttpServer:
                  tls: ServerTls | None = None,
                  authenticator: Authenticator | None = None,
                  ready: Readiness | None = None,
-                 sessions: SessionStore | None = None) -> None:
+                 sessions: SessionStore | None = None,
+                 health: Callable[[], str] | None = None) -> None:
         self.registry = registry
         self.routes = tuple(routes)
         self.tls = tls
         self.authenticator = authenticator
         self.ready = ready
         self.sessions = sessions
+        self.health = health
         self.refusals = Counter("quire_http_refusals", "HTTP requests refused, by reason",
                                 ["reason"], registry=registry)
         for reason in ("unauthenticated", "forbidden", "not_found", "method_not_allowed",
@@ -309,7 +314,7 @@ class HttpServer:
             self.refusals.labels(reason).inc()
 
     async def _health(self, _request: web.Request) -> web.StreamResponse:
-        return json_response(200, {"status": "ok"})
+        return json_response(200, {"status": "ok" if self.health is None else self.health()})
 
     async def _ready(self, _request: web.Request) -> web.StreamResponse:
         ready, reason = (True, "") if self.ready is None else self.ready()

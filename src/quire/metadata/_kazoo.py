@@ -3,7 +3,8 @@
 kazoo completes requests and fires watches on its own threads; both are
 handed to the event loop with ``call_soon_threadsafe``.  A request with no
 answer within twice the session timeout raises MetadataError (outcome
-unknown); kazoo's errors become the store's.
+unknown); kazoo's errors become the store's (NoAuth:
+MetadataAccessDeniedError, with a hint at the fix).
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 
 from quire.errors import (
+    MetadataAccessDeniedError,
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -31,9 +39,12 @@ class KazooBridge:
     """Requests to one kazoo client, awaited on the event loop that
     creates this (see the module docstring)."""
 
-    def __init__(self, uri: str, client: KazooClient, *, session_timeout_ms: int) -> None:
+    def __init__(self, uri: str, client: KazooClient, *, session_timeout_ms: int,
+                 denied_hint: str = "") -> None:
         self.uri = uri
         self.client = client
+        self.denied_hint = denied_hint
+        """What a NoAuth's error says to do."""
         self.loop = asyncio.get_running_loop()
         self.timeout_s = 2 * session_timeout_ms / 1000
         """How long a request may go unanswered."""
@@ -66,6 +77,10 @@ class KazooBridge:
             return MetadataExistsError(f"{what} already exists")
         if isinstance(e, BadVersionError):
             return MetadataVersionError(f"{what}: version mismatch")
+        if isinstance(e, NoAuthError):
+            return MetadataAccessDeniedError(
+                f"{self.uri}: {what}: ZooKeeper refused access (NoAuth): {self.denied_hint}"
+                .rstrip(": "))
         return MetadataError(f"{self.uri}: {what}: {type(e).__name__} {e}".rstrip())
 
     def session(self) -> int | None:

@@ -48,6 +48,18 @@ class Znodes:
         """The parents every store needs (created at open)."""
         return [f"{self.root}/{path}" for path in _TOP_LEVEL]
 
+    def own_roots(self) -> list[str]:
+        """The tops of the znodes Quire owns: the chroot, or without one
+        the layout's top-level nodes (``/`` is ZooKeeper's)."""
+        if self.root:
+            return [self.root]
+        return list(dict.fromkeys(f"/{path.partition('/')[0]}" for path in _TOP_LEVEL))
+
+    @property
+    def above_root(self) -> str:
+        """The chroot's parent (``""``: none to make, the chroot is ``/``'s child or absent)."""
+        return self.root.rpartition("/")[0]
+
     @property
     def ledgers(self) -> str:
         return f"{self.root}/ledgers"

@@ -3,7 +3,9 @@
 ``zk://host:port[,host:port...]/chroot``; the chroot is created if missing,
 unless the store is opened only to read (``create=False``): a chroot
 without Quire's layout is then :class:`~quire.errors.NoMetadataError`.
-The znodes under it: :mod:`quire.metadata._znodes`.
+The znodes under it: :mod:`quire.metadata._znodes`.  Digest credentials,
+ACLs, TLS, and securing a tree made without ACLs
+(:func:`secure_zookeeper`): :mod:`quire.metadata._zkaccess`.
 
 kazoo completes requests and fires watches on its own threads; both reach
 the event loop through :mod:`quire.metadata._kazoo`, and a request with no
@@ -39,6 +41,14 @@ from quire.metadata import _names
 from quire.metadata._kazoo import KazooBridge, Trigger, shutdown
 from quire.metadata._lease import LeaseHolder
 from quire.metadata._watch import Subscription
+from quire.metadata._zkaccess import (
+    SecuredTree,
+    ZooKeeperAccess,
+    check_access,
+    ensure_layout,
+    has_layout,
+    secure_tree,
+)
 from quire.metadata._znodes import VALUE, Znodes, new_version, subject, znode_version
 from quire.metadata.model import (
     BookieInfo,
@@ -53,6 +63,7 @@ from quire.metadata.model import (
     serialize_bookie,
 )
 from quire.metadata.store import LeaseState, Watch
+from quire.security import ZooKeeperSecurityConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +76,13 @@ class ZooKeeperStore(LeaseHolder):
     """A :class:`~quire.metadata.store.MetadataStore` in ZooKeeper."""
 
     def __init__(self, uri: str, client: KazooClient, root: str, *,
-                 session_timeout_ms: int) -> None:
+                 session_timeout_ms: int, access: ZooKeeperAccess | None = None) -> None:
         super().__init__()
         self.uri = uri
         self._client = client
-        self._kazoo = KazooBridge(uri, client, session_timeout_ms=session_timeout_ms)
+        self._access = access or ZooKeeperAccess()
+        self._kazoo = KazooBridge(uri, client, session_timeout_ms=session_timeout_ms,
+                                  denied_hint=self._access.denied_hint())
         self._zk = self._kazoo.call  # every request goes through it
         self._hand_over = self._kazoo.hand_over
         self._paths = Znodes(root)
@@ -116,17 +129,6 @@ class ZooKeeperStore(LeaseHolder):
                                 self.uri, info.bookie_id, e)
         finally:
             self._tasks.pop(key, None)
-
-    async def _has_layout(self) -> bool:
-        found = await asyncio.gather(*(
-            self._zk("store layout", self._client.exists_async, path)
-            for path in self._paths.top_level()))
-        return all(stat is not None for stat in found)
-
-    async def _ensure_layout(self) -> None:
-        await asyncio.gather(*(
-            self._zk("store layout", self._client.ensure_path_async, path)
-            for path in self._paths.top_level()))
 
     # --- ledgers ---------------------------------------------------------
 
@@ -486,30 +488,66 @@ def _parse(uri: str) -> tuple[str, str]:
 
 
 async def open_zookeeper(uri: str, *, session_timeout_ms: int = 6000,
-                         connect_timeout_ms: int = 10_000, create: bool = True
+                         connect_timeout_ms: int = 10_000, create: bool = True,
+                         zookeeper_digest_file: str = "", zookeeper_tls_ca_file: str = "",
+                         zookeeper_tls_cert_file: str = "", zookeeper_tls_key_file: str = ""
                          ) -> ZooKeeperStore:
     """Connect to the ZooKeeper ensemble named by ``uri`` and create the
     layout (``create``), or find it (not ``create``: NoMetadataError if it
-    is not there)."""
+    is not there).  The ``zookeeper_*`` options: credentials and TLS
+    (:class:`~quire.security.ZooKeeperSecurityConfig`); a session that may
+    not read the store fails here (MetadataAccessDeniedError)."""
+    settings = ZooKeeperSecurityConfig(
+        zookeeper_digest_file=zookeeper_digest_file, zookeeper_tls_ca_file=zookeeper_tls_ca_file,
+        zookeeper_tls_cert_file=zookeeper_tls_cert_file,
+        zookeeper_tls_key_file=zookeeper_tls_key_file)
+    return await _open(uri, settings, session_timeout_ms, connect_timeout_ms, create=create)
+
+
+async def secure_zookeeper(uri: str, settings: ZooKeeperSecurityConfig, *,
+                           progress: Callable[[SecuredTree], None] | None = None,
+                           session_timeout_ms: int = 6000, connect_timeout_ms: int = 10_000
+                           ) -> SecuredTree:
+    """Give every znode of the existing store at ``uri`` the ACL of
+    ``settings``' digest file: the upgrade in place of a tree made without
+    ACLs (see :mod:`quire.metadata._zkaccess`).  Idempotent."""
+    if not settings.zookeeper_digest_file:
+        raise ConfigError("securing a ZooKeeper tree needs zookeeper_digest_file")
+    store = await _open(uri, settings, session_timeout_ms, connect_timeout_ms, create=False,
+                        warn_if_open=False)
+    try:
+        return await secure_tree(store._kazoo, store._paths, store._access, progress)
+    finally:
+        await store.close()
+
+
+async def _open(uri: str, settings: ZooKeeperSecurityConfig, session_timeout_ms: int,
+                connect_timeout_ms: int, *, create: bool, warn_if_open: bool = True
+                ) -> ZooKeeperStore:
     if not uri.startswith(SCHEME):
         raise ConfigError(f"not a zk:// URI: {uri!r}")
     hosts, root = _parse(uri)
+    access = ZooKeeperAccess.load(settings)
     client = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000,
-                         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0})
+                         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+                         **access.kazoo_options())
     try:
         await asyncio.to_thread(client.start, connect_timeout_ms / 1000)
     except Exception as e:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(shutdown, client)
-        raise MetadataError(f"{uri}: cannot connect to ZooKeeper: {e}") from e
-    store = ZooKeeperStore(uri, client, root, session_timeout_ms=session_timeout_ms)
+        raise MetadataError(f"{uri}: cannot connect to ZooKeeper: {e}"
+                            f"{access.connect_hint()}") from e
+    store = ZooKeeperStore(uri, client, root, session_timeout_ms=session_timeout_ms,
+                           access=access)
     try:
-        has_layout = await store._has_layout()
-        if not has_layout and not create:
-            raise NoMetadataError(uri)
-        if not has_layout:
-            await store._ensure_layout()
+        # find the layout, or create it; then check that this session may read it
+        if not await has_layout(store._kazoo, store._paths):
+            if not create:
+                raise NoMetadataError(uri)
+            await ensure_layout(store._kazoo, store._paths)
             store.initialised = True
+        await check_access(store._kazoo, store._paths, access, warn_if_open=warn_if_open)
     except BaseException:
         await store.close()
         raise

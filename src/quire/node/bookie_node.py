@@ -168,8 +168,9 @@ class BookieNode:
             raise QuireError("set bookie_id when port is 0 (the id must be stable)")
 
     async def _open_metadata(self) -> MetadataStore:
-        self._store = await open_leased_store(self.config.metadata_uri,
-                                              self.config.registration_lease_ms)
+        self._store = await open_leased_store(
+            self.config.metadata_uri, self.config.registration_lease_ms,
+            **self.config.security.zookeeper.store_options())
         try:
             self._security = server_security(self.config.security, self._store)
         except QuireError:
@@ -234,15 +235,16 @@ class BookieNode:
         self._listener = BookieListener(server.hub, server, tls,
                                         allowed_roles=cfg.tls_allowed_roles,
                                         role_field=cfg.tls_role_field)
-        port = await self._listener.start(cfg.host, cfg.port)
-        self.address = f"{cfg.host}:{port}"
+        port = await self._listener.start(cfg.resolved_listen_host, cfg.port)
+        self.address = cfg.advertised_address(port)
         if cfg.metrics_port >= 0:  # /metrics and the admin requests (quire.bookie.admin)
             self._http = await serve_admin(
-                self.metrics.registry, ServiceAdminActions(server.services), cfg.host,
-                cfg.metrics_port, tls=self._security.tls,
+                self.metrics.registry, ServiceAdminActions(server.services),
+                cfg.resolved_listen_host, cfg.metrics_port, tls=self._security.tls,
                 authenticator=self._security.authenticator,
                 extra_routes=self._admin.routes(), ready=self.readiness)
-            self.metrics_address = f"{cfg.host}:{self._http.port}"
+            assert self._http.port is not None  # started
+            self.metrics_address = cfg.advertised_address(self._http.port)
 
     async def _register(self) -> None:
         assert self._store is not None

@@ -34,7 +34,8 @@ async def fix_missing_cookies(config: BookieConfig) -> CookieCheck:
     which stamping cannot settle.
     """
     bookie_id = config.resolved_bookie_id
-    store = await open_leased_store(config.metadata_uri, config.registration_lease_ms)
+    store = await open_leased_store(config.metadata_uri, config.registration_lease_ms,
+                                    **config.security.zookeeper.store_options())
     try:
         await _refuse_if_registered(store, bookie_id, config.registration_lease_ms)
         storage_config = config.storage

@@ -14,14 +14,15 @@ only :mod:`quire.errors`).
 * :mod:`~quire.security.tokens`: delegation tokens and the internal identity;
 * :mod:`~quire.security.ledger_keys`: a ledger's keys (master key, MAC key)
   derived from its password, what the metadata store keeps;
-* :mod:`~quire.security.config`: the TLS and auth settings servers share.
+* :mod:`~quire.security.config`: the TLS and auth settings servers share,
+  and how a process reaches a ``zk://`` metadata store.
 
 The user database and the authenticator over it are :mod:`quire.auth`'s;
 the HTTP server is :mod:`quire.http`'s.
 """
 
 from quire.security.acl import Acl, AclEntry, Permission, format_acl, parse_acl
-from quire.security.config import SecurityConfig
+from quire.security.config import SecurityConfig, ZooKeeperSecurityConfig
 from quire.security.ledger_keys import LedgerKeys
 from quire.security.passwords import DUMMY_HASH, hash_password, verify_password
 from quire.security.principal import (
@@ -86,6 +87,7 @@ __all__ = [
     "ServerTls",
     "TokenClaims",
     "TokenSigner",
+    "ZooKeeperSecurityConfig",
     "basic_authorization",
     "bearer_authorization",
     "certificate_role",

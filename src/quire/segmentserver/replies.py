@@ -13,15 +13,18 @@ from quire.errors import (
     ContainerFencedError,
     ContainerNotOwnedError,
     CorruptRecordError,
+    InvalidNameError,
     QuireError,
     SegmentExistsError,
     SegmentNotFoundError,
+    SegmentQuarantinedError,
     SegmentSealedError,
     SegmentTruncatedError,
     TableKeyBadVersionError,
     TableKeyNotFoundError,
 )
 from quire.pravega_wire import (
+    ErrorMessage,
     NoSuchSegment,
     SegmentAlreadyExists,
     SegmentIsSealed,
@@ -38,6 +41,11 @@ Reply = WireCommand | None
 """What a request is answered with; None: close the connection instead."""
 Formatter = Callable[["asyncio.Future[Any]"], Reply]
 """Turns a request's finished future into its reply."""
+ILLEGAL_ARGUMENT = 0
+"""ErrorMessage's code for an illegal argument (Pravega's
+``ILLEGAL_ARGUMENT_EXCEPTION``): a name the naming rule refuses."""
+UNSPECIFIED = -1
+"""ErrorMessage's code for any other refusal (a quarantined segment)."""
 MAX_MESSAGE_CHARS = 1000
 """An error's text sent as a reply's ``server_stack_trace`` is cut to this."""
 
@@ -75,6 +83,10 @@ def error_reply(error: BaseException, request_id: int, segment: str, offset: int
     message = str(error)[:MAX_MESSAGE_CHARS]
     if isinstance(error, ContainerNotOwnedError | ContainerFencedError | ContainerClosedError):
         return WrongHost(request_id, segment, "", message)
+    if isinstance(error, InvalidNameError):
+        return ErrorMessage(request_id, segment, message, ILLEGAL_ARGUMENT)
+    if isinstance(error, SegmentQuarantinedError):
+        return ErrorMessage(request_id, segment, message, UNSPECIFIED)
     if isinstance(error, SegmentNotFoundError):
         return NoSuchSegment(request_id, segment, message, offset)
     if isinstance(error, SegmentSealedError):

@@ -43,6 +43,7 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     Operation,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
@@ -90,7 +91,7 @@ class AppendTimes:
     def apply(self, op: Operation, segments: Mapping[int, SegmentMetadata]) -> None:
         """Follow a committed operation other than a packed append
         (``segments``: the committed ones, after it)."""
-        if isinstance(op, CheckpointOp | SealOp):
+        if isinstance(op, CheckpointOp | SealOp | ProbeOp):
             return
         s = segments.get(op.target_id if isinstance(op, MergeOp) else op.segment_id)
         if s is None or s.type is SegmentType.TABLE:

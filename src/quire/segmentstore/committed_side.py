@@ -25,7 +25,14 @@ checkpoint once every byte the checkpoint counts is in tier-2
 (:meth:`~CommittedSide.truncate_log`, called by the storage writer).
 Replay then starts at that checkpoint: bytes below it are read from tier-2
 (the read index's ``fetch_tier2``), and each table's index is rebuilt from
-its whole data.
+its whole data.  :attr:`~CommittedSide.tier1_bytes` is what the log holds
+now: the bytes of its frames from the last truncation point (as replayed,
+then as committed).
+
+**Forgetting.**  A checkpoint may leave out deleted segments nothing refers
+to any more (their tier-2 data and records are gone): the container drops
+them from its accepted state as it writes the checkpoint, and they leave
+the committed state when the checkpoint commits (:attr:`~CommittedSide.purge_at`).
 """
 
 from __future__ import annotations
@@ -83,16 +90,34 @@ class CommittedSide:
         self.merges: list[tuple[int, int, int, int]] = []
         """Committed merges ``(target id, source id, target offset, length)``
         for the storage writer to take (kept only with tier-2)."""
-        self.checkpoints: list[tuple[int, Position, dict[int, int]]] = []
+        self.checkpoints: list[tuple[int, Position, dict[int, int], int]] = []
         """Committed checkpoints still in the log, oldest first: (sequence,
-        address, each live segment's length then): where the log may be cut."""
+        address, each live segment's length then, the log's bytes before
+        its frame): where the log may be cut."""
+        self.log_bytes = 0
+        """Bytes of the log's frames from its first record, as replayed and committed."""
+        self.truncated_bytes = 0
+        """Of :attr:`log_bytes`, those below the last truncation."""
+        self.purge_at: dict[int, set[int]] = {}
+        """Checkpoint sequence -> the deleted segments it leaves out."""
+        self.after_truncation: Callable[[], None] | None = None
+        """Called once the log was truncated."""
+
+    @property
+    def tier1_bytes(self) -> int:
+        """What the tier-1 log holds now (its bytes from the truncation point)."""
+        return self.log_bytes - self.truncated_bytes
+
+    def bytes_committed(self, size: int) -> None:
+        """A frame of ``size`` bytes is durable (the operation log's call)."""
+        self.log_bytes += size
 
     async def replay(self) -> None:
         """Apply the log (on opening, before anything is accepted); after a
         truncated log, rebuild the tables' indexes."""
         committed = self.metadata
         started = truncated = False
-        async for address, ops in read_operations(self._log):
+        async for address, ops in read_operations(self._log, counted=self.bytes_committed):
             for op in ops:
                 if not started:
                     # a truncated log starts in the frame of its first checkpoint
@@ -140,7 +165,7 @@ class CommittedSide:
         if no checkpoint qualifies).  The checkpoint's own frame stays: a
         reopen starts there."""
         for i in range(len(self.checkpoints) - 1, -1, -1):
-            sequence, address, lengths = self.checkpoints[i]
+            sequence, address, lengths, mark = self.checkpoints[i]
             if all(in_tier2(sid, length) for sid, length in lengths.items()):
                 break
         else:
@@ -151,6 +176,9 @@ class CommittedSide:
             await self._log.truncate(Position(address.ledger_seq - 1, _LAST_ENTRY))
         # else: the checkpoint is the log's first record, nothing is below it
         del self.checkpoints[:i]
+        self.truncated_bytes = max(self.truncated_bytes, mark)
+        if self.after_truncation is not None:
+            self.after_truncation()
         return sequence
 
     # --- commits --------------------------------------------------------------------
@@ -189,6 +217,9 @@ class CommittedSide:
         """Apply one durable operation (its frame at ``address``)."""
         if isinstance(op, CheckpointOp):
             self.metadata.sequence = op.sequence  # the committed state is what it holds
+            gone = self.purge_at.pop(op.sequence, None)
+            if gone:
+                self.metadata.purge(gone)
             self._remember_checkpoint(op, address)
         else:
             self.metadata.apply(op)
@@ -196,7 +227,8 @@ class CommittedSide:
 
     def _remember_checkpoint(self, op: CheckpointOp, address: Position) -> None:
         self.checkpoints.append((op.sequence, address, {
-            s.segment_id: s.length for s in self.metadata.segments.values() if not s.deleted}))
+            s.segment_id: s.length for s in self.metadata.segments.values() if not s.deleted},
+            self.log_bytes))
 
     def _index(self, op: Operation, address: Position) -> None:
         self.append_times.apply(op, self.metadata.segments)

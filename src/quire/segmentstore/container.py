@@ -26,6 +26,12 @@ and writes a checkpoint, which also proves the log is still ours.
 Table requests are served by the container's :attr:`SegmentContainer.tables`
 (:class:`~quire.segmentstore.container_tables.ContainerTables`) on its
 segments; the committed side hands it each committed table update.
+
+With tier-2, the container's tier-1 log has a ceiling
+(:attr:`ContainerConfig.tier1_ceiling_bytes`): past it the appends'
+acknowledgements are held (:mod:`~quire.segmentstore.throttle`).  Its
+storage writer may quarantine a segment (:meth:`SegmentContainer.quarantine`)
+and lets it drop deleted segments (:meth:`SegmentContainer.forget`).
 """
 
 from __future__ import annotations
@@ -38,13 +44,13 @@ from typing import Any
 
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
-    BadAttributeUpdateError,
     BadOffsetError,
     ContainerClosedError,
     ContainerFencedError,
     QuireError,
     SegmentExistsError,
     SegmentNotFoundError,
+    SegmentQuarantinedError,
     SegmentSealedError,
     SegmentStoreError,
     SegmentTruncatedError,
@@ -52,10 +58,13 @@ from quire.errors import (
 from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore import frames
 from quire.segmentstore.append_times import TimeEntries, locate_time, segment_times
+from quire.segmentstore.attribute_updates import initial_attributes, resolve_updates
 from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
+from quire.segmentstore.container_upkeep import ContainerUpkeep
 from quire.segmentstore.futures import call_as_future, failed_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
+from quire.segmentstore.names import check_name
 from quire.segmentstore.operation_log import OperationLog
 from quire.segmentstore.operations import (
     APPEND,
@@ -64,20 +73,20 @@ from quire.segmentstore.operations import (
     AppendOp,
     Attributes,
     AttributesOp,
-    CheckpointOp,
     DeleteOp,
     MergeOp,
-    Operation,
     PackedAppend,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
 )
 from quire.segmentstore.segment_rates import SegmentRates
+from quire.segmentstore.throttle import Tier1Throttle
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
     MAX_APPEND_BYTES,
-    NULL_ATTRIBUTE_VALUE,
+    QUARANTINED_ATTRIBUTE,
     VALUE_MAX,
     VALUE_MIN,
     AppendResult,
@@ -86,7 +95,6 @@ from quire.segmentstore.types import (
     ReadResult,
     SegmentInfo,
     SegmentType,
-    UpdateType,
     check_key,
     check_value,
 )
@@ -100,7 +108,6 @@ _WRITER_APPEND_LENGTH = WRITER_APPEND_HEAD.size - 4
 """The same for an APPEND carrying one attribute (a writer's number)."""
 _KEY_LIMIT = ATTRIBUTE_KEY_LIMIT
 _LOW_64 = (1 << 64) - 1
-MAX_NAME_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,60 +127,20 @@ class ContainerConfig:
     dropped and read back from tier-1, or tier-2 once flushed there."""
     checkpoint_every_bytes: int = 64 << 20
     """Write a metadata checkpoint after this many bytes of operations."""
+    tier1_ceiling_bytes: int = 2 << 30
+    """With tier-2: what the tier-1 log may hold before appends are
+    acknowledged only as tier-2 takes the backlog (half of it: flush all)."""
 
 
-def resolve_updates(current: Mapping[int, int], updates: Iterable[AttributeUpdate],
-                    extra: Iterable[tuple[int, int]] = ()) -> Attributes:
-    """The final values ``updates`` give against ``current``, in order
-    (BadAttributeUpdateError if a condition fails: then nothing applies)."""
-    changed: dict[int, int] = {}
-    for u in updates:
-        if not isinstance(u, AttributeUpdate):
-            raise BadAttributeUpdateError(f"not an AttributeUpdate: {u!r}")
-        old = changed.get(u.key, current.get(u.key))
-        kind = u.update_type
-        if kind is UpdateType.REPLACE:
-            value = u.value
-        elif kind is UpdateType.REPLACE_IF_EQUALS:
-            if (NULL_ATTRIBUTE_VALUE if old is None else old) != u.comparison_value:
-                raise BadAttributeUpdateError(
-                    f"attribute {u.key:#x} is {old}, not {u.comparison_value}")
-            value = u.value
-        elif kind is UpdateType.REPLACE_IF_GREATER:
-            if old is not None and u.value <= old:
-                raise BadAttributeUpdateError(
-                    f"attribute {u.key:#x} is {old}, not below {u.value}")
-            value = u.value
-        elif kind is UpdateType.ACCUMULATE:
-            value = (old or 0) + u.value
-            try:
-                check_value(value)
-            except BadAttributeUpdateError:
-                raise BadAttributeUpdateError(
-                    f"attribute {u.key:#x}: {old} + {u.value} overflows") from None
-        else:
-            raise BadAttributeUpdateError(f"unknown update type {kind!r}")
-        changed[u.key] = value
-    for key, value in extra:
-        changed[key] = value
-    return tuple(changed.items())
+def sealed_error(s: SegmentMetadata) -> SegmentSealedError:
+    """The refusal of a change to sealed segment ``s`` (quarantined or not)."""
+    if QUARANTINED_ATTRIBUTE in s.attributes:
+        return SegmentQuarantinedError(f"segment {s.name!r} is quarantined: tier-2 refused "
+                                       "it, so it was sealed with every byte acknowledged")
+    return SegmentSealedError(f"segment {s.name!r} is sealed")
 
 
-def initial_attributes(attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None
-                       ) -> Attributes:
-    """A new segment's attributes, checked: given as values, or as updates
-    (resolved against none)."""
-    if attributes is None:
-        return ()
-    if isinstance(attributes, Mapping):
-        for k, v in attributes.items():
-            check_key(k)
-            check_value(v)
-        return tuple(attributes.items())
-    return resolve_updates({}, attributes)
-
-
-class SegmentContainer:
+class SegmentContainer(ContainerUpkeep):
     """One container on its tier-1 log; get one with :meth:`open`."""
 
     def __init__(self, container_id: int, log: DurableDataLog, config: ContainerConfig,
@@ -192,6 +159,11 @@ class SegmentContainer:
         self.accepted = side.metadata
         """The accepted state: every operation queued so far (a copy of the
         committed state made once the log is replayed)."""
+        self.throttle = Tier1Throttle(container_id, config.tier1_ceiling_bytes,
+                                      lambda: side.tier1_bytes, clock.wall_ms)
+        """The tier-1 ceiling (active with tier-2)."""
+        side.after_truncation = self.throttle.update
+        self._forgettable: set[int] = set()
         self._oplog = OperationLog(log, side.commit, max_frame_bytes=config.max_frame_bytes,
                                    max_frames_in_flight=config.max_frames_in_flight,
                                    cut_ops=config.frame_cut_ops,
@@ -199,7 +171,8 @@ class SegmentContainer:
                                    on_failure=side.failed,
                                    on_frame_committed=side.commit_frame,
                                    checkpoint_every_bytes=config.checkpoint_every_bytes,
-                                   on_checkpoint_due=self._checkpoint_due)
+                                   on_checkpoint_due=self._checkpoint_due,
+                                   on_bytes_committed=self._bytes_committed)
         self.rates = SegmentRates()
         """Bytes and events appended per segment, for auto-scaling."""
 
@@ -235,6 +208,7 @@ class SegmentContainer:
             await container.committed_side.replay()
             container.accepted = container.committed.copy()
             container.tables.accept_committed()
+            container.throttle.active = tier2_read is not None
             await container._add_checkpoint()
         except LogFencedError as e:
             await log.close()
@@ -243,26 +217,6 @@ class SegmentContainer:
             await log.close()
             raise
         return container
-
-    def add_checkpoint(self) -> asyncio.Future[Any] | None:
-        """Write a checkpoint now, unless nothing was logged since the last
-        one; its future completes when it is durable."""
-        checkpoints = self.committed_side.checkpoints
-        if checkpoints and checkpoints[-1][0] == self.accepted.sequence:
-            return None
-        self._oplog.check()
-        return self._add_checkpoint()
-
-    def _add_checkpoint(self) -> asyncio.Future[Any]:
-        accepted = self.accepted
-        op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
-        accepted.apply(op)
-        return self._oplog.add(op)
-
-    def _checkpoint_due(self) -> None:
-        """The operation log's call once enough was logged since the last checkpoint."""
-        # its failure, if any, is the log's and reaches every later request
-        self._add_checkpoint().add_done_callback(retrieve)
 
     @property
     def failure(self) -> BaseException | None:
@@ -275,25 +229,14 @@ class SegmentContainer:
 
     # --- requests ------------------------------------------------------------
 
-    def _segment(self, name: str) -> SegmentMetadata:
-        self._oplog.check()
-        s = self.accepted.get(name)
-        if s is None:
-            raise SegmentNotFoundError(f"no segment {name!r}")
-        return s
-
     def writable_segment(self, name: str) -> SegmentMetadata:
         """The accepted segment ``name``: SegmentNotFoundError if there is
         none, SegmentSealedError if it is sealed, the container's failure
         if it failed."""
         s = self._segment(name)
         if s.sealed:
-            raise SegmentSealedError(f"segment {name!r} is sealed")
+            raise sealed_error(s)
         return s
-
-    def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
-        self.accepted.apply(op)
-        return self._oplog.add(op, result)
 
     def log_append(self, s: SegmentMetadata, data: bytes, result: object) -> asyncio.Future[Any]:
         """Accept and log an append of ``data`` at accepted segment ``s``'s
@@ -302,12 +245,22 @@ class SegmentContainer:
         seq, now = self._next()
         return self._log_op(AppendOp(seq, now, s.segment_id, s.length, data), result)
 
+    def log_truncate(self, s: SegmentMetadata, offset: int) -> asyncio.Future[Any]:
+        """Accept and log a truncation of accepted segment ``s`` at ``offset``
+        (checked by the caller: a table's compaction)."""
+        seq, now = self._next()
+        return self._log_op(TruncateOp(seq, now, s.segment_id, offset))
+
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
         """A future giving ``result`` once every operation accepted so far is durable."""
         return self._oplog.barrier(result)
 
-    def _next(self) -> tuple[int, int]:
-        return self.accepted.sequence + 1, self._clock_ms()
+    def confirm_ownership(self) -> asyncio.Future[Any]:
+        """Done once a :class:`~quire.segmentstore.operations.ProbeOp` logged
+        now (it changes nothing; it shares the next frame) is durable: the
+        container still owned its log then.  Fails with ContainerFencedError,
+        and fails the container, once another owner took the log."""
+        return call_as_future(lambda: self._log_op(ProbeOp(*self._next())))
 
     def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
                        attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
@@ -315,10 +268,7 @@ class SegmentContainer:
         """Create a segment (SegmentExistsError if the name is taken)."""
         def make() -> asyncio.Future[None]:
             self._oplog.check()
-            encoded = name.encode() if isinstance(name, str) else b""
-            if not encoded or len(encoded) > MAX_NAME_BYTES:
-                raise SegmentStoreError(f"a segment name is 1 to {MAX_NAME_BYTES} bytes of "
-                                        f"UTF-8, got {name!r}")
+            check_name("segment", name)
             if self.accepted.get(name) is not None:
                 raise SegmentExistsError(f"segment {name!r} exists")
             kind = SegmentType(segment_type)
@@ -352,7 +302,7 @@ class SegmentContainer:
             s = accepted.segments[segment_id]
             if s.sealed or s.type is _TABLE:
                 if s.sealed:
-                    raise SegmentSealedError(f"segment {name!r} is sealed")
+                    raise sealed_error(s)
                 raise SegmentStoreError(f"segment {name!r} is a table: use table_put")
             if type(data) is not bytes:
                 data = bytes(data)
@@ -401,6 +351,8 @@ class SegmentContainer:
                 apply_append(s, end, changed, now)
                 accepted.sequence = sequence
                 self.rates.record(segment_id, size, events)
+                if self.throttle.throttled:
+                    return self.throttle.hold(oplog.add_encoded(queued, raw, result, size))
                 return oplog.add_encoded(queued, raw, result, size)
             extra: tuple[tuple[int, int], ...] = ()
             event_number = previous = None
@@ -422,7 +374,8 @@ class SegmentContainer:
             op = AppendOp(sequence, now, segment_id, offset, data, resolved)
             apply_append(s, offset + size, resolved, now)  # accepted.apply(op): checked above
             accepted.sequence = sequence
-            return oplog.add(op, AppendResult(offset + size, event_number, previous))
+            added = oplog.add(op, AppendResult(offset + size, event_number, previous))
+            return self.throttle.hold(added) if self.throttle.throttled else added
         except QuireError as e:
             return failed_future(e)
 
@@ -581,6 +534,7 @@ class SegmentContainer:
 
     async def close(self) -> None:
         """Wait for the queued operations, then give up the log (idempotent)."""
+        self.throttle.release_all()
         try:
             await self._oplog.close()
         except (ContainerFencedError, ContainerClosedError):

@@ -11,6 +11,12 @@ encodes it); the container's committed side hands each committed one back
 (:meth:`ContainerTables.committed_append`), on replay too.  After a replay
 that started at a checkpoint (a truncated log), each table's index is
 rebuilt from its whole data (:meth:`ContainerTables.rebuild`).
+
+An update that leaves a table holding more than twice its live bytes is
+followed, in the same call, by its compaction (:mod:`~quire.segmentstore.tables`):
+appends of its live entries copied forward, then a truncation where they
+begin.  Being queued with the update, against the accepted index, nothing
+can come between what compaction read and what it writes.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from quire.errors import BadOffsetError, CorruptRecordError, SegmentStoreError
-from quire.segmentstore.futures import call_as_future
+from quire.segmentstore.futures import call_as_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.read_index import ReadIndex
 from quire.segmentstore.tables import (
@@ -30,8 +36,12 @@ from quire.segmentstore.tables import (
     TableIteratorPage,
     decode_entries,
     encode_batch,
+    encode_copies,
 )
 from quire.segmentstore.types import MAX_APPEND_BYTES, SegmentType
+
+_COMPACTION_APPEND_BYTES = MAX_APPEND_BYTES // 2
+"""Copied entries per compaction append, in bytes (an append is one operation)."""
 
 
 class TableHost(Protocol):
@@ -42,6 +52,7 @@ class TableHost(Protocol):
     (raising the request's error: no such segment, sealed, a failed
     container); :meth:`log_append` accepts an append of ``data`` at the
     segment's length and logs it, its future giving ``result`` once durable;
+    :meth:`log_truncate` accepts and logs a truncation of ``s`` at ``offset``;
     :meth:`barrier` is a future giving ``result`` once everything accepted
     before it is durable."""
 
@@ -57,6 +68,8 @@ class TableHost(Protocol):
 
     def log_append(self, s: SegmentMetadata, data: bytes,
                    result: object) -> asyncio.Future[Any]: ...
+
+    def log_truncate(self, s: SegmentMetadata, offset: int) -> asyncio.Future[Any]: ...
 
     def barrier(self, result: object) -> asyncio.Future[Any]: ...
 
@@ -119,8 +132,35 @@ class ContainerTables:
             raise SegmentStoreError(f"a table update is at most {MAX_APPEND_BYTES} bytes")
         offset = s.length
         table.apply(data, offset)
-        return self._host.log_append(s, data,
+        done = self._host.log_append(s, data,
                                      [offset + o for o in offsets] if versions else None)
+        self._compact(s, table)
+        return done
+
+    def _compact(self, s: SegmentMetadata, table: TableIndex) -> None:
+        """Copy the table's live entries forward and truncate before them, if
+        it is due (see the module docstring)."""
+        copies = table.compaction(s.start_offset, s.length)
+        if copies is None:
+            return
+        at = s.length
+        batch: list[tuple[bytes, bytes, int]] = []
+        size = 0
+        for entry in copies:
+            if batch and size + len(entry[0]) + len(entry[1]) > _COMPACTION_APPEND_BYTES:
+                self._log_copies(s, table, batch)
+                batch, size = [], 0
+            batch.append(entry)
+            size += len(entry[0]) + len(entry[1]) + 20
+        if batch:
+            self._log_copies(s, table, batch)
+        self._host.log_truncate(s, at).add_done_callback(retrieve)
+
+    def _log_copies(self, s: SegmentMetadata, table: TableIndex,
+                    batch: list[tuple[bytes, bytes, int]]) -> None:
+        data = encode_copies(batch)
+        table.apply(data, s.length)  # the same versions and values: only where they sit moves
+        self._host.log_append(s, data, None).add_done_callback(retrieve)
 
     def forget_accepted(self, segment_id: int) -> None:
         """The table is being deleted: its next update starts a new index."""

@@ -49,8 +49,10 @@ stop the segment stores first: an owner still running could go on
 appending to its open ledger) and the log is made again above its old
 epoch too.  Those ledgers are not deleted (a surviving copy is the only
 place the data acknowledged after the last flush may still be): the report
-lists them (:attr:`RecoveryReport.abandoned_ledgers`) for the operator to
-read or delete.
+lists them (:attr:`RecoveryReport.abandoned_ledgers`) and the metadata
+store records them, so :func:`~quire.segmentstore.covered_ledgers.delete_covered`
+(``--delete-covered-ledgers``) can later delete those whose every entry
+tier-2 holds and keep the others.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from quire.metadata import MetadataStore
 from quire.segmentstore import frames
 from quire.segmentstore.chunk_sidecars import sidecar_name
 from quire.segmentstore.container import SegmentContainer
+from quire.segmentstore.covered_ledgers import record_abandoned
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.names import (
     ATTRIBUTES_SUFFIX,
@@ -212,8 +215,8 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
             if not 0 <= cid < count:
                 raise ConfigError(f"container {cid} is not in 0..{count - 1}")
         catalog = LogCatalog(metadata)
-        existing = [container_log_name(cid) for cid in ids
-                    if await _log_exists(catalog, container_log_name(cid))]
+        existing = {container_log_name(cid): cid for cid in ids
+                    if await _log_exists(catalog, container_log_name(cid))}
         if existing and not replace_logs:
             raise RecoveryError(f"tier-1 logs exist already: {', '.join(existing)}; recovery "
                                 "rebuilds onto fresh logs (replace_logs / --replace-logs "
@@ -222,8 +225,9 @@ async def recover(client: Client, tier2: str | Tier2Config, *,
         chunks = await storage.list_chunks("")
         floor = _highest_epoch(chunks)
         abandoned: set[int] = set()
-        for name in existing:
+        for name, cid in existing.items():
             head, ledgers = await catalog.discard(name)
+            await record_abandoned(metadata, cid, sorted(ledgers))
             floor = max(floor, head.epoch)
             abandoned |= ledgers
         recorded = {cid: await read_records(storage, cid)
@@ -371,10 +375,10 @@ def _segment_type(name: str, records: StorageRecords) -> SegmentType:
 
 
 async def _read_all(storage: ChunkStorage, layout: SegmentLayout) -> bytes:
-    if layout.start_offset != 0:
-        raise RecoveryError(f"{layout.segment} is truncated at {layout.start_offset}: its "
-                            "batches cannot be read from the start")
-    return await read_segment(storage, layout, 0, layout.length)
+    """An ``$attributes``/``$index`` segment's batches from its start offset
+    (the storage writer truncates one before a whole batch of its values)."""
+    return await read_segment(storage, layout, layout.start_offset,
+                              layout.length - layout.start_offset)
 
 
 def _seed_records(metadata: ContainerMetadata, max_frame_bytes: int) -> list[bytes]:
@@ -432,12 +436,11 @@ async def _index_agrees(storage: ChunkStorage, records: StorageRecords, table: S
     their last ``indexed_length`` L) agrees with the index the container
     rebuilt from the table's data: every live key at a version below L has
     that version in the ``$index``, and no key the ``$index`` holds is at
-    another version below L.  A table without an ``$index`` record, or
-    truncated, is not compared."""
+    another version below L.  A table without an ``$index`` record is not
+    compared (a compacted table's copied entries keep their versions)."""
     name = table.name + INDEX_SUFFIX
     layout = records.layouts.get(name)
-    if layout is None or layout.deleted or records.owners.get(name) != table.segment_id \
-            or table.start_offset != 0:
+    if layout is None or layout.deleted or records.owners.get(name) != table.segment_id:
         return True
     indexed = 0
     folded: dict[bytes, int] = {}

@@ -19,7 +19,8 @@ UTF-8 JSON::
                    storage_length, last_modified_ms, [[key, value], ...]], ...]}
 
 Deleted segments stay (``deleted`` true, no longer found by name) until
-tier-2 (part 2) has deleted their data.
+tier-2 has deleted their data and records (:meth:`ContainerMetadata.purge`,
+as a checkpoint is written).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     Operation,
+    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
@@ -155,9 +157,16 @@ class ContainerMetadata:
             source.deleted = True
             source.last_modified_ms = op.timestamp_ms
             del self.by_name[source.name]
-        else:
-            assert isinstance(op, CheckpointOp)  # the state is what it describes already
+        else:  # a checkpoint: the state is what it describes already; a probe: nothing
+            assert isinstance(op, CheckpointOp | ProbeOp)
         self.sequence = op.sequence
+
+    def purge(self, segment_ids: set[int]) -> None:
+        """Drop these deleted segments (nothing refers to them any more)."""
+        for segment_id in segment_ids:
+            s = self.segments.get(segment_id)
+            if s is not None and s.deleted:
+                del self.segments[segment_id]
 
     def _segment(self, segment_id: int) -> SegmentMetadata:
         s = self.segments.get(segment_id)

@@ -1,4 +1,16 @@
-"""Segment names and the containers they belong to.
+"""Segment names, the one naming rule, and the containers names belong to.
+
+**The naming rule** (:func:`check_name`) is Pravega's (``NameUtils``), one
+function for the controller and the segment store alike: a scope or stream
+name is 1 to 255 characters of ``A-Z a-z 0-9 . -`` (a reader group's 1 to
+250), so ``_`` is left to the system's own names (``_system``, a reader
+group's ``<group>_kvtable`` table); a segment name is ``/``-separated parts,
+none empty, of those characters plus the system's ``_``, ``#`` and ``$``
+(``#epoch.``, ``#transaction.``, ``$attributes``), 1 to 1024 characters.
+Anything else raises :class:`~quire.errors.InvalidNameError` where it is
+first given.  Every name the rule lets in is storable in tier-2 as it is
+given: :func:`quire.tier2.chunk_path` escapes what a file system or an S3
+key cannot hold (a part starting with ``.``, a part too long).
 
 A segment's container is a stable hash of its *primary* name, so a
 segment, its attribute segment (``<segment>$attributes``), its table index
@@ -15,6 +27,9 @@ container of the transaction segments merged into them.
 from __future__ import annotations
 
 import hashlib
+import re
+
+from quire.errors import InvalidNameError
 
 ATTRIBUTES_SUFFIX = "$attributes"
 INDEX_SUFFIX = "$index"
@@ -24,6 +39,35 @@ EPOCH_DELIMITER = ".#epoch."
 SYSTEM_SCOPE = "_system"
 CONTAINER_COUNT_KEY = "segmentstore/container_count"
 """The metadata record holding the cluster's container count (fixed once set)."""
+MAX_NAME_CHARS = 255
+"""Pravega's ``MAX_NAME_SIZE``: the longest scope or stream name."""
+MAX_READER_GROUP_CHARS = 250
+"""Pravega's ``MAX_GIVEN_NAME_SIZE``: the longest reader group name."""
+MAX_SEGMENT_NAME_CHARS = 1024
+_USER_NAME = re.compile(r"[A-Za-z0-9.\-]+")
+_SEGMENT_NAME = re.compile(r"[A-Za-z0-9._\-#$]+(?:/[A-Za-z0-9._\-#$]+)*")
+_RULES: dict[str, tuple[re.Pattern[str], int, str]] = {
+    "scope": (_USER_NAME, MAX_NAME_CHARS, "A-Z a-z 0-9 . -"),
+    "stream": (_USER_NAME, MAX_NAME_CHARS, "A-Z a-z 0-9 . -"),
+    "reader group": (_USER_NAME, MAX_READER_GROUP_CHARS, "A-Z a-z 0-9 . -"),
+    "segment": (_SEGMENT_NAME, MAX_SEGMENT_NAME_CHARS,
+                "'/'-separated non-empty parts of A-Z a-z 0-9 . - _ # $"),
+}
+NAME_KINDS = tuple(_RULES)
+
+
+def check_name(kind: str, name: object) -> str:
+    """``name`` if it is a valid ``kind`` name (one of :data:`NAME_KINDS`:
+    ``scope``, ``stream``, ``reader group``, ``segment``; see the module
+    docstring), else :class:`~quire.errors.InvalidNameError` saying why."""
+    pattern, longest, characters = _RULES[kind]
+    if not isinstance(name, str) or not 0 < len(name) <= longest \
+            or pattern.fullmatch(name) is None:
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 60 \
+            else f"{name[:40]!r}... ({len(name)} characters)"
+        raise InvalidNameError(f"invalid {kind} name {shown}: 1 to {longest} characters of "
+                               f"{characters}")
+    return name
 
 
 def base_segment_name(name: str) -> str:

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from quire.errors import (
     ContainerClosedError,
@@ -63,10 +63,12 @@ Pending = tuple[Queued, bytes, "asyncio.Future[Any]", object]
 :data:`~quire.segmentstore.operations.PackedAppend`), its bytes as they sit
 in a frame (length first), its future and the value the future gets."""
 _Pending = Pending
-_InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Position] | None"]
-"""A frame's append, the operations it completes, and for the last part
-frame of an operation written in parts, the append of its first part (the
-operation's address)."""
+_InFlight = tuple["asyncio.Future[Position]", list[_Pending], "asyncio.Future[Position] | None",
+                  int]
+"""A frame's append, the operations it completes, for the last part
+frame of an operation written in parts the append of its first part (the
+operation's address), and the frame's bytes."""
+T = TypeVar("T")
 OPERATION_WEIGHT = 64
 """What an operation weighs towards the next checkpoint besides its data."""
 _NEVER = 1 << 62
@@ -83,6 +85,7 @@ class OperationLog:
                  on_frame_committed: Callable[[list[Pending], Position], None] | None = None,
                  checkpoint_every_bytes: int = _NEVER,
                  on_checkpoint_due: Callable[[], None] | None = None,
+                 on_bytes_committed: Callable[[int], None] | None = None,
                  ) -> None:
         """``on_committed(op, address)`` applies one committed operation;
         ``on_frame_committed(batch, address)``, if given, is called instead
@@ -93,7 +96,8 @@ class OperationLog:
         called right after the operation that brings the weight since the
         last checkpoint to ``checkpoint_every_bytes`` is added (see the
         module docstring); it must add a checkpoint, or it is called again
-        after the next operation."""
+        after the next operation.  ``on_bytes_committed(n)`` is told each
+        durable frame's size (after its operations are committed)."""
         if cut_ops < 1 or cut_bytes < 1:
             raise ValueError("cut_ops and cut_bytes are at least 1")
         self._log = log
@@ -104,6 +108,7 @@ class OperationLog:
         self._on_frame_committed = on_frame_committed
         self._on_failure = on_failure
         self._on_checkpoint_due = on_checkpoint_due or _nothing
+        self._on_bytes_committed = on_bytes_committed
         self._checkpoint_every_bytes = checkpoint_every_bytes if on_checkpoint_due else _NEVER
         self._weight_since_checkpoint = 0
         self._max_frame_bytes = max_frame_bytes
@@ -256,7 +261,7 @@ class OperationLog:
                 self._queued_bytes += frame_bytes
                 self._fail(e)
                 return
-            self._in_flight.append((appended, batch, None))
+            self._in_flight.append((appended, batch, None, len(frame)))
             appended.add_done_callback(self._frame_done)
 
     def _append_parts(self, pending: _Pending) -> None:
@@ -283,14 +288,14 @@ class OperationLog:
                 return
             last = i == len(parts) - 1
             self._in_flight.append((appended, [pending] if last else [],
-                                    first if last else None))
+                                    first if last else None, len(part)))
             if first is None:
                 first = appended
             appended.add_done_callback(self._frame_done)
 
     def _frame_done(self, _: asyncio.Future[Position]) -> None:
         while self._in_flight and self._in_flight[0][0].done():
-            appended, batch, first = self._in_flight.popleft()
+            appended, batch, first, size = self._in_flight.popleft()
             if self._failure is not None:
                 self._reject(batch)
                 continue
@@ -314,6 +319,8 @@ class OperationLog:
                         future.set_result(result)
             self.frames_written += 1
             self.operations_written += len(batch)
+            if self._on_bytes_committed is not None:
+                self._on_bytes_committed(size)
         if self._queue and not self._flush_scheduled and self._failure is None:
             self._flush_scheduled = True
             (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
@@ -330,7 +337,7 @@ class OperationLog:
             failure = ContainerClosedError(f"a tier-1 append failed (outcome unknown): {error!r}")
         failure.__cause__ = error
         self._failure = failure
-        for _appended, batch, _first in self._in_flight:
+        for _appended, batch, _first, _size in self._in_flight:
             self._reject(batch)
         self._reject(list(self._queue))
         self._queue.clear()
@@ -365,28 +372,41 @@ def _nothing() -> None:
     pass
 
 
-async def read_operations(log: DurableDataLog, from_address: Position | None = None
+async def read_operations(log: DurableDataLog, from_address: Position | None = None,
+                          counted: Callable[[int], None] | None = None,
                           ) -> AsyncGenerator[tuple[Position, list[Operation]], None]:
     """The log's operations from ``from_address`` on, in log order: each data
     frame's with its address, and each operation written as part frames with
     the address of its first part (one whose parts stop short is skipped: it
     was never acknowledged).  CorruptRecordError for a record that does not
-    decode."""
+    decode.  ``counted(n)`` is told each record's size as it is read."""
     records = log.read(from_address)
-    assembler: frames.PartAssembler[Position] = frames.PartAssembler()
     try:
-        async for address, frame in records:
-            if frames.is_part(frame):
-                whole = assembler.add(frame, address)
-                if whole is not None:
-                    yield whole[1], [decode(whole[0])]
-            else:
-                assembler.abandon()  # parts cut short were never acknowledged
-                yield address, [decode(raw) for raw in frames.unpack(frame)]
+        async for found in operations_of(records, counted):
+            yield found
     finally:
         aclose = getattr(records, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def operations_of(records: AsyncIterator[tuple[T, bytes]],
+                        counted: Callable[[int], None] | None = None,
+                        ) -> AsyncGenerator[tuple[T, list[Operation]], None]:
+    """The operations of tier-1 records ``(address, frame)`` in log order (see
+    :func:`read_operations`; the records may be a log's, or its ledgers' read
+    one after another)."""
+    assembler: frames.PartAssembler[T] = frames.PartAssembler()
+    async for address, frame in records:
+        if counted is not None:
+            counted(len(frame))
+        if frames.is_part(frame):
+            whole = assembler.add(frame, address)
+            if whole is not None:
+                yield whole[1], [decode(whole[0])]
+        else:
+            assembler.abandon()  # parts cut short were never acknowledged
+            yield address, [decode(raw) for raw in frames.unpack(frame)]
 
 
 async def read_frame(log: DurableDataLog, address: Position) -> list[Operation]:

@@ -21,6 +21,7 @@ Byte layout (big-endian, no padding)::
                                                                      (kind 7)
     MERGE       := target_id:u64 | source_id:u64 | target_offset:u64 | length:u64
                                                                      (kind 8)
+    PROBE       := (nothing)                                         (kind 9)
     attributes  := count:u32 | (key:u128 | value:i64) * count
 
 ``sequence`` numbers a container's operations 1, 2, 3, ... in log order;
@@ -58,7 +59,7 @@ data, as it sits in a data frame: (length of the operation, APPEND,
 sequence, timestamp_ms, segment_id, offset, 1, key high, key low, value,
 data length); its data follows.  The same bytes :func:`encode` gives."""
 
-SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE = range(1, 9)
+SEGMENT_MAP, APPEND, SEAL, TRUNCATE, DELETE, ATTRIBUTES, CHECKPOINT, MERGE, PROBE = range(1, 10)
 _MERGE = struct.Struct(">QQQQ")
 
 Attributes = tuple[tuple[int, int], ...]
@@ -148,8 +149,18 @@ class MergeOp:
     length: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeOp:
+    """Nothing changed: written only to prove the container still owns its
+    log (a write to a log another owner took fails; see
+    :meth:`~quire.segmentstore.container.SegmentContainer.confirm_ownership`)."""
+
+    sequence: int
+    timestamp_ms: int
+
+
 Operation = (SegmentMapOp | AppendOp | SealOp | TruncateOp | DeleteOp | AttributesOp
-             | CheckpointOp | MergeOp)
+             | CheckpointOp | MergeOp | ProbeOp)
 
 PackedAppend = tuple[int, int, bytes, int, int, Attributes]
 """An append as a container's hot path queues it: ``(segment_id, offset,
@@ -204,6 +215,8 @@ def encode(op: Operation) -> bytes:
     if isinstance(op, MergeOp):
         return (_HEADER.pack(MERGE, op.sequence, op.timestamp_ms)
                 + _MERGE.pack(op.target_id, op.source_id, op.target_offset, op.length))
+    if isinstance(op, ProbeOp):
+        return _HEADER.pack(PROBE, op.sequence, op.timestamp_ms)
     return (_HEADER.pack(CHECKPOINT, op.sequence, op.timestamp_ms)
             + _U32.pack(len(op.checkpoint)) + op.checkpoint)
 
@@ -283,6 +296,8 @@ def decode(buf: bytes | memoryview) -> Operation:
         op = MergeOp(sequence, ts, target_id, source_id, target_offset, length)
     elif kind == CHECKPOINT:
         op = CheckpointOp(sequence, ts, c.raw(c.one(_U32)))
+    elif kind == PROBE:
+        op = ProbeOp(sequence, ts)
     else:
         raise CorruptRecordError(f"unknown operation kind {kind}")
     if c.pos != len(c.buf):

@@ -15,6 +15,17 @@ that record and converges on it: it starts the containers assigned to it
 previous owner, so a host that is only slow, not dead, fails every later
 operation with ContainerFencedError) and stops those assigned elsewhere.
 
+While its lease is uncertain (cut off from the store, or not yet past an
+expiry), a host keeps its containers: writes stay safe, as a log another
+host took refuses them, and stopping every container at each metadata
+hiccup would turn it into an outage of the data path.  Reads are not
+fenced that way, so meanwhile the host sets the store's
+:attr:`~quire.segmentstore.store.SegmentStore.confirm_reads`: each read
+first proves through tier-1 that its container is still this host's, and
+is refused (WrongHost) once another host took it over.  (Pravega's segment
+store keeps its containers across a lost ZooKeeper connection too: its
+container monitor acts on the last assignment it saw.)
+
 The assignment is sticky and balanced (:func:`balanced_assignment`): a
 container stays where it is while its host lives and holds no more than
 its fair share, so a host joining or leaving moves only the containers it
@@ -225,7 +236,14 @@ class ContainerOwnership:
     def _on_lease(self, state: LeaseState) -> None:
         if state is LeaseState.EXPIRED:
             self._expired = True
+        self._confirm_reads()
         self._wake.set()
+
+    def _confirm_reads(self) -> None:
+        """Reads confirm ownership through tier-1 unless the lease is
+        confirmed and no expiry is left to handle (module docstring)."""
+        self.segments.confirm_reads = \
+            self._expired or self.metadata.lease is not LeaseState.LIVE
 
     def _on_assignment(self, record: Versioned[bytes] | None) -> None:
         try:
@@ -275,6 +293,7 @@ class ContainerOwnership:
                 with contextlib.suppress(MetadataExistsError):
                     await self._register()  # a new lease; the assigner sees the host again
                 self._expired = False
+                self._confirm_reads()
             return
         mine = self.mine
         running = set(self.segments.container_ids)

@@ -42,6 +42,22 @@ Chunk names come from a :class:`~quire.tier2.ChunkNamer` with the epoch the
 container took on its tier-1 log: never reused, so a fenced old owner still
 running can never overwrite a chunk the new owner wrote.
 
+**Failures.**  :meth:`StorageWriter.run` never gives up while the
+container is owned: a failed iteration is tried again after a capped
+exponential backoff, each failure logged once per cause and counted
+(:mod:`~quire.segmentstore.flush_health`); what a failed attempt wrote
+and no recorded layout names is deleted later, and what it meant to drop
+stays until a layout without it is recorded.  A user segment tier-2 keeps
+refusing is quarantined (:mod:`~quire.segmentstore.quarantine`).  Under
+the container's tier-1 pressure every unflushed byte is flushed at once.
+
+**Bounded records.**  An ``$index`` or ``$attributes`` segment grown past
+twice a whole batch of its values (and :data:`SNAPSHOT_MIN_BYTES`) gets a
+whole batch and is truncated before it; a deleted segment's records leave
+the storage-metadata table once tier-2 holds the deletion, and then the
+container forgets the segment; small trailing chunks are merged
+(:func:`~quire.segmentstore.flush_plan.merge_start`).
+
 A writer that breaks PDP-40's order on purpose, to show that ``quire tier2
 check`` catches it, is a test's:
 :class:`quire.testing.chaos_writer.ChaosStorageWriter`.
@@ -53,12 +69,13 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Self, TypeVar
 
-from quire.errors import ConfigError, SegmentStoreError
-from quire.segmentstore.flush_plan import FlushPlanner, Tracked
-from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
+from quire.errors import ConfigError, SegmentStoreError, Tier2RefusedError
+from quire.segmentstore.flush_health import FlushHealth, step_of
+from quire.segmentstore.flush_plan import FlushPlanner
+from quire.segmentstore.quarantine import Quarantined, QuarantineWatch, quarantine_path
 from quire.segmentstore.recorded_layouts import (
     METADATA,
     SYSTEM,
@@ -67,26 +84,29 @@ from quire.segmentstore.recorded_layouts import (
     SystemJournal,
     bucket_of,
 )
-from quire.segmentstore.sidecar_writer import SidecarWriter
-from quire.segmentstore.storage_records import (
-    REMOVED_VERSION,
-    encode_attribute_batch,
-    encode_index_batch,
+from quire.segmentstore.segment_flush import (
+    SNAPSHOT_MIN_BYTES,
+    IterationReport,
+    SegmentFlushing,
+    SegmentSnapshot,
+    step,
 )
+from quire.segmentstore.sidecar_writer import SidecarWriter
 from quire.segmentstore.tier2_reader import Tier2Reader, read_journal, storage_metadata_name
-from quire.segmentstore.types import SegmentType
+from quire.segmentstore.types import QUARANTINED_ATTRIBUTE, SegmentType
 from quire.segmentstore.writer_source import WriterSource
-from quire.tier2 import ChunkNamer, ChunkStorage, SegmentLayout, concat_chunks
+from quire.tier2 import ChunkNamer, ChunkStorage
 from quire.tier2.config import DEFAULT_MAX_CHUNK_BYTES
 
 T = TypeVar("T")
-CONCAT_RUN_CHUNKS = 8
-"""A segment's trailing small chunks are joined once there are this many."""
 _RECORDS_PER_PUT = 1000
 """Layouts per table_put (a put is one append: at most 16 MiB)."""
 THRESHOLD_POLL_MS = 50
 """Between iterations, how often the background loop looks for a segment
 well past ``flush_threshold_bytes`` (to start the next iteration early)."""
+__all__ = ["SNAPSHOT_MIN_BYTES", "IterationReport", "SegmentSnapshot", "StorageWriter",
+           "StorageWriterConfig"]
+_SEGMENT_STEPS = ("data", "index", "attributes")
 
 
 @dataclass(frozen=True)
@@ -103,41 +123,25 @@ class StorageWriterConfig:
     """Segments of one bucket flushed at once (PDP-40 orders buckets, and each
     segment's data before its index and attributes, not segments of one
     bucket among themselves): their chunk writes and fsyncs overlap."""
+    retry_initial_ms: int = 100
+    """After a failed iteration, the pause before the next attempt; doubling..."""
+    retry_max_ms: int = 10_000
+    """... up to this."""
+    quarantine_after_refusals: int = 3
+    """A user segment tier-2 refuses this many times in a row is quarantined."""
 
     def __post_init__(self) -> None:
         if self.flush_threshold_bytes <= 0 or self.flush_threshold_ms < 0 \
-                or self.iteration_interval_ms <= 0 or self.flush_concurrency <= 0:
-            raise ConfigError("flush_threshold_bytes, iteration_interval_ms and "
-                              "flush_concurrency must be positive, flush_threshold_ms not "
-                              "negative")
+                or self.iteration_interval_ms <= 0 or self.flush_concurrency <= 0 \
+                or self.retry_initial_ms <= 0 or self.retry_max_ms < self.retry_initial_ms \
+                or self.quarantine_after_refusals <= 0:
+            raise ConfigError("flush_threshold_bytes, iteration_interval_ms, "
+                              "flush_concurrency, retry_initial_ms and "
+                              "quarantine_after_refusals must be positive, flush_threshold_ms "
+                              "not negative, retry_max_ms at least retry_initial_ms")
 
 
-@dataclass(frozen=True)
-class SegmentSnapshot:
-    """One segment's committed state, taken at once (no await between)."""
-
-    segment_id: int
-    name: str
-    length: int
-    start_offset: int
-    sealed: bool
-    deleted: bool
-    attributes: dict[int, int]
-    index: dict[bytes, int] | None
-
-
-@dataclass
-class IterationReport:
-    """What one iteration did (for tests and the background loop's log)."""
-
-    buckets: list[list[str]] = field(default_factory=list)
-    """The eligible segments' names per bucket, in flush order."""
-    chunks_written: int = 0
-    bytes_written: int = 0
-    chunks_deleted: int = 0
-
-
-class StorageWriter:
+class StorageWriter(SegmentFlushing):
     """Flushes one container to tier-2 (see the module docstring).  Get one
     with :meth:`start`; run :meth:`flush_once` or :meth:`run`."""
 
@@ -165,7 +169,13 @@ class StorageWriter:
         """The sequence of the checkpoint the tier-1 log was last truncated at."""
         self._wake = asyncio.Event()
         self.failure: BaseException | None = None
+        """Why :meth:`run` stopped: the container stopped serving."""
         self.iterations = 0
+        self.health = FlushHealth(cid, source.now_ms, config.retry_initial_ms,
+                                  config.retry_max_ms)
+        self.quarantine = QuarantineWatch(config.quarantine_after_refusals)
+        self._written: dict[str, list[str]] = {}
+        """Chunks written for a layout not set yet, by the layout's name."""
 
     @classmethod
     async def start(cls, source: WriterSource, storage: ChunkStorage,
@@ -192,13 +202,18 @@ class StorageWriter:
             found = self.layouts.get(m.name)
             if found is not None and not m.deleted and self.owners[m.name] == m.segment_id:
                 source.flushed(m.segment_id, found.length)
+            since = m.attributes.get(QUARANTINED_ATTRIBUTE)
+            if since is not None and not m.deleted:
+                self.quarantine.add(Quarantined(m.name, m.segment_id, since,
+                                                "quarantined by an earlier owner"), quiet=True)
 
     def plan(self) -> list[list[int]]:
         """The eligible segments' ids per bucket (user, system, metadata), in
         flush order (by segment id within a bucket)."""
         config = self.config
         return self._planner.plan(self.source.segments, config.flush_threshold_bytes,
-                                  config.flush_threshold_ms, self.source.now_ms())
+                                  config.flush_threshold_ms, self.source.now_ms(),
+                                  self.source.tier1_pressure())
 
     # --- one iteration ------------------------------------------------------------
 
@@ -206,10 +221,17 @@ class StorageWriter:
         """Run one flush iteration (see the module docstring)."""
         report = IterationReport()
         self._take_merges()
-        dropped = self.recorded.take_dropped()
-        await self._concurrently(dropped, self.sidecars.delete_chunk)
-        report.chunks_deleted += len(dropped)
+        deletable = self.recorded.take_deletable()
+        try:
+            with step("delete", ""):
+                await self._concurrently(deletable, self.sidecars.delete_chunk)
+        except BaseException:
+            self.recorded.orphan(deletable)  # deleted again (a delete is idempotent)
+            raise
+        report.chunks_deleted += len(deletable)
         plan = self.plan()
+        if self._planner.forgettable:
+            self.source.forget(self._planner.forgettable)
         segments = self.source.segments
         report.buckets = [[segments[sid].name for sid in bucket] for bucket in plan]
         await self._flush_planned(plan, report)
@@ -222,7 +244,8 @@ class StorageWriter:
             await self._concurrently(plan[bucket],
                                      functools.partial(self._flush_segment, report=report))
         await self._flush_metadata(report)
-        await self._truncate_tier1()
+        with step("tier-1 truncation", ""):
+            await self._truncate_tier1()
 
     async def _concurrently(self, items: list[T], run: Callable[[T], Awaitable[None]]) -> None:
         """``run`` each of ``items``, up to ``flush_concurrency`` at once (a
@@ -242,185 +265,30 @@ class StorageWriter:
             if isinstance(result, BaseException):
                 raise result
 
-    def _take_merges(self) -> None:
-        self._planner.take_merges(self.source.take_merges())
-
-    def _snapshot(self, segment_id: int) -> SegmentSnapshot:
-        self._take_merges()  # every merge the snapshot's length counts
-        s = self.source.segments[segment_id]
-        index = None
-        if s.type is SegmentType.TABLE:
-            index = {k: v[0] for k, v in self.source.table_entries(segment_id).items()}
-        return SegmentSnapshot(segment_id, s.name, s.length, s.start_offset, s.sealed, s.deleted,
-                         dict(s.attributes), index)
-
-    async def _flush_segment(self, segment_id: int, report: IterationReport) -> None:
-        snapshot = self._snapshot(segment_id)
-        await self._flush_data(snapshot, report)
-        await self._flush_index(snapshot, report)
-        await self._flush_attributes(snapshot, report)
-
-    async def _write(self, layout: SegmentLayout, data: bytes,
-                     report: IterationReport) -> SegmentLayout:
-        """``layout`` grown by ``data``, written as new chunks of at most
-        ``max_chunk_bytes``."""
-        for at in range(0, len(data), self.max_chunk_bytes):
-            piece = data[at:at + self.max_chunk_bytes]
-            name = self._namer.next_name(layout.segment)
-            await self.storage.write_chunk(name, piece)
-            await self.sidecars.chunk_written(layout, name, piece)
-            layout = layout.with_chunk(name, len(piece))
-            report.chunks_written += 1
-            report.bytes_written += len(piece)
-        return await self._concatenate(layout, report)
-
-    async def _concatenate(self, layout: SegmentLayout, report: IterationReport
-                           ) -> SegmentLayout:
-        """``layout`` with its trailing run of small chunks joined into one
-        new chunk once the run is :data:`CONCAT_RUN_CHUNKS` long and fits in
-        ``max_chunk_bytes``, so the chunk count stays bounded although system
-        and metadata segments flush a little every iteration.  The replaced
-        chunks are deleted an iteration after the new layout is recorded."""
-        chunks = layout.chunks
-        first = len(chunks)
-        total = 0
-        while first > 0 and total + chunks[first - 1].length <= self.max_chunk_bytes:
-            first -= 1
-            total += chunks[first].length
-        if len(chunks) - first < CONCAT_RUN_CHUNKS:
-            return layout
-        name = self._namer.next_name(layout.segment)
-        written = await concat_chunks(self.storage, name, [c.name for c in chunks[first:]])
-        await self.sidecars.concatenated(layout, first, len(chunks) - first, name)
-        report.chunks_written += 1
-        report.bytes_written += written
-        layout, replaced = layout.concatenated(first, len(chunks) - first, name)
-        self.recorded.dropped += replaced
-        return layout
-
-    async def _flush_data(self, snapshot: SegmentSnapshot, report: IterationReport) -> None:
-        name = snapshot.name
-        recorded, planner = self.recorded, self._planner
-        segments = self.source.segments
-        if snapshot.deleted:
-            if snapshot.segment_id in planner.merge_sources:
-                return  # its target's flush takes its bytes over
-            recorded.delete(name, snapshot.segment_id)
-            for source_id, _offset, _length in planner.merges.pop(snapshot.segment_id, []):
-                recorded.delete(segments[source_id].name, source_id)
-                planner.merge_sources.discard(source_id)
-            planner.tracked.pop(snapshot.segment_id, None)
-            return
-        layout = recorded.layout_for(name, snapshot.segment_id)
-        if snapshot.start_offset > layout.start_offset:
-            if snapshot.start_offset <= layout.length:
-                layout, dropped = layout.truncated(snapshot.start_offset)
-            else:  # truncated above what tier-2 holds: those bytes are never written
-                dropped = [c.name for c in layout.chunks]
-                layout = SegmentLayout(name, (), snapshot.start_offset, snapshot.start_offset)
-            recorded.dropped += dropped
-        for source_id, offset, length in sorted(planner.merges.pop(snapshot.segment_id, []),
-                                                key=lambda merge: merge[1]):
-            layout = await self._copy(snapshot.segment_id, layout, offset, report)
-            source_name = segments[source_id].name
-            source = recorded.current(source_name, source_id)
-            if layout.length == offset and source is not None and not source.deleted \
-                    and source.start_offset == 0 and source.length == length:
-                # the source's chunks join the target's layout: nothing copied
-                layout, gone = layout.merged(source if source.sealed else source.with_sealed())
-                await self.sidecars.joined(layout, offset, length)
-                recorded.set(gone, source_id)
-            else:  # copied (through the read index, the source's layout still readable)
-                layout = await self._copy(snapshot.segment_id, layout, offset + length, report)
-                recorded.delete(source_name, source_id)
-            planner.merge_sources.discard(source_id)
-        layout = await self._copy(snapshot.segment_id, layout, snapshot.length, report)
-        if snapshot.sealed and layout.length == snapshot.length and not layout.sealed:
-            layout = layout.with_sealed()
-        recorded.set(layout, snapshot.segment_id)
-        self.source.flushed(snapshot.segment_id, layout.length)
-        tracked = planner.tracked.get(snapshot.segment_id)
-        if tracked is not None:
-            tracked.dirty_since_ms = None
-
-    def _data_flushed(self, snapshot: SegmentSnapshot) -> bool:
-        """Whether the data segment is in tier-2 up to the snapshot's length,
-        so a batch recording that length may follow (PDP-40 rule 9); when a
-        truncate or delete cut the data flush short, the batch waits for the
-        next iteration."""
-        layout = self.recorded.current(snapshot.name, snapshot.segment_id)
-        return layout is not None and layout.length >= snapshot.length
-
-    async def _copy(self, segment_id: int, layout: SegmentLayout, up_to: int,
-                    report: IterationReport) -> SegmentLayout:
-        """``layout`` grown with the segment's committed bytes up to ``up_to``
-        (less if it was truncated or deleted meanwhile: the next iteration
-        sees that)."""
-        while layout.length < up_to:
-            want = min(self.max_chunk_bytes, up_to - layout.length)
-            data = await self.source.read(segment_id, layout.length, want)
-            if not data:
-                break
-            layout = await self._write(layout, data, report)
-        return layout
-
-    async def _flush_index(self, snapshot: SegmentSnapshot, report: IterationReport) -> None:
-        if snapshot.index is None:
-            return
-        name = snapshot.name + INDEX_SUFFIX
-        recorded = self.recorded
-        if snapshot.deleted:
-            recorded.delete(name, snapshot.segment_id)
-            return
-        tracked = self._planner.tracked.setdefault(snapshot.segment_id, Tracked())
-        changed = {k: v for k, v in snapshot.index.items() if tracked.flushed_index.get(k) != v}
-        changed.update((k, REMOVED_VERSION) for k in tracked.flushed_index
-                       if k not in snapshot.index)
-        if not changed and recorded.current(name, snapshot.segment_id) is not None:
-            return
-        if not self._data_flushed(snapshot):
-            return
-        layout = recorded.layout_for(name, snapshot.segment_id)
-        data = encode_index_batch(changed, snapshot.length)
-        recorded.set(await self._write(layout, data, report), snapshot.segment_id)
-        tracked.flushed_index = dict(snapshot.index)
-
-    async def _flush_attributes(self, snapshot: SegmentSnapshot, report: IterationReport) -> None:
-        if snapshot.deleted:
-            self.recorded.delete(snapshot.name + ATTRIBUTES_SUFFIX, snapshot.segment_id)
-            return
-        tracked = self._planner.tracked.setdefault(snapshot.segment_id, Tracked())
-        changed = {k: v for k, v in snapshot.attributes.items()
-                   if tracked.flushed_attributes.get(k) != v}
-        if changed:
-            await self._write_attributes(snapshot, tracked, changed, report)
-
-    async def _write_attributes(self, snapshot: SegmentSnapshot, tracked: Tracked,
-                                changed: dict[int, int], report: IterationReport) -> None:
-        """Append the ``changed`` attributes to the ``$attributes`` segment
-        (once the data is in tier-2 up to the snapshot's length)."""
-        if not self._data_flushed(snapshot):
-            return
-        name = snapshot.name + ATTRIBUTES_SUFFIX
-        layout = self.recorded.layout_for(name, snapshot.segment_id)
-        data = encode_attribute_batch(changed, snapshot.length)
-        self.recorded.set(await self._write(layout, data, report), snapshot.segment_id)
-        tracked.flushed_attributes.update(changed)
-        tracked.attributes_dirty_since_ms = None
-
     async def _record(self) -> None:
-        """Put the changed layouts in the storage-metadata table (tier-1)."""
-        if not self.recorded.unrecorded:
-            return
-        entries = self.recorded.take_unrecorded(self.source.segments)
-        puts = [self.source.table_put(self.metadata_segment,
-                                      entries[at:at + _RECORDS_PER_PUT])
-                for at in range(0, len(entries), _RECORDS_PER_PUT)]
-        await asyncio.gather(*puts)
+        """Put the changed layouts in the storage-metadata table (tier-1), and
+        remove the keys of deleted ones tier-2 holds as deleted."""
+        recorded = self.recorded
+        entries, put = recorded.unrecorded_entries(self.source.segments)
+        if entries:
+            puts = [self.source.table_put(self.metadata_segment,
+                                          entries[at:at + _RECORDS_PER_PUT])
+                    for at in range(0, len(entries), _RECORDS_PER_PUT)]
+            for result in await asyncio.gather(*puts, return_exceptions=True):
+                if isinstance(result, BaseException):
+                    raise result
+            recorded.recorded(put)
+        gone = [name for name in recorded.removable() if name not in put]
+        if gone:
+            await self.source.table_remove(self.metadata_segment,
+                                           [(name.encode(), None) for name in gone])
+            recorded.removed(gone)
 
     async def _flush_metadata(self, report: IterationReport) -> None:
-        """The container-metadata bucket, last: record, flush, journal."""
-        await self._record()
+        """The container-metadata bucket, last: record, flush, journal; then
+        what the iteration dropped may go."""
+        with step("record", self.metadata_segment):
+            await self._record()
         s = self.source.segment(self.metadata_segment)
         if s is None:
             raise SegmentStoreError(f"{self.metadata_segment} is gone")
@@ -430,10 +298,14 @@ class StorageWriter:
             report.buckets[METADATA].append(s.name)  # modified by this iteration's records
         await self._flush_segment(s.segment_id, report)
         if self.recorded.journal_dirty:
-            report.bytes_written += await self._journal.write(self.recorded.metadata_layouts())
+            with step("journal", self.metadata_segment):
+                report.bytes_written += await self._journal.write(
+                    self.recorded.metadata_layouts())
             report.chunks_written += 1
             self.recorded.journal_dirty = False
-            report.chunks_deleted += await self._journal.delete_stale()
+            with step("journal", self.metadata_segment):
+                report.chunks_deleted += await self._journal.delete_stale()
+        self.recorded.release()
 
     async def _truncate_tier1(self) -> None:
         """Checkpoint, and cut tier-1 below the newest checkpoint whose bytes
@@ -476,14 +348,14 @@ class StorageWriter:
     def threshold_overrun(self) -> bool:
         """Whether a live user segment has half as much again as
         ``flush_threshold_bytes`` unflushed (a scan of the committed
-        segments: about 0.1 us each)."""
+        segments: about 0.1 us each), or tier-1 is under pressure."""
         threshold = self.config.flush_threshold_bytes * 3 // 2
         cid = self.source.container_id
         for s in self.source.segments.values():
             if s.length - max(s.storage_length, s.start_offset) >= threshold \
                     and not s.deleted and bucket_of(s.name, cid) == USER:
                 return True
-        return False
+        return self.source.tier1_pressure() and self.backlog_bytes() > 0
 
     async def _until_next_iteration(self) -> None:
         """Up to ``iteration_interval_ms``, but no longer than
@@ -507,14 +379,45 @@ class StorageWriter:
 
     async def run(self) -> None:
         """Flush iterations every ``iteration_interval_ms``, or sooner once a
-        segment is well past the size threshold, until cancelled or a failure
-        (kept in :attr:`failure`: the container was fenced or failed, or
-        tier-2 refused)."""
-        try:
-            while True:
+        segment is well past the size threshold, until cancelled or the
+        container stops serving (:attr:`failure`).  A failed iteration is
+        tried again after a backoff (see the module docstring)."""
+        while True:
+            try:
                 await self.flush_once()
-                await self._until_next_iteration()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # kept for the owner to see
-            self.failure = e
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                gone = self.source.failure
+                if gone is not None:  # not ours any more: the owner's business
+                    self.failure = gone
+                    return
+                pause_s = self.health.failed(e)
+                await self._consider_quarantine(e)
+                await asyncio.sleep(pause_s)  # the backoff before trying again
+                continue
+            self.health.recovered()
+            await self._until_next_iteration()
+
+    async def _consider_quarantine(self, error: Exception) -> None:
+        """Quarantine the user segment ``error`` refused, once it is due and a
+        probe chunk under its quarantine path is accepted."""
+        step, name = step_of(error)
+        if not isinstance(error, Tier2RefusedError) or step not in _SEGMENT_STEPS \
+                or bucket_of(name, self.source.container_id) != USER:
+            return
+        s = self.source.segment(name)
+        if s is None or not self.quarantine.refused(name):
+            return
+        probe = self._namer.next_name(quarantine_path(self.source.container_id,
+                                                      s.segment_id) + "$probe")
+        self.recorded.orphan([probe])  # deleted after the next recorded iteration
+        try:
+            await self.storage.write_chunk(probe, b"quarantine probe")
+        except Exception as e:
+            step_error = type(e).__name__
+            self.quarantine.probe_failed(name, step_error)
+            return
+        await self.source.quarantine(name)
+        self.quarantine.add(Quarantined(name, s.segment_id, self.source.now_ms(),
+                                        f"{type(error).__name__}: {str(error)[:300]}"))

@@ -12,11 +12,25 @@ Which store hosts which container is decided above this class (part 3:
 leased ownership records); here :meth:`SegmentStore.start_container` and
 :meth:`SegmentStore.stop_container` take and give up one.  Taking one fences
 its previous owner through the tier-1 log's epoch.
+
+A write proves ownership by itself (a fenced log refuses it); a read does
+not: a store cut off from the metadata store that writes nothing is never
+fenced and would answer from the state it has while another store took its
+container over and wrote on.  So while :attr:`SegmentStore.confirm_reads`
+is set (the ownership part sets it while this host's lease is not
+confirmed), every read (``read``, ``get_info``, ``get_attributes``, the
+table reads) first has its container prove ownership through tier-1
+(:meth:`SegmentContainer.confirm_ownership`): a probe operation written
+after the request arrived; once the new owner fenced the log, the probe
+fails, the container with it, and the request is refused (WrongHost on the
+wire: the client asks the controller again).  With a confirmed lease a read
+costs one attribute test more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -192,9 +206,14 @@ class SegmentStore:
         self._containers: dict[int, SegmentContainer] = {}
         self.writers: dict[int, StorageWriter] = {}
         """Each hosted container's storage writer (none without tier-2)."""
+        self.flush_failures: collections.Counter[str] = collections.Counter()
+        """Failed flush attempts of every writer this store ran, by cause."""
         self._writer_tasks: dict[int, asyncio.Task[None]] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
         self._routes: dict[str, int] = {}
+        self.confirm_reads = False
+        """Whether each read first confirms its container's ownership through
+        tier-1 (module docstring); set while this host's lease is uncertain."""
 
     @classmethod
     async def open(cls, client: Client | None, container_ids: Iterable[int] = (),
@@ -298,6 +317,7 @@ class SegmentStore:
                 except BaseException:
                     await container.close()
                     raise
+                writer.health.counts = self.flush_failures
                 self.writers[container_id] = writer
                 self._writer_tasks[container_id] = asyncio.ensure_future(writer.run())
             self._containers[container_id] = container
@@ -428,27 +448,47 @@ class SegmentStore:
         except ContainerNotOwnedError as e:
             return failed_future(e)
 
+    # --- reads: while confirm_reads, each confirms its container's ownership first --
+
     async def table_get(self, name: str, keys: Sequence[bytes]) -> list[TableEntry | None]:
-        return await self._route(name).tables.get(name, keys)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.tables.get(name, keys)
 
     async def table_iterate(self, name: str, keys_only: bool = False,
                             token: bytes | None = None,
                             max_entries: int = 1000) -> TableIteratorPage:
-        return await self._route(name).tables.iterate(name, keys_only, token, max_entries)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.tables.iterate(name, keys_only, token, max_entries)
 
     async def table_read_delta(self, name: str, from_position: int,
                                max_entries: int) -> TableDelta:
-        return await self._route(name).tables.read_delta(name, from_position, max_entries)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.tables.read_delta(name, from_position, max_entries)
 
     async def get_attributes(self, name: str, keys: Iterable[int]) -> dict[int, int]:
-        return await self._route(name).get_attributes(name, keys)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.get_attributes(name, keys)
 
     async def get_info(self, name: str) -> SegmentInfo:
-        return await self._route(name).get_info(name)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.get_info(name)
 
     async def read(self, name: str, offset: int, max_length: int,
                    wait_ms: int = 0) -> ReadResult:
-        return await self._route(name).read(name, offset, max_length, wait_ms)
+        container = self._route(name)
+        if self.confirm_reads:
+            await container.confirm_ownership()
+        return await container.read(name, offset, max_length, wait_ms)
 
     async def append_times(self, name: str, start: int, end: int) -> list[tuple[int, int]]:
         """When the segment's bytes ``start .. end`` were appended: ``(offset,

@@ -4,13 +4,25 @@ A table update is one append to the segment, a batch of entries::
 
     entry := key_length:u32 | value_length:i32 | key | value
              (value_length -1: the key's removal, no value bytes)
+           | key_length:u32 | -2:i32 | version:i64 | value_length:u32 | key | value
+             (a *copied* entry: a live entry copied forward by compaction,
+              keeping its version)
 
-A key's *version* is the offset of its latest entry in the segment, so
+A key's *version* is the offset of the entry that set its value, so
 versions are non-negative and increase, and a reader that remembers a
 position can ask for every entry after it (:func:`decode_entries`).  The
 index (key to version and value) is memory only: the container rebuilds it
-from the segment's data on replay.  For PDP-40 (part 2) it will become a
-segment of its own (``<segment>$index``) holding offsets into this one.
+from the segment's data on replay.
+
+**Compaction** (Pravega's table compaction): a table's segment grows with
+every update, its live entries do not.  Once a table holds more than
+twice its live entries' bytes and :data:`COMPACTION_SLACK_BYTES`, its
+container copies every live entry forward (copied entries, in version
+order, each keeping its version, so a client's conditional update still
+holds) and truncates the segment where the copies begin
+(:meth:`TableIndex.compaction`); its size follows its live data, not its
+history.  A delta read after a compaction may give a live entry twice
+(its copy too), with the same version.
 """
 
 from __future__ import annotations
@@ -27,6 +39,11 @@ from quire.errors import (
 )
 
 _HEAD = struct.Struct(">Ii")
+_COPIED = -2
+_COPY_HEAD = struct.Struct(">qI")
+COMPACTION_SLACK_BYTES = 64 << 10
+"""A table is compacted only once it holds this much more than twice its live entries."""
+_ENTRY_OVERHEAD = _HEAD.size
 ANY_VERSION: int | None = None
 """An entry's expected version: unconditional."""
 NOT_EXISTS = -1
@@ -77,6 +94,15 @@ def encode_batch(entries: Sequence[tuple[bytes, bytes | None]]) -> tuple[bytes, 
     return b"".join(parts), offsets
 
 
+def encode_copies(entries: Sequence[tuple[bytes, bytes, int]]) -> bytes:
+    """The bytes of a batch of copied entries ``(key, value, version)``."""
+    parts: list[bytes] = []
+    for key, value, version in entries:
+        parts += (_HEAD.pack(len(key), _COPIED), _COPY_HEAD.pack(version, len(value)), key,
+                  value)
+    return b"".join(parts)
+
+
 def decode_entries(data: bytes | memoryview, base: int
                    ) -> Iterator[tuple[int, bytes, bytes | None, int]]:
     """``(version, key, value or None, end)`` of each whole entry in ``data``,
@@ -86,33 +112,66 @@ def decode_entries(data: bytes | memoryview, base: int
     pos = 0
     while pos + _HEAD.size <= len(view):
         key_length, value_length = _HEAD.unpack_from(view, pos)
+        start = pos + _HEAD.size
+        version = base + pos
+        if value_length == _COPIED:
+            if start + _COPY_HEAD.size > len(view):
+                return
+            version, value_length = _COPY_HEAD.unpack_from(view, start)
+            start += _COPY_HEAD.size
+            if not 0 <= version < base + pos:
+                raise CorruptRecordError(f"a copied table entry at offset {base + pos} has "
+                                         f"version {version}")
         if key_length > MAX_KEY_BYTES or not -1 <= value_length <= MAX_VALUE_BYTES:
             raise CorruptRecordError(f"no table entry at offset {base + pos}")
-        end = pos + _HEAD.size + key_length + max(value_length, 0)
+        end = start + key_length + max(value_length, 0)
         if end > len(view):
             return
-        key = bytes(view[pos + _HEAD.size:pos + _HEAD.size + key_length])
+        key = bytes(view[start:start + key_length])
         value = None if value_length < 0 else bytes(view[end - value_length:end])
-        yield base + pos, key, value, base + end
+        yield version, key, value, base + end
         pos = end
+
+
+def _entry_bytes(key: bytes, value: bytes) -> int:
+    return _ENTRY_OVERHEAD + len(key) + len(value)
 
 
 @dataclass
 class TableIndex:
-    """Key to (version, value) of one table's live keys."""
+    """Key to (version, value) of one table's live keys, and what compaction
+    needs: their bytes, and where copied ones sit."""
 
     entries: dict[bytes, tuple[int, bytes]] = field(default_factory=dict)
+    live_bytes: int = 0
+    """The live entries' bytes (as written once each)."""
 
     def apply(self, data: bytes, offset: int) -> None:
         """Apply one appended batch at segment offset ``offset``."""
+        entries = self.entries
         for version, key, value, _end in decode_entries(data, offset):
-            if value is None:
-                self.entries.pop(key, None)
-            else:
-                self.entries[key] = (version, value)
+            old = entries.pop(key, None) if value is None else entries.get(key)
+            if old is not None:
+                self.live_bytes -= _entry_bytes(key, old[1])
+            if value is not None:
+                entries[key] = (version, value)
+                self.live_bytes += _entry_bytes(key, value)
 
     def copy(self) -> TableIndex:
-        return TableIndex(dict(self.entries))
+        return TableIndex(dict(self.entries), self.live_bytes)
+
+    def compaction(self, start_offset: int, length: int
+                   ) -> list[tuple[bytes, bytes, int]] | None:
+        """The entries compaction copies forward in a table segment holding
+        bytes ``start_offset .. length`` (every live one, ``(key, value,
+        version)`` in version order), or None while it holds at most twice
+        its live bytes and :data:`COMPACTION_SLACK_BYTES` (see the module
+        docstring).  The segment is truncated at ``length`` once they are
+        appended (:func:`encode_copies`)."""
+        if length - start_offset <= 2 * self.live_bytes + COMPACTION_SLACK_BYTES:
+            return None
+        return [(key, value, version) for key, (version, value)
+                in sorted(self.entries.items(), key=lambda item: item[1][0])]
 
     def check_put(self, entries: Sequence[tuple[bytes, bytes, int | None]]) -> None:
         """Raise unless every entry's condition holds (nothing changes).  A key

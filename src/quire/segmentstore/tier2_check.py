@@ -113,10 +113,10 @@ def _data_length(layouts: dict[str, SegmentLayout], guaranteed: dict[str, int],
 
 
 async def _read_all(storage: ChunkStorage, layout: SegmentLayout) -> bytes | None:
-    if layout.start_offset != 0:
-        return None  # batches are read from offset 0; a truncated one is not checked
+    """The batches from the start offset (a rewrite truncates before a whole batch)."""
     try:
-        return await read_segment(storage, layout, 0, layout.length)
+        return await read_segment(storage, layout, layout.start_offset,
+                                  layout.length - layout.start_offset)
     except SegmentTruncatedError:
         return None  # vanished since the listing: reported as missing above or racing
 

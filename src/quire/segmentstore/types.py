@@ -13,6 +13,10 @@ ATTRIBUTE_KEY_LIMIT = 1 << 128
 VALUE_MIN = -(1 << 63)
 VALUE_MAX = (1 << 63) - 1
 NULL_ATTRIBUTE_VALUE = VALUE_MIN
+QUARANTINED_ATTRIBUTE = (0x8000_0000_0000_0000 << 64) | 0x5155_4152_414E_5449
+"""A core attribute (Pravega's core attributes have the top bit of the high
+half set): set, to the wall-clock ms it happened, on a segment its storage
+writer quarantined (:mod:`~quire.segmentstore.quarantine`)."""
 """Pravega's "no value": an absent attribute compares equal to it."""
 MAX_APPEND_BYTES = 16 << 20
 """The largest append (and table update): room for the Pravega client's

@@ -47,12 +47,21 @@ class WriterSource(Protocol):
     bytes not yet flushed were appended (for the chunks' sidecars); the
     times of flushed ones it answers through :meth:`times_from_tier2`'s.
 
-    **Recording.**  :meth:`create_segment` and :meth:`table_put` are the
-    container's own requests (their futures fail with the container's
-    typed errors: :class:`~quire.errors.ContainerFencedError` once another
-    owner took the log, and so on); the writer keeps its storage-metadata
-    table with them.  :meth:`add_checkpoint` and :meth:`truncate_log` cut
-    tier-1 below what tier-2 holds.
+    **Recording.**  :meth:`create_segment`, :meth:`table_put` and
+    :meth:`table_remove` are the container's own requests (their futures
+    fail with the container's typed errors:
+    :class:`~quire.errors.ContainerFencedError` once another owner took the
+    log, and so on); the writer keeps its storage-metadata table with them.
+    :meth:`add_checkpoint` and :meth:`truncate_log` cut tier-1 below what
+    tier-2 holds; :meth:`forget` lets the container drop deleted segments
+    tier-2 no longer records.
+
+    **Ownership and pressure.**  :attr:`failure` says why the container
+    stopped serving (another owner took it, it failed, it was closed): the
+    writer stops then, and retries every other failure.
+    :meth:`tier1_pressure` says the tier-1 log is near its ceiling (flush
+    everything now).  :meth:`quarantine` sets a segment aside
+    (:mod:`~quire.segmentstore.quarantine`).
 
     Every error is a :class:`~quire.errors.QuireError`.
     """
@@ -69,6 +78,16 @@ class WriterSource(Protocol):
 
     def now_ms(self) -> int:
         """The container's clock, in milliseconds."""
+        ...
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the container stopped serving, or None while it serves."""
+        ...
+
+    def tier1_pressure(self) -> bool:
+        """Whether the container's tier-1 log holds so much that every
+        unflushed byte should go to tier-2 now (so it can be truncated)."""
         ...
 
     @property
@@ -126,6 +145,21 @@ class WriterSource(Protocol):
         its result is each entry's new version, once durable in tier-1."""
         ...
 
+    def table_remove(self, name: str, keys: Sequence[tuple[bytes, int | None]]
+                     ) -> Awaitable[None]:
+        """Remove keys from table segment ``name`` (the container's request)."""
+        ...
+
+    def quarantine(self, name: str) -> Awaitable[None]:
+        """Mark segment ``name`` quarantined and seal it (the container's
+        request; durable once done): its appends are refused from then on."""
+        ...
+
+    def forget(self, segment_ids: Sequence[int]) -> None:
+        """These deleted segments are gone from tier-2 and its records: the
+        container may drop them from its metadata (at its next checkpoint)."""
+        ...
+
     def add_checkpoint(self) -> Awaitable[object] | None:
         """Write a checkpoint of the accepted state to tier-1 now; what to
         await for it to be durable, or None if nothing needs one (nothing
@@ -158,6 +192,13 @@ class ContainerWriterSource:
 
     def now_ms(self) -> int:
         return self._container.clock_ms()
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._container.failure
+
+    def tier1_pressure(self) -> bool:
+        return self._container.throttle.pressure
 
     @property
     def segments(self) -> Mapping[int, SegmentMetadata]:
@@ -199,6 +240,16 @@ class ContainerWriterSource:
     def table_put(self, name: str, entries: Sequence[tuple[bytes, bytes, int | None]]
                   ) -> Awaitable[list[int]]:
         return self._container.tables.put(name, entries)
+
+    def table_remove(self, name: str, keys: Sequence[tuple[bytes, int | None]]
+                     ) -> Awaitable[None]:
+        return self._container.tables.remove(name, keys)
+
+    def quarantine(self, name: str) -> Awaitable[None]:
+        return self._container.quarantine(name)
+
+    def forget(self, segment_ids: Sequence[int]) -> None:
+        self._container.forget(segment_ids)
 
     def add_checkpoint(self) -> Awaitable[object] | None:
         return self._container.add_checkpoint()

@@ -48,10 +48,12 @@ from quire.errors import (
     BadOffsetError,
     ConfigError,
     ContainerNotOwnedError,
+    InvalidNameError,
     PermissionDeniedError,
     ProtocolError,
     SegmentExistsError,
     SegmentNotFoundError,
+    SegmentQuarantinedError,
     SegmentSealedError,
     SegmentStoreConnectionError,
     SegmentStoreError,
@@ -192,6 +194,10 @@ def error_of(reply: WireCommand, segment: str) -> Exception:
                                   "(its length is not the expected offset)", -1, -1)
         case OperationUnsupported(operation_name=name):
             return SegmentStoreError(f"segment store does not support {name}")
+        case ErrorMessage(message=message, error_code=0):  # ILLEGAL_ARGUMENT_EXCEPTION
+            return InvalidNameError(message)
+        case ErrorMessage(message=message) if "is quarantined" in message:
+            return SegmentQuarantinedError(message)
         case ErrorMessage(message=message):
             return SegmentStoreError(f"segment {segment!r}: {message}")
         case AuthTokenCheckFailed(server_stack_trace=why, error_code=code):

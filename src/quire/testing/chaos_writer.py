@@ -111,9 +111,10 @@ class ChaosStorageWriter(StorageWriter):
               snapshot: SegmentSnapshot, report: IterationReport) -> _Step:
         async def step() -> None:
             await flush(snapshot, report)
-            if self.recorded.dropped:  # deleted in the same iteration
+            dropped = self.recorded.take_all_dropped()
+            if dropped:  # deleted in the same iteration
                 await self._record()
-                for name in self.recorded.take_dropped():
+                for name in dropped:
                     await self.storage.delete(name)
                     report.chunks_deleted += 1
         return step

@@ -7,7 +7,10 @@ is applied through :meth:`~quire.segmentstore.metadata.ContainerMetadata.apply`,
 the container's own state transition, and is committed at once.  Every
 byte appended stays in memory, so :meth:`read` never needs tier-2.
 Checkpoints and tier-1 truncation are remembered as numbers:
-:attr:`checkpoints` and :attr:`truncated_at`.  A storage writer runs on it
+:attr:`checkpoints` and :attr:`truncated_at`; a test sets :attr:`failure`
+(the container stopped serving) and :attr:`pressure` (tier-1 near its
+ceiling); :meth:`forget` drops the deleted segments at once, and
+:meth:`quarantine` marks and seals a segment as the container does.  A storage writer runs on it
 alone, with no container::
 
     source = MemoryWriterSource()
@@ -17,7 +20,7 @@ alone, with no container::
     await writer.flush_once()
 
 Its requests take the container's arguments (attribute updates resolved by
-the container's :func:`~quire.segmentstore.container.resolve_updates`), so a
+the container's :func:`~quire.segmentstore.attribute_updates.resolve_updates`), so a
 test written against a container runs on it too.
 """
 
@@ -31,12 +34,13 @@ from quire.errors import (
     BadOffsetError,
     SegmentExistsError,
     SegmentNotFoundError,
-    SegmentSealedError,
     SegmentStoreError,
 )
 from quire.segmentstore.append_times import AppendTimes, Tier2Times, TimeEntries
-from quire.segmentstore.container import resolve_updates
+from quire.segmentstore.attribute_updates import resolve_updates
+from quire.segmentstore.container import sealed_error
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
+from quire.segmentstore.names import check_name
 from quire.segmentstore.operations import (
     AppendOp,
     AttributesOp,
@@ -49,7 +53,13 @@ from quire.segmentstore.operations import (
     TruncateOp,
 )
 from quire.segmentstore.tables import TableIndex, encode_batch
-from quire.segmentstore.types import AppendResult, AttributeUpdate, SegmentInfo, SegmentType
+from quire.segmentstore.types import (
+    QUARANTINED_ATTRIBUTE,
+    AppendResult,
+    AttributeUpdate,
+    SegmentInfo,
+    SegmentType,
+)
 from quire.segmentstore.writer_source import Merge
 from quire.testing.clock import ManualClock
 
@@ -84,6 +94,12 @@ class MemoryWriterSource:
         """When the bytes were appended (the container's index, fed the same way)."""
         self.tier2_times: Tier2Times | None = None
         """What :meth:`times_from_tier2` was given."""
+        self.failure: BaseException | None = None
+        """Why "the container" stopped serving (a test sets it)."""
+        self.pressure = False
+        """What :meth:`tier1_pressure` answers (a test sets it)."""
+        self.forgotten: list[int] = []
+        """The segments :meth:`forget` dropped, in order."""
 
     # --- WriterSource ----------------------------------------------------------------
 
@@ -97,6 +113,9 @@ class MemoryWriterSource:
 
     def now_ms(self) -> int:
         return self._clock.wall_ms()
+
+    def tier1_pressure(self) -> bool:
+        return self.pressure
 
     @property
     def segments(self) -> Mapping[int, SegmentMetadata]:
@@ -134,6 +153,7 @@ class MemoryWriterSource:
 
     async def create_segment(self, name: str,
                              segment_type: SegmentType = SegmentType.STREAM) -> None:
+        check_name("segment", name)
         if self.metadata.get(name) is not None:
             raise SegmentExistsError(f"segment {name!r} exists")
         segment_id = self.metadata.next_segment_id
@@ -154,6 +174,21 @@ class MemoryWriterSource:
         self._append(s, data, ())
         table.apply(data, offset)
         return [offset + o for o in offsets]
+
+    async def quarantine(self, name: str) -> None:
+        s = self._live(name)
+        if QUARANTINED_ATTRIBUTE not in s.attributes:
+            self._apply(AttributesOp(self._sequence(), self.now_ms(), s.segment_id,
+                                     ((QUARANTINED_ATTRIBUTE, self.now_ms()),)))
+        if not s.sealed:
+            self._apply(SealOp(self._sequence(), self.now_ms(), s.segment_id))
+
+    def forget(self, segment_ids: Sequence[int]) -> None:
+        self.metadata.purge(set(segment_ids))
+        for segment_id in segment_ids:
+            if segment_id not in self.metadata.segments:
+                self.data.pop(segment_id, None)
+                self.forgotten.append(segment_id)
 
     def add_checkpoint(self) -> None:
         """A checkpoint, unless nothing happened since the last (durable at once)."""
@@ -260,5 +295,5 @@ class MemoryWriterSource:
     def _writable(self, name: str) -> SegmentMetadata:
         s = self._live(name)
         if s.sealed:
-            raise SegmentSealedError(f"segment {name!r} is sealed")
+            raise sealed_error(s)
         return s

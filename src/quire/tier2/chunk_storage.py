@@ -81,7 +81,10 @@ class ChunkStorage(Protocol):
     **Errors.**  ``read``, ``length`` of a chunk that does not exist (never
     written, deleted, or vanished under a reader) raise
     :class:`~quire.errors.ChunkNotFoundError`.  Every failure is a
-    :class:`~quire.errors.Tier2Error` (never a bare library or OS exception).
+    :class:`~quire.errors.Tier2Error` (never a bare library or OS exception);
+    one that would come back the same however often the call is made (a
+    name or size outside this contract, access denied, a path the file
+    system will not take) is a :class:`~quire.errors.Tier2RefusedError`.
 
     Calls may run concurrently, on distinct or the same chunks.
     """

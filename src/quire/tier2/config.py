@@ -112,6 +112,11 @@ class Tier2Config:
     """Connect and read timeout of each S3 request."""
     s3_max_attempts: int = 3
     """Attempts per S3 request (botocore's "standard" retries, with backoff)."""
+    s3_request_deadline_ms: int = 120_000
+    """Longest one S3 call may take, its attempts included: past it the call
+    fails (a :class:`~quire.errors.Tier2Error`), so a server that hangs
+    (waiting for its ``100 Continue``, say, which no other timeout bounds)
+    holds a storage writer this long, not for ever."""
     power_loss_tracking: bool = False
     """File driver: record what each fsync made durable in a sidecar, for
     :mod:`quire.testing.tier2_power_loss` (tests only)."""
@@ -123,7 +128,8 @@ class Tier2Config:
     show this loses chunks' names)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_chunk_bytes", "s3_timeout_ms", "s3_max_attempts"):
+        for name in ("max_chunk_bytes", "s3_timeout_ms", "s3_max_attempts",
+                     "s3_request_deadline_ms"):
             value = getattr(self, name)
             if type(value) is not int or value <= 0:
                 raise ConfigError(f"tier-2 setting {name} must be a positive int, got {value!r}")

@@ -27,6 +27,7 @@ and its fsync must not hold the event loop.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
 import threading
@@ -34,7 +35,13 @@ import uuid
 from pathlib import Path
 from typing import NoReturn
 
-from quire.errors import ChunkExistsError, ChunkNotFoundError, ChunkRangeError, Tier2Error
+from quire.errors import (
+    ChunkExistsError,
+    ChunkNotFoundError,
+    ChunkRangeError,
+    Tier2Error,
+    Tier2RefusedError,
+)
 
 from .chunk_storage import (
     ChunkData,
@@ -48,6 +55,11 @@ from .config import Tier2Config
 from .sync_tracking import SyncTracker
 
 TEMPORARY_PREFIX = ".tmp-"
+_REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EINVAL,
+                             errno.EROFS, errno.ENOTDIR, errno.EISDIR})
+"""Write failures that repeat however often they are tried
+(:class:`~quire.errors.Tier2RefusedError`); a full disk (ENOSPC), an I/O
+error or a lost mount may pass."""
 
 
 def _fsync_directory(path: Path) -> None:
@@ -208,7 +220,8 @@ class FileChunkStorage:
         try:
             await asyncio.to_thread(self._write, name, memoryview(data).cast("B"))
         except OSError as e:
-            raise Tier2Error(f"{self.uri}: writing chunk {name}: {e}") from e
+            kind = Tier2RefusedError if e.errno in _REFUSED_ERRNOS else Tier2Error
+            raise kind(f"{self.uri}: writing chunk {name}: {e}") from e
 
     async def read(self, name: str, offset: int, length: int) -> bytes:
         check_chunk_name(name)

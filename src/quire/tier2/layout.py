@@ -15,7 +15,11 @@ are contiguous and end at ``length``; the first chunk holds
 ``start_offset`` (a chunk wholly below it is dropped from the layout), so
 with no chunks ``start_offset == length``; no chunk name appears twice.
 
-**Chunk names** are ``<segment>.E<epoch>.<counter>`` (:class:`ChunkNamer`):
+**Chunk names** are ``<path>.E<epoch>.<counter>`` (:class:`ChunkNamer`),
+``path`` the segment's name as tier-2 can hold it (:func:`chunk_path`: the
+name itself, unless a part of it starts with ``.`` or is too long for a
+file name; such a part is escaped or hashed; the layout keeps the real
+name, so recovery and the checker give it back):
 ``epoch`` is the epoch the writing container took on its tier-1 log (each
 open of a container takes a new, higher one, fencing the previous owner),
 and ``counter`` counts the names one owner gave in that epoch.  So no name
@@ -34,6 +38,7 @@ Byte layout of :func:`encode_layout` (big-endian, no padding)::
 
 from __future__ import annotations
 
+import hashlib
 import re
 import struct
 from collections.abc import Iterator
@@ -46,7 +51,7 @@ from quire.errors import (
     SegmentTruncatedError,
 )
 
-from .chunk_storage import ChunkStorage, check_chunk_name
+from .chunk_storage import MAX_CHUNK_NAME_BYTES, ChunkStorage, check_chunk_name
 
 LAYOUT_VERSION = 1
 _HEAD = struct.Struct(">BBQQ")
@@ -55,6 +60,15 @@ _U32 = struct.Struct(">I")
 _CHUNK_HEAD = struct.Struct(">QQ")
 _SEALED, _DELETED = 1, 2
 _CHUNK_NAME = re.compile(r"(?P<segment>.+)\.E(?P<epoch>[0-9]+)\.(?P<counter>[0-9]+)")
+MAX_PLAIN_PART_CHARS = 150
+"""A segment name's part longer than this is hashed in chunk names (a file
+name holds 255 bytes; the last part carries ``.E<epoch>.<counter>`` too)."""
+_PLAIN_PART = re.compile(r"[A-Za-z0-9_\-#$][A-Za-z0-9._\-#$]*")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._\-#$]")
+_MAX_PATH_CHARS = MAX_CHUNK_NAME_BYTES - 64
+"""Room for ``.E<epoch>.<counter>`` (two 20-digit numbers at most)."""
+_KEPT_PATH_CHARS = 300
+"""Of a path too long for a chunk name, the leading parts kept readable."""
 
 
 @dataclass(frozen=True)
@@ -190,23 +204,59 @@ class SegmentLayout:
             yield chunk, start - chunk.offset, min(end, chunk.end) - start
 
 
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _chunk_part(part: str) -> str:
+    """One part of a segment name as a chunk name can hold it: itself; or,
+    starting with ``.`` (a file system's own names, hidden by listings),
+    ``~`` and itself; or, too long or holding other characters, ``~``, a
+    readable cut of it, ``@`` and a hash of it.  Segment names hold neither
+    ``~`` nor ``@`` (:func:`quire.segmentstore.names.check_name`), so no
+    escaped part equals another part or another escaped one."""
+    if _PLAIN_PART.fullmatch(part) is not None and len(part) <= MAX_PLAIN_PART_CHARS:
+        return part
+    if len(part) < MAX_PLAIN_PART_CHARS and _UNSAFE.search(part) is None:
+        return "~" + part  # a leading "." (".", ".." and ".name" alike)
+    return f"~{_UNSAFE.sub('-', part[:64])}@{_digest(part)}"
+
+
+def chunk_path(segment: str) -> str:
+    """The path under which tier-2 keeps segment ``segment``'s chunks: its
+    name where a file system and an S3 key can hold it as it is (every
+    name Quire accepted before this rule existed), each other part escaped
+    or hashed (:func:`_chunk_part`), and a name whose path would still be
+    too long for a chunk name cut to its first parts and a hash of the
+    whole name.  Distinct names give distinct paths (up to a 128-bit hash);
+    the layout records the real name."""
+    path = "/".join(_chunk_part(part) for part in segment.split("/"))
+    if len(path) <= _MAX_PATH_CHARS:
+        return path
+    kept = path[:_KEPT_PATH_CHARS].rpartition("/")[0]
+    return f"{kept}/~@{_digest(segment)}" if kept else f"~@{_digest(segment)}"
+
+
 @dataclass
 class ChunkNamer:
-    """Gives the chunk names of one container owner: ``<segment>.E<epoch>.<n>``,
-    ``n`` counting up from 0 across all its segments."""
+    """Gives the chunk names of one container owner:
+    ``<chunk_path(segment)>.E<epoch>.<n>``, ``n`` counting up from 0 across
+    all its segments."""
 
     epoch: int
     _next_counter: int = field(default=0, repr=False)
 
     def next_name(self, segment: str) -> str:
-        name = f"{segment}.E{self.epoch}.{self._next_counter}"
+        name = f"{chunk_path(segment)}.E{self.epoch}.{self._next_counter}"
         check_chunk_name(name)
         self._next_counter += 1
         return name
 
 
 def parse_chunk_name(name: str) -> tuple[str, int, int]:
-    """``(segment, epoch, counter)`` of a name :class:`ChunkNamer` gave."""
+    """``(path, epoch, counter)`` of a name :class:`ChunkNamer` gave (``path``
+    is :func:`chunk_path` of the segment: its name, unless it had to be
+    escaped)."""
     match = _CHUNK_NAME.fullmatch(name)
     if match is None:
         raise InvalidChunkNameError(f"chunk name {name!r}: not <segment>.E<epoch>.<counter>")

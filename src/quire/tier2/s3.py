@@ -25,11 +25,14 @@ exactly the bytes being written (the contract's retry rule), and raises
 :class:`~quire.errors.ChunkExistsError` only when the bytes differ.
 
 Every botocore, aiohttp and socket failure becomes a
-:class:`~quire.errors.Tier2Error` carrying the server's error code.
+:class:`~quire.errors.Tier2Error` carrying the server's error code; one
+that repeats however often it is asked (access denied, an invalid key, no
+such bucket) a :class:`~quire.errors.Tier2RefusedError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
@@ -40,7 +43,13 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError
 
-from quire.errors import ChunkExistsError, ChunkNotFoundError, ChunkRangeError, Tier2Error
+from quire.errors import (
+    ChunkExistsError,
+    ChunkNotFoundError,
+    ChunkRangeError,
+    Tier2Error,
+    Tier2RefusedError,
+)
 
 from .chunk_storage import (
     ChunkData,
@@ -55,6 +64,12 @@ from .config import S3Location, Tier2Config
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _EXISTS_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 _RANGE_CODES = frozenset({"InvalidRange", "416"})
+_REFUSED_CODES = frozenset({"AccessDenied", "403", "InvalidObjectName", "KeyTooLongError",
+                            "EntityTooLarge", "NoSuchBucket", "InvalidBucketName",
+                            "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
+"""Answers that come back the same however often the request is made
+(:class:`~quire.errors.Tier2RefusedError`); everything else (5xx, 503
+SlowDown, timeouts, connections refused) may pass."""
 
 
 @functools.cache
@@ -81,6 +96,7 @@ class S3ChunkStorage:
         self._max_chunk_bytes = config.max_chunk_bytes
         self._client = client
         self._exit_stack = exit_stack
+        self._deadline_s = config.s3_request_deadline_ms / 1000
 
     @classmethod
     async def open(cls, uri: str, location: S3Location, config: Tier2Config) -> S3ChunkStorage:
@@ -101,14 +117,17 @@ class S3ChunkStorage:
 
     @contextlib.asynccontextmanager
     async def _request(self, name: str, doing: str) -> AsyncIterator[None]:
-        """Turn every failure inside into a typed error about chunk ``name``."""
+        """Turn every failure inside into a typed error about chunk ``name``;
+        and fail what takes longer than ``s3_request_deadline_ms``."""
         try:
-            yield
+            async with asyncio.timeout(self._deadline_s):
+                yield
         except ClientError as e:
             code = _error_code(e)
             if code in _NOT_FOUND_CODES:
                 raise ChunkNotFoundError(f"{self.uri}: no chunk {name}") from e
-            raise Tier2Error(f"{self.uri}: {doing} chunk {name}: S3 error {code}: {e}") from e
+            kind = Tier2RefusedError if code in _REFUSED_CODES else Tier2Error
+            raise kind(f"{self.uri}: {doing} chunk {name}: S3 error {code}: {e}") from e
         except (BotoCoreError, aiohttp.ClientError, OSError) as e:  # OSError: timeouts too
             raise Tier2Error(f"{self.uri}: {doing} chunk {name}: {e!r}") from e
 

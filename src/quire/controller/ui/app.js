@@ -127,7 +127,7 @@ function draw(s) {
   lineChart($("bookie-chart"), "journal bytes/s by bookie",
     history(s, "bookies", "journal_bytes_per_s"), bytes);
   fill($("stores").tBodies[0], s.segment_stores.map((st) => {
-    const failed = st.containers.filter((c) => c.failure).length + st.flush_failures;
+    const failed = st.containers.filter((c) => c.failure).length + st.degraded_containers;
     return [st.id, st.address || "–", st.containers.map((c) => c.id).join(", ") || "none",
       st.containers.reduce((a, c) => a + c.tier1Frames, 0),
       bytes(st.containers.reduce((a, c) => a + (c.tier2BacklogBytes || 0), 0)),

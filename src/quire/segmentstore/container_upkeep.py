@@ -1,0 +1,111 @@
+"""What a container does for its own upkeep: checkpoints, forgetting, quarantine.
+
+:class:`ContainerUpkeep` is the part of
+:class:`~quire.segmentstore.container.SegmentContainer` that keeps it going
+rather than serving a client: its checkpoints (one written when the
+operation log says one is due, and one its storage writer asks for before
+truncating tier-1), the deleted segments it forgets as it writes one (once
+tier-2 no longer records them: :meth:`ContainerUpkeep.forget`; at once
+without tier-2), the tier-1 bytes it counts for its ceiling
+(:mod:`~quire.segmentstore.throttle`), and the quarantine of a segment its
+storage writer asks for (:mod:`~quire.segmentstore.quarantine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from quire.errors import SegmentNotFoundError
+from quire.segmentstore.committed_side import CommittedSide
+from quire.segmentstore.futures import call_as_future, retrieve
+from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
+from quire.segmentstore.operation_log import OperationLog
+from quire.segmentstore.operations import AttributesOp, CheckpointOp, Operation, SealOp
+from quire.segmentstore.throttle import Tier1Throttle
+from quire.segmentstore.types import QUARANTINED_ATTRIBUTE
+
+
+class ContainerUpkeep:
+    """See the module docstring; the container holds the state it uses."""
+
+    accepted: ContainerMetadata
+    committed_side: CommittedSide
+    throttle: Tier1Throttle
+    _oplog: OperationLog
+    _clock_ms: Callable[[], int]
+    _forgettable: set[int]
+
+    def _next(self) -> tuple[int, int]:
+        """The next operation's sequence and timestamp."""
+        return self.accepted.sequence + 1, self._clock_ms()
+
+    def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
+        """Accept ``op`` and log it; the future gives ``result`` once durable."""
+        self.accepted.apply(op)
+        return self._oplog.add(op, result)
+
+    def _segment(self, name: str) -> SegmentMetadata:
+        """The accepted segment ``name`` (SegmentNotFoundError; the container's
+        failure if it failed)."""
+        self._oplog.check()
+        s = self.accepted.get(name)
+        if s is None:
+            raise SegmentNotFoundError(f"no segment {name!r}")
+        return s
+
+    def add_checkpoint(self) -> asyncio.Future[Any] | None:
+        """Write a checkpoint now, unless nothing was logged since the last
+        one and no segment is to be forgotten; its future completes when it
+        is durable."""
+        checkpoints = self.committed_side.checkpoints
+        if checkpoints and checkpoints[-1][0] == self.accepted.sequence \
+                and not self._forgettable:
+            return None
+        self._oplog.check()
+        return self._add_checkpoint()
+
+    def _add_checkpoint(self) -> asyncio.Future[Any]:
+        accepted = self.accepted
+        segments = accepted.segments
+        if self.committed_side.tier2_read is None:  # no tier-2 data to wait for
+            gone = {sid for sid, s in segments.items() if s.deleted}
+        else:
+            gone = {sid for sid in self._forgettable if sid in segments and segments[sid].deleted}
+        self._forgettable.clear()
+        accepted.purge(gone)
+        op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
+        if gone:
+            self.committed_side.purge_at[op.sequence] = gone
+        accepted.apply(op)
+        return self._oplog.add(op)
+
+    def forget(self, segment_ids: Iterable[int]) -> None:
+        """These deleted segments are gone from tier-2 (the storage writer's
+        word): the next checkpoint leaves them out."""
+        self._forgettable.update(segment_ids)
+
+    def _bytes_committed(self, size: int) -> None:
+        self.committed_side.bytes_committed(size)
+        if self.throttle.active:
+            self.throttle.update()
+
+    def _checkpoint_due(self) -> None:
+        """The operation log's call once enough was logged since the last checkpoint."""
+        # its failure, if any, is the log's and reaches every later request
+        self._add_checkpoint().add_done_callback(retrieve)
+
+    def quarantine(self, name: str) -> asyncio.Future[None]:
+        """Mark the segment quarantined (:data:`QUARANTINED_ATTRIBUTE`) and seal
+        it: its storage writer's call (:mod:`~quire.segmentstore.quarantine`)."""
+        def make() -> asyncio.Future[None]:
+            s = self._segment(name)
+            if QUARANTINED_ATTRIBUTE not in s.attributes:
+                seq, now = self._next()
+                self._log_op(AttributesOp(seq, now, s.segment_id, ((QUARANTINED_ATTRIBUTE, now),)))
+            if not s.sealed:
+                seq, now = self._next()
+                self._log_op(SealOp(seq, now, s.segment_id))
+            return self._oplog.barrier()
+        return call_as_future(make)
