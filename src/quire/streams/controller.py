@@ -79,6 +79,11 @@ _STATUS_ERRORS: dict[grpc.StatusCode, type[QuireError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
+_NAMED_ERRORS: dict[str, type[QuireError]] = {
+    kind.__name__: kind for kind in (ScopeNotFoundError, StreamNotFoundError,
+                                     TransactionNotFoundError)}
+"""The errors a status's details name first (Quire's controller says
+``<error class>: <message>``), raised as themselves."""
 TLS_SCHEMES = ("tls://", "ssl://", "tcps://", "pravegas://")
 """URI schemes of a controller spoken to over TLS (the Pravega client's)."""
 
@@ -270,6 +275,9 @@ class ControllerClient:
                         await asyncio.sleep(min(0.1 * tried, 1.0))  # before the next round
                     continue
                 kind = _STATUS_ERRORS.get(e.code(), ControllerUnavailableError)
+                named = _NAMED_ERRORS.get((e.details() or "").split(":", 1)[0])
+                if named is not None and issubclass(named, kind):
+                    kind = named
                 raise kind(f"controller {self._targets[self._current]}: {method}: "
                            f"{e.code().name}: {e.details()}") from None
 
