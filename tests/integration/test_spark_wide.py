@@ -387,16 +387,17 @@ def test_history_from_copies_of_tier2_with_the_stack_stopped(
         spark: SparkSession, stack: StreamStack, s3_endpoint: S3Endpoint,
         tmp_path: Path) -> None:
     stack.create(SCOPE, "history", 2)
-    stack.write(SCOPE, "history", events("y", 0, 150))
+    for first in (0, 200):  # each round flushed alone: several chunks per first segment
+        stack.write(SCOPE, "history", [(f"y{n % 16}", p) for n, (_k, p) in
+                                       enumerate(events("y", first, 200), first)])
+        flushed(stack, "history", [0, 1])
     successors = stack.scale_first(SCOPE, "history")
-    stack.write(SCOPE, "history", events("y", 150, 90))
+    stack.write(SCOPE, "history", events("y", 400, 90))
     through_store = rows_of(read(spark, stack, stream=f"{SCOPE}/history"))
     stack.run(lambda c, _s: c.seal_stream(SCOPE, "history"))
-    segments = sorted({sid for _s, sid, _o, _e in through_store})
-    assert set(successors) <= set(segments)
-    lengths = stack.lengths(SCOPE, "history", segments)
-    wait_for(lambda: all((stack.layout(SCOPE, "history", s) or _Empty()).length == lengths[s]
-                         for s in segments), "every segment flushed whole")
+    segments = sorted({0, 1, *successors})  # every segment, some perhaps empty
+    assert set(successors) & {sid for _s, sid, _o, _e in through_store}  # epoch 1 read too
+    flushed(stack, "history", segments)
     wait_for(lambda: _tier2_knows_sealed(stack), "the stream's record flushed")
     stack.close()  # no segment store, no controller from here on
     copy = tmp_path / "tier2-copy"
@@ -414,11 +415,18 @@ def test_history_from_copies_of_tier2_with_the_stack_stopped(
     # (DuckDB finds the dataset by its variable's name, through its Arrow stream)
     [(count, streams)] = duckdb.sql("SELECT count(*), count(DISTINCT stream) "
                                     "FROM history").fetchall()
-    assert (count, streams) == (240, 1)
+    assert (count, streams) == (490, 1)
     tier2_mode = read(spark, stack, stream=f"{SCOPE}/history", tier2=copy.as_uri(),
                       read_mode="tier2", split_bytes="1024")
     assert rows_of(tier2_mode) == expected
     assert tier2_mode.rdd.getNumPartitions() > len(segments)  # split within segments
+
+
+def flushed(stack: StreamStack, stream: str, segments: list[int]) -> None:
+    """Until tier-2 holds each of the segments whole."""
+    lengths = stack.lengths(SCOPE, stream, segments)
+    wait_for(lambda: all((stack.layout(SCOPE, stream, s) or _Empty()).length == lengths[s]
+                         for s in segments), "the segments flushed whole")
 
 
 def _tier2_knows_sealed(stack: StreamStack) -> bool:
