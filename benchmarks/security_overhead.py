@@ -13,14 +13,10 @@ controller, delegation tokens checked on the wire).  In each:
    with Basic credentials in ``secure``);
 2. Quire's ``StreamWriter`` (``quire.streams``, with ``StreamAccess``: TLS,
    credentials, delegation tokens) writes the same way;
-3. with ``--ledger``: ledger writes through Quire's ledger client, 1 KiB
-   entries, 256 outstanding, E=3 W=3 A=2, for ``--seconds``.  This row needs
-   the bookie protocol's TLS (mutual TLS between the ledger client and the
-   bookies), which another change adds: in ``secure`` the bookies and the
-   client take :meth:`SandboxSecurity.bookie_protocol_settings` and
-   :meth:`SandboxSecurity.ledger_client_settings`; while those hooks are
-   empty the row would compare plain with plain, so ``--ledger`` refuses to
-   run until they are filled (``--ledger-anyway`` runs it regardless).
+3. ledger writes through Quire's ledger client, 1 KiB entries, 256
+   outstanding, E=3 W=3 A=2, for ``--seconds`` (in ``secure`` with mutual
+   TLS to the bookies, as the secure sandbox's segment stores reach them;
+   ``--no-ledger`` skips the row).
 
 For every row: events (entries) per second, p50/p99 latency, and the CPU
 seconds per 1,000 entries of the client process and of the sandbox's
@@ -30,7 +26,7 @@ for ledger writes.  ``--json`` prints one JSON object; progress goes to
 stderr.  Run it on a quiet machine: the rows are rates.
 
     .venv/bin/python benchmarks/security_overhead.py [--seconds 10] [--outstanding 1024]
-        [--event-bytes 100] [--segments 3] [--ledger] [--json] [--quiet]
+        [--event-bytes 100] [--segments 3] [--no-ledger] [--json] [--quiet]
 """
 
 from __future__ import annotations
@@ -135,9 +131,10 @@ async def quire_writes(access: StreamAccess, args: argparse.Namespace) -> dict[s
 
 async def ledger_writes(metadata_uri: str, security: SandboxSecurity | None,
                         args: argparse.Namespace) -> dict[str, Any]:
-    # the ledger client's TLS keys, once the bookie protocol has them (the hook)
-    settings = security.ledger_client_settings() if security is not None else {}
-    client = await Client.connect(metadata_uri, ClientConfig(**settings))
+    config = ClientConfig() if security is None else ClientConfig(
+        tls_ca=str(security.ca_file), tls_cert=str(security.node_cert_file),
+        tls_key=str(security.node_key_file))
+    client = await Client.connect(metadata_uri, config)
     try:
         return await bench_write(client, WriteBenchParams(
             ensemble_size=3, write_quorum_size=3, ack_quorum_size=2, entry_bytes=1024,
@@ -220,22 +217,12 @@ def main() -> None:
     parser.add_argument("--outstanding", type=int, default=1024)
     parser.add_argument("--event-bytes", type=int, default=100)
     parser.add_argument("--segments", type=int, default=3)
-    parser.add_argument("--ledger", action="store_true",
-                        help="also the ledger row (needs the bookie protocol's TLS)")
-    parser.add_argument("--ledger-anyway", action="store_true",
-                        help="run the ledger row even without the bookie protocol's TLS")
+    parser.add_argument("--no-ledger", dest="ledger", action="store_false",
+                        help="skip the ledger row")
     parser.add_argument("--tmpdir", type=Path, default=None)
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args()
-    args.ledger = args.ledger or args.ledger_anyway
-    hooks = SandboxSecurity(Path("."))
-    bookie_tls = bool(hooks.bookie_protocol_settings() and hooks.ledger_client_settings())
-    if args.ledger and not bookie_tls and not args.ledger_anyway:
-        raise SystemExit("--ledger needs the bookie protocol's TLS: "
-                         "SandboxSecurity.bookie_protocol_settings() and "
-                         "ledger_client_settings() are empty in this build "
-                         "(--ledger-anyway runs the row, plain against plain)")
     progress = Progress(not args.quiet)
     root = Path(tempfile.mkdtemp(prefix="quire-security-overhead-", dir=args.tmpdir))
     try:
@@ -250,8 +237,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"params": {"seconds": args.seconds, "outstanding": args.outstanding,
                                      "event_bytes": args.event_bytes,
-                                     "segments": args.segments, "tier1": "E=3 W=3 A=2",
-                                     "ledger_row_bookie_tls": bookie_tls},
+                                     "segments": args.segments, "tier1": "E=3 W=3 A=2"},
                           "plain": plain, "secure": secure, "ratios": ratios}, indent=2))
         return
     print(f"\n{args.event_bytes} B events, {args.outstanding} outstanding, {args.seconds:g} s "
@@ -262,8 +248,6 @@ def main() -> None:
     for name, ratio in ratios.items():
         print(f"{LABELS[name]}: secure / plain = {ratio['ratio']:.2f}x (goal >= "
               f"{ratio['goal']:.2f}x: {'met' if ratio['met'] else 'NOT met'})")
-    if args.ledger and not bookie_tls:
-        print("(the ledger row ran without the bookie protocol's TLS: plain against plain)")
 
 
 if __name__ == "__main__":

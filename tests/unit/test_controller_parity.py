@@ -27,7 +27,7 @@ from quire.controller.model import (
 )
 from quire.controller_api import Controller_pb2 as pb
 from quire.metadata import open_store
-from quire.segmentstore import SegmentType, TableEntry
+from quire.segmentstore import SegmentType
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.scale_requests import ScaleRequests
 from quire.segmentstore.segment_rates import (
@@ -41,7 +41,6 @@ from quire.segmentstore.segment_rates import (
     policy_attributes,
 )
 from quire.streams import ControllerClient
-from quire.streams.reader_groups import parse_client_group
 from tests.support.controller import Cluster, make_cluster
 from tests.unit.test_controller import info, make_stream
 
@@ -315,42 +314,6 @@ async def test_the_client_fails_over_to_the_next_controller(cluster: Cluster) ->
         assert await client.create_scope("sc")
         assert await client.list_scopes() == ["sc"]
         assert (await client.admin("cluster", {}))["leader"] is True
-
-
-# --- the Pravega client's reader group state, read ------------------------------------
-
-# entries of a live group's <group>_kvtable (Pravega client 0.3.8, stream a/s of two
-# segments, reader-1 holding both): (key, value) as hex
-STATE = [
-    ("683036636f6e666967", "a267747970655f696464626c6f6264646174618100"),
-    ("703036636f6e6669672f64656661756c74",
-     "a267747970655f6964781a52656164657247726f7570436f6e66696756657273696f6e6564646461746198"
-     "7518a118621856183118a31878181918671872186f18751870185f1872186518661872186518731868185f"
-     "18741869186d1865185f186d1869186c186c1869187318190b18b81874187318741861187218741869186e"
-     "1867185f18731874187218651861186d185f186318751874187318a118a2186518731863186f1870186518"
-     "a11864186e1861186d186518611861186618731874187218651861186d18a11864186e1861186d18651861"
-     "187318691855186e1862186f1875186e18641865186418721865186e18641869186e1867185f1873187418"
-     "7218651861186d185f186318751874187318a0"),
-    ("781c313761737369676e65645f7365676d656e74732f7265616465722d31",
-     "a267747970655f6964781e486173684d61703c53636f7065645365676d656e742c204f66667365743e64"
-     "64617461987b18a218a3186518731863186f1870186518a11864186e1861186d18651861186118661873"
-     "1874187218651861186d18a11864186e1861186d1865186118731867187318651867186d1865186e1874"
-     "18a21866186e1875186d18621865187201186518741878185f1869186418f618a118641872186518611864"
-     "0018a3186518731863186f1870186518a11864186e1861186d186518611861186618731874187218651861"
-     "186d18a11864186e1861186d1865186118731867187318651867186d1865186e187418a21866186e187518"
-     "6d18621865187200186518741878185f1869186418f618a11864187218651861186400"),
-    ("78243139756e61737369676e65645f7365676d656e74732f612f732f302e2365706f63682e30",
-     "a267747970655f696469746f6d6273746f6e6564646174618118a0"),
-]
-
-
-def test_the_pravega_client_reader_group_state_is_read() -> None:
-    entries = [TableEntry(bytes.fromhex(k), bytes.fromhex(v), n)
-               for n, (k, v) in enumerate(STATE)]
-    group = parse_client_group("a", "grp", entries)
-    assert group.streams == ["a/s"]
-    assert group.readers == {"reader-1": {"a/s/0.#epoch.0": 0, "a/s/1.#epoch.0": 0}}
-    assert group.unassigned == {}  # its one entry is a tombstone
 
 
 def test_a_pending_scale_or_roll_already_names_the_successors() -> None:

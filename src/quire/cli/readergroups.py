@@ -120,7 +120,8 @@ def readergroup_delete(name: str, controller_uri: str | None, as_json: bool) -> 
     """Delete reader group SCOPE/GROUP: its state table, and its registration
     with the controller (its subscriptions) if it has one."""
     from quire.errors import ControllerNotFoundError, SegmentNotFoundError
-    from quire.streams.reader_groups import delete_reader_group, state_table
+    from quire.pravega_wire.reader_group_state import state_table
+    from quire.streams.reader_groups import delete_reader_group
 
     scope_name, group = split_stream(name)
 

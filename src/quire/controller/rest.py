@@ -41,6 +41,7 @@ from quire.errors import (
     ControllerNotFoundError,
     ControllerPreconditionError,
     HttpRequestError,
+    ProtocolError,
 )
 from quire.http import Route, json_response, read_json
 from quire.segmentstore.names import check_name
@@ -352,7 +353,7 @@ class ControllerRest:
         scope, name = await self._group(request)
         try:
             state = await self.reader_groups.state(scope, name)
-        except ValueError as e:
+        except ProtocolError as e:
             raise HttpRequestError(500, f"reader group {scope}/{name}: unreadable state: "
                                         f"{e}") from None
         if state is None:

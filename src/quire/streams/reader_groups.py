@@ -4,21 +4,9 @@ what they have read hold retention back (subscribers).
 
 **The Pravega client's groups** keep their state in the table segment
 ``<scope>/<group>_kvtable/0.#epoch.0`` (the Rust client's
-``TableSynchronizer``; the controller never hears of them).  Each key is a
-CBOR text ``<2-digit length of the outer key><outer key>[/<inner key>]``;
-each value a CBOR map ``{"type_id": <type>, "data": [byte, ...]}`` whose
-bytes are CBOR again::
-
-    config/default                 ReaderGroupConfigVersioned
-                                   {"V1": {"starting_stream_cuts": ...}}
-    assigned_segments/<reader>     HashMap<ScopedSegment, Offset> {segment: {"read": off}}
-    unassigned_segments/<segment>  Offset {"read": offset}
-    future_segments/<segment>      (the segments it waits for)
-    distance_to_tail/<reader>      u64
-    <outer key>                    blob (the outer key exists)
-
-A ScopedSegment is ``{"scope": {"name"}, "stream": {"name"}, "segment":
-{"number": id, "tx_id"}}``; a value of type ``tombstone`` is a deleted key.
+``TableSynchronizer``; the controller never hears of them);
+:func:`read_client_group` reads it from the segment stores, and
+:mod:`quire.pravega_wire.reader_group_state` decodes its records.
 
 **Groups registered with the controller** (:func:`create_reader_group`):
 with retention MANUAL or AUTOMATIC each is a subscriber of its streams,
@@ -29,7 +17,6 @@ stream's maximum).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from quire.controller_api import Controller_pb2 as pb
@@ -37,95 +24,29 @@ from quire.errors import (
     ControllerNotFoundError,
     ControllerPreconditionError,
     ControllerUnavailableError,
-    ProtocolError,
     ScopeNotFoundError,
     StreamNotFoundError,
 )
-from quire.segmentstore import TableEntry
-from quire.streams import cbor
+from quire.pravega_wire.reader_group_state import ReaderGroupState, parse_state, state_table
 from quire.streams.controller import ControllerClient
 from quire.streams.segments import RemoteSegmentStore
 
 RETENTION_TYPES = ("none", "manual", "automatic")
 
 
-def state_table(scope: str, group: str) -> str:
-    """The table segment holding the Pravega client's group ``group``."""
-    return f"{scope}/{group}_kvtable/0.#epoch.0"
-
-
-@dataclass
-class ClientGroup:
-    """A Pravega client's reader group as its state table says."""
-
-    scope: str
-    name: str
-    streams: list[str] = field(default_factory=list)
-    readers: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Online reader -> segment it holds -> offset read (as last saved)."""
-    unassigned: dict[str, int] = field(default_factory=dict)
-    """Segments no reader holds -> offset read."""
-    future: list[str] = field(default_factory=list)
-    """Segments waiting for their predecessors to be read."""
-
-
-def _segment(key: Any) -> str:
-    value = key.value if isinstance(key, cbor.FrozenKey) else key
-    if isinstance(value, str):
-        return value
-    sid = int(value["segment"]["number"])
-    return (f"{value['scope']['name']}/{value['stream']['name']}/"
-            f"{sid & 0xFFFF_FFFF}.#epoch.{sid >> 32}")
-
-
-def _stream(key: Any) -> str:
-    value = key.value if isinstance(key, cbor.FrozenKey) else key
-    return f"{value['scope']['name']}/{value['stream']['name']}"
-
-
-def parse_client_group(scope: str, name: str, entries: list[TableEntry]) -> ClientGroup:
-    """The group in ``entries`` of its state table (ProtocolError if they
-    are not the Pravega client's)."""
-    group = ClientGroup(scope, name)
-    for entry in entries:
-        if entry.value is None:
-            continue
-        key = cbor.loads(entry.key)
-        envelope: Any = cbor.loads(entry.value)
-        if not isinstance(key, str) or not isinstance(envelope, dict) or \
-                len(key) < 2 or not key[:2].isdigit():
-            raise ProtocolError(f"{name}: not a reader group's state entry: {entry.key!r}")
-        outer_length = int(key[:2])
-        outer, inner = key[2:2 + outer_length], key[3 + outer_length:]
-        kind = envelope.get("type_id")
-        if kind in ("tombstone", "blob") or not inner:
-            continue
-        data: Any = cbor.loads(bytes(envelope.get("data", [])))
-        if outer == "config":
-            versioned: dict[str, Any] = next(iter(data.values()), {})
-            cuts = versioned.get("starting_stream_cuts", {})
-            group.streams = sorted(_stream(k) for k in cuts)
-        elif outer == "assigned_segments":
-            group.readers[inner] = {_segment(k): int(v["read"]) for k, v in data.items()}
-        elif outer == "unassigned_segments":
-            group.unassigned[inner] = int(data["read"])
-        elif outer == "future_segments":
-            group.future.append(inner)
-    return group
-
-
 async def read_client_group(segments: RemoteSegmentStore, scope: str, name: str
-                            ) -> ClientGroup:
-    """Read group ``name``'s state table (SegmentNotFoundError if there is none)."""
-    entries: list[TableEntry] = []
+                            ) -> ReaderGroupState:
+    """Read group ``name``'s state table (SegmentNotFoundError if there is
+    none, ProtocolError if it is not the client's format)."""
+    entries: list[tuple[bytes, bytes]] = []
     token = None
     while True:
         page = await segments.table_iterate(state_table(scope, name), token=token)
-        entries += page.entries
+        entries.extend((e.key, e.value) for e in page.entries if e.value is not None)
         if page.token is None or not page.entries:
             break
         token = page.token
-    return parse_client_group(scope, name, entries)
+    return parse_state(scope, name, entries)
 
 
 # --- groups registered with the controller -------------------------------------------

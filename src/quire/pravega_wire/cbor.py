@@ -1,11 +1,11 @@
-"""A small CBOR (RFC 8949) decoder: what the Rust Pravega client's table synchronizer writes.
+"""A small CBOR (RFC 8949) decoder: what the Rust Pravega client's ``serde_cbor`` writes.
 
 Byte layout of one data item: an initial byte, major type in its top 3
 bits, "additional information" in its low 5::
 
     ai < 24        the argument is ai itself
     ai = 24/25/26/27  the argument follows in 1/2/4/8 bytes, big-endian
-    ai = 31        indefinite length (types 2-5), or "break" (type 7)
+    ai = 31        indefinite length (types 2-5: items up to a 0xFF "break")
 
     major 0  unsigned integer (the argument)
     major 1  negative integer (-1 - argument)
@@ -13,13 +13,17 @@ bits, "additional information" in its low 5::
     major 3  text string of argument bytes, UTF-8 -> str
     major 4  array of argument items              -> list
     major 5  map of argument key/value pairs      -> dict (a key that is a
-             map or array becomes a tuple of its items, so it hashes)
+             map or array, as serde writes a struct key, becomes a tuple of
+             its items, a map's as (key, value) pairs, so it hashes)
     major 6  tag (argument) then one item          -> the item (tags dropped)
     major 7  ai 20/21/22/23 false/true/null/undefined; 25/26/27 float16/32/64
 
-Sans-IO: :func:`decode` takes the bytes and returns the first item (and
-:func:`decode_prefix` the item and where it ended).  Malformed input is
-ValueError.  Decode only: Quire reads what the client wrote, never writes it.
+Sans-IO: :func:`decode` takes the bytes of exactly one item and returns it.
+Malformed input (truncated, a reserved encoding, bytes left after the item,
+nesting deeper than :data:`MAX_DEPTH`) is a
+:class:`~quire.errors.ProtocolError`.  Decode only: Quire reads what the
+client wrote, never writes it.  The reader-group state the client keeps in
+this encoding is :mod:`quire.pravega_wire.reader_group_state`.
 """
 
 from __future__ import annotations
@@ -27,21 +31,21 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from quire.errors import ProtocolError
+
 MAX_DEPTH = 64
 
 
 def decode(data: bytes) -> Any:
-    """The first data item of ``data`` (ValueError if malformed or truncated)."""
-    value, _end = decode_prefix(data, 0)
-    return value
-
-
-def decode_prefix(data: bytes, offset: int) -> tuple[Any, int]:
-    """The data item at ``offset`` and the offset just after it."""
+    """The one data item ``data`` holds (ProtocolError if malformed,
+    truncated, or followed by more bytes)."""
     try:
-        return _item(data, offset, 0)
+        value, end = _item(data, 0, 0)
     except (IndexError, struct.error, UnicodeDecodeError) as e:
-        raise ValueError(f"malformed CBOR at {offset}: {e}") from None
+        raise ProtocolError(f"malformed CBOR: {e}") from None
+    if end != len(data):
+        raise ProtocolError(f"CBOR: {len(data) - end} bytes after the item")
+    return value
 
 
 def _argument(data: bytes, offset: int, ai: int) -> tuple[int, int]:
@@ -49,9 +53,9 @@ def _argument(data: bytes, offset: int, ai: int) -> tuple[int, int]:
         return ai, offset
     size = {24: 1, 25: 2, 26: 4, 27: 8}.get(ai)
     if size is None:
-        raise ValueError(f"CBOR: additional information {ai} at {offset}")
+        raise ProtocolError(f"CBOR: additional information {ai} at {offset}")
     if offset + size > len(data):
-        raise ValueError("CBOR: truncated argument")
+        raise ProtocolError("CBOR: truncated argument")
     return int.from_bytes(data[offset:offset + size], "big"), offset + size
 
 
@@ -65,7 +69,7 @@ def _hashable(value: Any) -> Any:
 
 def _item(data: bytes, offset: int, depth: int) -> tuple[Any, int]:
     if depth > MAX_DEPTH:
-        raise ValueError("CBOR: nested too deeply")
+        raise ProtocolError("CBOR: nested too deeply")
     initial = data[offset]
     major, ai = initial >> 5, initial & 0x1F
     offset += 1
@@ -81,7 +85,7 @@ def _item(data: bytes, offset: int, depth: int) -> tuple[Any, int]:
     if major in (2, 3):
         end = offset + arg
         if end > len(data):
-            raise ValueError("CBOR: truncated string")
+            raise ProtocolError("CBOR: truncated string")
         raw = data[offset:end]
         return (raw.decode() if major == 3 else bytes(raw)), end
     if major == 4:
@@ -109,21 +113,27 @@ def _simple(data: bytes, offset: int, ai: int) -> tuple[Any, int]:
         return struct.unpack_from(fmt, data, offset)[0], offset + size
     if ai < 24:
         return ai, offset
-    raise ValueError(f"CBOR: simple value {ai} at {offset - 1}")
+    raise ProtocolError(f"CBOR: simple value {ai} at {offset - 1}")
 
 
 def _indefinite(data: bytes, offset: int, major: int, depth: int) -> tuple[Any, int]:
+    if major not in (2, 3, 4, 5):
+        raise ProtocolError(f"CBOR: major type {major} has no indefinite length")
     items: list[Any] = []
     while data[offset] != 0xFF:
         item, offset = _item(data, offset, depth + 1)
         items.append(item)
     offset += 1
     if major == 2:
+        if not all(isinstance(chunk, bytes) for chunk in items):
+            raise ProtocolError("CBOR: a byte string chunk that is not a byte string")
         return b"".join(items), offset
     if major == 3:
+        if not all(isinstance(chunk, str) for chunk in items):
+            raise ProtocolError("CBOR: a text string chunk that is not a text string")
         return "".join(items), offset
     if major == 4:
         return items, offset
-    if major == 5:
-        return {_hashable(k): v for k, v in zip(items[::2], items[1::2], strict=True)}, offset
-    raise ValueError(f"CBOR: major type {major} has no indefinite length")
+    if len(items) % 2:
+        raise ProtocolError("CBOR: a map with a key and no value")
+    return {_hashable(k): v for k, v in zip(items[::2], items[1::2], strict=True)}, offset

@@ -1,12 +1,4 @@
-"""A local cluster of real bookie processes: the sandbox, and the test harness.
-
-:class:`BookieProcess` runs ``quire bookie start`` as a child process and
-waits for its ready line; :class:`Sandbox` runs N of them with stable bookie
-ids and ports, state kept in one directory so a restart finds its data.  A
-sandbox's bookies end when the sandbox process does, however it ends (a
-parent-death signal); :class:`BookieSupervisor` restarts the ones that exit,
-with backoff.
-"""
+"""The sandbox's child processes: one ``quire <service> start`` each, ports, start and stop."""
 
 from __future__ import annotations
 
@@ -22,15 +14,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from quire.bookie.storage.files import lock_holder
 from quire.errors import QuireError
-
-if TYPE_CHECKING:
-    from quire.sandbox_security import SandboxSecurity
 
 _PR_SET_PDEATHSIG = 1
 
@@ -322,6 +309,9 @@ def tier1_quorums(bookies: int) -> dict[str, int]:
 
 CONTROLLER_PORT = 9090
 """Pravega's default controller port, which the sandbox takes when it is free."""
+CONTROLLER_HTTP_PORT = 9091
+"""Pravega's default controller REST port: the sandbox's first controller
+serves its REST API, cluster page and ``/metrics`` there when it is free."""
 CONTROLLERS_HOST = "quire-controllers"
 """A name for all the sandbox's controllers (127.0.0.1 .. 127.0.0.9 in
 ``/etc/hosts``, which ``scripts/setup --system`` writes): the Pravega
@@ -382,246 +372,3 @@ def stop_all(processes: Sequence[ServiceProcess]) -> None:
         process.stop()
 
 
-class Sandbox:
-    """The whole system on one machine, as ``pravega standalone`` runs it:
-    N bookies, M segment stores and the controller on one metadata store,
-    state in ``directory`` (tier-2 in ``directory/tier2``).
-
-    Names and ports (``bookie-1`` ..., ``segmentstore-1`` ..., the
-    controller on 9090 when that is free) are chosen on first start and
-    kept in ``directory/sandbox.json``, so a restart serves the same
-    ledgers and segments at the same addresses.
-
-    With ``security`` (:mod:`quire.sandbox_security`) every process gets
-    its TLS and auth settings from it.
-    """
-
-    def __init__(self, directory: Path, bookies: int = 3, metadata_uri: str | None = None,
-                 segment_stores: int = 1, controller: bool = True, controllers: int = 1,
-                 autoscale_interval_s: int = 0, retention_interval_s: int = 0,
-                 security: SandboxSecurity | None = None,
-                 **bookie_settings: Any) -> None:
-        self.directory = directory
-        self.count = bookies
-        self.security = security
-        if security is not None:
-            bookie_settings = {**bookie_settings, **security.bookie_settings()}
-        self.bookie_settings = bookie_settings
-        state = self._load_state()
-        self.metadata_uri = (metadata_uri or state.get("metadata")
-                             or sqlite_uri(directory / "metadata.db"))
-        ports: dict[str, int] = state.get("ports", {})
-        self.bookies: list[BookieProcess] = []
-        for i in range(1, bookies + 1):
-            bookie_id = f"bookie-{i}"
-            port = ports.get(bookie_id) or free_port()
-            process = BookieProcess(directory, self.metadata_uri, bookie_id, port=port,
-                                    **bookie_settings)
-            process.ends_with_parent = True
-            self.bookies.append(process)
-        store_autoscale, controller_autoscale = autoscale_settings(autoscale_interval_s)
-        self.segment_stores: list[SegmentStoreProcess] = []
-        for i in range(1, segment_stores + 1):
-            name = f"segmentstore-{i}"
-            store = SegmentStoreProcess(directory, self.metadata_uri, name,
-                                        port=ports.get(name) or free_port(), metrics_port=0,
-                                        tier2_uri=(directory / "tier2").resolve().as_uri(),
-                                        **tier1_quorums(bookies), **store_autoscale,
-                                        **(security.segment_store_settings() if security
-                                           else {}))
-            store.ends_with_parent = True
-            self.segment_stores.append(store)
-        # controllers on 127.0.0.1 .. 127.0.0.N, one port (see CONTROLLERS_HOST)
-        self.controllers: list[ControllerProcess] = []
-        port = ports.get("controller") or preferred_port(CONTROLLER_PORT)
-        retention = {"retention_interval_ms": retention_interval_s * 1000} \
-            if retention_interval_s > 0 else {}
-        count = controllers if controller else 0
-        for i in range(1, count + 1):
-            secure = security.controller_settings(i, count) if security else {}
-            controller_process = ControllerProcess(
-                directory, self.metadata_uri, "controller" if i == 1 else f"controller-{i}",
-                host=f"127.0.0.{i}", port=port, metrics_port=0, **controller_autoscale,
-                **retention, **secure)
-            controller_process.ends_with_parent = True
-            self.controllers.append(controller_process)
-        self.controller = self.controllers[0] if self.controllers else None
-
-    @property
-    def controller_uri(self) -> str:
-        """Every controller, for Quire's clients: ``tcp://a:p,b:p,...``
-        (``tls://`` under TLS)."""
-        scheme = "tls" if self.security is not None else "tcp"
-        return f"{scheme}://" + ",".join(
-            c.uri.partition("://")[2] if c.address else f"{c.settings['host']}:{c.settings['port']}"
-            for c in self.controllers)
-
-    @property
-    def processes(self) -> list[ServiceProcess]:
-        """Every process, in start order."""
-        return [*self.bookies, *self.segment_stores, *self.controllers]
-
-    def _load_state(self) -> dict[str, Any]:
-        path = self.directory / "sandbox.json"
-        if path.exists():
-            loaded: dict[str, Any] = json.loads(path.read_text())
-            return loaded
-        return {}
-
-    def _save_state(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        state = {"metadata": self.metadata_uri,
-                 "ports": {p.name: p.settings["port"] for p in self.processes}}
-        (self.directory / "sandbox.json").write_text(json.dumps(state, indent=2))
-
-    def start(self, on_ready: Callable[[ServiceProcess], None] | None = None,
-              timeout_s: float = 60.0) -> None:
-        """Start the bookies, then the segment stores, then the controller;
-        QuireError naming the holders if another process holds one of the
-        bookies' directories, or if a process fails to start (then every
-        process started is stopped).  Start it from a thread that lives as
-        long as the sandbox (see :func:`parent_death_hook`)."""
-        self.check_not_held()
-        self._save_state()
-        start_all(self.bookies, timeout_s, on_ready)
-        try:
-            start_all(self.segment_stores, timeout_s, on_ready)
-            start_all(self.controllers, timeout_s, on_ready)
-        except BaseException:
-            self.stop()
-            raise
-
-    def check_not_held(self) -> None:
-        """QuireError if a process holds a storage lock in the directory (a
-        sandbox or bookies left running, say), naming each holder."""
-        held = []
-        for bookie in self.bookies:
-            for lock in sorted(bookie.data_dir.glob("*/*/LOCK")):
-                holder = lock_holder(lock.parent)
-                if holder is not None:
-                    held.append(f"{lock.parent} by {holder}")
-        if held:
-            raise QuireError(f"{self.directory} is in use (stop those processes first): "
-                             + "; ".join(held))
-
-    def stop(self) -> None:
-        """Stop the controller, then the segment stores (their containers
-        drained), then the bookies."""
-        stop_all(self.controllers)
-        stop_all(self.segment_stores)
-        stop_all(self.bookies)
-
-    def describe(self) -> dict[str, Any]:
-        def pid(p: ServiceProcess) -> int | None:
-            return p.proc.pid if p.proc is not None else None
-
-        return {"metadata": self.metadata_uri, "dir": str(self.directory.resolve()),
-                "bookies": [{"bookie_id": b.bookie_id, "address": b.address,
-                             "metrics": b.metrics_address, "pid": pid(b)}
-                            for b in self.bookies],
-                "segment_stores": [{"host_id": s.host_id, "address": s.address,
-                                    "metrics": s.metrics_address, "pid": pid(s)}
-                                   for s in self.segment_stores],
-                "controller": None if self.controller is None else {
-                    "uri": self.controller_uri, "metrics": self.controller.metrics_address,
-                    "page": self.controller.ready_event.get("page"),
-                    "pid": pid(self.controller)},
-                "controllers": [{"address": c.address, "metrics": c.metrics_address,
-                                 "pid": pid(c)} for c in self.controllers],
-                "security": None if self.security is None else {
-                    "tls_ca": str(self.security.ca_file.resolve()),
-                    "credentials": str(self.security.credentials_file.resolve())}}
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """How :class:`BookieSupervisor` restarts a bookie that exited."""
-
-    first_delay_ms: int = 500
-    """Wait before the first restart; it doubles after each failed one."""
-    max_delay_ms: int = 30_000
-    """The longest wait between two restarts."""
-    ready_timeout_ms: int = 60_000
-    """A restarted bookie not ready in this time is killed: a failed restart."""
-    stable_after_ms: int = 30_000
-    """A bookie that served this long before it exited starts over from
-    ``first_delay_ms``; one that exits sooner keeps backing off."""
-
-
-class ServiceSupervisor:
-    """Keeps a sandbox's processes (bookies, segment stores, the controller)
-    running: call :meth:`poll` often (it never blocks).  A process that
-    exited is restarted, on its address, after a delay that starts at
-    ``first_delay_ms`` and doubles up to ``max_delay_ms`` while restarts
-    fail (exit before ready, not ready in time, or the process could not
-    even be started); each event is told to ``say``.  The others are not
-    touched, so one crash-looping process never stops the rest."""
-
-    def __init__(self, processes: Sequence[ServiceProcess], say: Callable[[str], None],
-                 policy: RestartPolicy = RestartPolicy(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._say = say
-        self._policy = policy
-        self._clock = clock
-        first_delay_s = policy.first_delay_ms / 1000
-        self._states = {(p.service, p.name): _Watch(p, ready_at=clock(), delay_s=first_delay_s)
-                        for p in processes}
-
-    def poll(self) -> None:
-        for watch in self._states.values():
-            self._step(watch, self._clock())
-
-    def _step(self, watch: _Watch, now: float) -> None:
-        process = watch.process
-        if watch.restart_at is not None:
-            if now >= watch.restart_at:
-                watch.restart_at = None
-                try:
-                    process.start(expect_ready=False)
-                except OSError as e:
-                    self._failed(watch, now, f"could not start it: {e}")
-                    return
-                watch.starting_since = now
-        elif watch.starting_since is not None:
-            try:
-                ready = process.check_ready()
-            except QuireError as e:
-                self._failed(watch, now, str(e))
-                return
-            if ready:
-                watch.starting_since = None
-                watch.ready_at = now
-                self._say(f"{process.service} {process.name} is back on {process.address}")
-            elif now - watch.starting_since > self._policy.ready_timeout_ms / 1000:
-                process.kill9()
-                self._failed(watch, now, "not ready in time; killed it")
-        elif not process.running:
-            status = process.proc.returncode if process.proc is not None else None
-            if now - watch.ready_at >= self._policy.stable_after_ms / 1000:
-                watch.delay_s = self._policy.first_delay_ms / 1000
-            watch.restart_at = now + watch.delay_s
-            self._say(f"{process.service} {process.name} exited (status {status}); restarting "
-                      f"in {watch.delay_s:g} s")
-            self._back_off(watch)
-
-    def _failed(self, watch: _Watch, now: float, why: str) -> None:
-        watch.starting_since = None
-        watch.restart_at = now + watch.delay_s
-        self._say(f"restart of {watch.process.service} {watch.process.name} failed: {why}; "
-                  f"retrying in {watch.delay_s:g} s")
-        self._back_off(watch)
-
-    def _back_off(self, watch: _Watch) -> None:
-        watch.delay_s = min(watch.delay_s * 2, self._policy.max_delay_ms / 1000)
-
-
-@dataclass
-class _Watch:
-    """One supervised process: restart pending (``restart_at``), starting
-    (``starting_since``), or serving (neither); times on the supervisor's clock."""
-
-    process: ServiceProcess
-    ready_at: float
-    delay_s: float
-    restart_at: float | None = None
-    starting_since: float | None = None
