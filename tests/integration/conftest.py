@@ -83,7 +83,8 @@ def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     own JVM process) for the session; tests drive it from a child process
     (:meth:`~tests.support.spark_cluster.SparkStandalone.run_driver`), as one
     process holds one SparkContext."""
-    pytest.importorskip("pyspark")
+    import pyspark  # noqa: F401  (a missing dependency fails, never skips)
+
     from tests.support.spark_cluster import SparkStandalone
 
     cluster = SparkStandalone(tmp_path_factory.mktemp("spark-standalone")).start()

@@ -17,11 +17,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+import pyarrow  # noqa: F401  (a missing dependency fails, never skips)
+import pyspark  # noqa: F401  (a missing dependency fails, never skips)
 import pytest
-
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F

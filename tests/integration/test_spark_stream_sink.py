@@ -21,13 +21,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
 import pravega_client
+import pyarrow  # noqa: F401  (a missing dependency fails, never skips)
 import pyarrow as pa
+import pyspark  # noqa: F401  (a missing dependency fails, never skips)
+import pytest
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 

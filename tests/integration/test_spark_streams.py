@@ -24,11 +24,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow  # noqa: F401  (a missing dependency fails, never skips)
+import pyspark  # noqa: F401  (a missing dependency fails, never skips)
 import pytest
-
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
 from pyspark.sql import DataFrame, SparkSession
 
 from quire.spark import STREAM_SCHEMA, StreamBatchReader, StreamDataLossError, StreamOptions

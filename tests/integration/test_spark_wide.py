@@ -27,11 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytest.importorskip("pyspark")
-
 import duckdb
+import pyspark  # noqa: F401  (a missing dependency fails, never skips)
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import pyspark_quire

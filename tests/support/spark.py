@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
@@ -40,8 +38,8 @@ SPARK_CONF: dict[str, str] = {
 
 def start_spark(tmp: Path) -> SparkSession:
     """Start the test SparkSession (skips the test if PySpark is missing)."""
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
+    import pyarrow  # noqa: F401  (a missing dependency fails, never skips)
+    import pyspark  # noqa: F401  (a missing dependency fails, never skips)
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -9,10 +9,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow  # noqa: F401  (a missing dependency fails, never skips)
+import pyspark  # noqa: F401  (a missing dependency fails, never skips)
 import pytest
-
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
 
 from quire.errors import ProtocolError, SegmentNotFoundError
 from quire.segmentstore import ReadResult, SegmentInfo, SegmentType

@@ -3,10 +3,8 @@ and the records of quire.spark.stream_commits, without Spark or servers."""
 
 from __future__ import annotations
 
+import pyspark  # noqa: F401  (a missing dependency fails, never skips)
 import pytest
-
-pytest.importorskip("pyspark")
-
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from quire.spark.stream_commits import CommitRecord, SinkRecord, sink_batch_write_id

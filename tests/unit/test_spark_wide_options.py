@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pyspark")
-
 from quire.spark.sink_options import StreamPolicies, StreamSinkOptions
 from quire.spark.stream_options import StreamOptions, parse_time_ms
 
@@ -75,3 +73,18 @@ def test_created_streams_take_the_policies_given() -> None:
     assert (routed.scope, routed.stream, routed.create) == ("", "", False)
     with pytest.raises(ValueError, match="scope/stream"):
         StreamSinkOptions.parse({})  # not routed: option stream is needed
+
+
+def test_zookeeper_options_reach_the_ledger_client(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from quire.spark.options import QuireOptions
+
+    digest = tmp_path / "zk.digest"
+    opts = QuireOptions.parse({"metadata": "zk://zk1:2181/q", "log": "events",
+                               "zookeeper_digest_file": str(digest)})
+    assert opts.client_config.zookeeper.zookeeper_digest_file == str(digest)
+    monkeypatch.setenv("QUIRE_ZOOKEEPER_TLS_CA_FILE", "/etc/zk-ca.pem")
+    from_env = QuireOptions.parse({"metadata": "zk://zk1:2181/q", "log": "events"})
+    assert from_env.client_config.zookeeper.zookeeper_tls_ca_file == "/etc/zk-ca.pem"
+    with pytest.raises(ValueError, match="zookeeper_tls_cert_file"):
+        QuireOptions.parse({"metadata": "zk://zk1:2181/q", "log": "events",
+                            "zookeeper_tls_cert_file": "/c.pem"})  # without its key

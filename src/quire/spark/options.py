@@ -10,6 +10,10 @@ log                   log name (required)
 password              password of the log's ledgers (default empty)
 tls_ca                PEM CA file of the bookies' certificates: reach them
                       over TLS (default: ``$QUIRE_TLS_CA``, else plaintext)
+zookeeper_digest_file, zookeeper_tls_ca_file, zookeeper_tls_cert_file,
+zookeeper_tls_key_file
+                      a ``zk://`` metadata store's digest credentials and TLS
+                      (defaults: ``$QUIRE_ZOOKEEPER_DIGEST_FILE``, ...)
 tls_cert, tls_key     PEM client certificate and key, for bookies with mutual
                       TLS (defaults: ``$QUIRE_TLS_CERT``, ``$QUIRE_TLS_KEY``)
 start, end            batch read range, ``"seq:entry"`` positions: rows with
@@ -37,12 +41,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from quire.client import ClientConfig
 from quire.errors import ConfigError
 from quire.log import Position
 from quire.log.records import check_name
+from quire.security import ZooKeeperSecurityConfig
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -82,11 +87,28 @@ def positive_option(options: Mapping[str, str], name: str, default: int | None) 
     return value
 
 
-def client_config_of(tls_ca: str, tls_cert: str, tls_key: str) -> ClientConfig:
-    """A ledger client's settings with these TLS files; ValueError naming
-    the options if they do not go together."""
+ZOOKEEPER_OPTIONS = tuple(f.name for f in fields(ZooKeeperSecurityConfig))
+"""``zookeeper_digest_file``, ``zookeeper_tls_ca_file``, ...: how a ``zk://``
+metadata store is reached (default: ``$QUIRE_ZOOKEEPER_DIGEST_FILE``, ...)."""
+
+
+def zookeeper_of(options: Mapping[str, str]) -> ZooKeeperSecurityConfig:
+    """The ``zookeeper_*`` options (or their ``$QUIRE_ZOOKEEPER_*`` defaults)."""
     try:
-        return ClientConfig(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        return ZooKeeperSecurityConfig(**{
+            name: options.get(name) or os.environ.get(f"QUIRE_{name.upper()}", "")
+            for name in ZOOKEEPER_OPTIONS})
+    except ConfigError as e:
+        raise ValueError(f"options {', '.join(ZOOKEEPER_OPTIONS)}: {e}") from None
+
+
+def client_config_of(tls_ca: str, tls_cert: str, tls_key: str,
+                     zookeeper: ZooKeeperSecurityConfig | None = None) -> ClientConfig:
+    """A ledger client's settings with these TLS files and ZooKeeper access;
+    ValueError naming the options if they do not go together."""
+    try:
+        return ClientConfig(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                            zookeeper=zookeeper or ZooKeeperSecurityConfig())
     except ConfigError as e:
         raise ValueError(f"options tls_ca, tls_cert, tls_key: {e}") from None
 
@@ -114,11 +136,12 @@ class QuireOptions:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    zookeeper: ZooKeeperSecurityConfig = field(default_factory=ZooKeeperSecurityConfig)
 
     @property
     def client_config(self) -> ClientConfig:
         """The settings of the ledger client that reads and writes the log."""
-        return client_config_of(self.tls_ca, self.tls_cert, self.tls_key)
+        return client_config_of(self.tls_ca, self.tls_cert, self.tls_key, self.zookeeper)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> QuireOptions:
@@ -157,6 +180,7 @@ class QuireOptions:
             tls_ca=get("tls_ca") or os.environ.get("QUIRE_TLS_CA", ""),
             tls_cert=get("tls_cert") or os.environ.get("QUIRE_TLS_CERT", ""),
             tls_key=get("tls_key") or os.environ.get("QUIRE_TLS_KEY", ""),
+            zookeeper=zookeeper_of(options),
         )
         parsed.client_config  # noqa: B018  (checks the TLS options now)
         return parsed
