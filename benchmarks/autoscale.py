@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import tempfile
@@ -115,6 +116,19 @@ async def read_all(group: pravega_client.StreamReaderGroup, total: int) -> list[
     return got
 
 
+def read_check(by_key: dict[str, list[int]], numbers: dict[str, int]) -> dict[str, int]:
+    """What a read got wrong: events missing, read more than once, and keys
+    whose events came out of order (each 0 when it read exactly once, in order)."""
+    missing = duplicated = out_of_order = 0
+    for key, n in numbers.items():
+        got = by_key.get(key, [])
+        seen = set(got)
+        missing += sum(1 for i in range(n) if i not in seen)
+        duplicated += len(got) - len(seen)
+        out_of_order += any(b < a for a, b in itertools.pairwise(got))
+    return {"missing": missing, "duplicated": duplicated, "out_of_order_keys": out_of_order}
+
+
 def rate_between(times: list[float], start: float, end: float) -> float:
     inside = sum(1 for t in times if start <= t < end)
     return inside / (end - start) if end > start else 0.0
@@ -181,6 +195,7 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
             by_key.setdefault(key, []).append(int(n))
         result["read_exactly_once_in_order"] = \
             by_key == {k: list(range(n)) for k, n in numbers.items()}
+        result["read_check"] = read_check(by_key, numbers)
         return result
     finally:
         cluster.stop()
