@@ -257,17 +257,20 @@ class WireConnection(asyncio.Protocol):
     def reply(self, request: Callable[[], Any], ok: Callable[[Any], WireCommand],
               request_id: int, segment: str, offset: int = -1,
               on_error: Callable[[BaseException], Reply] | None = None,
-              cost: int = 0) -> None:
+              cost: int = 0, reads_only: bool = False) -> None:
         """Call ``request`` now (the store orders it), answer ``ok(result)``
         or the error's reply when its turn comes (see
-        :class:`~quire.segmentserver.replies.ClientConnection`)."""
+        :class:`~quire.segmentserver.replies.ClientConnection`).
+        ``reads_only``: the request changes nothing, so a container that
+        failed under it is answered WrongHost (nothing can have been applied)."""
         def formatter(future: asyncio.Future[Any]) -> Reply:
             if future.cancelled():
                 return None
             error = future.exception()
             if error is None:
                 return ok(future.result())
-            if taken and isinstance(error, ContainerClosedError | ContainerFencedError):
+            if taken and not reads_only \
+                    and isinstance(error, ContainerClosedError | ContainerFencedError):
                 # taken, then its container failed: its outcome is unknown, and
                 # WrongHost would tell the client it was not applied (a retry
                 # elsewhere finds it applied: BadVersion for a put that landed);

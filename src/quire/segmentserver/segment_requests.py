@@ -132,14 +132,15 @@ class SegmentRequests:
             return SegmentRead(c.segment, c.offset, r.at_tail, r.end_of_segment, r.data,
                                c.request_id)
         self._connection.reply(read, lambda reply: reply, c.request_id, c.segment, c.offset,
-                               cost=length)
+                               cost=length, reads_only=True)
 
     def get_info(self, c: GetStreamSegmentInfo) -> None:
         async def info() -> WireCommand:
             i = await self._store.get_info(c.segment_name)
             return StreamSegmentInfo(c.request_id, c.segment_name, True, i.sealed, i.deleted,
                                      i.last_modified_ms, i.length, i.start_offset)
-        self._connection.reply(info, lambda reply: reply, c.request_id, c.segment_name)
+        self._connection.reply(info, lambda reply: reply, c.request_id, c.segment_name,
+                               reads_only=True)
 
     def read_append_times(self, c: ReadAppendTimes) -> None:
         """Quire's own: when the bytes ``start .. end`` were appended."""
@@ -148,21 +149,24 @@ class SegmentRequests:
             entries = await self._store.append_times(c.segment, c.start, c.end)
             return AppendTimesRead(c.request_id, c.segment, info.storage_length,
                                    tuple(o for o, _ in entries), tuple(t for _, t in entries))
-        self._connection.reply(times, lambda reply: reply, c.request_id, c.segment, c.start)
+        self._connection.reply(times, lambda reply: reply, c.request_id, c.segment, c.start,
+                               reads_only=True)
 
     def locate_append_time(self, c: LocateAppendTime) -> None:
         """Quire's own: where the first append at or after ``time_ms`` starts."""
         async def locate() -> WireCommand:
             offset = await self._store.locate_append_time(c.segment, c.time_ms)
             return AppendTimeLocated(c.request_id, c.segment, offset)
-        self._connection.reply(locate, lambda reply: reply, c.request_id, c.segment)
+        self._connection.reply(locate, lambda reply: reply, c.request_id, c.segment,
+                               reads_only=True)
 
     def get_attribute(self, c: GetSegmentAttribute) -> None:
         async def get() -> WireCommand:
             found = await self._store.get_attributes(c.segment_name, [c.attribute_id])
             return SegmentAttribute(c.request_id,
                                     found.get(c.attribute_id, NULL_ATTRIBUTE_VALUE))
-        self._connection.reply(get, lambda reply: reply, c.request_id, c.segment_name)
+        self._connection.reply(get, lambda reply: reply, c.request_id, c.segment_name,
+                               reads_only=True)
 
     def update_attribute(self, c: UpdateSegmentAttribute) -> None:
         def refused(error: BaseException) -> Reply:

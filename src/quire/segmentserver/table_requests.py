@@ -78,7 +78,7 @@ class TableRequests:
                 for k, e in zip(c.keys, found, strict=True))
             return TableRead(c.request_id, c.segment, entries)
         self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
-                               cost=self._config.max_read_bytes)
+                               cost=self._config.max_read_bytes, reads_only=True)
 
     def _count(self, suggested: int) -> int:
         return min(max(1, suggested), self._config.max_table_entries_per_read)
@@ -91,7 +91,7 @@ class TableRequests:
             return TableKeysRead(c.request_id, c.segment, keys,
                                  keys[-1].data if keys else c.continuation_token)
         self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
-                               cost=self._config.max_read_bytes)
+                               cost=self._config.max_read_bytes, reads_only=True)
 
     def read_entries(self, c: ReadTableEntries) -> None:
         async def read() -> WireCommand:
@@ -103,7 +103,7 @@ class TableRequests:
             return TableEntriesRead(c.request_id, c.segment, entries,
                                     entries[-1][0].data if entries else c.continuation_token)
         self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
-                               cost=self._config.max_read_bytes)
+                               cost=self._config.max_read_bytes, reads_only=True)
 
     def read_delta(self, c: ReadTableEntriesDelta) -> None:
         async def read() -> WireCommand:
@@ -124,4 +124,4 @@ class TableRequests:
                                          delta.should_clear, last_position >= length,
                                          last_position)
         self._connection.reply(read, lambda reply: reply, c.request_id, c.segment,
-                               cost=self._config.max_read_bytes)
+                               cost=self._config.max_read_bytes, reads_only=True)
