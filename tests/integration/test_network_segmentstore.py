@@ -64,4 +64,9 @@ def test_a_quiet_store_cut_off_from_zookeeper_serves_no_stale_length(
     result = quiet_store_partitioned_from_zookeeper(cluster, 25, tmp_path)
     assert_clean(result)
     answers = result.facts["victim_during_fault"]
-    assert answers.get("WrongHost", 0) > 0, answers  # refused once taken over
+    # refused once taken over: WrongHost, or the connection closed (a request
+    # whose container failed under it has an unknown outcome; the server
+    # closes the connection rather than say "not applied": commit 771fe9f)
+    refused = answers.get("WrongHost", 0) + sum(
+        n for outcome, n in answers.items() if "connection to segment store" in outcome)
+    assert refused > 0, answers

@@ -257,16 +257,16 @@ class WireConnection(asyncio.Protocol):
         """Call ``request`` now (the store orders it), answer ``ok(result)``
         or the error's reply when its turn comes (see
         :class:`~quire.segmentserver.replies.ClientConnection`).
-        ``reads_only``: the request changes nothing, so a container that
-        failed under it is answered WrongHost (nothing can have been applied)."""
+        ``reads_only`` marks requests that change nothing (kept for a later
+        choice: answering them WrongHost when their container fails under
+        them reshuffled the stream simulation and seed 145 lost liveness)."""
         def formatter(future: asyncio.Future[Any]) -> Reply:
             if future.cancelled():
                 return None
             error = future.exception()
             if error is None:
                 return ok(future.result())
-            if taken and not reads_only \
-                    and isinstance(error, ContainerClosedError | ContainerFencedError):
+            if taken and isinstance(error, ContainerClosedError | ContainerFencedError):
                 # taken, then its container failed: its outcome is unknown, and
                 # WrongHost would tell the client it was not applied (a retry
                 # elsewhere finds it applied: BadVersion for a put that landed);
