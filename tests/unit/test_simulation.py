@@ -5,6 +5,7 @@ its own forked process under PYTHONHASHSEED=0, as CI runs them)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import re
@@ -87,6 +88,43 @@ def test_a_run_that_can_never_progress_is_a_deadlock() -> None:
             loop.run_until_complete(wait_forever())
     finally:
         loop.close()
+
+
+def test_an_alarm_stops_a_run_that_never_ends_and_leaves_the_timers_order_alone() -> None:
+    """A livelocked run (its clock goes on forever) is stopped at the alarm;
+    a run that ends before it fires its timers in the order it would
+    without the alarm (equal deadlines leave the heap in an order its
+    contents decide, so an extra timer would reorder them)."""
+    def run(alarm: bool, until_s: float) -> tuple[str, list[int]]:
+        loop = SimLoop(exact_timers=True)
+        order: list[int] = []
+
+        async def spinning() -> None:
+            for i in range(8):
+                loop.call_at(1.0 + i % 2, order.append, i)
+            while loop.time() < until_s:
+                await asyncio.sleep(5.0)
+
+        async def main() -> str:
+            this = asyncio.current_task()
+            assert this is not None
+            if alarm:
+                loop.alarm_at(100.0, this.cancel)
+            try:
+                await spinning()
+            except asyncio.CancelledError:
+                return f"stopped at {loop.time():.0f}"
+            return "ended"
+
+        try:
+            return loop.run_until_complete(main()), order
+        finally:
+            loop.close()
+
+    assert run(alarm=True, until_s=math.inf)[0] == "stopped at 100"
+    ended, order = run(alarm=True, until_s=50.0)
+    assert ended == "ended" and sorted(order) == list(range(8))
+    assert order == run(alarm=False, until_s=50.0)[1]
 
 
 # --- the network ----------------------------------------------------------------------

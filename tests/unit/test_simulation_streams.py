@@ -91,7 +91,7 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
                            "transaction-not-atomic", "table-lost-update", "tier2-inconsistent",
                            "liveness"}),
     ("dedup-forgets-writer", {"event-duplicated", "recovery"}),
-    ("owner-writes-after-lease", {"fenced-owner-wrote"}),
+    ("owner-writes-after-lease", {"fenced-owner-wrote", "liveness"}),
     ("merge-applied-twice", {"event-duplicated", "transaction-not-atomic",
                              "tier2-inconsistent"}),
     ("seal-before-successors", {"wrongly-refused", "acknowledged-event-lost", "liveness"}),

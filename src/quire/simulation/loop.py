@@ -3,8 +3,9 @@
 :class:`SimLoop` is a plain :class:`asyncio.BaseEventLoop` whose clock is a
 number it owns and whose "select" never blocks: when nothing is ready it
 jumps the clock to the next timer.  Callbacks run in the order asyncio
-gives them (ready queue, then timers by deadline, ties in the order they
-were scheduled), so one seed and one program give one run.
+gives them (ready queue, then timers by deadline; equal deadlines in the
+order the timer heap's contents give them, not always the order they were
+scheduled), so one seed and one program give one run.
 
 There is no self-pipe, no selector and no thread pool:
 
@@ -79,6 +80,7 @@ class SimLoop(asyncio.BaseEventLoop):
                  exact_timers: bool = False) -> None:
         super().__init__()
         self._now_s = start_s
+        self._alarm: tuple[float, Callable[[], object]] | None = None
         self._selector = _VirtualSelector(self)
         self.exact_timers = exact_timers
         """A timer fires when the clock reaches its deadline exactly (the
@@ -158,10 +160,23 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def advance(self, seconds: float) -> None:
         """Move virtual time forward (the selector does, when idle)."""
-        self._now_s += seconds
+        self.advance_to(self._now_s + seconds)
 
     def advance_to(self, when: float) -> None:
         self._now_s = max(self._now_s, when)
+        if self._alarm is not None and self._now_s >= self._alarm[0]:
+            callback, self._alarm = self._alarm[1], None
+            self.call_soon(callback)
+
+    def alarm_at(self, when_s: float, callback: Callable[[], object]) -> None:
+        """Call ``callback`` once the clock passes ``when_s``.  Unlike a
+        timer, it never enters the timer heap, whose order of equal
+        deadlines follows its contents: a run that ends before ``when_s``
+        has the schedule it would have without the alarm."""
+        self._alarm = (when_s, callback)
+
+    def cancel_alarm(self) -> None:
+        self._alarm = None
 
     def jump_clock(self, node: str, seconds: float) -> int:
         """Node ``node``'s clock jumps ``seconds`` ahead: each of its timers

@@ -19,7 +19,9 @@ one of the stream layer's invariants must catch within CI's seeds.
 * ``owner-writes-after-lease``: a tier-1 log writer's hold never notices
   that another owner took the log (:class:`~quire.log.catalog.LogHold`
   always believes it holds it): fenced at its ledger, the old owner rolls
-  to a new ledger of the log and keeps writing beside the new owner.
+  to a new ledger of the log and keeps writing beside the new owner (or,
+  when containers move between stores as they start, the two owners
+  fence each other for good and the run never ends).
 * ``merge-applied-twice``: merging a transaction segment leaves it in
   place (sealed), so a merge asked again (a commit retried after its
   answer was lost, a controller finishing another's commit) appends it

@@ -49,6 +49,11 @@ CONTROLLERS = 2
 CLIENTS = 3
 FAULT_S = 12.0
 """Virtual seconds of workload under faults."""
+RUN_LIMIT_S = 400.0
+"""Virtual seconds a whole run may take (its longest ok runs take about 100:
+set-up, faults, settling, the final checks).  A run still going then is
+stuck (a set-up step refused forever, two owners fencing each other): it
+fails as a liveness violation instead of running on without end."""
 CONTROLLER_CONFIG = ControllerConfig(txn_sweep_interval_ms=1000, retention_interval_ms=60_000,
                                      stale_workflow_ms=10_000, completed_txn_retention_ms=600_000)
 
@@ -70,8 +75,34 @@ def seeded_entropy(seed: int) -> Iterator[None]:
 
 
 async def _simulate(cluster: Cluster, faults: StreamFaults, result: RunResult) -> None:
-    network, rng, trace = cluster.network, cluster.rng, cluster.trace
+    """:func:`_run_checked`, stopped after :data:`RUN_LIMIT_S` virtual seconds."""
     history = StreamHistory()
+    this = asyncio.current_task()
+    assert this is not None
+    stopped: list[bool] = []
+
+    def stop() -> None:
+        stopped.append(True)
+        this.cancel()
+    loop = cluster.loop
+    loop.alarm_at(RUN_LIMIT_S, stop)
+    try:
+        await _run_checked(cluster, faults, history)
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        this.uncancel()
+        history.liveness.append(f"the run did not end within {RUN_LIMIT_S:.0f} virtual s")
+        cluster.trace.event(f"run stopped: not ended within {RUN_LIMIT_S:.0f} virtual s")
+    finally:
+        loop.cancel_alarm()
+    result.violations = check(history)
+    result.ledgers = len(history.final.get("s0", []))
+    result.acked = sum(1 for _ in history.acked_events())
+
+
+async def _run_checked(cluster: Cluster, faults: StreamFaults, history: StreamHistory) -> None:
+    network, rng, trace = cluster.network, cluster.rng, cluster.trace
     shared = SimMetadataStore(rng, delay_probability=0.0, max_delay_ms=0.0,
                               instance=cluster.metadata, clock=cluster.clock)
     bookies = [SimBookie(f"b{i}", network, shared, rng, trace, {})
@@ -112,9 +143,6 @@ async def _simulate(cluster: Cluster, faults: StreamFaults, result: RunResult) -
         if not history.liveness:  # (recovery gives back what tier-2 holds: everything by now)
             await final.disaster_recovery(cluster, stores, checker, history, found)
     await workload.spawn(checker, finish())
-    result.violations = check(history)
-    result.ledgers = len(history.final.get("s0", []))
-    result.acked = sum(1 for _ in history.acked_events())
 
 
 class _ToTrace(logging.Handler):
