@@ -239,7 +239,7 @@ def main() -> None:
     parser.add_argument("--outstanding", type=int, default=1024)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--event-bytes", type=int, default=100)
-    parser.add_argument("--keys", type=int, default=64)
+    parser.add_argument("--keys", type=int, default=128)
     parser.add_argument("--bookies", type=int, default=3)
     parser.add_argument("--merge-timeout-s", type=float, default=300)
     parser.add_argument("--json", action="store_true")
