@@ -10,12 +10,9 @@ then checks the invariants.  The same seed, in a process with the same
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import gc
-import logging
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from quire.simulation.bugs import seeded_bug
@@ -23,7 +20,7 @@ from quire.simulation.cluster import LimboNegatives, Losses, SimBookie
 from quire.simulation.loop import SimLoop
 from quire.simulation.metadata import SimMetadataStore
 from quire.simulation.network import NetworkConfig, SimNetwork
-from quire.simulation.trace import Trace
+from quire.simulation.trace import Trace, product_logs
 from quire.simulation.workload import Violation, Workload, check
 
 BOOKIES = 5
@@ -288,38 +285,6 @@ async def _limbo_write_sets(store: SimMetadataStore, bookies: list[SimBookie],
     return most
 
 
-class _ToTrace(logging.Handler):
-    """Puts the client's log lines (recovery steps, ensemble changes, writer
-    failures: deterministic text) into the trace, as ``[client] ...``."""
-
-    def __init__(self, trace: Trace) -> None:
-        super().__init__(logging.INFO)
-        self._trace = trace
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._trace.event(f"[client] {record.getMessage()}")
-
-
-@contextlib.contextmanager
-def _product_logs(trace: Trace) -> Iterator[None]:
-    """The client's INFO lines go to the trace; every other product log
-    line is dropped (bookies warn about each malformed or reset connection)."""
-    root, client = logging.getLogger("quire"), logging.getLogger("quire.client")
-    saved = root.level, client.level, client.propagate
-    handler = _ToTrace(trace)
-    root.setLevel(logging.CRITICAL + 1)
-    client.setLevel(logging.INFO)
-    client.propagate = False
-    client.addHandler(handler)
-    try:
-        yield
-    finally:
-        client.removeHandler(handler)
-        root.setLevel(saved[0])
-        client.setLevel(saved[1])
-        client.propagate = saved[2]
-
-
 def run_seed(seed: int, *, bug: str = "",
              faults_enabled: frozenset[str] = frozenset(FAULT_NAMES)) -> RunResult:
     """Run one seed (with ``bug`` switched on, see :mod:`quire.simulation.bugs`;
@@ -336,7 +301,7 @@ def run_seed(seed: int, *, bug: str = "",
     stray: list[str] = []
     loop.set_exception_handler(lambda _loop, context: stray.append(_stray(context)))
     try:
-        with _product_logs(trace), seeded_bug(bug):
+        with product_logs(trace, "quire.client", "client"), seeded_bug(bug):
             try:
                 loop.run_until_complete(_simulate(rng, trace, network, faults, extra, result))
             except Exception as e:  # reported as the run's failure, with its trace

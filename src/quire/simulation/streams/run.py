@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import logging
 import random
 import secrets
 import uuid
@@ -41,7 +40,7 @@ from quire.simulation.streams.nemesis import STREAM_FAULTS, StreamFaults, Stream
 from quire.simulation.streams.nodes import Cluster, SimSegmentStore, StreamSettings
 from quire.simulation.streams.workload import StreamWorkload
 from quire.simulation.tier2 import SimTier2
-from quire.simulation.trace import Trace
+from quire.simulation.trace import Trace, product_logs
 
 BOOKIES = 4
 STORES = 3
@@ -145,34 +144,6 @@ async def _run_checked(cluster: Cluster, faults: StreamFaults, history: StreamHi
     await workload.spawn(checker, finish())
 
 
-class _ToTrace(logging.Handler):
-    def __init__(self, trace: Trace) -> None:
-        super().__init__(logging.INFO)
-        self._trace = trace
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._trace.event(f"[{record.name.removeprefix('quire.')}] {record.getMessage()}")
-
-
-@contextlib.contextmanager
-def _product_logs(trace: Trace) -> Iterator[None]:
-    """The controller's INFO lines go to the trace; nothing else is logged."""
-    root, controller = logging.getLogger("quire"), logging.getLogger("quire.controller")
-    saved = root.level, controller.level, controller.propagate
-    handler = _ToTrace(trace)
-    root.setLevel(logging.CRITICAL + 1)
-    controller.setLevel(logging.INFO)
-    controller.propagate = False
-    controller.addHandler(handler)
-    try:
-        yield
-    finally:
-        controller.removeHandler(handler)
-        root.setLevel(saved[0])
-        controller.setLevel(saved[1])
-        controller.propagate = saved[2]
-
-
 def run_stream_seed(seed: int, *, bug: str = "",
                     faults_enabled: frozenset[str] = frozenset(STREAM_FAULTS)) -> RunResult:
     """Run one seed of the stream layer (module docstring)."""
@@ -196,7 +167,7 @@ def run_stream_seed(seed: int, *, bug: str = "",
             stray.append(_stray(context))  # (a crashed process's leftovers are not)
     loop.set_exception_handler(unobserved)
     try:
-        with _product_logs(trace), seeded_entropy(seed), seeded_bug(bug):
+        with product_logs(trace, "quire.controller"), seeded_entropy(seed), seeded_bug(bug):
             try:
                 loop.run_until_complete(_simulate(cluster, faults, result))
             except Exception as e:  # reported as the run's failure, with its trace
