@@ -74,18 +74,26 @@ class SegmentConnection(asyncio.Protocol):
         """Connect to ``address`` (``host:port``; with ``tls``, over TLS
         checking that the certificate covers ``host``) and exchange Hellos
         within ``timeout_ms``; SegmentStoreConnectionError if that fails,
-        TlsHandshakeError (not worth retrying) if the TLS handshake does."""
+        TlsHandshakeError (not worth retrying) if the TLS handshake does.
+        A socket made and not handed to the caller (no Hello in time, the
+        caller cancelled) is dropped here: nobody else could close it."""
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
+        transport: asyncio.BaseTransport | None = None
         try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                if tls is None:
-                    _transport, connection = await loop.create_connection(
-                        lambda: cls(address), host, port)
-                else:
-                    _transport, connection = await loop.create_connection(
-                        lambda: cls(address), host, port, ssl=tls, server_hostname=host)
-                await asyncio.shield(connection._greeted)
+            try:
+                async with asyncio.timeout(timeout_ms / 1000):
+                    if tls is None:
+                        transport, connection = await loop.create_connection(
+                            lambda: cls(address), host, port)
+                    else:
+                        transport, connection = await loop.create_connection(
+                            lambda: cls(address), host, port, ssl=tls, server_hostname=host)
+                    await asyncio.shield(connection._greeted)
+            except BaseException:
+                if transport is not None:
+                    cast(asyncio.Transport, transport).abort()
+                raise
         except ssl.SSLError as e:
             raise TlsHandshakeError(f"TLS handshake with segment store {address} failed: "
                                     f"{e.reason or e}") from e

@@ -278,12 +278,40 @@ class RemoteSegmentStore:
         opening = self._opening.get(address)
         if opening is None:
             opening = self._opening[address] = asyncio.ensure_future(
-                self.open_connection(address))
+                self._open_shared(address))
             opening.add_done_callback(lambda _: self._opening.pop(address, None))
-        connection = await asyncio.shield(opening)
+        return await asyncio.shield(opening)
+
+    async def _open_shared(self, address: str) -> SegmentConnection:
+        """Open the shared connection to ``address`` and keep it, whether or
+        not its callers still wait (all of them cancelled, it would be open
+        and nobody's)."""
+        connection = await self.open_connection(address)
         if not connection.broken:
             self._shared[address] = connection
         return connection
+
+    async def _read_connection(self, name: str, address: str) -> SegmentConnection:
+        """The connection ``name``'s reads use, to ``address``: the one kept
+        for it, or a new one.  Concurrent reads of one segment (two readers
+        of a stream reaching its new segments together) may both open one;
+        whatever is not kept is aborted, never dropped open (the month soak's
+        segment stores gained a socket for each one dropped)."""
+        kept = self._readers.get(name)
+        if kept is not None and not kept.broken and kept.address == address:
+            return kept
+        try:
+            opened = await self.open_connection(address)
+        except SegmentStoreConnectionError as e:
+            raise NotSent(e) from e
+        kept = self._readers.get(name)  # another read of it may have opened one meanwhile
+        if kept is not None and not kept.broken and kept.address == address:
+            opened.abort()
+            return kept
+        if kept is not None:
+            kept.abort()  # broken, or to a store that no longer owns the segment
+        self._readers[name] = opened
+        return opened
 
     async def retrying(self, segment: str, attempt: Callable[[str], Awaitable[T]]) -> T:
         """``await attempt(owner_address)``, again (re-resolved, after a
@@ -483,15 +511,7 @@ class RemoteSegmentStore:
         length = max_length or self.config.read_length_bytes
 
         async def attempt(address: str) -> ReadResult:
-            connection = self._readers.get(name)
-            if connection is None or connection.broken or connection.address != address:
-                if connection is not None:
-                    connection.abort()  # broken, or to a store that no longer owns it
-                try:
-                    connection = self._readers[name] = await self.open_connection(address)
-                except SegmentStoreConnectionError as e:
-                    raise NotSent(e) from e
-            reader = connection
+            reader = await self._read_connection(name, address)
 
             async def send(token: str) -> WireCommand:
                 request_id = next_request_id()
