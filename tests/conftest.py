@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from tests.support.s3_server import CREDENTIALS, MotoS3Server, S3Endpoint, S3ServerUnavailable
+from tests.support.streams import StreamSystem, start_system
 from tests.support.zookeeper import ZooKeeperServer, ZooKeeperUnavailable
 
 
@@ -40,3 +41,12 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
             yield server.create_bucket("quire-tier2")
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[StreamSystem]:
+    """A stream system (controller and segment stores on in-memory logs) for
+    one test, closed after it."""
+    s = await start_system()
+    yield s
+    await s.close()

@@ -7,7 +7,6 @@ got the server's Hello is dropped by ``SegmentConnection.open`` itself."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,14 +18,7 @@ from quire.streams import (
     StreamWriter,
     controller_resolver,
 )
-from tests.support.streams import StreamSystem, start_system
-
-
-@pytest.fixture
-async def system() -> AsyncIterator[StreamSystem]:
-    s = await start_system()
-    yield s
-    await s.close()
+from tests.support.streams import StreamSystem
 
 
 class CountingStore(RemoteSegmentStore):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -59,17 +59,10 @@ from quire.streams import (
 )
 from quire.streams.model import EventParser, key_hash, parse_segment_name, segment_for
 from quire.testing.memory_data_log import MemoryDataLogs
-from tests.support.streams import StreamSystem, start_system
+from tests.support.streams import StreamSystem
 
 FAST_RETRY = SegmentClientConfig(retry_deadline_ms=5_000, retry_backoff_ms=5,
                                  connect_timeout_ms=2_000, request_timeout_ms=5_000)
-
-
-@pytest.fixture
-async def system() -> AsyncIterator[StreamSystem]:
-    s = await start_system()
-    yield s
-    await s.close()
 
 
 async def read_all(controller: ControllerClient, segments: RemoteSegmentStore, scope: str,
