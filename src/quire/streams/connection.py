@@ -79,7 +79,7 @@ class SegmentConnection(asyncio.Protocol):
         caller cancelled) is dropped here: nobody else could close it."""
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
-        transport: asyncio.BaseTransport | None = None
+        transport: asyncio.Transport | None = None
         try:
             try:
                 async with asyncio.timeout(timeout_ms / 1000):
@@ -92,7 +92,7 @@ class SegmentConnection(asyncio.Protocol):
                     await asyncio.shield(connection._greeted)
             except BaseException:
                 if transport is not None:
-                    cast(asyncio.Transport, transport).abort()
+                    transport.abort()
                 raise
         except ssl.SSLError as e:
             raise TlsHandshakeError(f"TLS handshake with segment store {address} failed: "

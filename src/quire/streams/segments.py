@@ -42,7 +42,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 from quire.errors import (
     BadOffsetError,
@@ -297,15 +297,18 @@ class RemoteSegmentStore:
         of a stream reaching its new segments together) may both open one;
         whatever is not kept is aborted, never dropped open (the month soak's
         segment stores gained a socket for each one dropped)."""
+        def usable(c: SegmentConnection | None) -> TypeGuard[SegmentConnection]:
+            return c is not None and not c.broken and c.address == address
+
         kept = self._readers.get(name)
-        if kept is not None and not kept.broken and kept.address == address:
+        if usable(kept):
             return kept
         try:
             opened = await self.open_connection(address)
         except SegmentStoreConnectionError as e:
             raise NotSent(e) from e
         kept = self._readers.get(name)  # another read of it may have opened one meanwhile
-        if kept is not None and not kept.broken and kept.address == address:
+        if usable(kept):
             opened.abort()
             return kept
         if kept is not None:
