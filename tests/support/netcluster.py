@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -46,9 +45,10 @@ from typing import Any
 from quire.metadata import open_store
 from quire.sandbox import (
     ControllerProcess,
+    LineReader,
     SegmentStoreProcess,
     ServiceProcess,
-    parent_death_hook,
+    parent_death_prefix,
     start_all,
     stop_all,
 )
@@ -91,7 +91,10 @@ def _service_env() -> dict[str, str]:
 
 class ClientProcess:
     """A :mod:`tests.support.net_client` process on a host: its stdout's
-    JSON lines (:attr:`lines`, read as they come) and its stdin commands."""
+    JSON lines (:attr:`lines`, read as they come) and its stdin commands.
+    It gets SIGKILL when the thread that started it (the harness's main
+    thread) ends (:func:`~quire.sandbox.parent_death_prefix`, after ``ip
+    netns exec``)."""
 
     def __init__(self, host: netns.Host, spec: dict[str, Any], log: Path) -> None:
         self.name = spec["name"]
@@ -99,19 +102,23 @@ class ClientProcess:
         self.lines: list[dict[str, Any]] = []
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
-                [*host.exec_prefix, sys.executable, "-m", "tests.support.net_client",
-                 json.dumps(spec)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=err, env={**os.environ, **_service_env(), "PYTHONUNBUFFERED": "1"},
-                preexec_fn=parent_death_hook(signal.SIGKILL))
+                [*host.exec_prefix, *parent_death_prefix(signal.SIGKILL), sys.executable, "-m",
+                 "tests.support.net_client", json.dumps(spec)],
+                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, env={**os.environ, **_service_env(), "PYTHONUNBUFFERED": "1"})
+        assert self.proc.stdout is not None
+        self._stdout = LineReader(self.proc.stdout)
         self.log = log
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`kill` was called: it ended, its lines were read, its pipes closed."""
+        assert self.proc.stdin is not None
+        return self.proc.stdin.closed
 
     def poll_lines(self, wait_s: float = 0.0) -> None:
         """Read the lines printed so far (waiting up to ``wait_s`` for one)."""
-        assert self.proc.stdout is not None
-        while select.select([self.proc.stdout], [], [], wait_s)[0]:
-            line = self.proc.stdout.readline()
-            if not line:
-                return
+        while (line := self._stdout.line(wait_s)) is not None:
             with contextlib.suppress(ValueError):
                 self.lines.append(json.loads(line))
             wait_s = 0.0
@@ -156,10 +163,22 @@ class ClientProcess:
         self.wait_line(lambda line: line.get("event") == "done", timeout_s)
         self.proc.wait(10)
 
-    def kill(self) -> None:
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """``kill -9`` (if it still runs), wait for its end, read what it
+        printed into :attr:`lines` and close its pipes (idempotent).
+        AssertionError if it did not end within ``timeout_s``."""
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"client {self.name} (pid {self.proc.pid}) still runs "
+                                 f"{timeout_s:g} s after SIGKILL (log: {self.log})") from None
+        self.poll_lines()  # what is left (a process of its own may hold the pipe: no wait)
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+        self._stdout.close()
 
 
 class NetCluster:
@@ -273,9 +292,14 @@ class NetCluster:
         return store
 
     def close(self) -> None:
-        """Stop everything and remove the network (idempotent)."""
+        """Stop everything and remove the network (idempotent);
+        AssertionError at the end if a client would not die."""
+        stuck = []
         for client in self.clients:
-            client.kill()
+            try:
+                client.kill()
+            except AssertionError as e:
+                stuck.append(str(e))
         services: list[ServiceProcess] = [*self.stores, *self.bookies]
         if self.controller is not None:
             services.append(self.controller)
@@ -294,6 +318,7 @@ class NetCluster:
         for server in self.zookeepers:
             server.stop()
         self.net.close()
+        assert not stuck, "; ".join(stuck)
 
     def __enter__(self) -> NetCluster:
         return self.start()
@@ -378,6 +403,7 @@ class NetCluster:
             "metadata_uri": self.metadata_uri,
             "controller_uri": self.controller.uri if self.controller else "", **spec},
             self.root / f"client-{spec['name']}.log")
+        self.clients = [c for c in self.clients if not c.closed]  # (earlier rounds')
         self.clients.append(process)
         if wait:
             process.ready()

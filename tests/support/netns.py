@@ -50,9 +50,19 @@ class NetworkError(RuntimeError):
     """A command of the harness failed."""
 
 
+RUN_TIMEOUT_S = 60.0
+"""How long a command of the harness (``ip``, ``nft``, ``mount``) may take."""
+
+
 def run(*cmd: str, check: bool = True, input_text: str | None = None) -> str:
-    """Run ``cmd``; its stdout.  NetworkError (with its stderr) if it fails and ``check``."""
-    done = subprocess.run(cmd, capture_output=True, text=True, input=input_text)
+    """Run ``cmd``; its stdout.  NetworkError (with its stderr) if it fails
+    and ``check``; NetworkError whatever ``check`` says if it runs longer
+    than :data:`RUN_TIMEOUT_S` (it is killed then)."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, input=input_text,
+                              timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise NetworkError(f"{' '.join(cmd)}: no end within {RUN_TIMEOUT_S:g} s") from None
     if check and done.returncode != 0:
         raise NetworkError(f"{' '.join(cmd)}: {done.stderr.strip() or done.returncode}")
     return done.stdout

@@ -8,7 +8,6 @@ paginated listing, which is what the tier-2 S3 driver uses.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from quire.sandbox import free_port
+from quire.sandbox import free_port, parent_death_prefix
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "quire-test", "AWS_SECRET_ACCESS_KEY": "quire-test"}
@@ -69,11 +68,10 @@ class MotoS3Server:
         self.port = self.port or free_port()
         self._log_path = Path(tempfile.mkstemp(prefix="quire-moto-", suffix=".log")[1])
         with open(self._log_path, "wb") as log:
-            self._process = subprocess.Popen(
-                [*self._command_prefix, sys.executable, "-m", "moto.server", "-H", self.host,
-                 "-p", str(self.port)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent)
+            self._process = subprocess.Popen(  # (SIGKILL when the test process dies)
+                [*self._command_prefix, *parent_death_prefix(signal.SIGKILL), sys.executable,
+                 "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_until_serving()
         except BaseException:
@@ -127,15 +125,9 @@ class MotoS3Server:
                 self._process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self._process.kill()
-                self._process.wait()
+                self._process.wait(timeout=10)
             self._process = None
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None
 
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the test process dies, so no server lingers."""
-    if sys.platform == "linux":
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -38,7 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from quire.client import Client
-from quire.sandbox import parent_death_hook
+from quire.sandbox import LineReader, parent_death_prefix
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
 from quire.segmentstore.disaster_recovery import recover
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
@@ -88,12 +87,13 @@ class ChaosOwner:
     def __init__(self, metadata_uri: str, tier2_uri: str, log_name: str,
                  config: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.tier2_chaos_driver", metadata_uri,
-             tier2_uri, log_name, json.dumps(config)],
+            [*parent_death_prefix(signal.SIGKILL), sys.executable, "-m",
+             "tests.support.tier2_chaos_driver", metadata_uri, tier2_uri, log_name,
+             json.dumps(config)],
             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            preexec_fn=parent_death_hook(signal.SIGKILL),
             env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-        self.buffer = b""
+        assert self.proc.stdout is not None
+        self.stdout = LineReader(self.proc.stdout)
         self.events: list[dict[str, Any]] = []
         try:
             ready = self.expect("ready")
@@ -106,21 +106,15 @@ class ChaosOwner:
     def line(self, deadline: float, quiet: bool = False) -> dict[str, Any] | None:
         """The next line (None at the end of the output; ``{}`` at the
         deadline if ``quiet``, else AssertionError)."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buffer:
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
+        while (raw := self.stdout.line(max(0.0, deadline - time.monotonic()))) is None:
+            if self.stdout.ended:
+                return None
+            if time.monotonic() >= deadline:
                 if quiet:
                     return {}
                 raise AssertionError(f"no answer from the owner (exit {self.proc.poll()})")
-            ready, _, _ = select.select([fd], [], [], timeout)
-            if ready:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    return None
-                self.buffer += chunk
-        raw, _, self.buffer = self.buffer.partition(b"\n")
+        if not raw.endswith(b"\n"):  # its last line, cut short by its death
+            return None
         return dict(json.loads(raw))
 
     def expect(self, key: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any] | None:
@@ -169,7 +163,7 @@ class ChaosOwner:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+            self.proc.wait(timeout=TIMEOUT_S)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 with contextlib.suppress(BrokenPipeError):

@@ -17,13 +17,11 @@ plaintext port it is watched on.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -32,7 +30,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from quire.sandbox import free_port
+from quire.sandbox import free_port, parent_death_prefix
 from quire.security import write_secret
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -153,13 +151,13 @@ class ZooKeeperServer:
         assert self._workdir is not None
         java = shutil.which("java") or "java"
         main = QUORUM_MAIN_CLASS if self._peers else MAIN_CLASS
-        command = [*self._command_prefix, java, "-Xmx256m", "-XX:+UseSerialGC",
+        command = [*self._command_prefix,  # (SIGKILL when the test process dies: no JVM lingers)
+                   *parent_death_prefix(signal.SIGKILL), java, "-Xmx256m", "-XX:+UseSerialGC",
                    "-XX:TieredStopAtLevel=1", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                    "-cp", _classpath(), main, str(self._workdir / "zoo.cfg")]
         with open(self._workdir / "server.log", "ab") as log:
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT,
-                                             preexec_fn=_die_with_parent)
+                                             stderr=subprocess.STDOUT)
 
     def wait_serving(self) -> None:
         try:
@@ -172,7 +170,7 @@ class ZooKeeperServer:
         """``kill -9``, keeping the data for :meth:`restart`."""
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
-            self._process.wait()
+            self._process.wait(timeout=10)
 
     def restart(self) -> None:
         """Start again on the same data (after :meth:`kill`), without waiting."""
@@ -222,7 +220,7 @@ class ZooKeeperServer:
                 self._process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self._process.kill()
-                self._process.wait()
+                self._process.wait(timeout=10)
             self._process = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -239,10 +237,3 @@ def _classpath() -> str:
                 entries = shlex.split(line.partition("=")[2])[0].split(":")
     entries += [str(jar) for jar in (SLF4J_SIMPLE, *NETTY_EXTRA) if jar.exists()]
     return ":".join(entries)
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the test process dies, so no JVM lingers."""
-    if sys.platform == "linux":
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -5,7 +5,8 @@
   (:class:`BookieProcess`, :class:`SegmentStoreProcess`,
   :class:`ControllerProcess`); ports, :func:`start_all`, :func:`stop_all`.
   A child ends when its parent does, however that ends (a parent-death
-  signal).
+  signal, :func:`parent_death_prefix`); :class:`LineReader` reads a
+  child's output lines with a deadline.
 * :mod:`.cluster`: :class:`Sandbox`, the whole system as ``pravega
   standalone`` runs it, with stable names and ports kept in one directory
   so a restart finds its data.
@@ -22,12 +23,13 @@ from quire.sandbox.processes import (
     NO_JOURNAL_SETTINGS,
     BookieProcess,
     ControllerProcess,
+    LineReader,
     SegmentStoreProcess,
     ServiceProcess,
     _ephemeral_ports,
     autoscale_settings,
     free_port,
-    parent_death_hook,
+    parent_death_prefix,
     preferred_port,
     resolves_to,
     sqlite_uri,
@@ -39,8 +41,8 @@ from quire.sandbox.supervisor import RestartPolicy, ServiceSupervisor
 
 __all__ = [
     "CONTROLLERS_HOST", "CONTROLLER_HTTP_PORT", "CONTROLLER_PORT", "LOCAL_BOOKIE_SETTINGS",
-    "NO_JOURNAL_SETTINGS", "BookieProcess", "ControllerProcess", "RestartPolicy", "Sandbox",
-    "SegmentStoreProcess", "ServiceProcess", "ServiceSupervisor", "_ephemeral_ports",
-    "autoscale_settings", "free_port", "parent_death_hook", "preferred_port", "resolves_to",
+    "NO_JOURNAL_SETTINGS", "BookieProcess", "ControllerProcess", "LineReader", "RestartPolicy",
+    "Sandbox", "SegmentStoreProcess", "ServiceProcess", "ServiceSupervisor", "_ephemeral_ports",
+    "autoscale_settings", "free_port", "parent_death_prefix", "preferred_port", "resolves_to",
     "sqlite_uri", "start_all", "stop_all", "tier1_quorums",
 ]

@@ -130,7 +130,7 @@ class Sandbox:
         QuireError naming the holders if another process holds one of the
         bookies' directories, or if a process fails to start (then every
         process started is stopped).  Start it from a thread that lives as
-        long as the sandbox (see :func:`parent_death_hook`)."""
+        long as the sandbox (see :func:`parent_death_prefix`)."""
         self.check_not_held()
         self._save_state()
         start_all(self.bookies, timeout_s, on_ready)

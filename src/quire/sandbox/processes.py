@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
+import math
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,33 +17,93 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from quire.errors import QuireError
 
-_PR_SET_PDEATHSIG = 1
+_ARMED_UNDER_PARENT = 'test "$PPID" = "$0" || exit 0; exec "$@"'
+"""The shell between ``setpriv`` and the command: exit if the process's
+parent is no longer the process that started it (``$0``), else exec the
+command in place."""
 
 
-def parent_death_hook(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child get ``signum`` when the thread
-    that forks it dies (Linux ``prctl(PR_SET_PDEATHSIG)``), and exit at once
-    if its parent is already gone; None where there is no ``prctl``.
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv")
 
-    The signal follows the forking *thread*: fork from a thread that lives
-    as long as the process (the sandbox's main thread)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
 
-    def hook() -> None:
-        if prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
-            os._exit(70)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(0)
+def parent_death_prefix(signum: int = signal.SIGTERM) -> list[str]:
+    """A command prefix that has the process it starts get ``signum`` when
+    the thread that started it dies, and exit at once (status 0) if its
+    parent is already gone; empty where there is no ``setpriv``.
 
-    return hook
+    ``setpriv --pdeathsig`` (util-linux) arms Linux's
+    ``prctl(PR_SET_PDEATHSIG)``, then a shell checks that its parent is
+    still the process that started it (no signal comes for a parent that
+    died before the arming) and execs the command in place: the process
+    keeps its pid and gets its signals.  A prefix run after exec, never a
+    ``preexec_fn``: Python code between fork and exec in a process with
+    threads (kazoo's, event loops') can deadlock on a lock another thread
+    held at the fork (issue #39).
+
+    As with ``prctl``, the signal follows the *thread* that started the
+    process: start it from a thread that lives as long as the process
+    (the sandbox's main thread).  The arming happens in the child after
+    ``Popen`` returned: should that thread end first, the kernel hands
+    the child to another thread of the process, whose end then signals it.
+    ``setpriv`` must come right before the program (after ``ip netns exec
+    NS``, which execs in place): running a set-user-ID or file-capability
+    program clears the setting."""
+    setpriv = _setpriv()
+    if setpriv is None:
+        return []
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    return [setpriv, f"--pdeathsig={name}", "/bin/sh", "-c", _ARMED_UNDER_PARENT,
+            str(os.getpid())]
+
+
+class LineReader:
+    """The lines a child process prints on a pipe, read without ever waiting
+    past a deadline: bytes are taken as they come (``os.read``), never with
+    a buffered ``readline``, which waits for the end of a line the writer
+    may never finish; a line is handed out once its newline came (what is
+    left when the output ends, as a last line)."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        self._fd = pipe.fileno()
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+        self._buffer = b""
+        self._eof = False
+
+    @property
+    def ended(self) -> bool:
+        """No more lines: the writer closed its end (or :meth:`close` was
+        called) and every line was handed out."""
+        return (self._eof or self._pipe.closed) and not self._buffer
+
+    def line(self, wait_s: float = 0.0) -> bytes | None:
+        """The next line (with its newline), waiting up to ``wait_s`` for
+        it; None if none came in time or the output ended (:attr:`ended`)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            end = self._buffer.find(b"\n") + 1
+            if end or (self._eof and self._buffer):
+                end = end or len(self._buffer)
+                line, self._buffer = self._buffer[:end], self._buffer[end:]
+                return line
+            if self._eof or self._pipe.closed:  # (closed: no more is read)
+                return None
+            left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            if not self._poll.poll(left_ms):
+                return None
+            chunk = os.read(self._fd, 1 << 16)
+            self._buffer += chunk
+            self._eof = not chunk
+
+    def close(self) -> None:
+        self._pipe.close()
 
 
 def _toml_value(value: Any) -> str:
@@ -79,6 +141,7 @@ class ServiceProcess:
         self.name = name
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
+        self._stdout: LineReader | None = None
         self.address = ""
         self.metrics_address: str | None = None
         self.ready_event: dict[str, Any] = {}
@@ -86,7 +149,7 @@ class ServiceProcess:
         self.log_path = root / f"{name}.log"
         self.ends_with_parent = False
         """SIGTERM the process when the process that started it dies (see
-        :func:`parent_death_hook`); the sandbox sets it."""
+        :func:`parent_death_prefix`); the sandbox sets it."""
         self.command_prefix: list[str] = []
         """Run the command through this one, which must exec it in place
         (e.g. ``ip netns exec NS``: the process keeps its pid and gets its
@@ -109,13 +172,15 @@ class ServiceProcess:
     def start(self, timeout_s: float = 60.0, expect_ready: bool = True) -> None:
         self.address = ""
         config = self.write_config()
+        dies_with_parent = parent_death_prefix() if self.ends_with_parent else []
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*self.command_prefix, sys.executable, "-m", self.entry_module, self.service,
-                 "start", "--config", str(config)],
+                [*self.command_prefix, *dies_with_parent, sys.executable, "-m",
+                 self.entry_module, self.service, "start", "--config", str(config)],
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env},
-                preexec_fn=parent_death_hook() if self.ends_with_parent else None)
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env})
+        assert self.proc.stdout is not None
+        self._stdout = LineReader(self.proc.stdout)
         if expect_ready:
             self._wait_ready(timeout_s)
 
@@ -123,14 +188,13 @@ class ServiceProcess:
         """True once the process printed its ready line (waiting up to
         ``wait_s`` for it), False while it is still starting; QuireError if
         it exited before it was ready."""
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None and self._stdout is not None
         if self.address:
             return True
-        ready, _, _ = select.select([self.proc.stdout], [], [], wait_s)
-        if ready:
-            line = self.proc.stdout.readline()
+        line = self._stdout.line(wait_s)
+        if line is not None:
             try:
-                event = json.loads(line) if line else None
+                event = json.loads(line)
             except ValueError:
                 event = None
             if isinstance(event, dict) and event.get("event") == "ready":
@@ -138,9 +202,8 @@ class ServiceProcess:
                 self.address = str(event["address"])
                 self.metrics_address = event.get("metrics")
                 return True
-            if line:
-                return False
-        if self.proc.poll() is not None or ready:  # exited, or closed its stdout
+            return False
+        if self.proc.poll() is not None or self._stdout.ended:  # exited, or closed its stdout
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
             raise QuireError(f"{self.service} {self.name} exited before it was ready (status "
@@ -176,13 +239,18 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        self.proc = None
+        self._forget()
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        self.proc = None
+        self._forget()
+
+    def _forget(self) -> None:
+        if self._stdout is not None:
+            self._stdout.close()
+        self.proc = self._stdout = None
 
     @property
     def host_port(self) -> tuple[str, int]:
