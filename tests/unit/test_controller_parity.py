@@ -37,7 +37,6 @@ from quire.segmentstore.segment_rates import (
     AutoScaleMonitor,
     AutoScalerConfig,
     ScaleRequest,
-    SegmentRates,
     policy_attributes,
 )
 from quire.streams import ControllerClient
@@ -65,8 +64,13 @@ class Container:
     """What the monitor reads of a container."""
 
     def __init__(self) -> None:
-        self.rates = SegmentRates()
-        self.committed = ContainerMetadata(0)
+        self.committed = self.accepted = ContainerMetadata(0)
+
+    def record(self, sid: int, size: int, events: int) -> None:
+        """What the container's append path counts of an append."""
+        s = self.accepted.segments[sid]
+        s.appended_bytes += size
+        s.appended_events += events
 
     def add(self, sid: int, name: str, policy: dict[int, int] | None = None) -> None:
         self.committed.segments[sid] = SegmentMetadata(sid, name, SegmentType.STREAM,
@@ -84,9 +88,9 @@ def test_a_hot_segment_is_reported_for_a_split_then_muted_and_an_idle_one_as_col
     requests: list[ScaleRequest] = []
     for _ in range(20):  # 4 s at 100 events/s, half of them through the transaction
         now += 200
-        c.rates.record(1, 1000, 10)
-        c.rates.record(2, 1000, 10)
-        c.rates.record(3, 1000, 10)
+        c.record(1, 1000, 10)
+        c.record(2, 1000, 10)
+        c.record(3, 1000, 10)
         requests += monitor.tick([c], now)
     assert [(r.segment_id, r.up) for r in requests] == [(0, True)]  # once: then muted
     assert requests[0].splits == 10  # 100 events/s against 10

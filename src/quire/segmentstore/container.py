@@ -80,7 +80,6 @@ from quire.segmentstore.operations import (
     SegmentMapOp,
     TruncateOp,
 )
-from quire.segmentstore.segment_rates import SegmentRates
 from quire.segmentstore.throttle import Tier1Throttle
 from quire.segmentstore.types import (
     ATTRIBUTE_KEY_LIMIT,
@@ -172,8 +171,6 @@ class SegmentContainer(ContainerUpkeep):
                                    checkpoint_every_bytes=config.checkpoint_every_bytes,
                                    on_checkpoint_due=self._checkpoint_due,
                                    on_bytes_committed=self._bytes_committed)
-        self.rates = SegmentRates()
-        """Bytes and events appended per segment, for auto-scaling."""
 
     @property
     def epoch(self) -> int:
@@ -365,7 +362,8 @@ class SegmentContainer(ContainerUpkeep):
                     events = 1 if last is None else number - last
                 apply_append(s, end, changed, now)
                 accepted.sequence = sequence
-                self.rates.record(segment_id, size, events)
+                s.appended_bytes += size  # auto-scaling's counts (segment_rates)
+                s.appended_events += events
                 if self.throttle.throttled:
                     return self.throttle.hold(oplog.add_encoded(queued, raw, result, size))
                 return oplog.add_encoded(queued, raw, result, size)

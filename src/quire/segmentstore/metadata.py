@@ -57,6 +57,13 @@ class SegmentMetadata:
     storage_length: int = 0
     last_modified_ms: int = 0
     attributes: dict[int, int] = field(default_factory=dict)
+    appended_bytes: int = field(default=0, compare=False, repr=False)
+    """Bytes appended since auto-scaling last took its counts
+    (:meth:`~quire.segmentstore.segment_rates.AutoScaleMonitor.tick`): a
+    counter of the live container's accepted state, never logged nor
+    checkpointed, kept here so that the append path pays two additions."""
+    appended_events: int = field(default=0, compare=False, repr=False)
+    """Events appended since then (see :attr:`appended_bytes`)."""
 
     def info(self) -> SegmentInfo:
         return SegmentInfo(name=self.name, length=self.length, start_offset=self.start_offset,

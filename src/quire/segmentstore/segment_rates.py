@@ -7,10 +7,11 @@ rate) and when the stream's policy changes (``UpdateSegmentPolicy``):
 :data:`SCALE_POLICY_TYPE_KEY` (0: none, 1: by KiB/s, 2: by events/s) and
 :data:`SCALE_POLICY_RATE_KEY`, with Pravega's attribute ids.
 
-Measuring costs the append path one call: :meth:`SegmentRates.record` adds
-the append's bytes and events to the segment's two counters.  The events
-of a writer's append are the step of its event number (Pravega's writers
-number events one by one), 1 for an append without a writer.
+Measuring costs the append path two additions: the container adds the
+append's bytes and events to the segment's two counters in its accepted
+state (``SegmentMetadata.appended_bytes`` and ``appended_events``).  The
+events of a writer's append are the step of its event number (Pravega's
+writers number events one by one), 1 for an append without a writer.
 
 Every tick (5 s), :class:`AutoScaleMonitor` takes the counters and folds
 them into four exponentially weighted rates per segment with a policy,
@@ -33,7 +34,7 @@ them all to N seconds for tests and demos.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,37 +54,6 @@ NO_SCALING, BY_KBYTES, BY_EVENTS = 0, 1, 2
 def policy_attributes(scale_type: int, target_rate: int) -> dict[int, int]:
     """The attributes that hold a segment's scaling policy."""
     return {SCALE_POLICY_TYPE_KEY: scale_type, SCALE_POLICY_RATE_KEY: target_rate}
-
-
-class SegmentRates:
-    """Bytes and events appended per segment since the last :meth:`take`
-    (one per container; :meth:`record` is on the append path)."""
-
-    __slots__ = ("_counts",)
-
-    def __init__(self) -> None:
-        self._counts: dict[int, list[int]] = {}
-
-    def record(self, segment_id: int, size: int, events: int) -> None:
-        counts = self._counts.get(segment_id)
-        if counts is None:
-            self._counts[segment_id] = [size, events]
-        else:
-            counts[0] += size
-            counts[1] += events
-
-    def take(self) -> Iterator[tuple[int, int, int]]:
-        """``(segment id, bytes, events)`` since the last take, counters reset."""
-        for segment_id, counts in self._counts.items():
-            if counts[0] or counts[1]:
-                yield segment_id, counts[0], counts[1]
-                counts[0] = counts[1] = 0
-
-    def forget(self, keep: Iterable[int]) -> None:
-        """Drop the counters of segments not in ``keep``."""
-        kept = set(keep)
-        for segment_id in [s for s in self._counts if s not in kept]:
-            del self._counts[segment_id]
 
 
 @dataclass(frozen=True)
@@ -151,10 +121,12 @@ class RatedContainer(Protocol):
     """What the monitor reads of a container."""
 
     @property
-    def rates(self) -> SegmentRates: ...
+    def accepted(self) -> ContainerMetadata:
+        """The state whose segments count the appends (taken and reset here)."""
 
     @property
-    def committed(self) -> ContainerMetadata: ...
+    def committed(self) -> ContainerMetadata:
+        """The state whose segments' policies are followed."""
 
 
 class AutoScaleMonitor:
@@ -176,17 +148,13 @@ class AutoScaleMonitor:
         counts: dict[str, list[int]] = {}
         policies: dict[str, tuple[int, int]] = {}
         for container in containers:
-            segments = container.committed.segments
-            rates = container.rates
-            for segment_id, size, events in rates.take():
-                s = segments.get(segment_id)
-                if s is not None:
-                    base = base_segment_name(s.name)
-                    counted = counts.setdefault(base, [0, 0])
-                    counted[0] += size
-                    counted[1] += events
-            rates.forget(segments)
-            for s in segments.values():
+            for s in container.accepted.segments.values():
+                if s.appended_bytes or s.appended_events:
+                    counted = counts.setdefault(base_segment_name(s.name), [0, 0])
+                    counted[0] += s.appended_bytes
+                    counted[1] += s.appended_events
+                    s.appended_bytes = s.appended_events = 0
+            for s in container.committed.segments.values():
                 kind = s.attributes.get(SCALE_POLICY_TYPE_KEY, NO_SCALING)
                 if kind != NO_SCALING and not s.sealed and not s.deleted \
                         and s.type is SegmentType.STREAM and base_segment_name(s.name) == s.name:
