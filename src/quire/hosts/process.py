@@ -6,9 +6,20 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import signal
 from collections.abc import Callable
 from typing import Any, Protocol
+
+log = logging.getLogger("quire.hosts")
+
+STOP_DEADLINE_S = 30.0
+"""How long a clean stop may take before the process exits without it.  A
+host whose metadata store or bookies are gone can wait on them for ever;
+exiting then is a crash, which every host recovers from (what it
+acknowledged is durable), and an operator's stop must stop."""
+STOP_DEADLINE_EXIT_CODE = 3
+"""The exit status of a process whose clean stop ran out of time."""
 
 
 class Host(Protocol):
@@ -25,21 +36,39 @@ class Host(Protocol):
         ...
 
 
-async def serve(host: Host) -> None:
+async def serve(host: Host, stop_deadline_s: float = STOP_DEADLINE_S,
+                exit: Callable[[int], None] = os._exit) -> None:
     """Start ``host``, print one JSON line ``{"event": "ready", ...}`` on
-    stdout, and run until SIGTERM or SIGINT stops it cleanly."""
+    stdout, and run until SIGTERM or SIGINT stops it cleanly.  A clean stop
+    still going after ``stop_deadline_s`` ends the process at once
+    (``exit(STOP_DEADLINE_EXIT_CODE)``, logged).  A second signal while
+    stopping changes nothing: Ctrl-C in a terminal signals a whole process
+    group, whose parent may then pass a SIGTERM on to its children."""
     await host.start()
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
+    deadline: list[asyncio.TimerHandle] = []
+
+    def give_up(why: str) -> None:
+        log.error("%s: exiting without a clean stop", why)
+        logging.shutdown()
+        exit(STOP_DEADLINE_EXIT_CODE)
 
     def request_stop() -> None:
-        if not stopping:
-            stopping.append(loop.create_task(host.stop()))
+        if stopping:
+            return
+        stopping.append(loop.create_task(host.stop()))
+        deadline.append(loop.call_later(stop_deadline_s, give_up,
+                                        f"the clean stop took more than {stop_deadline_s:g} s"))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_stop)
     print(json.dumps({"event": "ready", **host.ready_event()}), flush=True)
-    await host.wait_stopped()
+    try:
+        await host.wait_stopped()
+    finally:
+        for handle in deadline:
+            handle.cancel()
 
 
 def tune_interpreter(gc_gen0_threshold_allocations: int = 0) -> None:
