@@ -264,7 +264,10 @@ class NetCluster:
                              "ledger_dirs": [str(disk / "ledgers")],
                              "journal_file_size_bytes": 1 << 20, "journal_reuse_files_max": 2,
                              "entry_log_max_bytes": 2 << 20, "entry_log_direct_io": False,
-                             "disk_usage_threshold": 0.90, "disk_usage_lwm_threshold": 0.80})
+                             "disk_usage_threshold": 0.90, "disk_usage_lwm_threshold": 0.80,
+                             # what rounds delete comes back within a round or two
+                             "gc_interval_ms": 10_000, "minor_compaction_interval_ms": 60_000,
+                             "major_compaction_interval_ms": 300_000})
         bookie = BookieProcess(self.root, self.metadata_uri, f"bookie-{i}",
                                **{**settings, **self.spec.bookie_settings})
         self._place(bookie, host)

@@ -28,6 +28,7 @@ from quire.segmentstore.names import container_of
 from quire.streams import ControllerClient, segment_name
 from quire.testing.history import Anomaly, Operation, Recorder, load, report
 from quire.testing.history_checks import check
+from quire.types import BookieState
 from tests.support.netcluster import ClientProcess, NetCluster, NetClusterSpec
 from tests.support.netns import NetworkUnavailable
 from tests.support.zookeeper import ZooKeeperUnavailable
@@ -136,6 +137,30 @@ class Round:
                 client.kill()
 
 
+def settled(cluster: NetCluster, timeout_s: float = 60.0) -> None:
+    """Until the cluster is whole again after a round: every bookie
+    registered writable and every container assigned and open
+    (AssertionError naming what is not, at ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        writable = asyncio.run(_writable_bookies(cluster.metadata_uri))
+        missing = sorted({b.bookie_id for b in cluster.bookies} - writable)
+        if not missing:
+            break
+        assert time.monotonic() < deadline, f"bookies not writable again: {missing}"
+        time.sleep(0.5)  # polling the cluster's state, with a deadline
+    cluster.wait_assigned(max(1.0, deadline - time.monotonic()))
+
+
+async def _writable_bookies(metadata_uri: str) -> set[str]:
+    store = await open_store(metadata_uri)
+    try:
+        return {b.bookie_id for b in await store.list_bookies()
+                if b.state is BookieState.WRITABLE}
+    finally:
+        await store.close()
+
+
 # --- ledgers ----------------------------------------------------------------------------
 
 
@@ -143,6 +168,17 @@ async def _ensembles(metadata_uri: str, ledger: int) -> list[tuple[int, tuple[st
     store = await open_store(metadata_uri)
     try:
         return list((await store.read_ledger(ledger)).value.ensembles)
+    finally:
+        await store.close()
+
+
+async def _delete_ledgers(metadata_uri: str, ledgers: list[int]) -> None:
+    """Delete a round's ledgers once checked, so that the soak's own data
+    stays bounded on the bookies' small disks (their GC reclaims it)."""
+    store = await open_store(metadata_uri)
+    try:
+        for ledger in ledgers:
+            await store.delete_ledger(ledger)
     finally:
         await store.close()
 
@@ -173,7 +209,9 @@ def _ledger_round(r: Round, fault: Callable[[Round, list[str]], tuple[str, list[
         closed = writer.wait_line(lambda line: "closed" in line)
         r.facts["ensembles"] = closed["ensembles"]
         reader.finish(verify=[ledger])
-        return r.finish()
+        result = r.finish()
+        asyncio.run(_delete_ledgers(r.cluster.metadata_uri, [ledger]))
+        return result
 
 
 def writer_partitioned_from_bookie(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
@@ -501,7 +539,9 @@ def zookeeper_quorum_loss(cluster: NetCluster, seed: int, root: Path) -> RoundRe
         r.facts["resumed"] = {
             f: any(o.ok and o.invoked > end for o in ops if o.f == f)
             for f in ("ledger.create", "event.write")}
-        return r.finish()
+        result = r.finish()
+        asyncio.run(_delete_ledgers(r.cluster.metadata_uri, ledgers))
+        return result
 
 
 ROUNDS: dict[str, Callable[..., RoundResult]] = {

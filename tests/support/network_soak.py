@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tests.support.netcluster import NetCluster, NetClusterSpec
-from tests.support.netrounds import ROUNDS, RoundResult
+from tests.support.netrounds import ROUNDS, RoundResult, settled
 
 KINDS = sorted(k for k in ROUNDS if k != "planted-fencing-off")
 
@@ -37,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
             as cluster:
         end = time.monotonic() + args.minutes * 60  # (rounds' time; the start is extra)
         while time.monotonic() < end:
+            try:
+                settled(cluster)
+            except AssertionError as e:  # a round left the cluster broken: stop here
+                print(f"soak-network: the cluster did not recover after seed {seed - 1}: {e}",
+                      flush=True)
+                failed.append(RoundResult("settle", seed - 1, [], [], str(e), 0.0))
+                break
             kind = pick.choice(KINDS)
             kwargs = {"probe": True} if kind.startswith("store-") else {}
             try:
