@@ -31,7 +31,7 @@ from quire.segmentstore.names import NAME_KINDS, check_name
 from quire.segmentstore.storage_writer import StorageWriterConfig
 from quire.segmentstore.tier2_check import check
 from quire.segmentstore.tier2_reader import read_records
-from quire.streams.segments import error_of
+from quire.streams.refusals import error_of
 from quire.testing.memory_data_log import MemoryDataLogs
 from quire.testing.memory_writer_source import MemoryWriterSource
 from quire.tier2 import chunk_path, open_chunk_storage

@@ -17,7 +17,8 @@ BadOffsetError for a failed conditional append, TableKeyBadVersionError,
 TableKeyNotFoundError; a refused delegation token PermissionDeniedError),
 so code written against the in-process
 :class:`~quire.segmentstore.SegmentStore` (the controller's
-``ControllerSegmentStore`` seam) works unchanged over the wire.
+``ControllerSegmentStore`` seam) works unchanged over the wire
+(:mod:`quire.streams.refusals`).
 
 Connections: one shared connection per segment store carries every
 request but reads (the server answers a connection's requests in order,
@@ -45,22 +46,12 @@ from dataclasses import dataclass
 from typing import TypeGuard, TypeVar
 
 from quire.errors import (
-    BadOffsetError,
     ConfigError,
     ContainerNotOwnedError,
-    InvalidNameError,
-    PermissionDeniedError,
     ProtocolError,
-    SegmentExistsError,
     SegmentNotFoundError,
-    SegmentQuarantinedError,
-    SegmentSealedError,
     SegmentStoreConnectionError,
     SegmentStoreError,
-    SegmentTruncatedError,
-    TableKeyBadVersionError,
-    TableKeyNotFoundError,
-    TokenExpiredError,
 )
 from quire.pravega_wire import (
     KEY_NO_VERSION,
@@ -70,16 +61,12 @@ from quire.pravega_wire import (
     AppendSetup,
     AuthTokenCheckFailed,
     ConditionalBlockEnd,
-    ConditionalCheckFailed,
     CreateSegment,
     CreateTableSegment,
     DataAppended,
     DeleteSegment,
-    ErrorMessage,
     GetStreamSegmentInfo,
     MergeSegments,
-    NoSuchSegment,
-    OperationUnsupported,
     ReadSegment,
     ReadTable,
     ReadTableEntries,
@@ -87,11 +74,8 @@ from quire.pravega_wire import (
     ReadTableKeys,
     RemoveTableKeys,
     SealSegment,
-    SegmentAlreadyExists,
     SegmentCreated,
     SegmentDeleted,
-    SegmentIsSealed,
-    SegmentIsTruncated,
     SegmentPolicyUpdated,
     SegmentRead,
     SegmentSealed,
@@ -103,12 +87,9 @@ from quire.pravega_wire import (
     TableEntriesRead,
     TableEntriesUpdated,
     TableKey,
-    TableKeyBadVersion,
-    TableKeyDoesNotExist,
     TableKeysRead,
     TableKeysRemoved,
     TableRead,
-    TableSegmentNotEmpty,
     TableValue,
     TruncateSegment,
     UpdateSegmentPolicy,
@@ -117,7 +98,6 @@ from quire.pravega_wire import (
     WrongHost,
 )
 from quire.segmentstore import (
-    NOT_EXISTS,
     AppendResult,
     MergeResult,
     ReadResult,
@@ -129,6 +109,7 @@ from quire.segmentstore import (
 )
 from quire.segmentstore.segment_rates import SCALE_POLICY_RATE_KEY, SCALE_POLICY_TYPE_KEY
 from quire.streams.connection import SegmentConnection, next_request_id
+from quire.streams.refusals import expect, wire_version
 from quire.streams.tokens import NO_TOKENS, TOKEN_EXPIRED_CODE, TokenSource
 
 log = logging.getLogger(__name__)
@@ -161,56 +142,6 @@ class SegmentClientConfig:
                      "retry_backoff_ms", "max_backoff_ms", "read_length_bytes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
-
-
-def wire_version(expected_version: int | None) -> int:
-    """A store's expected table version as a wire key version."""
-    if expected_version is None:
-        return KEY_NO_VERSION
-    if expected_version == NOT_EXISTS:
-        return KEY_NOT_EXISTS
-    return expected_version
-
-
-def error_of(reply: WireCommand, segment: str) -> Exception:
-    """The segment store error a refusal reply stands for."""
-    match reply:
-        case NoSuchSegment():
-            return SegmentNotFoundError(f"no such segment {segment!r}")
-        case SegmentIsSealed():
-            return SegmentSealedError(f"segment {segment!r} is sealed")
-        case SegmentIsTruncated(start_offset=start):
-            return SegmentTruncatedError(f"segment {segment!r} starts at {start}", start)
-        case SegmentAlreadyExists():
-            return SegmentExistsError(f"segment {segment!r} exists")
-        case TableKeyBadVersion():
-            return TableKeyBadVersionError(f"table {segment!r}: a key's version moved")
-        case TableKeyDoesNotExist():
-            return TableKeyNotFoundError(f"table {segment!r}: a key does not exist")
-        case TableSegmentNotEmpty():
-            return SegmentStoreError(f"table {segment!r} is not empty")
-        case ConditionalCheckFailed():
-            return BadOffsetError(f"segment {segment!r}: conditional append refused "
-                                  "(its length is not the expected offset)", -1, -1)
-        case OperationUnsupported(operation_name=name):
-            return SegmentStoreError(f"segment store does not support {name}")
-        case ErrorMessage(message=message, error_code=0):  # ILLEGAL_ARGUMENT_EXCEPTION
-            return InvalidNameError(message)
-        case ErrorMessage(message=message) if "is quarantined" in message:
-            return SegmentQuarantinedError(message)
-        case ErrorMessage(message=message):
-            return SegmentStoreError(f"segment {segment!r}: {message}")
-        case AuthTokenCheckFailed(server_stack_trace=why, error_code=code):
-            kind = TokenExpiredError if code == TOKEN_EXPIRED_CODE else PermissionDeniedError
-            return kind(f"segment {segment!r}: the segment store refused the delegation "
-                        f"token: {why}")
-    return ProtocolError(f"unexpected {type(reply).__name__} for segment {segment!r}")
-
-
-def expect(reply: WireCommand, kind: type[T], segment: str) -> T:
-    if isinstance(reply, kind):
-        return reply
-    raise error_of(reply, segment)
 
 
 class RemoteSegmentStore:

@@ -56,7 +56,8 @@ from quire.pravega_wire import (
 from quire.streams.connection import SegmentConnection, next_request_id
 from quire.streams.controller import ControllerClient
 from quire.streams.model import Segment, frame_event, key_hash, segment_for
-from quire.streams.segments import NotSent, RemoteSegmentStore, error_of
+from quire.streams.refusals import error_of
+from quire.streams.segments import NotSent, RemoteSegmentStore
 
 log = logging.getLogger(__name__)
 
