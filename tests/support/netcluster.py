@@ -355,12 +355,13 @@ class NetCluster:
         wanted = hosts if hosts is not None else {s.name for s in self.stores if s.running}
         while True:
             assignment = asyncio.run(self._assignment())
+            hosted = {s.name: self.hosted(s) for s in self.stores if s.name in wanted}
             if len(assignment) == self.spec.container_count and \
                     set(assignment.values()) == wanted and \
-                    all(self.hosted(s) == sum(h == s.name for h in assignment.values())
-                        for s in self.stores if s.name in wanted):
+                    all(n == sum(h == s for h in assignment.values()) for s, n in hosted.items()):
                 return assignment
-            assert time.monotonic() < deadline, f"containers not settled: {assignment}"
+            assert time.monotonic() < deadline, \
+                f"containers not settled: {assignment}, open per store {hosted}"
             time.sleep(0.2)  # polling the cluster's state, with a deadline
 
     async def _assignment(self) -> dict[int, str]:

@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from quire.metadata import open_store
+from quire.errors import QuireError
+from quire.metadata import MetadataStore, open_store
 from quire.segmentstore.names import container_of
 from quire.streams import ControllerClient, segment_name
 from quire.testing.history import Anomaly, Operation, Recorder, load, report
@@ -32,6 +33,8 @@ from quire.types import BookieState
 from tests.support.netcluster import ClientProcess, NetCluster, NetClusterSpec
 from tests.support.netns import NetworkUnavailable
 from tests.support.zookeeper import ZooKeeperUnavailable
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -143,7 +146,7 @@ def settled(cluster: NetCluster, timeout_s: float = 60.0) -> None:
     (AssertionError naming what is not, at ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        writable = asyncio.run(_writable_bookies(cluster.metadata_uri))
+        writable = _writable_bookies(cluster.metadata_uri)
         missing = sorted({b.bookie_id for b in cluster.bookies} - writable)
         if not missing:
             break
@@ -152,35 +155,44 @@ def settled(cluster: NetCluster, timeout_s: float = 60.0) -> None:
     cluster.wait_assigned(max(1.0, deadline - time.monotonic()))
 
 
-async def _writable_bookies(metadata_uri: str) -> set[str]:
-    store = await open_store(metadata_uri)
-    try:
+def _with_store(metadata_uri: str, use: Callable[[MetadataStore], Awaitable[T]]) -> T:
+    """``use(store)`` on a metadata store opened for it, closed after."""
+    async def run() -> T:
+        store = await open_store(metadata_uri)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+    return asyncio.run(run())
+
+
+def _writable_bookies(metadata_uri: str) -> set[str]:
+    async def use(store: MetadataStore) -> set[str]:
         return {b.bookie_id for b in await store.list_bookies()
                 if b.state is BookieState.WRITABLE}
-    finally:
-        await store.close()
+    return _with_store(metadata_uri, use)
 
 
-# --- ledgers ----------------------------------------------------------------------------
-
-
-async def _ensembles(metadata_uri: str, ledger: int) -> list[tuple[int, tuple[str, ...]]]:
-    store = await open_store(metadata_uri)
-    try:
+def _ensembles(metadata_uri: str, ledger: int) -> list[tuple[int, tuple[str, ...]]]:
+    async def use(store: MetadataStore) -> list[tuple[int, tuple[str, ...]]]:
         return list((await store.read_ledger(ledger)).value.ensembles)
-    finally:
-        await store.close()
+    return _with_store(metadata_uri, use)
 
 
-async def _delete_ledgers(metadata_uri: str, ledgers: list[int]) -> None:
-    """Delete a round's ledgers once checked, so that the soak's own data
-    stays bounded on the bookies' small disks (their GC reclaims it)."""
-    store = await open_store(metadata_uri)
-    try:
+def _finish_deleting(r: Round, ledgers: list[int]) -> RoundResult:
+    """The round's result, its ledgers then deleted so that the soak's own
+    data stays bounded on the bookies' small disks (their GC reclaims it);
+    a deletion that fails is a fact of the result, not a lost round."""
+    result = r.finish()
+
+    async def use(store: MetadataStore) -> None:
         for ledger in ledgers:
             await store.delete_ledger(ledger)
-    finally:
-        await store.close()
+    try:
+        _with_store(r.cluster.metadata_uri, use)
+    except QuireError as e:
+        result.facts["ledgers_not_deleted"] = f"{ledgers}: {type(e).__name__}: {e}"
+    return result
 
 
 def _ledger_round(r: Round, fault: Callable[[Round, list[str]], tuple[str, list[str],
@@ -194,7 +206,7 @@ def _ledger_round(r: Round, fault: Callable[[Round, list[str]], tuple[str, list[
                           in_flight=8, add_timeout_ms=2000, ledgers=1)
         ledger = int(writer.wait_line(lambda line: "ledger" in line)["ledger"])
         reader = r.client("ledger-reader", "lr", ledger=ledger, poll_ms=100)
-        ensemble = list(asyncio.run(_ensembles(r.cluster.metadata_uri, ledger))[0][1])
+        ensemble = list(_ensembles(r.cluster.metadata_uri, ledger)[0][1])
         r.facts["first_ensemble"] = ensemble
         r.pause(0.5, 1.0)
         name, targets, apply = fault(r, ensemble)
@@ -209,9 +221,7 @@ def _ledger_round(r: Round, fault: Callable[[Round, list[str]], tuple[str, list[
         closed = writer.wait_line(lambda line: "closed" in line)
         r.facts["ensembles"] = closed["ensembles"]
         reader.finish(verify=[ledger])
-        result = r.finish()
-        asyncio.run(_delete_ledgers(r.cluster.metadata_uri, [ledger]))
-        return result
+        return _finish_deleting(r, [ledger])
 
 
 def writer_partitioned_from_bookie(cluster: NetCluster, seed: int, root: Path) -> RoundResult:
@@ -539,9 +549,7 @@ def zookeeper_quorum_loss(cluster: NetCluster, seed: int, root: Path) -> RoundRe
         r.facts["resumed"] = {
             f: any(o.ok and o.invoked > end for o in ops if o.f == f)
             for f in ("ledger.create", "event.write")}
-        result = r.finish()
-        asyncio.run(_delete_ledgers(r.cluster.metadata_uri, ledgers))
-        return result
+        return _finish_deleting(r, ledgers)
 
 
 ROUNDS: dict[str, Callable[..., RoundResult]] = {

@@ -551,8 +551,11 @@ async def test_store_routes_by_name_and_keeps_container_count(logs: MemoryDataLo
         # a stop called while the container starts waits for the start, then stops it
         starting = asyncio.ensure_future(store.start_container(1))
         stopping = asyncio.ensure_future(store.stop_container(1))
+        await asyncio.sleep(0)  # both begun (one turn of the loop)
+        assert store.transitions == {"starting": [1], "stopping": {1: "its start"}}
         await asyncio.gather(starting, stopping)
         assert not store.owns(lost)
+        assert store.transitions == {"starting": [], "stopping": {}}
         await store.start_container(1)
         assert (await store.get_info(lost)).length == len(lost)
         await store.close()

@@ -29,7 +29,7 @@ from quire.client import Client, ClientConfig, LedgerPasswords
 from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
 from quire.hosts.process import run
-from quire.hosts.segmentstore_admin import SegmentStoreAdmin
+from quire.hosts.segmentstore_admin import ConvergenceWatchdog, SegmentStoreAdmin
 from quire.hosts.segmentstore_metrics import HealthCollector
 from quire.http import HttpServer
 from quire.log import WriterOptions
@@ -272,8 +272,13 @@ class _StoreCollector(Collector):
                                    "the process started")
         reporter = self._host.autoscaler
         posted.add_metric([], reporter.posted if reporter is not None else 0)
+        unconverged = GaugeMetricFamily(
+            "quire_segmentstore_unconverged_seconds",
+            "Seconds since this process last ran exactly the containers assigned to it, "
+            "all open (0 while it does)")
+        unconverged.add_metric([], self._host.watchdog.unconverged_s())
         yield from (hosted, assigned, frames, operations, segments, stored, backlog, iterations,
-                    read_index, tier1_queued, posted)
+                    read_index, tier1_queued, posted, unconverged)
 
 
 class SegmentStoreHost:
@@ -293,6 +298,7 @@ class SegmentStoreHost:
         self.registry = CollectorRegistry()
         self._http: HttpServer | None = None
         self._admin = SegmentStoreAdmin()
+        self.watchdog = ConvergenceWatchdog(self._admin)
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -343,6 +349,7 @@ class SegmentStoreHost:
                 metrics_address=self.metrics_address)
             self._admin.store, self._admin.ownership = self.segments, self.ownership
             await self.ownership.start()
+            self.watchdog.start()
             segments = self.segments
             self.autoscaler = AutoScaleReporter(
                 lambda: [segments.container(c) for c in segments.container_ids],
@@ -356,6 +363,7 @@ class SegmentStoreHost:
         """Close containers (draining their queued operations), then the
         server, the client and the metadata session (idempotent); ``/metrics``
         first (its authenticator reads the metadata store)."""
+        await self.watchdog.close()
         if self._http is not None:
             await self._http.close()
             self._http = None

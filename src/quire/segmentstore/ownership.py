@@ -48,6 +48,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from quire.errors import (
     MetadataError,
@@ -263,6 +264,15 @@ class ContainerOwnership:
         """Whether this host runs exactly its assigned containers, all open
         (``/ready``), as last read."""
         return self._converged()
+
+    def convergence(self) -> dict[str, Any]:
+        """Where this host stands against its assignment, for status and
+        diagnostics: the containers assigned to it, those it runs, those
+        failed, and those starting or stopping (with the step each waits for)."""
+        running = self.segments.container_ids
+        return {"assigned": sorted(self.mine), "running": running,
+                "failed": [c for c in running if self.segments.container(c).failure is not None],
+                **self.segments.transitions}
 
     def _converged(self) -> bool:
         return set(self.segments.container_ids) == self.mine \

@@ -33,6 +33,7 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from quire.client import Client, LedgerPasswords
 from quire.clock import SYSTEM_CLOCK, Clock
@@ -210,6 +211,7 @@ class SegmentStore:
         """Failed flush attempts of every writer this store ran, by cause."""
         self._writer_tasks: dict[int, asyncio.Task[None]] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
+        self._stopping: dict[int, str] = {}
         self._routes: dict[str, int] = {}
         self.confirm_reads = False
         """Whether each read first confirms its container's ownership through
@@ -327,20 +329,34 @@ class SegmentStore:
 
     async def stop_container(self, container_id: int) -> None:
         """Give up container ``container_id`` (after its queued operations);
-        one still starting is stopped once it has started."""
-        starting = self._starting.get(container_id)
-        if starting is not None:
-            await asyncio.wait([starting])
-            if not starting.cancelled():
-                starting.exception()  # its starter saw it
-        task = self._writer_tasks.pop(container_id, None)
-        self.writers.pop(container_id, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
-        container = self._containers.pop(container_id, None)
-        if container is not None:
-            await container.close()
+        one still starting is stopped once it has started.  While it stops,
+        :attr:`transitions` names the step it waits for."""
+        self._stopping[container_id] = "its start"
+        try:
+            starting = self._starting.get(container_id)
+            if starting is not None:
+                await asyncio.wait([starting])
+                if not starting.cancelled():
+                    starting.exception()  # its starter saw it
+            task = self._writer_tasks.pop(container_id, None)
+            self.writers.pop(container_id, None)
+            if task is not None:
+                self._stopping[container_id] = "its storage writer"
+                task.cancel()
+                await asyncio.wait([task])
+            container = self._containers.pop(container_id, None)
+            if container is not None:
+                self._stopping[container_id] = "its queued operations and tier-1 log"
+                await container.close()
+        finally:
+            self._stopping.pop(container_id, None)
+
+    @property
+    def transitions(self) -> dict[str, Any]:
+        """Containers on their way in or out, for status and diagnostics:
+        ``{"starting": [ids], "stopping": {id: the step it waits for}}``."""
+        return {"starting": sorted(self._starting),
+                "stopping": {c: self._stopping[c] for c in sorted(self._stopping)}}
 
     async def close(self) -> None:
         await asyncio.gather(*(self.stop_container(c)
