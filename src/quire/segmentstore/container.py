@@ -57,6 +57,7 @@ from quire.errors import (
 )
 from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore import frames
+from quire.segmentstore.append_times import TimeEntries, locate_time, segment_times
 from quire.segmentstore.attribute_updates import initial_attributes, resolve_updates
 from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
@@ -536,6 +537,19 @@ class SegmentContainer(ContainerUpkeep):
             changed = self.read_index.changed(s.segment_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed, remaining)
+
+    async def append_times(self, name: str, start: int, end: int) -> TimeEntries:
+        """When the segment's bytes ``start .. end`` were appended
+        (:func:`~quire.segmentstore.append_times.segment_times`)."""
+        side = self.committed_side
+        return await segment_times(side.append_times, side.tier2_times,
+                                   self.committed_segment(name), start, end)
+
+    async def locate_append_time(self, name: str, time_ms: int) -> int:
+        """Where the segment's first append at or after ``time_ms`` starts."""
+        side = self.committed_side
+        return await locate_time(side.append_times, side.tier2_times,
+                                 self.committed_segment(name), time_ms)
 
     # --- lifecycle ---------------------------------------------------------------
 
