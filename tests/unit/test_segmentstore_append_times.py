@@ -245,6 +245,31 @@ async def test_times_span_memory_and_tier2_and_survive_a_reopen(rig: Rig) -> Non
     assert await check(r.storage) == []
 
 
+async def test_times_never_go_back_across_owners_whose_clocks_disagree(rig: Rig) -> None:
+    """An owner whose clock is ahead writes; the next owner's clock is
+    behind: its appends repeat the last time, in the log itself, so that a
+    third owner, replaying only what tier-1 keeps after the flushes, sees
+    the same times (and tier-2's chunks never go back in time)."""
+    r = rig
+    await r.container.create_segment(SEGMENT, SegmentType.STREAM)
+    r.clock.advance(20_000)  # this owner's clock runs ahead
+    ahead = await write(r, SEGMENT, [30, 30], step_ms=5)
+    await r.writer.flush_once()
+    r.clock.advance(-20_000)  # the next owner's runs behind it
+    await r.reopen()
+    await write(r, SEGMENT, [30, 30], step_ms=5)
+    last = ahead[-1][1]
+    assert (await r.container.get_info(SEGMENT)).last_modified_ms == last
+    await r.writer.flush_once()  # tier-1 is cut below what the first owner wrote
+    await r.reopen()
+    await write(r, SEGMENT, [30, 30], step_ms=5)
+    await r.writer.flush_once()
+    length = (await r.container.get_info(SEGMENT)).length
+    times = [t for _o, t in await r.container.append_times(SEGMENT, 0, length)]
+    assert times == sorted(times) and times[-1] == last
+    assert await check(r.storage) == []
+
+
 async def test_concatenated_chunks_and_merged_transactions_keep_their_sidecars(
         rig: Rig) -> None:
     r = rig

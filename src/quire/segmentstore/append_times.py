@@ -8,8 +8,11 @@ up to the next entry, were appended at ``time_ms``".  An entry is added only
 when the time changes, so appends that share a millisecond share an entry
 (an append is a block of whole events, so every entry's offset is an event
 boundary of an event stream), and times never go back: a clock that steps
-back repeats the last time.  A merge's bytes are stamped with the merge's
-time (a transaction's events were appended to the stream when it committed).
+back repeats the last time.  The container stamps its operations so, across
+owners too (``ContainerUpkeep._stamp``), so an index rebuilt from any part of
+the log agrees with the one kept as it was written.  A merge's bytes are
+stamped with the merge's time (a transaction's events were appended to the
+stream when it committed).
 
 The committed side keeps one (:attr:`CommittedSide.append_times`) in step
 with the committed state:
