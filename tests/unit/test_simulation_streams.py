@@ -100,7 +100,7 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     ("dedup-forgets-writer", {"event-duplicated", "recovery"}),
     ("owner-writes-after-lease", {"fenced-owner-wrote", "liveness"}),
     ("merge-applied-twice", {"event-duplicated", "transaction-not-atomic",
-                             "tier2-inconsistent"}),
+                             "tier2-inconsistent", "liveness"}),
     ("seal-before-successors", {"wrongly-refused", "acknowledged-event-lost", "liveness"}),
 ])
 @pytest.mark.timeout(900)
