@@ -20,8 +20,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +40,7 @@ from quire.tier2 import open_chunk_storage
 from tests.support.cluster import Cluster
 from tests.support.s3_server import S3Endpoint
 from tests.support.spark import forget_last_commit, read_available_now
+from tests.support.spark_cluster import SparkStandalone
 from tests.support.stream_stack import StreamStack, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -345,23 +344,23 @@ def test_writes_create_their_streams_and_a_fan_out_sink_commits_exactly_once(
         assert config.segments == 2  # created by the write, with its policy
 
 
+@pytest.mark.timeout(900)  # a driver JVM and two executors start (minutes on a loaded host)
 def test_a_fan_out_write_killed_after_its_decision_lands_everywhere_once_recovered(
-        stack: StreamStack, tmp_path: Path) -> None:
+        stack: StreamStack, spark_standalone: SparkStandalone) -> None:
+    """On the standalone cluster: the executors (JVMs of their own) write
+    the three streams' transactions, the driver is killed after the commit
+    record; recovery rolls the batch forward in all three, once."""
     rows = [[p.decode(), k, f"{SCOPE}/kill-{n % 3}"]
             for n, (k, p) in enumerate(events("k", 0, 90))]
     spec = [{"routed": True, "rows": rows, "partitions": 2}]
-    env = {**os.environ, "QUIRE_SPARK_MASTER": "local[2]",
-           "QUIRE_CRASH_AFTER_FANOUT_DECISION": "1",
-           "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support" / "spark_faults"),
-                                          str(REPO / "src"), str(REPO)])}
-    driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" /
-                                                   "spark_stream_driver.py"), stack.uri,
-                               json.dumps(spec)], cwd=REPO, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True)
-    out, err = driver.communicate(timeout=300)
-    assert driver.returncode == -9, err[-3000:]  # the driver's group was killed (SIGKILL)
+    done = spark_standalone.run_driver(
+        REPO / "tests" / "support" / "spark_stream_driver.py", stack.uri, json.dumps(spec),
+        check=False, timeout_s=800,
+        env={"QUIRE_CRASH_AFTER_FANOUT_DECISION": "1",
+             "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support" / "spark_faults"),
+                                            spark_standalone.env["PYTHONPATH"]])})
+    out, err = done.stdout, done.stderr
+    assert done.returncode == -9, err[-3000:]  # the driver's group was killed (SIGKILL)
     assert "written" not in out
 
     def stored(name: str) -> int:
