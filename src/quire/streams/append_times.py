@@ -17,7 +17,8 @@ from quire.pravega_wire import (
     LocateAppendTime,
     ReadAppendTimes,
 )
-from quire.streams.segments import RemoteSegmentStore, expect
+from quire.streams.refusals import expect
+from quire.streams.segments import RemoteSegmentStore
 
 NO_TIME = -1
 """The time of bytes whose append time is not known."""
