@@ -115,7 +115,8 @@ def register_floor(spark: Any) -> None:
             batch = pa.RecordBatch.from_arrays([
                 events, pa.repeat(pa.scalar(SCOPE), rows), pa.repeat(pa.scalar(STREAM), rows),
                 pa.array(np.full(rows, partition.segment_id, dtype=np.int64)),
-                pa.array(np.arange(rows, dtype=np.int64) * (size + 8))],
+                pa.array(np.arange(rows, dtype=np.int64) * (size + 8)),
+                pa.array(np.zeros(rows, dtype="datetime64[us]"), pa.timestamp("us", "UTC"))],
                 schema=to_arrow_schema(STREAM_SCHEMA, timezone="UTC"))
             left = partition.rows
             while left > 0:

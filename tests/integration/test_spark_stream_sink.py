@@ -209,9 +209,11 @@ def test_binary_events_without_routing_keys(spark: SparkSession, streams: Stream
 
 
 def test_bad_options_and_columns_are_refused(spark: SparkSession, streams: Streams) -> None:
-    def save_to(df: Any, stream: str, mode: str = "append") -> None:
-        (df.write.format("quire").option("controller", streams.uri).option("stream", stream)
-         .mode(mode).save())
+    def save_to(df: Any, stream: str, mode: str = "append", **options: str) -> None:
+        writer = df.write.format("quire").option("controller", streams.uri)
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.option("stream", stream).mode(mode).save()
 
     with pytest.raises(Exception, match="column 'event'"):
         save_to(spark.createDataFrame([("a",)], "payload string"), f"{SCOPE}/orders")
@@ -221,7 +223,7 @@ def test_bad_options_and_columns_are_refused(spark: SparkSession, streams: Strea
     with pytest.raises(Exception, match="append-only"):
         save_to(good, f"{SCOPE}/orders", "overwrite")
     with pytest.raises(Exception, match=r"no stream|NOT_FOUND"):
-        save_to(good, f"{SCOPE}/missing")
+        save_to(good, f"{SCOPE}/missing", create="false")
 
 
 def test_a_task_killed_on_every_attempt_leaves_nothing_visible(

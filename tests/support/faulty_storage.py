@@ -9,7 +9,8 @@
 * :meth:`FaultyStorage.hold` / :meth:`FaultyStorage.release`: writes wait
   (tier-2 hanging) until released;
 * :attr:`FaultyStorage.written` counts the bytes written per chunk path
-  (the chunk name without ``.E<epoch>.<n>``).
+  (the chunk name without ``.E<epoch>.<n>``; a chunk sidecar's under the
+  path with ``$sidecar`` after it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import collections
 
 from quire.errors import Tier2Error, Tier2RefusedError
+from quire.segmentstore.chunk_sidecars import SIDECAR_SUFFIX
 from quire.tier2 import ChunkData, ChunkInfo, ChunkStorage, parse_chunk_name
 
 
@@ -51,7 +53,8 @@ class FaultyStorage:
             self.failures += 1
             raise Tier2Error(f"{self.uri}: writing chunk {name}: injected outage")
         await self.inner.write_chunk(name, data)
-        self.written[parse_chunk_name(name)[0]] += len(data)
+        chunk = name.removesuffix(SIDECAR_SUFFIX)
+        self.written[parse_chunk_name(chunk)[0] + name[len(chunk):]] += len(data)
 
     async def read(self, name: str, offset: int, length: int) -> bytes:
         return await self.inner.read(name, offset, length)

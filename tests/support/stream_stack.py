@@ -62,6 +62,7 @@ class StreamStack:
 
     @classmethod
     def start(cls, root: Path, metadata_uri: str, bookies: int = 3,
+              controller_settings: dict[str, Any] | None = None,
               **store_settings: Any) -> StreamStack:
         tier2 = (root / "tier2").resolve()
         tier2.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ class StreamStack:
                                     "rebalance_interval_ms": 100, "tier2_uri": tier2.as_uri(),
                                     **tier1_quorums(bookies), **store_settings}
         store = SegmentStoreProcess(root, metadata_uri, "ss-1", port=free_port(), **settings)
-        controller = ControllerProcess(root, metadata_uri)
+        controller = ControllerProcess(root, metadata_uri, **(controller_settings or {}))
         store.start()
         try:
             asyncio.run(wait_assigned(metadata_uri, settings["container_count"]))

@@ -55,6 +55,8 @@ RANKS: dict[str, int] = {
     "quire.streams": 8,
     # process assembly of the stream tier: segment store and controller hosts
     "quire.hosts": 9,
+    # a stream's history read from tier-2 alone (no process of the cluster running)
+    "quire.history": 9,
     "quire.spark": 10,
     "quire.cli": 10,
     "pyspark_quire": 11,

@@ -16,6 +16,8 @@ from quire.pravega_wire import (
     REQUEST_TYPES,
     AppendBlockEnd,
     AppendSetup,
+    AppendTimeLocated,
+    AppendTimesRead,
     AuthTokenCheckFailed,
     ConditionalBlockEnd,
     ConditionalCheckFailed,
@@ -32,10 +34,12 @@ from quire.pravega_wire import (
     Hello,
     InvalidEventNumber,
     KeepAlive,
+    LocateAppendTime,
     MergeSegments,
     MergeTableSegments,
     NoSuchSegment,
     OperationUnsupported,
+    ReadAppendTimes,
     ReadSegment,
     ReadTable,
     ReadTableEntries,
@@ -124,6 +128,11 @@ GOLDEN: list[tuple[WireCommand, int, str]] = [
      f"{R7} {T} {EMPTY} 0000000000000020 00000064"),
     (ConditionalBlockEnd(W, 3, 16, b"hi", 7), 89,
      f"{HW} 0000000000000003 0000000000000010 00000002 6869 {R7}"),
+    # Quire's own requests
+    (ReadAppendTimes(7, "sc/st", 16, 100, ""), 1001,
+     f"{R7} {SCST} 0000000000000010 0000000000000064 {EMPTY}"),
+    (LocateAppendTime(7, "sc/st", 1000, "tok"), 1003,
+     f"{R7} {SCST} 00000000000003e8 0003 746f6b"),
     # replies
     (AppendSetup(7, "sc/st", W, I64_MIN), 2, f"{R7} {SCST} {HW} 8000000000000000"),
     (DataAppended(W, 3, 2, 7, 100), 7,
@@ -164,6 +173,11 @@ GOLDEN: list[tuple[WireCommand, int, str]] = [
     (TableEntriesDeltaRead(7, "t", ((TableKey(b"k", 5), TableValue(b"v")),), False, True, 14),
      87, f"{R7} {T} 00000001 {KEY_K} 0000000000000005 00000005 00000001 76 00 01 "
      "000000000000000e"),
+    # Quire's own replies
+    (AppendTimesRead(7, "sc/st", 64, (16, 40), (1000, -1)), 1002,
+     f"{R7} {SCST} 0000000000000040 00000002 0000000000000010 0000000000000028 "
+     "00000002 00000000000003e8 ffffffffffffffff"),
+    (AppendTimeLocated(7, "sc/st", 40), 1004, f"{R7} {SCST} 0000000000000028"),
 ]
 
 

@@ -51,7 +51,7 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
     assert f"{CI_SEEDS} seeds from 0 (streams): {CI_SEEDS} ok, 0 failed" in result.stdout
 
 
-@pytest.mark.parametrize("seed", ["3", "5", "11", "27", "35", "36", "100035"])
+@pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -67,12 +67,19 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     * 27: SetupAppend on a sealed segment answered SegmentIsSealed, so a
       writer resent to the successors blocks the sealed segment had
       (duplicates; test_segmentserver);
+    * 28: an owner whose clock was behind the previous owner's stamped
+      appends earlier than those before them, and an owner replaying from
+      a later checkpoint wrote a chunk sidecar whose append times went
+      back (operation times never go back now; test_segmentstore_append_times);
     * 35: an owner paused past its lease answered a commit's merge "no such
       segment" for a transaction segment the new owner had made, which the
       controller took for "merged already": committed, no events
       (test_segmentstore_container);
     * 36: a truncation cut short left the stream's head naming deleted
-      segments (the head is written first; test_controller).
+      segments (the head is written first; test_controller);
+    * 75: a writer that first set up on a segment after a scale sealed it
+      and a truncation deleted it failed its events SegmentNotFound (they
+      go to the successors now; test_streams).
     * 100035 (found beyond CI's seeds): an owner whose storage writer started
       after a newer owner wrote tier-2's journal took over its layouts and
       deleted the chunks they named (the writer refuses to start now;
@@ -93,7 +100,7 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     ("dedup-forgets-writer", {"event-duplicated", "recovery"}),
     ("owner-writes-after-lease", {"fenced-owner-wrote", "liveness"}),
     ("merge-applied-twice", {"event-duplicated", "transaction-not-atomic",
-                             "tier2-inconsistent"}),
+                             "tier2-inconsistent", "liveness"}),
     ("seal-before-successors", {"wrongly-refused", "acknowledged-event-lost", "liveness"}),
 ])
 @pytest.mark.timeout(900)

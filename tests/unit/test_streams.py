@@ -385,6 +385,95 @@ async def test_writer_follows_a_scale_and_reader_reads_across_it(system: StreamS
     assert all(per_key[k] == list(range(40)) for k in keys)
 
 
+async def test_writer_follows_a_segment_truncated_away_before_it_wrote_again(
+        system: StreamSystem) -> None:
+    """A scale seals the segment the writers write to and a truncation
+    deletes it before they learn of the seal: the store answers NoSuchSegment
+    (to a block on the open connection, and to a new writer's setup), and
+    the events go to the successors, as after SegmentIsSealed (Pravega's
+    writer resends to the successors of a segment truncated away)."""
+    c = system.controller_client()
+    segments = system.segments(c)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 1)
+    connected = StreamWriter(c, segments, "sc", "st")
+    await connected.start()
+    await connected.write_event(b"before", "k0")  # its connection stays set up
+    idle = StreamWriter(c, segments, "sc", "st")
+    await idle.start()  # knows the segment, never set up on it
+    (only,) = await c.current_segments("sc", "st")
+    epoch = await c.scale("sc", "st", [only.id], [(0.0, 0.5), (0.5, 1.0)])
+    assert await c.scale_done("sc", "st", epoch)
+    successors = await c.current_segments("sc", "st")
+    await c.truncate_stream("sc", "st", {s.id: 0 for s in successors})
+    with pytest.raises(SegmentNotFoundError):
+        await segments.get_info(only.name)
+    keys = [f"k{i}" for i in range(8)]
+    await asyncio.gather(*(w.write_event(f"{k}:{n}".encode(), k)
+                           for n, w in enumerate((connected, idle)) for k in keys))
+    assert [s.id for s in connected.segments] == [s.id for s in idle.segments] == \
+        [s.id for s in successors]
+    await connected.close()
+    await idle.close()
+    found = sorted(e.data.decode() for e in await read_all(c, segments, "sc", "st"))
+    assert found == sorted(f"{k}:{n}" for n in range(2) for k in keys)
+
+
+async def test_events_in_doubt_in_a_segment_truncated_away_are_unknown_not_resent(
+        system: StreamSystem) -> None:
+    """A block lands, its connection drops before the answer, and before the
+    writer sets up again a scale seals the segment and a truncation deletes
+    it: whether the block landed can no longer be known, so it fails as
+    unknown (resent to the successors, it would be stored twice); what was
+    never sent goes to the successors."""
+    c = system.controller_client()
+    segments = system.segments(c, FAST_RETRY)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 1)
+    (only,) = await c.current_segments("sc", "st")
+    dropped, reached, gate = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    original_append, original_update = system.store.append, system.store.update_attributes
+
+    def append(*args: Any, **kwargs: Any) -> Any:
+        future = original_append(*args, **kwargs)
+        system.store.append = original_append  # type: ignore[method-assign]
+
+        def cut(_: Any) -> None:
+            dropped.set()
+            for connection in list(system.server._connections):
+                connection.abort()
+        future.add_done_callback(cut)  # runs before the server's reply is written
+        return future
+
+    def update_attributes(segment: str, updates: Any) -> Any:
+        if segment != only.name or updates or not dropped.is_set():
+            return original_update(segment, updates)
+        reached.set()
+
+        async def later() -> Any:  # the writer's next setup barrier waits for the gate
+            await gate.wait()
+            return await original_update(segment, updates)
+        return asyncio.ensure_future(later())
+    system.store.append = append  # type: ignore[method-assign]
+    system.store.update_attributes = update_attributes  # type: ignore[method-assign]
+    writer = StreamWriter(c, segments, "sc", "st")
+    await writer.start()
+    landed = writer.write_event(b"landed", "k")
+    await reached.wait()  # the connection dropped: the writer sets up again
+    queued = writer.write_event(b"queued", "k")
+    epoch = await c.scale("sc", "st", [only.id], [(0.0, 0.5), (0.5, 1.0)])
+    assert await c.scale_done("sc", "st", epoch)
+    successors = await c.current_segments("sc", "st")
+    await c.truncate_stream("sc", "st", {s.id: 0 for s in successors})
+    gate.set()
+    await queued
+    with pytest.raises(SegmentStoreConnectionError, match="unknown"):
+        await landed
+    system.store.update_attributes = original_update  # type: ignore[method-assign]
+    await writer.close()
+    assert [e.data for e in await read_all(c, segments, "sc", "st")] == [b"queued"]
+
+
 async def test_tail_reader_sees_only_new_events_and_follows(system: StreamSystem) -> None:
     c = system.controller_client()
     segments = system.segments(c)

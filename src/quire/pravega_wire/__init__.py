@@ -117,12 +117,29 @@ Commands (type code: fields; R = a request the server takes, A = an answer)::
     A TableEntriesDeltaRead   87: request_id i64, segment str, entries, should_clear bool,
                                   reached_end bool, last_position i64
 
+Quire's own commands (no Pravega client sends them; type codes from 1001)::
+
+    R ReadAppendTimes       1001: request_id i64, segment str, start i64, end i64, token str
+    A AppendTimesRead       1002: request_id i64, segment str, storage_length i64,
+                                  offsets i64 list, times i64 list
+    R LocateAppendTime      1003: request_id i64, segment str, time_ms i64, token str
+    A AppendTimeLocated     1004: request_id i64, segment str, offset i64
+
+When each byte was appended (the segment store stamps every append with
+its clock, in ms): ``AppendTimesRead`` says bytes from ``offsets[i]`` up to
+the next offset were appended at ``times[i]`` (-1: not known), the first
+offset being ``start``; ``AppendTimeLocated`` gives the start of the first
+append at or after ``time_ms`` (the segment's length if none).  Pravega's
+``SegmentRead`` carries no time.
+
+Events inside a segment (and inside an AppendBlockEnd's ``data``) are
+``i32 type 0 | i32 length | bytes`` each (:data:`EVENT_HEADER`,
+:data:`EVENT_TYPE`); the server stores ``data`` verbatim.
+
 Not decoded (the Rust client never sends them; an unknown type is
 malformed): AppendBlock 3, Padding -1, PartialEvent -2, Event 0 as a frame,
 ConditionalAppend 5, and the admin commands (FlushToStorage, chunk listing,
-batch merges).  Inside an AppendBlockEnd's ``data`` the client's events are
-``i32 type 0 | i32 length | bytes`` each; the server stores ``data``
-verbatim.
+batch merges).
 
 Table key versions on the wire: :data:`KEY_NO_VERSION` (``i64`` minimum)
 is unconditional, :data:`KEY_NOT_EXISTS` (-1) means "must not exist", any
@@ -130,9 +147,12 @@ other value must equal the key's current version.
 """
 
 from quire.pravega_wire.codec import (
+    EVENT_HEADER,
+    EVENT_TYPE,
     KEY_NO_VERSION,
     KEY_NOT_EXISTS,
     MAX_WIRECOMMAND_SIZE,
+    NO_APPEND_TIME,
     NO_EVENT_NUMBER,
     OLDEST_COMPATIBLE_VERSION,
     REPLY_TYPES,
@@ -140,6 +160,8 @@ from quire.pravega_wire.codec import (
     WIRE_VERSION,
     AppendBlockEnd,
     AppendSetup,
+    AppendTimeLocated,
+    AppendTimesRead,
     AuthTokenCheckFailed,
     ConditionalBlockEnd,
     ConditionalCheckFailed,
@@ -156,10 +178,12 @@ from quire.pravega_wire.codec import (
     Hello,
     InvalidEventNumber,
     KeepAlive,
+    LocateAppendTime,
     MergeSegments,
     MergeTableSegments,
     NoSuchSegment,
     OperationUnsupported,
+    ReadAppendTimes,
     ReadSegment,
     ReadTable,
     ReadTableEntries,
@@ -202,14 +226,16 @@ from quire.pravega_wire.codec import (
 )
 
 __all__ = [
-    "KEY_NOT_EXISTS", "KEY_NO_VERSION", "MAX_WIRECOMMAND_SIZE", "NO_EVENT_NUMBER",
-    "OLDEST_COMPATIBLE_VERSION", "REPLY_TYPES", "REQUEST_TYPES", "WIRE_VERSION",
-    "AppendBlockEnd", "AppendSetup", "AuthTokenCheckFailed", "ConditionalBlockEnd",
+    "EVENT_HEADER", "EVENT_TYPE", "KEY_NOT_EXISTS", "KEY_NO_VERSION", "MAX_WIRECOMMAND_SIZE",
+    "NO_APPEND_TIME", "NO_EVENT_NUMBER", "OLDEST_COMPATIBLE_VERSION", "REPLY_TYPES",
+    "REQUEST_TYPES", "WIRE_VERSION", "AppendBlockEnd", "AppendSetup", "AppendTimeLocated",
+    "AppendTimesRead", "AuthTokenCheckFailed", "ConditionalBlockEnd",
     "ConditionalCheckFailed", "CreateSegment", "CreateTableSegment", "CreateTransientSegment",
     "DataAppended", "Decoder", "DeleteSegment", "DeleteTableSegment", "ErrorMessage",
     "GetSegmentAttribute", "GetStreamSegmentInfo", "Hello", "InvalidEventNumber", "KeepAlive",
-    "MergeSegments", "MergeTableSegments", "NoSuchSegment", "OperationUnsupported",
-    "ReadSegment", "ReadTable", "ReadTableEntries", "ReadTableEntriesDelta", "ReadTableKeys",
+    "LocateAppendTime", "MergeSegments", "MergeTableSegments", "NoSuchSegment",
+    "OperationUnsupported", "ReadAppendTimes", "ReadSegment", "ReadTable", "ReadTableEntries",
+    "ReadTableEntriesDelta", "ReadTableKeys",
     "RemoveTableKeys", "SealSegment", "SealTableSegment", "SegmentAlreadyExists",
     "SegmentAttribute", "SegmentAttributeUpdated", "SegmentCreated", "SegmentDeleted",
     "SegmentIsSealed", "SegmentIsTruncated", "SegmentPolicyUpdated", "SegmentRead",

@@ -32,6 +32,12 @@ KEY_NOT_EXISTS = -1
 """A TableKey's version meaning "the key must not exist"."""
 NO_EVENT_NUMBER = I64_MIN
 """AppendSetup's ``last_event_number`` for a writer the segment has not seen."""
+EVENT_HEADER = struct.Struct(">ii")
+"""An event's header inside a segment: ``i32 type | i32 length`` (its bytes follow)."""
+EVENT_TYPE = 0
+"""The type field of an event's header (Pravega's EventCommand)."""
+NO_APPEND_TIME = -1
+"""AppendTimesRead's time of bytes whose append time is not known."""
 
 _HEADER = struct.Struct(">ii")
 _U16 = struct.Struct(">H")
@@ -555,6 +561,33 @@ class ConditionalBlockEnd(WireCommand):
     request_id: int
 
 
+@_command
+@dataclass(frozen=True, slots=True)
+class ReadAppendTimes(WireCommand):
+    """Quire only: when the bytes ``start .. end`` of a segment were appended."""
+
+    TYPE: ClassVar[int] = 1001
+    LAYOUT: ClassVar[str] = "qsqqs"
+    request_id: int
+    segment: str
+    start: int
+    end: int
+    delegation_token: str
+
+
+@_command
+@dataclass(frozen=True, slots=True)
+class LocateAppendTime(WireCommand):
+    """Quire only: where a segment's first bytes appended at or after ``time_ms`` are."""
+
+    TYPE: ClassVar[int] = 1003
+    LAYOUT: ClassVar[str] = "qsqs"
+    request_id: int
+    segment: str
+    time_ms: int
+    delegation_token: str
+
+
 # --- replies --------------------------------------------------------------------
 
 
@@ -882,6 +915,36 @@ class TableEntriesDeltaRead(WireCommand):
     last_position: int
 
 
+@_command
+@dataclass(frozen=True, slots=True)
+class AppendTimesRead(WireCommand):
+    """Quire only: the answer to ReadAppendTimes: bytes from ``offsets[i]``
+    (up to the next) were appended at ``times[i]`` (ms; :data:`NO_APPEND_TIME`:
+    not known); and how much of the segment tier-2 holds."""
+
+    TYPE: ClassVar[int] = 1002
+    LAYOUT: ClassVar[str] = "qsqLL"
+    request_id: int
+    segment: str
+    storage_length: int
+    offsets: tuple[int, ...]
+    times: tuple[int, ...]
+
+
+@_command
+@dataclass(frozen=True, slots=True)
+class AppendTimeLocated(WireCommand):
+    """Quire only: the answer to LocateAppendTime: the offset (an append's
+    start, so an event boundary), or the segment's length if nothing was
+    appended at or after the time."""
+
+    TYPE: ClassVar[int] = 1004
+    LAYOUT: ClassVar[str] = "qsq"
+    request_id: int
+    segment: str
+    offset: int
+
+
 def _by_type(*classes: type[WireCommand]) -> Mapping[int, type[WireCommand]]:
     table = {c.TYPE: c for c in classes}
     if len(table) != len(classes):
@@ -895,7 +958,7 @@ REQUEST_TYPES: Mapping[int, type[WireCommand]] = _by_type(
     UpdateSegmentAttribute, TruncateSegment, CreateTransientSegment, MergeSegments,
     CreateTableSegment, DeleteTableSegment, MergeTableSegments, SealTableSegment,
     UpdateTableEntries, RemoveTableKeys, ReadTable, ReadTableKeys, ReadTableEntries,
-    ReadTableEntriesDelta, ConditionalBlockEnd)
+    ReadTableEntriesDelta, ConditionalBlockEnd, ReadAppendTimes, LocateAppendTime)
 """What a server decodes (``Decoder(REQUEST_TYPES)``)."""
 
 REPLY_TYPES: Mapping[int, type[WireCommand]] = _by_type(
@@ -906,7 +969,7 @@ REPLY_TYPES: Mapping[int, type[WireCommand]] = _by_type(
     OperationUnsupported, SegmentsMerged, AuthTokenCheckFailed, ErrorMessage,
     TableEntriesUpdated, TableKeysRemoved, TableRead, TableSegmentNotEmpty,
     TableKeyDoesNotExist, TableKeyBadVersion, TableKeysRead, TableEntriesRead,
-    TableEntriesDeltaRead)
+    TableEntriesDeltaRead, AppendTimesRead, AppendTimeLocated)
 """What a client decodes (``Decoder(REPLY_TYPES)``)."""
 
 

@@ -9,7 +9,8 @@ request                                               needs, on each segment nam
 ====================================================  ============================
 ReadSegment, GetStreamSegmentInfo,                    READ
 GetSegmentAttribute, ReadTable, ReadTableKeys,
-ReadTableEntries, ReadTableEntriesDelta
+ReadTableEntries, ReadTableEntriesDelta,
+ReadAppendTimes, LocateAppendTime (Quire's own)
 SetupAppend (once per writer and connection),         READ_UPDATE
 UpdateSegmentAttribute, Create*/Delete*/Seal*,
 TruncateSegment, MergeSegments (target and source),
@@ -56,8 +57,10 @@ from quire.pravega_wire import (
     DeleteTableSegment,
     GetSegmentAttribute,
     GetStreamSegmentInfo,
+    LocateAppendTime,
     MergeSegments,
     MergeTableSegments,
+    ReadAppendTimes,
     ReadSegment,
     ReadTable,
     ReadTableEntries,
@@ -101,6 +104,8 @@ _READ, _UPDATE = Permission.READ, Permission.READ_UPDATE
 RULES: Mapping[type[WireCommand], tuple[Segments, Permission]] = {
     ReadSegment: (_segment, _READ),
     GetStreamSegmentInfo: (_segment_name, _READ),
+    ReadAppendTimes: (_segment, _READ),
+    LocateAppendTime: (_segment, _READ),
     GetSegmentAttribute: (_segment_name, _READ),
     ReadTable: (_segment, _READ),
     ReadTableKeys: (_segment, _READ),

@@ -7,6 +7,8 @@ import asyncio
 import time
 
 from quire.pravega_wire import (
+    AppendTimeLocated,
+    AppendTimesRead,
     CreateSegment,
     CreateTableSegment,
     CreateTransientSegment,
@@ -14,7 +16,9 @@ from quire.pravega_wire import (
     DeleteTableSegment,
     GetSegmentAttribute,
     GetStreamSegmentInfo,
+    LocateAppendTime,
     MergeSegments,
+    ReadAppendTimes,
     ReadSegment,
     SealSegment,
     SealTableSegment,
@@ -136,6 +140,24 @@ class SegmentRequests:
             return StreamSegmentInfo(c.request_id, c.segment_name, True, i.sealed, i.deleted,
                                      i.last_modified_ms, i.length, i.start_offset)
         self._connection.reply(info, lambda reply: reply, c.request_id, c.segment_name,
+                               reads_only=True)
+
+    def read_append_times(self, c: ReadAppendTimes) -> None:
+        """Quire's own: when the bytes ``start .. end`` were appended."""
+        async def times() -> WireCommand:
+            info = await self._store.get_info(c.segment)
+            entries = await self._store.append_times(c.segment, c.start, c.end)
+            return AppendTimesRead(c.request_id, c.segment, info.storage_length,
+                                   tuple(o for o, _ in entries), tuple(t for _, t in entries))
+        self._connection.reply(times, lambda reply: reply, c.request_id, c.segment, c.start,
+                               reads_only=True)
+
+    def locate_append_time(self, c: LocateAppendTime) -> None:
+        """Quire's own: where the first append at or after ``time_ms`` starts."""
+        async def locate() -> WireCommand:
+            offset = await self._store.locate_append_time(c.segment, c.time_ms)
+            return AppendTimeLocated(c.request_id, c.segment, offset)
+        self._connection.reply(locate, lambda reply: reply, c.request_id, c.segment,
                                reads_only=True)
 
     def get_attribute(self, c: GetSegmentAttribute) -> None:

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 
 from quire.errors import CorruptRecordError
 from quire.log import DurableDataLog, Position
+from quire.segmentstore.append_times import AppendTimes, Tier2Times
 from quire.segmentstore.container_tables import ContainerTables
 from quire.segmentstore.metadata import ContainerMetadata, apply_append
 from quire.segmentstore.operation_log import Pending, read_frame, read_operations
@@ -78,6 +79,10 @@ class CommittedSide:
         self.metadata = ContainerMetadata(container_id)
         """The committed metadata (replaced only while replaying)."""
         self.read_index = ReadIndex(self._fetch, read_index_budget_bytes)
+        self.append_times = AppendTimes()
+        """When the committed bytes not yet in tier-2 were appended."""
+        self.tier2_times: Tier2Times | None = None
+        """When the bytes in tier-2 were appended (set by the storage writer)."""
         self.tier2_read: Tier2Read | None = None
         """Where bytes no longer in memory or tier-1 are read (None: no tier-2)."""
         if tier2_read is not None:
@@ -133,6 +138,7 @@ class CommittedSide:
                                    if m[0] in restored.segments and m[1] in restored.segments]
                 committed.apply(op)
                 self._index(op, address)
+        self.append_times.seed(committed.segments.values())
         if truncated:
             await self._tables.rebuild()
 
@@ -155,6 +161,7 @@ class CommittedSide:
         ``storage_length`` says so, and the read index may let them go."""
         self.metadata.segments[segment_id].storage_length = length
         self.read_index.flushed(segment_id, length)
+        self.append_times.flushed(segment_id, length)
 
     async def truncate_log(self, in_tier2: Callable[[int, int], bool]) -> int | None:
         """Truncate the log below the newest checkpoint whose every segment
@@ -186,6 +193,7 @@ class CommittedSide:
         committed = self.metadata
         segments = committed.segments
         index_append = self.read_index.append
+        note_time = self.append_times.note
         commit = self.commit
         sequence = committed.sequence
         for pending in batch:
@@ -203,6 +211,8 @@ class CommittedSide:
                 committed.sequence = sequence - 1
                 commit(as_operation(op), address)  # raises the error that says what is wrong
                 raise AssertionError(f"operation {op_sequence} does not fit")
+            if timestamp_ms != s.last_modified_ms:  # a new time: rare (once a ms at most)
+                note_time(segment_id, offset, timestamp_ms)
             apply_append(s, offset + len(data), attributes, timestamp_ms)
             index_append(segment_id, offset, data, address)
         committed.sequence = sequence
@@ -225,6 +235,7 @@ class CommittedSide:
             self.log_bytes))
 
     def _index(self, op: Operation, address: Position) -> None:
+        self.append_times.apply(op, self.metadata.segments)
         if isinstance(op, AppendOp):
             if self.metadata.segments[op.segment_id].type is SegmentType.TABLE:
                 self._tables.committed_append(op.segment_id, op.offset, op.data)

@@ -57,6 +57,7 @@ from quire.errors import (
 )
 from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore import frames
+from quire.segmentstore.append_times import TimeEntries, locate_time, segment_times
 from quire.segmentstore.attribute_updates import initial_attributes, resolve_updates
 from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
@@ -146,6 +147,7 @@ class SegmentContainer(ContainerUpkeep):
         self.container_id = container_id
         self._log = log
         self._clock_ms = clock.wall_ms
+        self._stamp_ms = 0
         self.tables = ContainerTables(self)
         """The table requests on this container's segments, and their indexes."""
         side = CommittedSide(container_id, log, config.read_index_budget_bytes, self.tables,
@@ -203,6 +205,8 @@ class SegmentContainer(ContainerUpkeep):
             await log.initialize()
             await container.committed_side.replay()
             container.accepted = container.committed.copy()
+            container._stamp_ms = max((s.last_modified_ms for s in
+                                       container.accepted.segments.values()), default=0)
             container.tables.accept_committed()
             container.throttle.active = tier2_read is not None
             await container._add_checkpoint()
@@ -329,7 +333,11 @@ class SegmentContainer(ContainerUpkeep):
                                      f"length is {offset}", expected_offset, offset)
             if not attribute_updates:
                 sequence = accepted.sequence + 1
-                now = self._clock_ms()
+                now = self._clock_ms()  # (self._stamp(), inline: the hot path)
+                if now > self._stamp_ms:
+                    self._stamp_ms = now
+                else:
+                    now = self._stamp_ms
                 end = offset + size
                 if writer is None:
                     raw = _pack_plain_append(_PLAIN_APPEND_LENGTH + size, APPEND, sequence, now,
@@ -383,7 +391,7 @@ class SegmentContainer(ContainerUpkeep):
                                      f"length is {offset}", expected_offset, offset)
             resolved = resolve_updates(s.attributes, attribute_updates, extra)
             sequence = accepted.sequence + 1
-            now = self._clock_ms()
+            now = self._stamp()
             op = AppendOp(sequence, now, segment_id, offset, data, resolved)
             apply_append(s, offset + size, resolved, now)  # accepted.apply(op): checked above
             accepted.sequence = sequence
@@ -536,6 +544,19 @@ class SegmentContainer(ContainerUpkeep):
             changed = self.read_index.changed(s.segment_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed, remaining)
+
+    async def append_times(self, name: str, start: int, end: int) -> TimeEntries:
+        """When the segment's bytes ``start .. end`` were appended
+        (:func:`~quire.segmentstore.append_times.segment_times`)."""
+        side = self.committed_side
+        return await segment_times(side.append_times, side.tier2_times,
+                                   self.committed_segment(name), start, end)
+
+    async def locate_append_time(self, name: str, time_ms: int) -> int:
+        """Where the segment's first append at or after ``time_ms`` starts."""
+        side = self.committed_side
+        return await locate_time(side.append_times, side.tier2_times,
+                                 self.committed_segment(name), time_ms)
 
     # --- lifecycle ---------------------------------------------------------------
 

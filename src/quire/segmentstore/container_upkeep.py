@@ -35,11 +35,26 @@ class ContainerUpkeep:
     throttle: Tier1Throttle
     _oplog: OperationLog
     _clock_ms: Callable[[], int]
+    _stamp_ms: int
+    """The latest operation timestamp given (:meth:`_stamp`)."""
     _forgettable: set[int]
 
     def _next(self) -> tuple[int, int]:
         """The next operation's sequence and timestamp."""
-        return self.accepted.sequence + 1, self._clock_ms()
+        return self.accepted.sequence + 1, self._stamp()
+
+    def _stamp(self) -> int:
+        """The next operation's timestamp: the clock, but never below an
+        earlier one of this owner's, nor (after a replay) below any
+        segment's ``last_modified_ms``: a clock that steps back, or an
+        owner's clock behind the one before, repeats the last time.  So a
+        segment's times in the log never go back, and whoever replays it
+        finds the append times (:mod:`~quire.segmentstore.append_times`) the
+        owner that wrote it kept, however much of tier-1 is left to replay."""
+        now = self._clock_ms()
+        if now > self._stamp_ms:
+            self._stamp_ms = now
+        return self._stamp_ms
 
     def _log_op(self, op: Operation, result: object = None) -> asyncio.Future[Any]:
         """Accept ``op`` and log it; the future gives ``result`` once durable."""
@@ -75,7 +90,7 @@ class ContainerUpkeep:
             gone = {sid for sid in self._forgettable if sid in segments and segments[sid].deleted}
         self._forgettable.clear()
         accepted.purge(gone)
-        op = CheckpointOp(accepted.sequence + 1, self._clock_ms(), accepted.checkpoint())
+        op = CheckpointOp(accepted.sequence + 1, self._stamp(), accepted.checkpoint())
         if gone:
             self.committed_side.purge_at[op.sequence] = gone
         accepted.apply(op)

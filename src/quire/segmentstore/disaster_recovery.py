@@ -69,6 +69,7 @@ from quire.errors import ConfigError, InvalidChunkNameError, MetadataNotFoundErr
 from quire.log import LogCatalog, LogNotFoundError, NamedDataLog
 from quire.metadata import MetadataStore
 from quire.segmentstore import frames
+from quire.segmentstore.chunk_sidecars import sidecar_name
 from quire.segmentstore.container import SegmentContainer
 from quire.segmentstore.covered_ledgers import record_abandoned
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
@@ -476,5 +477,6 @@ def _orphans(chunks: list[ChunkInfo], recorded: dict[int, StorageRecords]) -> li
     for records in recorded.values():
         for layout in records.layouts.values():
             named.update(c.name for c in layout.chunks)
+            named.update(sidecar_name(c.name) for c in layout.chunks)
     return [info for info in chunks
             if info.name not in named and not info.name.startswith(journals)]

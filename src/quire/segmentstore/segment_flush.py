@@ -6,7 +6,8 @@ segment (PDP-40 requirement 9: the data first, so every offset the index
 or an attribute batch records is in tier-2 already): its new bytes as new
 chunks (a truncate drops chunks below the start, a merge's source chunks
 join the target's layout, small trailing chunks are merged:
-:func:`~quire.segmentstore.flush_plan.merge_start`), then its changed
+:func:`~quire.segmentstore.flush_plan.merge_start`; a stream segment's
+chunks each get a sidecar: :mod:`~quire.segmentstore.sidecar_writer`), then its changed
 index entries and attributes as batches (rewritten whole, and the segment
 truncated before them, once it holds twice their whole batch).  What a
 failed attempt wrote and no layout names is handed over as orphans; what
@@ -26,6 +27,7 @@ from quire.segmentstore.flush_plan import FlushPlanner, Tracked, merge_start
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
 from quire.segmentstore.quarantine import QuarantineWatch, quarantine_path
 from quire.segmentstore.recorded_layouts import RecordedLayouts
+from quire.segmentstore.sidecar_writer import SidecarWriter
 from quire.segmentstore.storage_records import (
     REMOVED_VERSION,
     encode_attribute_batch,
@@ -83,6 +85,7 @@ class SegmentFlushing:
     max_chunk_bytes: int
     recorded: RecordedLayouts
     quarantine: QuarantineWatch
+    sidecars: SidecarWriter
     _planner: FlushPlanner
     _namer: ChunkNamer
     _written: dict[str, list[str]]
@@ -141,6 +144,7 @@ class SegmentFlushing:
             name = self._namer.next_name(self._chunk_segment(layout.segment))
             written.append(name)  # an orphan if no layout is set with it
             await self.storage.write_chunk(name, piece)
+            await self.sidecars.chunk_written(layout, name, piece)
             layout = layout.with_chunk(name, len(piece))
             report.chunks_written += 1
             report.bytes_written += len(piece)
@@ -158,6 +162,7 @@ class SegmentFlushing:
         name = self._namer.next_name(self._chunk_segment(layout.segment))
         self._written.setdefault(layout.segment, []).append(name)
         written = await concat_chunks(self.storage, name, [c.name for c in chunks[first:]])
+        await self.sidecars.concatenated(layout, first, len(chunks) - first, name)
         report.chunks_written += 1
         report.bytes_written += written
         layout, replaced = layout.concatenated(first, len(chunks) - first, name)
@@ -196,6 +201,7 @@ class SegmentFlushing:
                     and source.start_offset == 0 and source.length == length:
                 # the source's chunks join the target's layout: nothing copied
                 layout, gone = layout.merged(source if source.sealed else source.with_sealed())
+                await self.sidecars.joined(layout, offset, length)
                 self._set(layout, snapshot.segment_id)  # before the source's record goes
                 recorded.set(gone, source_id)
             else:  # copied (through the read index, the source's layout still readable)

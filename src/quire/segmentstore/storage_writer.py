@@ -91,6 +91,7 @@ from quire.segmentstore.segment_flush import (
     SegmentSnapshot,
     step,
 )
+from quire.segmentstore.sidecar_writer import SidecarWriter
 from quire.segmentstore.tier2_reader import Tier2Reader, read_journal, storage_metadata_name
 from quire.segmentstore.types import QUARANTINED_ATTRIBUTE, SegmentType
 from quire.segmentstore.writer_source import WriterSource
@@ -162,6 +163,8 @@ class StorageWriter(SegmentFlushing):
         self._planner = FlushPlanner(self.recorded)
         self.reader = Tier2Reader(storage, self.layouts, self.owners)
         """Reads through the layouts as this writer records them."""
+        self.sidecars = SidecarWriter(storage, source)
+        """Writes the sidecars of stream segments' chunks (chunk_sidecars)."""
         self.truncated_at: int | None = None
         """The sequence of the checkpoint the tier-1 log was last truncated at."""
         self._wake = asyncio.Event()
@@ -186,6 +189,7 @@ class StorageWriter(SegmentFlushing):
             await source.create_segment(writer.metadata_segment, SegmentType.TABLE)
         await writer._load()
         source.read_from_tier2(writer.reader.read)
+        source.times_from_tier2(writer.reader)
         return writer
 
     async def _load(self) -> None:
@@ -230,7 +234,7 @@ class StorageWriter(SegmentFlushing):
         deletable = self.recorded.take_deletable()
         try:
             with step("delete", ""):
-                await self._concurrently(deletable, self.storage.delete)
+                await self._concurrently(deletable, self.sidecars.delete_chunk)
         except BaseException:
             self.recorded.orphan(deletable)  # deleted again (a delete is idempotent)
             raise

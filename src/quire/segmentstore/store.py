@@ -505,3 +505,13 @@ class SegmentStore:
         if self.confirm_reads:
             await container.confirm_ownership()
         return await container.read(name, offset, max_length, wait_ms)
+
+    async def append_times(self, name: str, start: int, end: int) -> list[tuple[int, int]]:
+        """When the segment's bytes ``start .. end`` were appended: ``(offset,
+        time_ms)`` entries, the first at ``start`` (time -1: not known)."""
+        return await self._route(name).append_times(name, start, end)
+
+    async def locate_append_time(self, name: str, time_ms: int) -> int:
+        """The start of the segment's first append at or after ``time_ms``
+        (its length if none)."""
+        return await self._route(name).locate_append_time(name, time_ms)

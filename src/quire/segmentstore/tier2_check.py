@@ -15,7 +15,9 @@ table from tier-2 (nothing from tier-1) and reports, as
 * an ``$attributes`` batch whose footer (the data segment's length the
   values belong to) is past the data segment's recorded length in tier-2;
 * an ``$index`` batch indexed past its table's recorded length, or a key
-  version (an entry's offset) at or past it.
+  version (an entry's offset) at or past it;
+* a chunk of a stream segment without its sidecar, or with one that does not
+  fit it (:func:`~quire.segmentstore.chunk_sidecars.sidecar_problem`).
 
 Checking a live tier-2 races the writer (a chunk it just replaced may
 vanish between the listing and the read): check a stopped or killed
@@ -28,9 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quire.errors import SegmentTruncatedError
+from quire.segmentstore.chunk_sidecars import has_sidecars, read_sidecar, sidecar_problem
 from quire.segmentstore.names import ATTRIBUTES_SUFFIX, INDEX_SUFFIX
 from quire.segmentstore.storage_records import decode_attribute_batches, decode_index_batches
-from quire.segmentstore.tier2_reader import journal_containers, read_storage_metadata
+from quire.segmentstore.tier2_reader import journal_containers, read_records
 from quire.tier2 import ChunkStorage, SegmentLayout, Tier2Config, open_chunk_storage, read_segment
 
 
@@ -67,7 +70,8 @@ async def check(tier2: ChunkStorage | Tier2Config | str, *,
     chunk_lengths = {info.name: info.length for info in await tier2.list_chunks("")}
     ids = await journal_containers(tier2) if container_ids is None else sorted(container_ids)
     for container_id in ids:
-        layouts = await read_storage_metadata(tier2, container_id)
+        records = await read_records(tier2, container_id)
+        layouts = records.layouts
         guaranteed = {name: _guaranteed_length(layout, chunk_lengths)
                       for name, layout in layouts.items()}
         for name, layout in sorted(layouts.items()):
@@ -78,6 +82,8 @@ async def check(tier2: ChunkStorage | Tier2Config | str, *,
         for name, layout in sorted(layouts.items()):
             if layout.deleted or guaranteed[name] < layout.length:
                 continue
+            if has_sidecars(name, records.types.get(name, 0)):
+                await _check_sidecars(tier2, container_id, layout, violations)
             if name.endswith(ATTRIBUTES_SUFFIX):
                 data = name[:-len(ATTRIBUTES_SUFFIX)]
                 await _check_attributes(tier2, container_id, layout, data,
@@ -142,3 +148,12 @@ async def _check_index(storage: ChunkStorage, container_id: int, layout: Segment
                 out.append(Violation(container_id, layout.segment, version, data_length,
                                      f"key {key!r} at an offset of {data} that tier-2 does "
                                      "not hold"))
+
+
+async def _check_sidecars(storage: ChunkStorage, container_id: int, layout: SegmentLayout,
+                          out: list[Violation]) -> None:
+    sidecars = [await read_sidecar(storage, chunk.name) for chunk in layout.chunks]
+    problem = sidecar_problem(layout, sidecars)
+    if problem:
+        out.append(Violation(container_id, layout.segment, layout.start_offset,
+                             layout.start_offset, problem))

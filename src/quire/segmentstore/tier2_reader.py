@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quire.errors import ChunkNotFoundError, SegmentStoreError, SegmentTruncatedError
+from quire.segmentstore.chunk_sidecars import SidecarCache
 from quire.segmentstore.names import SYSTEM_SCOPE
 from quire.segmentstore.storage_records import (
     JournalSnapshot,
@@ -55,6 +56,8 @@ class Tier2Reader:
         self.storage = storage
         self.layouts = layouts
         self.owners = owners
+        self.sidecars = SidecarCache(storage)
+        """The chunks' sidecars read so far (append times, event boundaries)."""
 
     @classmethod
     async def load(cls, storage: ChunkStorage, container_id: int) -> Tier2Reader:
@@ -71,6 +74,28 @@ class Tier2Reader:
             return b""
         return await read_segment(self.storage, layout, offset,
                                   min(length, layout.length - offset))
+
+    def _layout(self, segment_id: int, name: str) -> SegmentLayout | None:
+        layout = self.layouts.get(name)
+        if layout is None or layout.deleted or self.owners.get(name, segment_id) != segment_id:
+            return None
+        return layout
+
+    async def times(self, segment_id: int, name: str, start: int, end: int
+                    ) -> list[tuple[int, int]]:
+        """When the segment's bytes ``start .. end`` that tier-2 holds were
+        appended, from its chunks' sidecars (a
+        :class:`~quire.segmentstore.append_times.Tier2Times`)."""
+        layout = self._layout(segment_id, name)
+        if layout is None:
+            return []
+        start, end = max(start, layout.start_offset), min(end, layout.length)
+        return await self.sidecars.times(layout, start, end) if start < end else []
+
+    async def locate(self, segment_id: int, name: str, time_ms: int) -> int | None:
+        """The first append at or after ``time_ms`` among the bytes tier-2 holds."""
+        layout = self._layout(segment_id, name)
+        return None if layout is None else await self.sidecars.locate(layout, time_ms)
 
 
 async def read_journal(storage: ChunkStorage, container_id: int) -> JournalSnapshot | None:

@@ -18,6 +18,7 @@ from quire.segmentstore.metadata import SegmentMetadata
 from quire.segmentstore.types import SegmentType
 
 if TYPE_CHECKING:  # the adapter only holds a container: importing one is the caller's
+    from quire.segmentstore.append_times import Tier2Times, TimeEntries
     from quire.segmentstore.committed_side import CommittedSide, Tier2Read
     from quire.segmentstore.container import SegmentContainer
 
@@ -42,7 +43,9 @@ class WriterSource(Protocol):
 
     **Bytes.**  :meth:`read` returns committed bytes of a segment from
     memory, tier-1, or tier-2 through the reader given to
-    :meth:`read_from_tier2`.
+    :meth:`read_from_tier2`.  :meth:`append_times` says when committed
+    bytes not yet flushed were appended (for the chunks' sidecars); the
+    times of flushed ones it answers through :meth:`times_from_tier2`'s.
 
     **Recording.**  :meth:`create_segment`, :meth:`table_put` and
     :meth:`table_remove` are the container's own requests (their futures
@@ -119,6 +122,17 @@ class WriterSource(Protocol):
 
     def read_from_tier2(self, read: Tier2Read) -> None:
         """From now on, read what neither memory nor tier-1 holds through ``read``."""
+        ...
+
+    def append_times(self, segment_id: int, start: int, end: int) -> TimeEntries:
+        """When the segment's committed bytes ``start .. end`` (not yet
+        flushed: :meth:`flushed` forgets theirs) were appended: ``(offset,
+        time_ms)`` entries, the first at ``start`` unless not known
+        (:meth:`~quire.segmentstore.append_times.AppendTimes.between`)."""
+        ...
+
+    def times_from_tier2(self, times: Tier2Times) -> None:
+        """From now on, answer when flushed bytes were appended through ``times``."""
         ...
 
     def create_segment(self, name: str, segment_type: SegmentType) -> Awaitable[None]:
@@ -213,6 +227,12 @@ class ContainerWriterSource:
 
     def read_from_tier2(self, read: Tier2Read) -> None:
         self._committed.read_from_tier2(read)
+
+    def append_times(self, segment_id: int, start: int, end: int) -> TimeEntries:
+        return self._committed.append_times.between(segment_id, start, end)
+
+    def times_from_tier2(self, times: Tier2Times) -> None:
+        self._committed.tier2_times = times
 
     def create_segment(self, name: str, segment_type: SegmentType) -> Awaitable[None]:
         return self._container.create_segment(name, segment_type)

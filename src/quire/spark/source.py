@@ -1,6 +1,7 @@
-"""The ``quire`` PySpark data source: batch and streaming reads and writes of
-named logs.  With option ``stream`` (``scope/stream``) it reads a Quire
-stream instead: :mod:`quire.spark.stream_source`.
+"""The ``quire`` PySpark data source over named logs: batch and streaming
+reads and writes (the data source itself, which picks a log's or a
+stream's, is :mod:`quire.spark.datasource`; streams:
+:mod:`quire.spark.stream_source`).
 
 Reading gives one row per log entry::
 
@@ -36,7 +37,6 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
@@ -53,7 +53,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from quire.errors import QuireError
 from quire.log import (
     GarbageReport,
     Job,
@@ -73,14 +72,6 @@ from quire.spark.io import (
     read_range,
 )
 from quire.spark.options import QuireOptions
-from quire.spark.stream_options import StreamOptions
-from quire.spark.stream_source import (
-    STREAM_SCHEMA,
-    StreamBatchReader,
-    StreamMicroBatchReader,
-    check_stream_schema,
-    is_stream_read,
-)
 from quire.types import LedgerState
 
 if TYPE_CHECKING:
@@ -100,67 +91,7 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """Local property Spark sets on the tasks of a micro-batch."""
 
 
-class QuireDataSource(DataSource):
-    """``spark.read.format("quire")`` and friends; see the module docstring
-    and :mod:`quire.spark.options` for the options."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "quire"
-
-    def schema(self) -> StructType:
-        if is_stream_read(self.options):
-            return STREAM_SCHEMA
-        return SCHEMA
-
-    def _options(self) -> QuireOptions:
-        return QuireOptions.parse(self.options)
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        if is_stream_read(self.options):
-            return StreamBatchReader(StreamOptions.parse(self.options),
-                                     check_stream_schema(schema))
-        return QuireBatchReader(self._options(), _check_read_schema(schema))
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
-        if self.options.get("stream"):  # a stream, not a named log
-            from quire.spark.stream_sink import batch_writer
-
-            return batch_writer(self.options, schema, overwrite)
-        opts = self._options()
-        column = _payload_column(schema)
-
-        async def begin(logs: LogStore) -> tuple[Job, tuple[int, int, int]]:
-            jobs = LogJobs(logs)
-            try:
-                await jobs.collect_garbage(opts.log)  # opportunistic, this log only
-            except QuireError as e:
-                log.warning("garbage collection of log %s failed: %s", opts.log, e)
-            job = await jobs.begin_job(opts.log, ttl_ms=opts.job_ttl_ms, create=opts.create)
-            return job, opts.quorums(await live_bookie_count(logs))
-
-        job, quorums = runtime().with_logs(opts.metadata, opts.password, begin, opts.client_config)
-        return QuireBatchWriter(opts, job, quorums, column, overwrite)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        if is_stream_read(self.options):
-            return StreamMicroBatchReader(StreamOptions.parse(self.options),
-                                          check_stream_schema(schema))
-        return QuireStreamReader(self._options(), _check_read_schema(schema))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
-        if self.options.get("stream"):  # a stream, not a named log
-            from quire.spark.stream_sink import stream_writer
-
-            return stream_writer(self.options, schema, overwrite)
-        opts = self._options()
-        if opts.sink_id is None:
-            raise ValueError("a quire stream sink needs option 'sink_id' (stable across "
-                             "restarts of the query: it keys exactly-once commits)")
-        return QuireStreamWriter(opts, _payload_column(schema), overwrite)
-
-
-def _check_read_schema(schema: StructType) -> StructType:
+def check_read_schema(schema: StructType) -> StructType:
     """Reads produce :data:`SCHEMA`'s columns; a user schema may only change
     nullability."""
     ours = [(f.name, f.dataType) for f in SCHEMA.fields]
@@ -170,7 +101,7 @@ def _check_read_schema(schema: StructType) -> StructType:
     return schema
 
 
-def _payload_column(schema: StructType) -> str:
+def payload_column(schema: StructType) -> str:
     for f in schema.fields:
         if f.name.lower() == "payload":
             if not isinstance(f.dataType, BinaryType | StringType):

@@ -134,19 +134,36 @@ class CommitRecord:
 @dataclass(frozen=True)
 class SinkRecord:
     """A streaming sink's progress: the last batch id committed, and the
-    transactions of that batch while they are not all committed yet."""
+    transactions of that batch while they are not all committed yet (a
+    fan-out batch's: those of its other streams too, and the write id its
+    tasks registered under: :mod:`quire.spark.fanout_commits`)."""
 
     batch_id: int
     txns: tuple[int, ...] = ()
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """A fan-out batch's other streams (``scope/stream``) and their transactions."""
+    write_id: str | None = None
+    """A fan-out batch's write id (None: :func:`sink_batch_write_id`'s)."""
 
     def to_json(self) -> bytes:
-        return json.dumps({"batch_id": self.batch_id,
-                           "txns": [_hex(t) for t in self.txns]}).encode()
+        doc: dict[str, Any] = {"batch_id": self.batch_id, "txns": [_hex(t) for t in self.txns]}
+        if self.write_id is not None:
+            doc["write_id"] = self.write_id
+            doc["others"] = {k: [_hex(t) for t in v] for k, v in self.others}
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> SinkRecord:
         doc = json.loads(data)
-        return cls(int(doc["batch_id"]), tuple(int(t, 16) for t in doc["txns"]))
+        return cls(int(doc["batch_id"]), tuple(int(t, 16) for t in doc["txns"]),
+                   tuple((k, tuple(int(t, 16) for t in v))
+                         for k, v in sorted(doc.get("others", {}).items())),
+                   doc.get("write_id"))
+
+    @property
+    def pending(self) -> bool:
+        """Transactions are left to commit."""
+        return bool(self.txns) or any(txns for _key, txns in self.others)
 
 
 @dataclass
@@ -416,13 +433,21 @@ class StreamCommits:
             return None
         return SinkRecord.from_json(entry.value)
 
-    async def _finish_sink(self, scope: str, stream: str, sink_id: str, record: SinkRecord,
-                           version: int, report: RecoveryReport) -> int:
+    async def _commit_sink_txns(self, scope: str, stream: str, sink_id: str,
+                                record: SinkRecord, report: RecoveryReport
+                                ) -> tuple[str, list[int]]:
+        """Commit a recorded sink batch's transactions and abort its other
+        attempts; (its write id, the transactions found aborted)."""
         committed, lost = await self._commit_all(scope, stream, record.txns)
         report.committed_txns += committed
         write_id = sink_batch_write_id(scope, stream, sink_id, record.batch_id)
         report.aborted_txns += await self._clean_attempts(write_id, scope, stream,
                                                           set(record.txns))
+        return write_id, lost
+
+    async def _finish_sink(self, scope: str, stream: str, sink_id: str, record: SinkRecord,
+                           version: int, report: RecoveryReport) -> int:
+        write_id, lost = await self._commit_sink_txns(scope, stream, sink_id, record, report)
         try:
             version = await self._put(writes_table(scope, stream), sink_key(scope, stream, sink_id),
                                       SinkRecord(record.batch_id).to_json(), version)
@@ -449,7 +474,7 @@ class StreamCommits:
         table = writes_table(scope, stream)
         await self.ensure_table(table)
         record, version = await self.sink_progress(scope, stream, sink_id)
-        if record is not None and record.txns:  # an earlier commit to finish first
+        if record is not None and record.pending:  # an earlier commit to finish first
             version = await self._finish_sink(scope, stream, sink_id, record, version,
                                               RecoveryReport())
         write_id = sink_batch_write_id(scope, stream, sink_id, batch_id)
@@ -512,7 +537,7 @@ class StreamCommits:
             await self._finish_write(write_id, record, report)
         async for entry in self._entries(table, "sink/"):
             sink = SinkRecord.from_json(entry.value or b"{}")
-            if sink.txns:
+            if sink.pending:
                 sink_id = entry.key.decode().removeprefix(f"sink/{scope}/{stream}/")
                 await self._finish_sink(scope, stream, sink_id, sink, entry.version, report)
         cutoff = SYSTEM_CLOCK.wall_ms() - (abandoned_after_ms if abandoned_after_ms is not None

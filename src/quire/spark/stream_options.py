@@ -1,55 +1,33 @@
-"""The options of the ``quire`` data source when it reads a *stream*
-(``option("stream", "scope/stream")``), parsed once into plain data.
+"""The options of the ``quire`` data source when it reads *streams*, parsed
+once into plain data (the table of every option: ``docs/spark.md``).
 
-=====================  ======================================================
-option                 meaning
-=====================  ======================================================
-stream                 ``scope/stream`` to read (required; selects this reader)
-controller             controller URI ``tcp://host:port``, or
-                       ``tls://host:port`` for TLS (default
-                       ``$QUIRE_CONTROLLER``, else ``tcp://127.0.0.1:9090``)
-tls_ca                 CA certificates (PEM file, on every executor) trusted
-                       for a ``tls://`` controller and its segment stores
-                       (default: the system's)
-credentials_file       TOML file (mode 0600, read by the driver) with
-                       ``username`` and ``password`` of a user of a cluster
-                       with auth on; or give ``username`` and ``password``
-start_stream_cut       where reading starts: ``earliest`` (default: the
-                       stream's head, after truncation), ``latest`` (its
-                       tail now) or a stream cut in JSON, segment id ->
-                       offset: ``{"0": 0, "4294967297": 4096}``
-end_stream_cut         batch reads: where reading ends: ``latest`` (default:
-                       the tail at planning time), ``unbounded`` (same as
-                       latest for a batch), or a stream cut in JSON;
-                       streaming queries ignore it
-tier2                  tier-2 URI the segment store flushes to, as the
-                       executors reach it (``file:///shared/path``,
-                       ``s3://bucket/prefix?endpoint_url=...``): the ranges
-                       already flushed are read from its chunks, only the
-                       unflushed tail through the segment store.  Unset:
-                       everything through the segment store.  Not
-                       discovered: the segment store's tier-2 path is its
-                       own configuration and may not be the path the
-                       executors mount, so the job says it.
-max_rows_per_trigger   streaming: events per micro-batch at most
-max_bytes_per_trigger  streaming: segment bytes (headers included) per
-                       micro-batch at most (at least one event moves on)
-fail_on_data_loss      data truncated away before it was read (an offset
-                       of the checkpoint or of a planned partition, a tier-2
-                       chunk gone since planning) fails the query
-                       (default ``true``); ``false`` skips it with a warning
-read_bytes             bytes per read request to the segment store or
-                       tier-2 (default 1048576)
-batch_rows             rows per Arrow batch handed to Spark (default 8192)
-=====================  ======================================================
+Which streams: ``stream`` (``scope/stream``), ``streams`` (``scope/a,
+scope/b``) or ``stream_pattern`` (``scope/<regex>``, the whole name
+matched; streams created later join a running query between
+micro-batches); or ``metadata_table`` (``streams`` with ``scope``,
+``stream_info`` with ``stream``) for a table about them.
+
+Where to start and end: ``start_stream_cut`` / ``end_stream_cut``
+(``earliest``, ``latest``, or, for one stream, a cut in JSON) or
+``start_time`` / ``end_time`` (ISO 8601, or ms since the epoch: the events
+appended in ``[start_time, end_time)``).
+
+Where from: the cluster (``controller``, with ``tls_ca``, ``tls_cert`` /
+``tls_key``, ``credentials_file`` or ``username`` / ``password``), its
+flushed history read from ``tier2`` by the tasks, or, with ``read_mode``
+``tier2``, tier-2 alone (no cluster: :mod:`quire.history`).
 
 Rows: ``event binary, scope string, stream string, segment_id long,
-offset long`` (``offset``: the segment offset of the event's 8-byte header).
+offset long, timestamp timestamp`` (``offset``: the segment offset of the
+event's 8-byte header; ``timestamp``: when it was appended, null if not
+known).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -63,6 +41,9 @@ from quire.tier2 import parse_tier2_uri
 EARLIEST = "earliest"
 LATEST = "latest"
 UNBOUNDED = "unbounded"
+CLUSTER = "cluster"
+TIER2 = "tier2"
+METADATA_TABLES = ("streams", "stream_info")
 
 Cut = dict[int, int]
 """A stream cut: segment id -> offset."""
@@ -111,20 +92,53 @@ def _cut_option(text: str | None, name: str, default: str,
     return parse_cut(text, name)
 
 
+def parse_time_ms(text: str | None, name: str) -> int | None:
+    """A time option: ms since the epoch, or ISO 8601 (UTC unless it says)."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"option {name} must be ms since the epoch or an ISO 8601 time, got "
+                         f"{text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
+
+
 def access_options(options: Mapping[str, str]) -> StreamAccess:
-    """The controller, ``tls_ca`` and credentials (``credentials_file``, or
-    ``username`` and ``password``) of a read's or a write's options;
-    ValueError naming what is wrong.  A credentials file is read here, on
-    the driver: executors get the credentials with the plan."""
+    """The controller, ``tls_ca``, ``tls_cert`` / ``tls_key`` and credentials
+    (``credentials_file``, or ``username`` and ``password``) of a read's or a
+    write's options; ValueError naming what is wrong.  A credentials file is
+    read here, on the driver: executors get the credentials with the plan."""
     try:
         return StreamAccess.of(controller_uri(options.get("controller")),
                                options.get("tls_ca") or None,
                                options.get("credentials_file") or None,
                                options.get("username") or None,
-                               options.get("password") or None)
+                               options.get("password") or None,
+                               options.get("tls_cert") or None,
+                               options.get("tls_key") or None)
     except ConfigError as e:
-        raise ValueError(f"options controller, tls_ca, credentials_file, username, "
-                         f"password: {e}") from None
+        raise ValueError(f"options controller, tls_ca, tls_cert, tls_key, credentials_file, "
+                         f"username, password: {e}") from None
+
+
+def split_stream(text: str, name: str = "stream") -> tuple[str, str]:
+    """``scope/stream`` as its two names; ValueError naming the option."""
+    scope, sep, stream = text.strip().partition("/")
+    if not sep or not scope or not stream or "/" in stream:
+        raise ValueError(f"option {name} must be scope/stream, got {text!r}")
+    return scope, stream
+
+
+def is_stream_read(options: Mapping[str, str]) -> bool:
+    """The options name streams (or a table about them), not a log."""
+    return any(options.get(k) for k in ("stream", "streams", "stream_pattern",
+                                         "metadata_table"))
 
 
 @dataclass(frozen=True)
@@ -132,11 +146,16 @@ class StreamOptions:
     """Parsed options of a stream read (picklable; module docstring)."""
 
     controller: str
-    scope: str
-    stream: str
+    streams: tuple[tuple[str, str], ...] = ()
+    """The streams named (``stream`` or ``streams``)."""
+    pattern: tuple[str, str] | None = None
+    """``stream_pattern``: (scope, regex over the stream's name)."""
     start: str | Cut = EARLIEST
     end: str | Cut = LATEST
+    start_time_ms: int | None = None
+    end_time_ms: int | None = None
     tier2: str | None = None
+    read_mode: str = CLUSTER
     max_rows_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     fail_on_data_loss: bool = True
@@ -144,19 +163,60 @@ class StreamOptions:
     batch_rows: int = 8192
     tls_ca: str | None = None
     credentials: Credentials | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    hold_retention: bool = True
+    subscriber: str | None = None
+    split_bytes: int = 64 << 20
 
     @property
     def access(self) -> StreamAccess:
-        return StreamAccess(self.controller, self.tls_ca, self.credentials)
+        return StreamAccess(self.controller, self.tls_ca, self.credentials, self.tls_cert,
+                            self.tls_key)
+
+    @property
+    def scope(self) -> str:
+        """The (first) stream's scope."""
+        return self.pattern[0] if self.pattern else self.streams[0][0]
+
+    @property
+    def stream(self) -> str:
+        """The one stream read (ValueError when the options name several)."""
+        if self.pattern or len(self.streams) != 1:
+            raise ValueError("this needs exactly one stream (option stream)")
+        return self.streams[0][1]
+
+    def matches(self, scope: str, stream: str) -> bool:
+        """Whether ``scope/stream`` is one the options select."""
+        if self.pattern is not None:
+            return scope == self.pattern[0] and re.fullmatch(self.pattern[1], stream) is not None
+        return (scope, stream) in self.streams
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamOptions:
         """Parse Spark's (case-insensitive) options; ValueError names the bad one."""
         get = options.get
-        stream = get("stream") or ""
-        scope, sep, name = stream.partition("/")
-        if not sep or not scope or not name or "/" in name:
-            raise ValueError(f"option stream must be scope/stream, got {stream!r}")
+        named = [k for k in ("stream", "streams", "stream_pattern") if get(k)]
+        if len(named) != 1:
+            raise ValueError("give one of the options stream, streams or stream_pattern")
+        streams: tuple[tuple[str, str], ...] = ()
+        pattern = None
+        if named[0] == "stream":
+            streams = (split_stream(get("stream") or ""),)
+        elif named[0] == "streams":
+            streams = tuple(dict.fromkeys(split_stream(s, "streams")
+                                          for s in (get("streams") or "").split(",")
+                                          if s.strip()))
+            if not streams:
+                raise ValueError("option streams must list scope/stream names")
+        else:
+            scope, regex = split_stream(get("stream_pattern") or "", "stream_pattern")
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise ValueError(f"option stream_pattern: {regex!r} is not a regex: {e}") \
+                    from None
+            pattern = (scope, regex)
         access = access_options(options)
         tier2 = get("tier2") or None
         if tier2 is not None:
@@ -164,17 +224,36 @@ class StreamOptions:
                 parse_tier2_uri(tier2)
             except ConfigError as e:
                 raise ValueError(f"option tier2: {e}") from None
+        read_mode = (get("read_mode") or CLUSTER).strip().lower()
+        if read_mode not in (CLUSTER, TIER2) or (read_mode == TIER2 and tier2 is None):
+            raise ValueError("option read_mode is cluster or tier2 (which needs option tier2)")
+        start = _cut_option(get("start_stream_cut"), "start_stream_cut", EARLIEST,
+                            (EARLIEST, LATEST))
+        end = _cut_option(get("end_stream_cut"), "end_stream_cut", LATEST, (LATEST, UNBOUNDED))
+        if (isinstance(start, dict) or isinstance(end, dict)) and len(streams) != 1:
+            raise ValueError("a stream cut in JSON is for one stream (option stream)")
+        start_time = parse_time_ms(get("start_time"), "start_time")
+        end_time = parse_time_ms(get("end_time"), "end_time")
+        if (start_time is not None and get("start_stream_cut")) or \
+                (end_time is not None and get("end_stream_cut")):
+            raise ValueError("give a start (end) time or a start (end) stream cut, not both")
+        subscriber = get("subscriber") or None
+        if subscriber is not None and not re.fullmatch(r"[A-Za-z0-9.\-][A-Za-z0-9._\-]{0,120}",
+                                                       subscriber):
+            raise ValueError(f"option subscriber must be a reader group name, got "
+                             f"{subscriber!r}")
         return cls(
-            controller=access.controller, scope=scope, stream=name,
-            start=_cut_option(get("start_stream_cut"), "start_stream_cut", EARLIEST,
-                              (EARLIEST, LATEST)),
-            end=_cut_option(get("end_stream_cut"), "end_stream_cut", LATEST,
-                            (LATEST, UNBOUNDED)),
-            tier2=tier2,
+            controller=access.controller, streams=streams, pattern=pattern,
+            start=start, end=end, start_time_ms=start_time, end_time_ms=end_time,
+            tier2=tier2, read_mode=read_mode,
             max_rows_per_trigger=positive_option(options, "max_rows_per_trigger", None),
             max_bytes_per_trigger=positive_option(options, "max_bytes_per_trigger", None),
             fail_on_data_loss=bool_option(get("fail_on_data_loss") or "true", "fail_on_data_loss"),
             read_bytes=positive_option(options, "read_bytes", 1 << 20) or 1 << 20,
             batch_rows=positive_option(options, "batch_rows", 8192) or 8192,
-            tls_ca=access.tls_ca, credentials=access.credentials,
+            tls_ca=access.tls_ca, credentials=access.credentials, tls_cert=access.tls_cert,
+            tls_key=access.tls_key,
+            hold_retention=bool_option(get("hold_retention") or "true", "hold_retention"),
+            subscriber=subscriber,
+            split_bytes=positive_option(options, "split_bytes", 64 << 20) or 64 << 20,
         )

@@ -37,8 +37,9 @@ import logging
 from dataclasses import dataclass, field
 
 from quire.errors import ProtocolError, SegmentNotFoundError, SegmentTruncatedError
+from quire.pravega_wire import EVENT_HEADER, EVENT_TYPE
 from quire.streams.controller import ControllerClient
-from quire.streams.model import EVENT_HEADER, EVENT_TYPE, segment_name
+from quire.streams.model import segment_name
 from quire.streams.segments import RemoteSegmentStore
 
 log = logging.getLogger("quire.spark")

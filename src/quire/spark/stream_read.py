@@ -1,18 +1,19 @@
 """What a Spark task does to read one segment range of a stream: bytes from
 tier-2 (the flushed part, :mod:`quire.spark.tier2_reads`) and then from the
 segment store (the unflushed tail), split into events, handed to Spark as
-Arrow record batches.
+Arrow record batches (:mod:`quire.history.events`).
 
 The input partition, :class:`SegmentRange`, holds plain data only (it
 travels from the driver to the executors).  Its ``first`` and ``last`` are
 event boundaries; the flushed length in between is not, so one
-:class:`EventSplitter` sees the bytes of both sources in order.  The next
-read is on the wire while the current bytes are split and handed over.
+:class:`~quire.history.events.EventSplitter` sees the bytes of both sources
+in order.  The next read is on the wire while the current bytes are split
+and handed over.
 
-Events are split with numpy where a run of events has one size (the usual
-case for fixed-size records: their headers checked in windows that double,
-their payloads copied once as one strided copy), one header at a time
-otherwise (a short run costs one window, so mixed sizes stay linear).
+Each event's ``timestamp`` is its append time: for the flushed part from
+the tier-2 chunks' sidecars, for the rest from the segment store (Quire's
+own ``ReadAppendTimes`` request, :mod:`quire.streams.append_times`), asked
+once per partition while the first bytes are read.
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import InputPartition
 
 from quire.errors import ProtocolError, SegmentNotFoundError, SegmentTruncatedError
+from quire.history.events import EventSplitter, event_batch, event_times
 from quire.security import Credentials
 from quire.spark._runtime import runtime
 from quire.spark.stream_plan import StreamDataLossError
-from quire.spark.tier2_reads import Tier2Layout, reread_layout, tier2_storage
+from quire.spark.tier2_reads import Tier2Layout, reread_layout, tier2_sidecars, tier2_storage
+from quire.streams.append_times import append_times
 from quire.streams.controller import ControllerClient
 from quire.streams.credentials import StreamAccess
-from quire.streams.model import EVENT_HEADER, EVENT_TYPE, segment_name
+from quire.streams.model import segment_name
 from quire.streams.segments import RemoteSegmentStore, SegmentClientConfig
 from quire.tier2 import read_segment
 
 if TYPE_CHECKING:
-    import numpy as np
     import pyarrow as pa
 
 log = logging.getLogger("quire.spark")
@@ -76,124 +78,17 @@ class SegmentRange(InputPartition):
     batch_rows: int = 8192
     tls_ca: str | None = None
     credentials: Credentials | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def access(self) -> StreamAccess:
-        return StreamAccess(self.controller, self.tls_ca, self.credentials)
+        return StreamAccess(self.controller, self.tls_ca, self.credentials, self.tls_cert,
+                            self.tls_key)
 
     @property
     def name(self) -> str:
         return segment_name(self.scope, self.stream, self.segment_id)
-
-
-class EventSplitter:
-    """Events out of a segment's bytes fed in order, whatever the pieces'
-    boundaries: :meth:`feed` returns the header offsets and payloads of the
-    events completed so far (a partial one waits for the next piece)."""
-
-    def __init__(self, offset: int) -> None:
-        self._rest = b""
-        self._rest_at = offset
-
-    @property
-    def partial_bytes(self) -> int:
-        return len(self._rest)
-
-    def restart(self, offset: int) -> None:
-        """Forget a partial event and expect the bytes at ``offset`` next."""
-        self._rest = b""
-        self._rest_at = offset
-
-    def feed(self, data: bytes) -> tuple[np.ndarray, pa.Array]:
-        """(header offsets int64, payloads as an Arrow binary array).
-
-        The payloads are copied once, straight into the Arrow values
-        buffer: a run of equal-size events as one strided numpy copy, other
-        events as slices of the buffer."""
-        import numpy as np
-        import pyarrow as pa
-
-        buf = self._rest + data if self._rest else data
-        base = self._rest_at
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        size = len(buf)
-        pieces: list[tuple[int, int, int]] = []
-        """In order: (header position, count, payload length) of a run of
-        equal-size events, or (position, 0, index in ``singles``) of a group
-        of events not in a run."""
-        singles: list[tuple[list[int], list[int]]] = []
-        """Each group's header positions and payload lengths."""
-        unpack = EVENT_HEADER.unpack_from
-        header = EVENT_HEADER.size
-        pos = 0
-        while size - pos >= header:
-            kind, length = unpack(buf, pos)
-            if kind != EVENT_TYPE or length < 0:
-                raise ProtocolError(f"no event header at segment offset {base + pos} "
-                                    f"(type {kind}, length {length})")
-            stride = header + length
-            if pos + stride > size:
-                break
-            run = (size - pos) // stride
-            if run >= 16 and unpack(buf, pos + stride) == (kind, length):
-                # a run of equal-size events: check their headers at once, in
-                # windows that double (so a short run costs little)
-                count, window = 0, 16
-                while count < run:
-                    w = min(window, run - count)
-                    at = pos + stride * count
-                    heads = raw[at:at + stride * w].reshape(w, stride)[:, :header] \
-                        .copy().view(">i4")
-                    same = (heads[:, 0] == EVENT_TYPE) & (heads[:, 1] == length)
-                    if not bool(same.all()):
-                        count += int(np.argmin(same))
-                        break
-                    count += w
-                    window *= 2
-                pieces.append((pos, count, length))
-                pos += stride * count
-                continue
-            if not pieces or pieces[-1][1]:
-                pieces.append((pos, 0, len(singles)))
-                singles.append(([], []))
-            singles[-1][0].append(pos)
-            singles[-1][1].append(length)
-            pos += stride
-        self._rest = buf[pos:]
-        self._rest_at = base + pos
-        count = sum(n or len(singles[group][0]) for _, n, group in pieces)
-        head_at = np.empty(count, dtype=np.int64)
-        sizes = np.empty(count, dtype=np.int64)
-        total = sum(n * size_or_group if n else sum(singles[size_or_group][1])
-                    for _, n, size_or_group in pieces)
-        values = np.empty(total, dtype=np.uint8)
-        view = memoryview(buf)
-        row = at = 0
-        for first, n, size_or_group in pieces:
-            if n:
-                length = size_or_group
-                stride = header + length
-                head_at[row:row + n] = np.arange(first, first + stride * n, stride)
-                sizes[row:row + n] = length
-                values[at:at + n * length].reshape(n, length)[:] = \
-                    raw[first:first + stride * n].reshape(n, stride)[:, header:]
-                row += n
-                at += n * length
-                continue
-            starts, lengths = singles[size_or_group]
-            n = len(starts)
-            head_at[row:row + n] = starts
-            sizes[row:row + n] = lengths
-            joined = b"".join([view[p + header:p + header + k]
-                               for p, k in zip(starts, lengths, strict=True)])
-            values[at:at + len(joined)] = np.frombuffer(joined, dtype=np.uint8)
-            row += n
-            at += len(joined)
-        value_offsets = np.zeros(count + 1, dtype=np.int32)
-        np.cumsum(sizes, out=value_offsets[1:])
-        payloads = pa.Array.from_buffers(pa.binary(), count, [
-            None, pa.py_buffer(value_offsets), pa.py_buffer(values)])
-        return head_at + base, payloads
 
 
 class _RangeBytes:
@@ -280,6 +175,25 @@ class _RangeBytes:
             return self.pos, b"", True
         return None
 
+    async def times(self) -> list[tuple[int, int]]:
+        """When the range's bytes were appended: ``(offset, time_ms)`` entries
+        (from tier-2's sidecars below the planned flushed length, from the
+        segment store above it)."""
+        part, layout = self.part, self.layout
+        entries: list[tuple[int, int]] = []
+        try:
+            if layout is not None and self._tier2_end > part.first:
+                sidecars = await tier2_sidecars(layout.uri)
+                entries = await sidecars.times(layout.layout(), part.first, self._tier2_end)
+            if self._tier2_end < part.last:
+                _controller, segments = await stream_clients(part.access, part.read_bytes)
+                _stored, more = await append_times(segments, part.name,
+                                                   max(part.first, self._tier2_end), part.last)
+                entries += more
+        except (SegmentTruncatedError, SegmentNotFoundError):
+            pass  # gone since planning: the bytes' reads say so (or skip them)
+        return entries
+
     async def close(self) -> None:
         if self._used_store:
             _controller, segments = await stream_clients(self.part.access,
@@ -289,8 +203,8 @@ class _RangeBytes:
 
 def read_segment_range(part: SegmentRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The range's events as record batches of ``schema`` (event, scope,
-    stream, segment_id, offset), in segment order, up to ``batch_rows`` each."""
-    import numpy as np
+    stream, segment_id, offset, timestamp), in segment order, up to
+    ``batch_rows`` each."""
     import pyarrow as pa
 
     rt = runtime()
@@ -298,6 +212,8 @@ def read_segment_range(part: SegmentRange, schema: pa.Schema) -> Iterator[pa.Rec
     splitter = EventSplitter(part.first)
     scope = pa.scalar(part.scope, pa.string())
     stream = pa.scalar(part.stream, pa.string())
+    asked = rt.submit(source.times())
+    entries: list[tuple[int, int]] | None = None
     try:
         pending: concurrent.futures.Future[tuple[int, bytes, bool] | None] | None = \
             rt.submit(source.next())
@@ -310,19 +226,18 @@ def read_segment_range(part: SegmentRange, schema: pa.Schema) -> Iterator[pa.Rec
             if restarted:
                 splitter.restart(at)
             offsets, payloads = splitter.feed(data)
+            if entries is None:
+                entries = asked.result()
+            times = event_times(offsets, entries)
             count = len(offsets)
             for low in range(0, count, part.batch_rows):
                 high = min(count, low + part.batch_rows)
-                n = high - low
-                yield pa.RecordBatch.from_arrays([
-                    payloads.slice(low, n),
-                    pa.repeat(scope, n),
-                    pa.repeat(stream, n),
-                    pa.array(np.full(n, part.segment_id, dtype=np.int64)),
-                    pa.array(offsets[low:high]),
-                ], schema=schema)
+                yield event_batch(schema, payloads.slice(low, high - low), scope, stream,
+                                  part.segment_id, offsets[low:high], times[low:high])
         if splitter.partial_bytes:
             raise ProtocolError(f"segment {part.name}: {splitter.partial_bytes} bytes of an "
                                 f"event cross the planned end {part.last}")
     finally:
+        if not asked.done():
+            asked.cancel()
         rt.run(source.close())

@@ -28,11 +28,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from quire.segmentstore.chunk_sidecars import SidecarCache
 from quire.segmentstore.tier2_reader import read_layout
 from quire.tier2 import ChunkRef, ChunkStorage, SegmentLayout, open_chunk_storage
 
 _storages: dict[tuple[int, str], ChunkStorage] = {}
 """(process id, tier-2 URI) -> the open storage (touched on the runtime loop only)."""
+_sidecars: dict[tuple[int, str], SidecarCache] = {}
 
 
 async def tier2_storage(uri: str) -> ChunkStorage:
@@ -42,6 +44,16 @@ async def tier2_storage(uri: str) -> ChunkStorage:
     if storage is None:
         storage = _storages[key] = await open_chunk_storage(uri)
     return storage
+
+
+async def tier2_sidecars(uri: str) -> SidecarCache:
+    """This process's cache of the chunk sidecars in ``uri`` (call on the
+    runtime loop)."""
+    key = (os.getpid(), uri)
+    cache = _sidecars.get(key)
+    if cache is None:
+        cache = _sidecars[key] = SidecarCache(await tier2_storage(uri))
+    return cache
 
 
 @dataclass(frozen=True)

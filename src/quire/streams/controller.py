@@ -79,6 +79,11 @@ _STATUS_ERRORS: dict[grpc.StatusCode, type[QuireError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
+_NAMED_ERRORS: dict[str, type[QuireError]] = {
+    kind.__name__: kind for kind in (ScopeNotFoundError, StreamNotFoundError,
+                                     TransactionNotFoundError)}
+"""The errors a status's details name first (Quire's controller says
+``<error class>: <message>``), raised as themselves."""
 TLS_SCHEMES = ("tls://", "ssl://", "tcps://", "pravegas://")
 """URI schemes of a controller spoken to over TLS (the Pravega client's)."""
 
@@ -198,7 +203,9 @@ class ControllerClient:
 
     def __init__(self, uri: str = DEFAULT_CONTROLLER_URI, timeout_ms: int = 30_000, *,
                  tls_ca: str | Path | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None,
+                 tls_cert: str | Path | None = None,
+                 tls_key: str | Path | None = None) -> None:
         self.uri = uri
         self.timeout_ms = timeout_ms
         self._targets = controller_targets(uri)
@@ -206,7 +213,7 @@ class ControllerClient:
         self._current = 0
         self._trust: grpc.ChannelCredentials | None = None
         if controller_uses_tls(uri):
-            self._trust = (grpc_channel_credentials(tls_ca) if tls_ca
+            self._trust = (grpc_channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca
                            else grpc.ssl_channel_credentials())
         self._metadata: tuple[tuple[str, str], ...] | None = None
         if credentials is not None:
@@ -268,6 +275,9 @@ class ControllerClient:
                         await asyncio.sleep(min(0.1 * tried, 1.0))  # before the next round
                     continue
                 kind = _STATUS_ERRORS.get(e.code(), ControllerUnavailableError)
+                named = _NAMED_ERRORS.get((e.details() or "").split(":", 1)[0])
+                if named is not None and issubclass(named, kind):
+                    kind = named
                 raise kind(f"controller {self._targets[self._current]}: {method}: "
                            f"{e.code().name}: {e.details()}") from None
 

@@ -78,14 +78,21 @@ class StreamAccess:
     """PEM file of the CAs to trust for a ``tls://`` controller and its
     segment stores (None: the system's)."""
     credentials: Credentials | None = None
+    tls_cert: str | None = None
+    """PEM client certificate shown to servers that ask for one (with
+    ``tls_key``; needs ``tls_ca``)."""
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         controller_target(self.controller)  # ConfigError for a URI that is not one
+        if bool(self.tls_cert) != bool(self.tls_key) or (self.tls_cert and not self.tls_ca):
+            raise ConfigError("a client certificate needs its key and the CA (tls_ca)")
 
     @classmethod
     def of(cls, controller: str, tls_ca: str | Path | None = None,
            credentials_file: str | Path | None = None, username: str | None = None,
-           password: str | None = None) -> StreamAccess:
+           password: str | None = None, tls_cert: str | Path | None = None,
+           tls_key: str | Path | None = None) -> StreamAccess:
         """From options as given: a credentials file (TOML ``username`` and
         ``password``, mode 0600) or a username and password, not both."""
         credentials = None
@@ -98,7 +105,8 @@ class StreamAccess:
             if not (username and password):
                 raise ConfigError("a username needs a password, and a password a username")
             credentials = Credentials(username, password)
-        return cls(controller, str(tls_ca) if tls_ca else None, credentials)
+        return cls(controller, str(tls_ca) if tls_ca else None, credentials,
+                   str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None)
 
     @property
     def uses_tls(self) -> bool:
@@ -108,11 +116,14 @@ class StreamAccess:
         """The client context of segment-store connections (None: plain)."""
         if not self.uses_tls:
             return None
-        return client_context(self.tls_ca) if self.tls_ca else ssl.create_default_context()
+        if not self.tls_ca:
+            return ssl.create_default_context()
+        return client_context(self.tls_ca, self.tls_cert, self.tls_key)
 
     def controller_client(self, timeout_ms: int = 30_000) -> ControllerClient:
         return ControllerClient(self.controller, timeout_ms, tls_ca=self.tls_ca,
-                                credentials=self.credentials)
+                                credentials=self.credentials, tls_cert=self.tls_cert,
+                                tls_key=self.tls_key)
 
     def segment_store(self, controller: ControllerClient,
                       config: SegmentClientConfig | None = None) -> RemoteSegmentStore:

@@ -21,15 +21,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from quire.errors import ProtocolError
+from quire.pravega_wire import EVENT_HEADER, EVENT_TYPE
 
-EVENT_HEADER = struct.Struct(">ii")
-EVENT_TYPE = 0
-"""The type field of an event's header (Pravega's EventCommand)."""
 _SEGMENT_NAME = re.compile(r"^(?P<scope>[^/]+)/(?P<stream>[^/]+)/(?P<number>\d+)\.#epoch\."
                            r"(?P<epoch>\d+)(?:#.*)?$")
 

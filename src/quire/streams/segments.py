@@ -386,6 +386,11 @@ class RemoteSegmentStore:
         return SegmentInfo(name, reply.write_offset, reply.start_offset, 0, reply.is_sealed,
                            reply.is_deleted, SegmentType.STREAM, {}, reply.last_modified)
 
+    async def request(self, name: str, make: Callable[[int, str], WireCommand]) -> WireCommand:
+        """One idempotent request on ``name`` (``make(request_id, token)``), its
+        reply: the requests with no method here (:mod:`quire.streams.append_times`)."""
+        return await self._call(name, make, idempotent=True)
+
     def append(self, name: str, data: bytes, writer_id: int, event_number: int,
                event_count: int = 1, expected_offset: int | None = None
                ) -> asyncio.Future[AppendResult]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from quire.errors import ControllerPreconditionError, QuireError
+from quire.errors import ControllerPreconditionError, QuireError, SegmentNotFoundError
 from quire.streams.controller import ControllerClient, Transaction, TxnState
 from quire.streams.model import Segment
 from quire.streams.segments import RemoteSegmentStore
@@ -24,7 +24,8 @@ from quire.streams.writer import SegmentWriterState, StreamWriter, WriterConfig
 
 class _TransactionWriter(StreamWriter):
     """A StreamWriter over a transaction's segments: no scaling (a sealed
-    transaction segment means the transaction is no longer open)."""
+    transaction segment means the transaction is no longer open, a missing
+    one that it was committed or aborted)."""
 
     def __init__(self, controller: ControllerClient, segments: RemoteSegmentStore,
                  scope: str, stream: str, txn: Transaction, writer_id: int | None,
@@ -42,6 +43,12 @@ class _TransactionWriter(StreamWriter):
     def _sealed(self, writer: SegmentWriterState) -> None:
         self._fail(writer, ControllerPreconditionError(
             f"transaction {self.txn.id:032x} on {self.scope}/{self.stream} is no longer open"))
+
+    def _gone(self, writer: SegmentWriterState, error: SegmentNotFoundError,
+              in_doubt: int) -> None:
+        """No transaction segment: the transaction was committed or aborted
+        (its parent's successors are no place for its events)."""
+        self._fail(writer, error)
 
 
 class StreamTransaction:

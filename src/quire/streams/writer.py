@@ -22,6 +22,15 @@ unacknowledged events are routed again, first and in order, over the
 segment's successors, which the controller names; new writes wait until
 then.  No successors means the stream is sealed: the events fail with
 StreamSealedError.
+
+A segment that answers NoSuchSegment was sealed by a scale and then
+deleted by a truncation before the writer learnt of the seal (or its
+stream was deleted): its events are routed over its successors the same
+way (Pravega's writer does so too), with one exception: events sent
+before a connection broke, whose answer never came, may have landed
+before the seal and gone with the truncation; resent, they could be
+stored twice, so they fail with SegmentStoreConnectionError (outcome
+unknown).  No successors: the events fail with SegmentNotFoundError.
 """
 
 from __future__ import annotations
@@ -286,7 +295,14 @@ class StreamWriter:
         if isinstance(reply, SegmentIsSealed):
             self._sealed(writer)
             return
-        self._fail(writer, error_of(reply, writer.name))
+        error = error_of(reply, writer.name)
+        if isinstance(error, SegmentNotFoundError):
+            # the blocks sent after this one on this connection were not
+            # stored either; those before it, still unanswered, may have been
+            self._gone(writer, error, next((i for i, b in enumerate(writer.unacked)
+                                            if b is block), len(writer.unacked)))
+            return
+        self._fail(writer, error)
 
     def _lost(self, writer: SegmentWriterState, connection: SegmentConnection) -> None:
         """The connection broke: set up again and resend what is unacknowledged."""
@@ -359,7 +375,12 @@ class StreamWriter:
             return
         if not isinstance(reply, AppendSetup):
             connection.abort()
-            self._fail(writer, error_of(reply, name))
+            error = error_of(reply, name)
+            if isinstance(error, SegmentNotFoundError):
+                # what is unacknowledged was sent on a connection that broke
+                self._gone(writer, error, len(writer.unacked))
+            else:
+                self._fail(writer, error)
             return
         stored = None if reply.last_event_number == NO_EVENT_NUMBER else reply.last_event_number
         while writer.unacked and stored is not None and \
@@ -407,6 +428,27 @@ class StreamWriter:
     def _sealed(self, writer: SegmentWriterState) -> None:
         """``writer``'s segment is sealed: what it did not store goes to the
         successors, before anything written since."""
+        self._reroute(writer, None)
+
+    def _gone(self, writer: SegmentWriterState, error: SegmentNotFoundError,
+              in_doubt: int) -> None:
+        """``writer``'s segment does not exist (module docstring): the first
+        ``in_doubt`` unacknowledged blocks may have landed in it before it
+        went, and fail as unknown; the others go to the successors."""
+        doubtful = [writer.unacked.popleft() for _ in range(in_doubt)]
+        unknown = SegmentStoreConnectionError(
+            f"writer {self.writer_id:x}: {writer.name} was deleted (truncated away after a "
+            "scale sealed it) while events sent to it were unacknowledged: whether they "
+            "landed in it is unknown (they are not resent to its successors)")
+        for block in doubtful:
+            for event in block.events:
+                if not event.future.done():
+                    event.future.set_exception(unknown)
+        self._reroute(writer, error)
+
+    def _reroute(self, writer: SegmentWriterState, gone: SegmentNotFoundError | None) -> None:
+        """Route what ``writer`` holds over its segment's successors (its
+        segment sealed; ``gone``: deleted too)."""
         writer.retired = True
         writer.ready = False
         if writer.connection is not None:
@@ -416,9 +458,9 @@ class StreamWriter:
             del self._writers[writer.segment.id]
         self._held = self._take_events(writer) + (self._held or [])
         self._following += 1
-        self._spawn(self._follow(writer.segment))
+        self._spawn(self._follow(writer.segment, gone))
 
-    async def _follow(self, sealed: Segment) -> None:
+    async def _follow(self, sealed: Segment, gone: SegmentNotFoundError | None) -> None:
         error: QuireError | None = None
         try:
             successors = await self.controller.successors(self.scope, self.stream, sealed.id)
@@ -434,6 +476,8 @@ class StreamWriter:
                 self._routes.sort(key=lambda s: s.min_key)
                 log.debug("writer %x: %s sealed, now writing to %s", self.writer_id,
                           sealed.name, [s.name for s in self._routes])
+            elif gone is not None:  # never scaled away: the stream was deleted
+                error = SegmentNotFoundError(f"{gone} (was the stream deleted?)")
             else:  # no successor: the stream is sealed
                 self._routes = []
         self._following -= 1

@@ -36,6 +36,7 @@ from quire.errors import (
     SegmentNotFoundError,
     SegmentStoreError,
 )
+from quire.segmentstore.append_times import AppendTimes, Tier2Times, TimeEntries
 from quire.segmentstore.attribute_updates import resolve_updates
 from quire.segmentstore.container import sealed_error
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
@@ -89,6 +90,10 @@ class MemoryWriterSource:
         """The sequence of the checkpoint "tier-1" was last cut at."""
         self.tier2_read: Tier2Read | None = None
         """What :meth:`read_from_tier2` was given."""
+        self.times = AppendTimes()
+        """When the bytes were appended (the container's index, fed the same way)."""
+        self.tier2_times: Tier2Times | None = None
+        """What :meth:`times_from_tier2` was given."""
         self.failure: BaseException | None = None
         """Why "the container" stopped serving (a test sets it)."""
         self.pressure = False
@@ -135,6 +140,13 @@ class MemoryWriterSource:
 
     def flushed(self, segment_id: int, length: int) -> None:
         self.metadata.segments[segment_id].storage_length = length
+        self.times.flushed(segment_id, length)
+
+    def append_times(self, segment_id: int, start: int, end: int) -> TimeEntries:
+        return self.times.between(segment_id, start, end)
+
+    def times_from_tier2(self, times: Tier2Times) -> None:
+        self.tier2_times = times
 
     def read_from_tier2(self, read: Tier2Read) -> None:
         self.tier2_read = read
@@ -261,6 +273,7 @@ class MemoryWriterSource:
 
     def _apply(self, op: Operation) -> None:
         self.metadata.apply(op)  # ValueError if it does not fit: nothing changes
+        self.times.apply(op, self.metadata.segments)
 
     def _append(self, s: SegmentMetadata, data: bytes,
                 attributes: tuple[tuple[int, int], ...]) -> None:
