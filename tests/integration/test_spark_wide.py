@@ -52,17 +52,25 @@ pytestmark = pytest.mark.timeout(400)
 
 
 @pytest.fixture(scope="module")
-def stack(spark_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[StreamStack]:
-    started = StreamStack.start(tmp_path_factory.mktemp("wide-stack"),
-                                spark_cluster.metadata_uri,
-                                controller_settings={"retention_interval_ms": 1000},
-                                tier2_flush_threshold_bytes=2048,
-                                tier2_flush_threshold_ms=600_000,
-                                tier2_flush_interval_ms=100)
-    started.create(SCOPE, "seed", 1)
-    yield started
-    started.close()
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamStack]:
+    """A stack on bookies and a metadata store of its own: the session's
+    (``spark_cluster``) hold test_spark_streams' container logs, whose
+    replay would name chunks of that module's tier-2, not this one's."""
+    cluster = Cluster(tmp_path_factory.mktemp("wide-cluster"), 3).start()
+    started: StreamStack | None = None
+    try:
+        started = StreamStack.start(tmp_path_factory.mktemp("wide-stack"),
+                                    cluster.metadata_uri,
+                                    controller_settings={"retention_interval_ms": 1000},
+                                    tier2_flush_threshold_bytes=2048,
+                                    tier2_flush_threshold_ms=600_000,
+                                    tier2_flush_interval_ms=100)
+        started.create(SCOPE, "seed", 1)
+        yield started
+    finally:
+        if started is not None:
+            started.close()
+        cluster.close()
 
 
 def events(prefix: str, first: int, count: int) -> list[tuple[str, bytes]]:
