@@ -45,7 +45,6 @@ from typing import Any
 from quire.clock import SYSTEM_CLOCK, Clock
 from quire.errors import (
     BadOffsetError,
-    ContainerClosedError,
     ContainerFencedError,
     QuireError,
     SegmentExistsError,
@@ -76,7 +75,6 @@ from quire.segmentstore.operations import (
     DeleteOp,
     MergeOp,
     PackedAppend,
-    ProbeOp,
     SealOp,
     SegmentMapOp,
     TruncateOp,
@@ -218,15 +216,6 @@ class SegmentContainer(ContainerUpkeep):
             raise
         return container
 
-    @property
-    def failure(self) -> BaseException | None:
-        """Why the container stopped serving (fenced by another owner, a
-        tier-1 append failed, closed), or None while it serves."""
-        oplog = self._oplog
-        if oplog.failure is not None:
-            return oplog.failure
-        return ContainerClosedError("the container is closed") if oplog.closed else None
-
     # --- requests ------------------------------------------------------------
 
     def writable_segment(self, name: str) -> SegmentMetadata:
@@ -254,29 +243,6 @@ class SegmentContainer(ContainerUpkeep):
     def barrier(self, result: object = None) -> asyncio.Future[Any]:
         """A future giving ``result`` once every operation accepted so far is durable."""
         return self._oplog.barrier(result)
-
-    def confirm_ownership(self) -> asyncio.Future[Any]:
-        """Done once a :class:`~quire.segmentstore.operations.ProbeOp` logged
-        now (it changes nothing; it shares the next frame) is durable: the
-        container still owned its log then.  Fails with ContainerFencedError,
-        and fails the container, once another owner took the log."""
-        return call_as_future(lambda: self._log_op(ProbeOp(*self._next())))
-
-    def _refused_as_owner(self, error: QuireError) -> asyncio.Future[Any]:
-        """A future failing with ``error`` once a probe confirmed ownership
-        (with the container's fencing error if it did not)."""
-        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def answer(probe: asyncio.Future[Any]) -> None:
-            if refused.done():
-                return
-            if probe.cancelled():
-                refused.set_exception(ContainerClosedError("the container closed before it "
-                                                           "confirmed its ownership"))
-            else:
-                refused.set_exception(probe.exception() or error)
-        self.confirm_ownership().add_done_callback(answer)
-        return refused
 
     def create_segment(self, name: str, segment_type: SegmentType = SegmentType.STREAM,
                        attributes: Mapping[int, int] | Sequence[AttributeUpdate] | None = None,
@@ -557,18 +523,3 @@ class SegmentContainer(ContainerUpkeep):
         side = self.committed_side
         return await locate_time(side.append_times, side.tier2_times,
                                  self.committed_segment(name), time_ms)
-
-    # --- lifecycle ---------------------------------------------------------------
-
-    async def close(self) -> None:
-        """Wait for the queued operations, then give up the log (idempotent)."""
-        self.throttle.release_all()
-        try:
-            await self._oplog.close()
-        except (ContainerFencedError, ContainerClosedError):
-            pass
-        except LogFencedError:
-            pass
-        finally:
-            await self._log.close()
-            self.read_index.notify_all()

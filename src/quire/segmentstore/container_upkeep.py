@@ -1,4 +1,5 @@
-"""What a container does for its own upkeep: checkpoints, forgetting, quarantine.
+"""What a container does for its own upkeep: checkpoints, forgetting, quarantine,
+ownership and lifecycle.
 
 :class:`ContainerUpkeep` is the part of
 :class:`~quire.segmentstore.container.SegmentContainer` that keeps it going
@@ -7,8 +8,10 @@ operation log says one is due, and one its storage writer asks for before
 truncating tier-1), the deleted segments it forgets as it writes one (once
 tier-2 no longer records them: :meth:`ContainerUpkeep.forget`; at once
 without tier-2), the tier-1 bytes it counts for its ceiling
-(:mod:`~quire.segmentstore.throttle`), and the quarantine of a segment its
-storage writer asks for (:mod:`~quire.segmentstore.quarantine`).
+(:mod:`~quire.segmentstore.throttle`), the quarantine of a segment its
+storage writer asks for (:mod:`~quire.segmentstore.quarantine`), the probes
+that confirm it still owns its log (:meth:`ContainerUpkeep.confirm_ownership`),
+why it stopped serving (:attr:`ContainerUpkeep.failure`) and its closing.
 """
 
 from __future__ import annotations
@@ -17,12 +20,25 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from quire.errors import SegmentNotFoundError
+from quire.errors import (
+    ContainerClosedError,
+    ContainerFencedError,
+    QuireError,
+    SegmentNotFoundError,
+)
+from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore.committed_side import CommittedSide
 from quire.segmentstore.futures import call_as_future, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.operation_log import OperationLog
-from quire.segmentstore.operations import AttributesOp, CheckpointOp, Operation, SealOp
+from quire.segmentstore.operations import (
+    AttributesOp,
+    CheckpointOp,
+    Operation,
+    ProbeOp,
+    SealOp,
+)
+from quire.segmentstore.read_index import ReadIndex
 from quire.segmentstore.throttle import Tier1Throttle
 from quire.segmentstore.types import QUARANTINED_ATTRIBUTE
 
@@ -32,7 +48,9 @@ class ContainerUpkeep:
 
     accepted: ContainerMetadata
     committed_side: CommittedSide
+    read_index: ReadIndex
     throttle: Tier1Throttle
+    _log: DurableDataLog
     _oplog: OperationLog
     _clock_ms: Callable[[], int]
     _stamp_ms: int
@@ -124,3 +142,50 @@ class ContainerUpkeep:
                 self._log_op(SealOp(seq, now, s.segment_id))
             return self._oplog.barrier()
         return call_as_future(make)
+
+    # --- ownership and lifecycle ----------------------------------------------
+
+    def confirm_ownership(self) -> asyncio.Future[Any]:
+        """Done once a :class:`~quire.segmentstore.operations.ProbeOp` logged
+        now (it changes nothing; it shares the next frame) is durable: the
+        container still owned its log then.  Fails with ContainerFencedError,
+        and fails the container, once another owner took the log."""
+        return call_as_future(lambda: self._log_op(ProbeOp(*self._next())))
+
+    def _refused_as_owner(self, error: QuireError) -> asyncio.Future[Any]:
+        """A future failing with ``error`` once a probe confirmed ownership
+        (with the container's fencing error if it did not)."""
+        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def answer(probe: asyncio.Future[Any]) -> None:
+            if refused.done():
+                return
+            if probe.cancelled():
+                refused.set_exception(ContainerClosedError("the container closed before it "
+                                                           "confirmed its ownership"))
+            else:
+                refused.set_exception(probe.exception() or error)
+        self.confirm_ownership().add_done_callback(answer)
+        return refused
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the container stopped serving (fenced by another owner, a
+        tier-1 append failed, closed), or None while it serves."""
+        oplog = self._oplog
+        if oplog.failure is not None:
+            return oplog.failure
+        return ContainerClosedError("the container is closed") if oplog.closed else None
+
+    async def close(self) -> None:
+        """Wait for the queued operations, then give up the log (idempotent)."""
+        self.throttle.release_all()
+        try:
+            await self._oplog.close()
+        except (ContainerFencedError, ContainerClosedError):
+            pass
+        except LogFencedError:
+            pass
+        finally:
+            await self._log.close()
+            self.read_index.notify_all()
