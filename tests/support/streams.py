@@ -23,12 +23,21 @@ from quire.streams import (
     ControllerClient,
     RemoteSegmentStore,
     SegmentClientConfig,
+    StreamReader,
     controller_resolver,
 )
 from quire.testing.memory_data_log import MemoryDataLogs
 
 CONTAINERS = 2
 TAIL_WAIT_MS = 300
+FAST_RETRY = SegmentClientConfig(retry_deadline_ms=5_000, retry_backoff_ms=5,
+                                 connect_timeout_ms=2_000, request_timeout_ms=5_000)
+
+
+async def read_all(controller: ControllerClient, segments: RemoteSegmentStore, scope: str,
+                   stream: str) -> list[Any]:
+    reader = StreamReader(controller, segments, scope, stream)
+    return [e async for e in reader.events(follow=False)]
 
 
 @dataclass

@@ -79,7 +79,7 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
       segments (the head is written first; test_controller);
     * 75: a writer that first set up on a segment after a scale sealed it
       and a truncation deleted it failed its events SegmentNotFound (they
-      go to the successors now; test_streams).
+      go to the successors now; test_stream_writer_recovery).
     * 100035 (found beyond CI's seeds): an owner whose storage writer started
       after a newer owner wrote tier-2's journal took over its layouts and
       deleted the chunks they named (the writer refuses to start now;
