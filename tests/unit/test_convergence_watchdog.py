@@ -59,3 +59,26 @@ def test_converged_again_resets_the_gauge_and_the_warning() -> None:
     ownership.state["running"] = [2, 3]
     dog.check()
     assert dog.unconverged_s() == 0
+
+
+def test_a_stop_stuck_on_its_writer_cancels_it_again_and_says_where_it_waits(
+        caplog: pytest.LogCaptureFixture) -> None:
+    dog, ownership, now = watchdog()
+    cancelled: list[int] = []
+
+    class Store:
+        def cancel_writer_again(self, container_id: int) -> str | None:
+            cancelled.append(container_id)
+            return "  File storage_writer.py, in run\n"
+    dog._admin.store = Store()  # type: ignore[assignment]
+    ownership.state["stopping"] = {2: "its storage writer"}
+    caplog.set_level(logging.WARNING, "quire.hosts.segmentstore_admin")
+    dog.check()
+    assert cancelled == []  # not before warn_after_s
+    now[0] += 30
+    dog.check()
+    dog.check()
+    assert cancelled == [2, 2]  # again at every look
+    assert len(caplog.records) == 1  # said once per state
+    assert "container 2's storage writer, cancelled again, waits at" in caplog.text
+    assert "in run" in caplog.text

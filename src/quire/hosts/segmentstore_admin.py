@@ -146,11 +146,27 @@ class ConvergenceWatchdog:
         now = self._monotonic()
         if self._since is None:
             self._since = now
-        state = json.dumps(ownership.convergence(), sort_keys=True)
-        if now - self._since >= self.warn_after_s and state != self._said:
+        convergence = ownership.convergence()
+        state = json.dumps(convergence, sort_keys=True)
+        if now - self._since < self.warn_after_s:
+            return
+        stacks = self._cancel_stuck_writers(convergence["stopping"])
+        if state != self._said:
             self._said = state
-            log.warning("host %s has not run exactly its assigned containers for %.0f s: %s",
-                        self._admin.host_id, now - self._since, state)
+            log.warning("host %s has not run exactly its assigned containers for %.0f s: %s%s",
+                        self._admin.host_id, now - self._since, state,
+                        "".join(f"\ncontainer {c}'s storage writer, cancelled again, "
+                                f"waits at:\n{stack}" for c, stack in stacks.items()))
+
+    def _cancel_stuck_writers(self, stopping: dict[int, str]) -> dict[int, str]:
+        """Each stop still waiting for its storage writer cancels it again
+        (:meth:`~quire.segmentstore.SegmentStore.cancel_writer_again`); where
+        each waited."""
+        store = self._admin.store
+        if store is None:
+            return {}
+        stacks = {c: store.cancel_writer_again(c) for c in stopping}
+        return {c: stack for c, stack in stacks.items() if stack is not None}
 
     async def _watch(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import io
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,6 +213,7 @@ class SegmentStore:
         self._writer_tasks: dict[int, asyncio.Task[None]] = {}
         self._starting: dict[int, asyncio.Task[SegmentContainer]] = {}
         self._stopping: dict[int, str] = {}
+        self._stopping_writers: dict[int, asyncio.Task[None]] = {}
         self._routes: dict[str, int] = {}
         self.confirm_reads = False
         """Whether each read first confirms its container's ownership through
@@ -342,6 +344,7 @@ class SegmentStore:
             self.writers.pop(container_id, None)
             if task is not None:
                 self._stopping[container_id] = "its storage writer"
+                self._stopping_writers[container_id] = task
                 task.cancel()
                 await asyncio.wait([task])
             container = self._containers.pop(container_id, None)
@@ -350,6 +353,20 @@ class SegmentStore:
                 await container.close()
         finally:
             self._stopping.pop(container_id, None)
+            self._stopping_writers.pop(container_id, None)
+
+    def cancel_writer_again(self, container_id: int) -> str | None:
+        """Cancel again the storage writer a stop of ``container_id`` waits
+        for (a cancellation can be lost: Python 3.11's ``asyncio.wait_for``
+        returns its inner result when the two race); where that writer
+        waits, as a stack, or None if no stop waits for one."""
+        task = self._stopping_writers.get(container_id)
+        if task is None or task.done():
+            return None
+        where = io.StringIO()
+        task.print_stack(limit=12, file=where)
+        task.cancel()
+        return where.getvalue()
 
     @property
     def transitions(self) -> dict[str, Any]:
