@@ -12,15 +12,24 @@ from typing import Any
 
 from quire.metadata import open_store
 from quire.segmentstore import SegmentStore, SegmentStoreConfig
+from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
+from quire.testing.clock import ManualClock
 from quire.testing.memory_data_log import MemoryDataLogs
+from quire.testing.memory_writer_source import MemoryWriterSource
+from quire.tier2 import open_chunk_storage
 
 
 class WriterLosingOneCancellation:
-    """A storage writer's stand-in whose first cancellation is lost."""
+    """A storage writer's stand-in whose first cancellation is lost (and
+    which, unlike :class:`~quire.segmentstore.storage_writer.StorageWriter`,
+    ignores :meth:`stop`)."""
 
     def __init__(self) -> None:
         self.health = SimpleNamespace(counts=None)
         self.cancellations = 0
+
+    def stop(self) -> None:
+        pass
 
     async def run(self) -> None:
         while True:
@@ -60,3 +69,21 @@ async def test_a_stop_waiting_for_a_writer_that_lost_its_cancellation(tmp_path: 
     finally:
         await store.close()
         await metadata.close()
+
+
+async def test_a_writer_told_to_stop_ends_without_its_cancellation() -> None:
+    """:meth:`StorageWriter.stop` alone ends :meth:`StorageWriter.run` at
+    its next wait (what a lost cancellation leaves to it)."""
+    storage = await open_chunk_storage("memory://writer-stop")
+    writer = await StorageWriter.start(MemoryWriterSource(clock=ManualClock(1_000_000)), storage,
+                                       StorageWriterConfig(iteration_interval_ms=60_000))
+    running = asyncio.ensure_future(writer.run())
+    try:
+        while writer.iterations < 1:
+            await asyncio.sleep(0)  # turns of the loop: the first iteration runs at once
+        writer.stop()
+        await asyncio.wait_for(running, 5)  # long before the minute's interval
+        assert writer.failure is None
+    finally:
+        running.cancel()
+        await storage.close()

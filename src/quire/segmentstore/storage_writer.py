@@ -168,6 +168,7 @@ class StorageWriter(SegmentFlushing):
         self.truncated_at: int | None = None
         """The sequence of the checkpoint the tier-1 log was last truncated at."""
         self._wake = asyncio.Event()
+        self._stopping = False
         self.failure: BaseException | None = None
         """Why :meth:`run` stopped: the container stopped serving."""
         self.iterations = 0
@@ -355,6 +356,13 @@ class StorageWriter(SegmentFlushing):
         """Start the next iteration of :meth:`run` now."""
         self._wake.set()
 
+    def stop(self) -> None:
+        """End :meth:`run` within :data:`THRESHOLD_POLL_MS` of its next wait,
+        even if the cancellation that goes with this is lost (Python 3.11's
+        ``asyncio.wait_for`` returns its inner result when the two race: the
+        wake-up of :meth:`_until_next_iteration` and the container's stop)."""
+        self._stopping = True
+
     def threshold_overrun(self) -> bool:
         """Whether a live user segment has half as much again as
         ``flush_threshold_bytes`` unflushed (a scan of the committed
@@ -379,7 +387,7 @@ class StorageWriter(SegmentFlushing):
         checkpoint writes) for each of them in turn."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.iteration_interval_ms / 1000
-        while (remaining := deadline - loop.time()) > 0:
+        while not self._stopping and (remaining := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(),
                                        min(remaining, THRESHOLD_POLL_MS / 1000))
@@ -392,7 +400,7 @@ class StorageWriter(SegmentFlushing):
         segment is well past the size threshold, until cancelled or the
         container stops serving (:attr:`failure`).  A failed iteration is
         tried again after a backoff (see the module docstring)."""
-        while True:
+        while not self._stopping:
             try:
                 await self.flush_once()
             except asyncio.CancelledError:

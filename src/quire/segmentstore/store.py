@@ -341,10 +341,12 @@ class SegmentStore:
                 if not starting.cancelled():
                     starting.exception()  # its starter saw it
             task = self._writer_tasks.pop(container_id, None)
-            self.writers.pop(container_id, None)
+            writer = self.writers.pop(container_id, None)
             if task is not None:
                 self._stopping[container_id] = "its storage writer"
                 self._stopping_writers[container_id] = task
+                if writer is not None:
+                    writer.stop()
                 task.cancel()
                 await asyncio.wait([task])
             container = self._containers.pop(container_id, None)
