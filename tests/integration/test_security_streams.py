@@ -67,7 +67,8 @@ AUDITOR = Credentials("auditor", "auditor-password")
 AUDITOR_ACL = ("prn::/scope:shop/stream:audited,READ;"
                "prn::/scope:shop/reader-group:audit,READ_UPDATE")
 SPARK_WRITER = Credentials("etl", "etl-password")
-SPARK_WRITER_ACL = "prn::/scope:shop/stream:sparked,READ_UPDATE"
+SPARK_WRITER_ACL = ";".join(f"prn::/scope:shop/stream:{name},READ_UPDATE"
+                             for name in ("sparked", "fan-a", "fan-b"))
 S0 = "shop/orders/0.#epoch.0"
 
 
@@ -474,3 +475,54 @@ def test_a_spark_stream_write_with_tls_and_a_user_who_may_write_only_that_stream
     size, records = asyncio.run(check())
     assert size == sum(len(event.encode()) + 8 for event, _ in rows)
     assert records == []  # the commit record, in the stream's own table, is finished
+
+
+@pytest.mark.timeout(300)
+def test_a_fan_out_spark_write_with_tls_commits_only_where_its_user_may_write(
+        spark: Any, stack: Stack, tmp_path: Path) -> None:
+    """A ``stream`` column routes rows to streams the user may write: one
+    commit across them, its records in those streams' own tables; a batch
+    that also routes to a stream the user may not write fails and leaves
+    nothing anywhere."""
+    names = ("fan-a", "fan-b", "fan-closed")
+
+    async def create() -> None:
+        controller = stack.access().controller_client(5_000)
+        try:
+            await controller.create_scope("shop")
+            for name in names:
+                await controller.create_stream("shop", name, 1)
+        finally:
+            await controller.close()
+    asyncio.run(create())
+    credentials_file = write_credentials(tmp_path / "etl.toml", SPARK_WRITER)
+
+    def write(targets: tuple[str, ...]) -> list[tuple[str, str, str]]:
+        rows = [(f"e{n}", f"k{n % 3}", f"shop/{targets[n % len(targets)]}") for n in range(120)]
+        (spark.createDataFrame(rows, "event string, routing_key string, stream string")
+         .write.format("quire").option("controller", stack.uri)
+         .option("tls_ca", str(stack.pki.ca)).option("credentials_file", str(credentials_file))
+         .mode("append").save())
+        return rows
+
+    async def sizes() -> dict[str, tuple[int, list[bytes]]]:
+        controller, segments = stack.access().clients(timeout_ms=5_000)
+        try:
+            out = {}
+            for name in names:
+                cut = await tail_cut(controller, segments, "shop", name)
+                keys = [e.key async for e in StreamCommits(controller, segments)._entries(
+                    writes_table("shop", name), "")]
+                out[name] = (sum(cut.values()), keys)
+            return out
+        finally:
+            await segments.close()
+            await controller.close()
+
+    rows = write(("fan-a", "fan-b"))
+    expected = {name: sum(len(e) + 8 for e, _k, s in rows if s == f"shop/{name}")
+                for name in names}
+    assert asyncio.run(sizes()) == {name: (expected[name], []) for name in names}
+    with pytest.raises(Exception, match=r"(?i)permission|not allowed|denied|unauthori"):
+        write(("fan-a", "fan-closed"))
+    assert {n: size for n, (size, _) in asyncio.run(sizes()).items()} == expected
