@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from quire.hosts.segmentstore_admin import ConvergenceWatchdog, SegmentStoreAdmin
+from quire.hosts.convergence import ConvergenceWatchdog
+from quire.hosts.segmentstore_admin import SegmentStoreAdmin
 
 
 class Ownership:
@@ -35,7 +36,7 @@ def watchdog() -> tuple[ConvergenceWatchdog, Ownership, list[float]]:
 
 def test_a_host_stuck_converging_is_named_once_per_state(caplog: pytest.LogCaptureFixture) -> None:
     dog, ownership, now = watchdog()
-    caplog.set_level(logging.WARNING, "quire.hosts.segmentstore_admin")
+    caplog.set_level(logging.WARNING, "quire.hosts.convergence")
     dog.check()
     now[0] += 29
     dog.check()
@@ -72,7 +73,7 @@ def test_a_stop_stuck_on_its_writer_cancels_it_again_and_says_where_it_waits(
             return "  File storage_writer.py, in run\n"
     dog._admin.store = Store()  # type: ignore[assignment]
     ownership.state["stopping"] = {2: "its storage writer"}
-    caplog.set_level(logging.WARNING, "quire.hosts.segmentstore_admin")
+    caplog.set_level(logging.WARNING, "quire.hosts.convergence")
     dog.check()
     assert cancelled == []  # not before warn_after_s
     now[0] += 30

@@ -28,8 +28,9 @@ from quire.auth import server_security
 from quire.client import Client, ClientConfig, LedgerPasswords
 from quire.config import ServerAddressConfig
 from quire.errors import ConfigError
+from quire.hosts.convergence import ConvergenceWatchdog
 from quire.hosts.process import run
-from quire.hosts.segmentstore_admin import ConvergenceWatchdog, SegmentStoreAdmin
+from quire.hosts.segmentstore_admin import SegmentStoreAdmin
 from quire.hosts.segmentstore_metrics import HealthCollector
 from quire.http import HttpServer
 from quire.log import WriterOptions
