@@ -524,6 +524,9 @@ def zookeeper_quorum_loss(cluster: NetCluster, seed: int, root: Path) -> RoundRe
         workload = StreamWorkload(r, probe=False)
         writer = r.client("ledger-writer", "lw", quorum=[3, 3, 2], interval_ms=15,
                           in_flight=8, add_timeout_ms=2000, per_ledger=40)
+        # its session is open and it writes (else the fault could come first
+        # and it would ask for nothing while the quorum is lost)
+        writer.wait_line(lambda line: "ledger" in line)
         r.pause(1.0, 2.0)
         victims = r.rng.sample(cluster.zookeeper_hosts(), 2)
         with r.fault("quorum-loss", victims, cluster.quorum_lost(victims)):
