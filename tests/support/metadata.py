@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +17,18 @@ from quire.security import LedgerKeys, write_secret
 from tests.support.zookeeper import ZooKeeperServer
 
 T = TypeVar("T")
+
+
+def with_metadata(metadata_uri: str, use: Callable[[MetadataStore], Awaitable[T]]) -> T:
+    """``use(store)`` on a metadata store opened for it, closed after (from
+    code not in a loop: a harness's main thread)."""
+    async def run() -> T:
+        store = await open_store(metadata_uri)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+    return asyncio.run(run())
 
 WORKER = Path(__file__).with_name("metadata_worker.py")
 LEASE_MS = 600

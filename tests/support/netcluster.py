@@ -28,7 +28,6 @@ runs' leftovers (``--all``: live runs too).  ``scripts/netcluster`` wraps it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -42,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quire.metadata import open_store
+from quire.metadata import MetadataStore
 from quire.sandbox import (
     ControllerProcess,
     LineReader,
@@ -57,12 +56,17 @@ from quire.testing import planted
 from quire.testing.history import Recorder
 from tests.support import netns
 from tests.support.bookies import BookieProcess
+from tests.support.metadata import with_metadata
 from tests.support.s3_server import CREDENTIALS, MotoS3Server, S3Endpoint
 from tests.support.zookeeper import CLIENT_PORT, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parents[2]
 BOOKIE_PORT, STORE_PORT, METRICS_PORT, CONTROLLER_PORT, S3_PORT = 3181, 12345, 9100, 9090, 5000
 BUCKET = "quire-tier2"
+
+
+async def _assignment(store: MetadataStore) -> dict[int, str]:
+    return (await read_assignment(store))[0]
 
 
 @dataclass(frozen=True)
@@ -354,7 +358,7 @@ class NetCluster:
         deadline = time.monotonic() + timeout_s
         wanted = hosts if hosts is not None else {s.name for s in self.stores if s.running}
         while True:
-            assignment = asyncio.run(self._assignment())
+            assignment = with_metadata(self.metadata_uri, _assignment)
             hosted = {s.name: self.hosted(s) for s in self.stores if s.name in wanted}
             if len(assignment) == self.spec.container_count and \
                     set(assignment.values()) == wanted and \
@@ -364,13 +368,6 @@ class NetCluster:
                 f"containers not settled: {assignment}, open per store {hosted}"
             time.sleep(0.2)  # polling the cluster's state, with a deadline
 
-    async def _assignment(self) -> dict[int, str]:
-        store = await open_store(self.metadata_uri)
-        try:
-            assignment, _ = await read_assignment(store)
-            return assignment
-        finally:
-            await store.close()
 
     def hosted(self, store: SegmentStoreProcess) -> int:
         """Containers a segment store has open (its ``/metrics``), -1 if it does not answer."""

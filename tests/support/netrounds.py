@@ -18,18 +18,19 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from quire.errors import QuireError
-from quire.metadata import MetadataStore, open_store
+from quire.metadata import MetadataStore
 from quire.segmentstore.names import container_of
 from quire.streams import ControllerClient, segment_name
 from quire.testing.history import Anomaly, Operation, Recorder, load, report
 from quire.testing.history_checks import check
 from quire.types import BookieState
+from tests.support.metadata import with_metadata
 from tests.support.netcluster import ClientProcess, NetCluster, NetClusterSpec
 from tests.support.netns import NetworkUnavailable
 from tests.support.zookeeper import ZooKeeperUnavailable
@@ -155,28 +156,17 @@ def settled(cluster: NetCluster, timeout_s: float = 60.0) -> None:
     cluster.wait_assigned(max(1.0, deadline - time.monotonic()))
 
 
-def _with_store(metadata_uri: str, use: Callable[[MetadataStore], Awaitable[T]]) -> T:
-    """``use(store)`` on a metadata store opened for it, closed after."""
-    async def run() -> T:
-        store = await open_store(metadata_uri)
-        try:
-            return await use(store)
-        finally:
-            await store.close()
-    return asyncio.run(run())
-
-
 def _writable_bookies(metadata_uri: str) -> set[str]:
     async def use(store: MetadataStore) -> set[str]:
         return {b.bookie_id for b in await store.list_bookies()
                 if b.state is BookieState.WRITABLE}
-    return _with_store(metadata_uri, use)
+    return with_metadata(metadata_uri, use)
 
 
 def _ensembles(metadata_uri: str, ledger: int) -> list[tuple[int, tuple[str, ...]]]:
     async def use(store: MetadataStore) -> list[tuple[int, tuple[str, ...]]]:
         return list((await store.read_ledger(ledger)).value.ensembles)
-    return _with_store(metadata_uri, use)
+    return with_metadata(metadata_uri, use)
 
 
 def _finish_deleting(r: Round, ledgers: list[int]) -> RoundResult:
@@ -189,7 +179,7 @@ def _finish_deleting(r: Round, ledgers: list[int]) -> RoundResult:
         for ledger in ledgers:
             await store.delete_ledger(ledger)
     try:
-        _with_store(r.cluster.metadata_uri, use)
+        with_metadata(r.cluster.metadata_uri, use)
     except QuireError as e:
         result.facts["ledgers_not_deleted"] = f"{ledgers}: {type(e).__name__}: {e}"
     return result

@@ -26,6 +26,7 @@ from quire.controller.model import (
     txn_segment_name,
 )
 from quire.controller_api import Controller_pb2 as pb
+from quire.errors import QuireError
 from quire.metadata import open_store
 from quire.segmentstore import SegmentType
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
@@ -217,6 +218,34 @@ async def test_a_transaction_open_across_a_scale_rolls_over_when_committed(
     assert sorted(s.id for s, _ in record.successors(duplicate)) == \
         [segment_id(3, 1), segment_id(3, 2)]
     assert await c.transaction_state("sc", "st", txn_id) is TxnState.COMMITTED
+
+
+async def test_a_commit_asked_again_after_its_roll_failed_half_done_finishes_the_roll(
+        cluster: Cluster) -> None:
+    """Regression (the stream simulation, seed 100065): a roll marks its
+    transaction COMMITTED, then seals the duplicates; when that failed, the
+    client's second commit found COMMITTED and answered so, ending the
+    workflow note, and the transaction's events stayed in a duplicate no
+    epoch named: acknowledged, committed, and never read."""
+    c, segments = core(cluster), cluster.segments
+    await make_stream(cluster, 1)
+    txn_id, _epoch = await c.create_transaction("sc", "st", 600_000)
+    await segments.append(txn_segment_name("sc", "st", 0, txn_id), b"txn;")
+    await c.scale("sc", "st", [0], [(0.0, 0.5), (0.5, 1.0)])
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["seal"] = 1  # merged, marked COMMITTED, then the first seal fails
+    with pytest.raises(QuireError):
+        await c.end_transaction("sc", "st", txn_id, commit=True)
+    assert await c.transaction_state("sc", "st", txn_id) is TxnState.COMMITTED
+    assert (await c.stream("sc", "st")).roll is not None  # half done
+    assert await c.end_transaction("sc", "st", txn_id, commit=True) is TxnState.COMMITTED
+    record = await c.stream("sc", "st")
+    assert record.roll is None
+    assert [e.reason for e in record.epochs] == ["", "manual", "rolling-txn", "rolling-txn"]
+    duplicate = segment_id(2, 0)
+    assert (await segments.read(segment_name("sc", "st", duplicate), 0, 100)).data == b"txn;"
+    assert (await segments.get_info(segment_name("sc", "st", duplicate))).sealed
+    assert await c.state.works() == []
 
 
 # --- retention --------------------------------------------------------------------------

@@ -29,13 +29,14 @@ from quire.segmentstore.chunk_sidecars import (
 )
 from quire.segmentstore.metadata import SegmentMetadata
 from quire.segmentstore.operations import MergeOp, SegmentMapOp, TruncateOp
-from quire.segmentstore.sidecar_writer import EventWalk
+from quire.segmentstore.sidecar_writer import EventWalk, SidecarWriter
 from quire.segmentstore.storage_writer import StorageWriter, StorageWriterConfig
 from quire.segmentstore.tier2_check import check
 from quire.segmentstore.tier2_reader import Tier2Reader, read_layout
 from quire.segmentstore.writer_source import ContainerWriterSource
 from quire.testing.clock import ManualClock
 from quire.testing.memory_data_log import MemoryDataLogs
+from quire.testing.memory_writer_source import MemoryWriterSource
 from quire.tier2 import ChunkStorage, SegmentLayout, open_chunk_storage
 
 SEGMENT = "sc/st/0.#epoch.0"
@@ -122,6 +123,30 @@ def test_the_walk_finds_event_starts_across_any_cut() -> None:
         assert walk.next == len(data)
     broken = EventWalk(0, 0)
     assert broken.feed(0, b"\0\0\0\1" + b"\0" * 12) == 0 and broken.next is None
+
+
+
+async def test_a_segment_deleted_while_its_chunk_is_written_still_gets_the_sidecar() -> None:
+    """Regression (the stream simulation, seed 100344): the writer read a
+    segment's bytes, the segment was deleted while tier-2 was slow to take
+    the chunk, and the chunk was recorded with no sidecar (the writer
+    looked the segment up by name, which a deleted one no longer has):
+    ``quire tier2 check`` flagged the layout until the deletion was flushed."""
+    source = MemoryWriterSource()
+    await source.create_segment(SEGMENT)
+    data = event(b"abc") + event(b"de")
+    await source.append(SEGMENT, data)
+    segment_id = source.metadata.by_name[SEGMENT]
+    await source.delete(SEGMENT)
+    assert source.segment(SEGMENT) is None
+    storage = await open_chunk_storage(f"memory://{uuid.uuid4()}")
+    writer = SidecarWriter(storage, source)
+    layout = SegmentLayout(SEGMENT, (), 0, 0)
+    await storage.write_chunk("sc/st/0.#epoch.0.E1.1", data)
+    await writer.chunk_written(layout, "sc/st/0.#epoch.0.E1.1", data, segment_id)
+    sidecar = await read_sidecar(storage, "sc/st/0.#epoch.0.E1.1")
+    assert sidecar is not None and sidecar.chunk_length == len(data)
+    assert (sidecar.first_event, sidecar.next_event) == (0, len(data))
 
 
 # --- a container and its writer -------------------------------------------------------------

@@ -51,7 +51,8 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
     assert f"{CI_SEEDS} seeds from 0 (streams): {CI_SEEDS} ok, 0 failed" in result.stdout
 
 
-@pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035"])
+@pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035",
+                                  "100065", "100344"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -83,7 +84,14 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     * 100035 (found beyond CI's seeds): an owner whose storage writer started
       after a newer owner wrote tier-2's journal took over its layouts and
       deleted the chunks they named (the writer refuses to start now;
-      test_segmentstore_storage_writer).
+      test_segmentstore_storage_writer);
+    * 100065 (beyond CI's seeds): a rolling commit that failed after marking
+      its transaction COMMITTED was asked again, answered COMMITTED at once
+      and ended its workflow note: the roll was never finished, the events
+      stayed in a duplicate segment of no epoch (test_controller_parity);
+    * 100344 (beyond CI's seeds): a segment deleted while tier-2 was slow to
+      take its chunk got the chunk recorded with no sidecar
+      (test_segmentstore_append_times).
 
     The product changed since, so a seed no longer draws the schedule that
     found its bug; each still runs every invariant."""

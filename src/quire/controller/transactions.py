@@ -135,7 +135,15 @@ class TxnOps(CoreBase):
     async def finish_txn(self, scope: str, stream: str, txn_id: int,
                          reason: str = "request") -> TxnState:
         """Carry a COMMITTING transaction to COMMITTED, an ABORTING (or OPEN)
-        one to ABORTED; its final state (the stream's lock held)."""
+        one to ABORTED; its final state (the stream's lock held).
+
+        A roll left half done is finished first, even when this transaction
+        is already COMMITTED: a roll marks its transaction COMMITTED before it
+        seals the duplicates and switches epochs, so a commit that failed
+        after that point and is asked again must not answer COMMITTED (and
+        end its workflow note) while the transaction's data sits in segments
+        of no epoch (the stream simulation, seed 100065)."""
+        await self.finish_roll(scope, stream)
         txn, version = await self._txn(scope, stream, txn_id)
         if txn.state.completed:
             return txn.state
@@ -146,10 +154,6 @@ class TxnOps(CoreBase):
             await self._delete_txn_segments(scope, stream, txn)
             await self._completed(scope, stream, txn, version, TxnState.ABORTED, reason)
             return TxnState.ABORTED
-        await self.finish_roll(scope, stream)
-        txn, version = await self._txn(scope, stream, txn_id)
-        if txn.state.completed:
-            return txn.state
         record, record_version = await self._stream(scope, stream)
         active = record.current.ids()
         roll = False

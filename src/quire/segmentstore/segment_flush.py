@@ -135,23 +135,24 @@ class SegmentFlushing:
         return quarantine_path(self.source.container_id, found.segment_id) + name[len(base):]
 
     async def _write(self, layout: SegmentLayout, data: bytes, report: IterationReport,
-                     merge: bool = True) -> SegmentLayout:
-        """``layout`` grown by ``data``, written as new chunks of at most
-        ``max_chunk_bytes`` (its small trailing chunks merged if ``merge``)."""
+                     merge: bool = True, segment_id: int | None = None) -> SegmentLayout:
+        """``layout`` (of data segment ``segment_id``; None: an ``$index`` or
+        ``$attributes`` one) grown by ``data``, written as new chunks of at
+        most ``max_chunk_bytes`` (its small trailing chunks merged if ``merge``)."""
         written = self._written.setdefault(layout.segment, [])
         for at in range(0, len(data), self.max_chunk_bytes):
             piece = data[at:at + self.max_chunk_bytes]
             name = self._namer.next_name(self._chunk_segment(layout.segment))
             written.append(name)  # an orphan if no layout is set with it
             await self.storage.write_chunk(name, piece)
-            await self.sidecars.chunk_written(layout, name, piece)
+            await self.sidecars.chunk_written(layout, name, piece, segment_id)
             layout = layout.with_chunk(name, len(piece))
             report.chunks_written += 1
             report.bytes_written += len(piece)
-        return await self._merge_small(layout, report) if merge else layout
+        return await self._merge_small(layout, report, segment_id) if merge else layout
 
-    async def _merge_small(self, layout: SegmentLayout, report: IterationReport
-                           ) -> SegmentLayout:
+    async def _merge_small(self, layout: SegmentLayout, report: IterationReport,
+                           segment_id: int | None = None) -> SegmentLayout:
         """``layout`` with its trailing small chunks merged into one new chunk
         when :func:`~quire.segmentstore.flush_plan.merge_start` says so; the
         merged ones are dropped once the new layout is set."""
@@ -162,7 +163,7 @@ class SegmentFlushing:
         name = self._namer.next_name(self._chunk_segment(layout.segment))
         self._written.setdefault(layout.segment, []).append(name)
         written = await concat_chunks(self.storage, name, [c.name for c in chunks[first:]])
-        await self.sidecars.concatenated(layout, first, len(chunks) - first, name)
+        await self.sidecars.concatenated(layout, first, len(chunks) - first, name, segment_id)
         report.chunks_written += 1
         report.bytes_written += written
         layout, replaced = layout.concatenated(first, len(chunks) - first, name)
@@ -201,7 +202,7 @@ class SegmentFlushing:
                     and source.start_offset == 0 and source.length == length:
                 # the source's chunks join the target's layout: nothing copied
                 layout, gone = layout.merged(source if source.sealed else source.with_sealed())
-                await self.sidecars.joined(layout, offset, length)
+                await self.sidecars.joined(layout, offset, length, snapshot.segment_id)
                 self._set(layout, snapshot.segment_id)  # before the source's record goes
                 recorded.set(gone, source_id)
             else:  # copied (through the read index, the source's layout still readable)
@@ -239,7 +240,7 @@ class SegmentFlushing:
             data = await self.source.read(segment_id, layout.length, want)
             if not data:
                 break
-            layout = await self._write(layout, data, report)
+            layout = await self._write(layout, data, report, segment_id=segment_id)
         return layout
 
     async def _append_batch(self, layout: SegmentLayout, delta: bytes,

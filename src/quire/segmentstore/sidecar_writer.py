@@ -99,8 +99,13 @@ class SidecarWriter:
         self.source = source
         self._walks: dict[tuple[str, int], EventWalk] = {}
 
-    def _segment(self, name: str) -> SegmentMetadata | None:
-        s = self.source.segment(name)
+    def _segment(self, name: str, segment_id: int | None = None) -> SegmentMetadata | None:
+        """Segment ``segment_id`` (deleted ones too: one deleted while its
+        bytes are being flushed keeps its layout, chunks and all, until its
+        deletion is flushed, and each of those chunks needs its sidecar),
+        else the live one called ``name``; None if its chunks get none."""
+        s = self.source.segment(name) if segment_id is None \
+            else self.source.segments.get(segment_id)
         return s if s is not None and has_sidecars(name, s.type) else None
 
     async def _walk(self, s: SegmentMetadata, layout: SegmentLayout) -> EventWalk:
@@ -124,10 +129,12 @@ class SidecarWriter:
                                                  last.end - walk.next)
         return walk
 
-    async def chunk_written(self, layout: SegmentLayout, chunk: str, data: bytes) -> None:
+    async def chunk_written(self, layout: SegmentLayout, chunk: str, data: bytes,
+                            segment_id: int | None = None) -> None:
         """Chunk ``chunk`` holding ``data`` was written as the next chunk of
-        ``layout`` (not yet in it): write its sidecar."""
-        s = self._segment(layout.segment)
+        ``layout`` (not yet in it; of segment ``segment_id`` if known): write
+        its sidecar."""
+        s = self._segment(layout.segment, segment_id)
         if s is None:
             return
         walk = await self._walk(s, layout)
@@ -141,10 +148,11 @@ class SidecarWriter:
         await self.storage.write_chunk(sidecar_name(chunk), sidecar.encode())
 
     async def concatenated(self, layout: SegmentLayout, first: int, count: int,
-                           chunk: str) -> None:
-        """Chunks ``first .. first+count-1`` of ``layout`` were joined into
-        the new chunk ``chunk``: write its sidecar, theirs joined."""
-        if self._segment(layout.segment) is None:
+                           chunk: str, segment_id: int | None = None) -> None:
+        """Chunks ``first .. first+count-1`` of ``layout`` (of segment
+        ``segment_id`` if known) were joined into the new chunk ``chunk``:
+        write its sidecar, theirs joined."""
+        if self._segment(layout.segment, segment_id) is None:
             return
         replaced = layout.chunks[first:first + count]
         start = replaced[0].offset
@@ -168,10 +176,12 @@ class SidecarWriter:
                          tuple(offsets), tuple(times))
         await self.storage.write_chunk(sidecar_name(chunk), joined.encode())
 
-    async def joined(self, layout: SegmentLayout, offset: int, length: int) -> None:
-        """A transaction's chunks joined ``layout`` (after the merge) at
-        ``offset``, ``length`` bytes: give each its sidecar."""
-        s = self._segment(layout.segment)
+    async def joined(self, layout: SegmentLayout, offset: int, length: int,
+                     segment_id: int | None = None) -> None:
+        """A transaction's chunks joined ``layout`` (of segment ``segment_id``
+        if known; after the merge) at ``offset``, ``length`` bytes: give each
+        its sidecar."""
+        s = self._segment(layout.segment, segment_id)
         if s is None:
             return
         end = offset + length
