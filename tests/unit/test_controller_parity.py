@@ -248,6 +248,28 @@ async def test_a_commit_asked_again_after_its_roll_failed_half_done_finishes_the
     assert await c.state.works() == []
 
 
+
+async def test_an_abort_after_a_scale_failed_half_done_finishes_the_scale(
+        cluster: Cluster) -> None:
+    """A workflow's note is one per stream and controller: an abort that
+    ended normally after a scale had failed half done removed the note the
+    sweeper would have finished the scale from, and the stream kept a sealed
+    segment with no successor in its current epoch.  Every transaction's
+    end finishes a pending scale first now."""
+    c, segments = core(cluster), cluster.segments
+    await make_stream(cluster, 1)
+    txn_id, _epoch = await c.create_transaction("sc", "st", 600_000)
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["seal"] = 1  # the successors are created, the seal fails
+    with pytest.raises(QuireError):
+        await c.scale("sc", "st", [0], [(0.0, 0.5), (0.5, 1.0)])
+    assert (await c.stream("sc", "st")).scale is not None  # half done
+    assert await c.end_transaction("sc", "st", txn_id, commit=False) is TxnState.ABORTED
+    record = await c.stream("sc", "st")
+    assert record.scale is None and record.current.epoch == 1
+    assert (await segments.get_info(segment_name("sc", "st", 0))).sealed
+    assert await c.state.works() == []
+
 # --- retention --------------------------------------------------------------------------
 
 

@@ -237,10 +237,14 @@ class ControllerCore(ScalingOps, TxnOps, RetentionOps):
         async with self._stream_lock(scope, stream):
             await self.retrying(truncate)
 
-    async def settle(self, scope: str, stream: str, *, abort_open: bool = False) -> None:
-        """See :meth:`CoreBase.settle`; the caller holds the stream's lock."""
+    async def finish_epoch_change(self, scope: str, stream: str) -> None:
+        """See :meth:`CoreBase.finish_epoch_change` (the stream's lock held)."""
         await self.finish_scale(scope, stream)
         await self.finish_roll(scope, stream)
+
+    async def settle(self, scope: str, stream: str, *, abort_open: bool = False) -> None:
+        """See :meth:`CoreBase.settle`; the caller holds the stream's lock."""
+        await self.finish_epoch_change(scope, stream)
         for txn, _v in await self.state.txns(scope, stream):
             if txn.state in (TxnState.COMMITTING, TxnState.ABORTING) or \
                     (abort_open and txn.state is TxnState.OPEN):

@@ -137,13 +137,14 @@ class TxnOps(CoreBase):
         """Carry a COMMITTING transaction to COMMITTED, an ABORTING (or OPEN)
         one to ABORTED; its final state (the stream's lock held).
 
-        A roll left half done is finished first, even when this transaction
-        is already COMMITTED: a roll marks its transaction COMMITTED before it
-        seals the duplicates and switches epochs, so a commit that failed
-        after that point and is asked again must not answer COMMITTED (and
-        end its workflow note) while the transaction's data sits in segments
-        of no epoch (the stream simulation, seed 100065)."""
-        await self.finish_roll(scope, stream)
+        A scale or roll left half done is finished first, even when this
+        transaction is already COMMITTED: a roll marks its transaction
+        COMMITTED before it seals the duplicates and switches epochs, so a
+        commit that failed after that point and is asked again must not
+        answer COMMITTED (and end the workflow note) while the transaction's
+        data sits in segments of no epoch (the stream simulation, seed
+        100065); and a commit merges into the current epoch's segments."""
+        await self.finish_epoch_change(scope, stream)
         txn, version = await self._txn(scope, stream, txn_id)
         if txn.state.completed:
             return txn.state

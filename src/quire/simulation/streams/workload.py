@@ -131,6 +131,9 @@ class StreamWorkload:
         self._txns = 0
         self.reader_cuts: dict[str, list[tuple[dict[int, int], int]]] = {}
         """Reader -> (position, events read before it) of each round it completed."""
+        self._unsaved: dict[str, tuple[dict[int, int], list[bytes]]] = {}
+        """Reader -> (position, events) of its last round whose position save
+        had no answer: credited to it if the next round starts there."""
 
     def spawn(self, client: StreamClient | str,
               coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -370,6 +373,11 @@ class StreamWorkload:
             position = await c.controller.head_cut(SCOPE, STREAM)
         else:
             position = {int(k): v for k, v in json.loads(found.value or b"{}").items()}
+        unsaved = self._unsaved.pop(name, None)
+        if unsaved is not None and unsaved[0] == position and not behind:
+            # that round's save landed after all: this reader read its events
+            self.history.reads[name].extend(unsaved[1])
+            cuts.append((position, len(self.history.reads[name])))
         tail = await tail_cut(c.controller, c.segments, SCOPE, STREAM)
         reader = StreamReader(c.controller, c.segments, SCOPE, STREAM, cut=position,
                               end_cut=tail)
@@ -378,6 +386,7 @@ class StreamWorkload:
         future = c.segments.table_put(POSITIONS, [(name.encode(), json.dumps(
             {str(k): v for k, v in sorted(tail.items())}).encode(), version)])
         if outcome_of(await self._settle(future)) != ACKED:
+            self._unsaved[name] = (tail, events)
             return
         read = self.history.reads[name]
         read.extend(events)
