@@ -65,10 +65,6 @@ BOOKIE_PORT, STORE_PORT, METRICS_PORT, CONTROLLER_PORT, S3_PORT = 3181, 12345, 9
 BUCKET = "quire-tier2"
 
 
-async def _assignment(store: MetadataStore) -> dict[int, str]:
-    return (await read_assignment(store))[0]
-
-
 @dataclass(frozen=True)
 class NetClusterSpec:
     bookies: int = 5
@@ -350,6 +346,12 @@ class NetCluster:
             everything.append(self.controller)
         return next(p for p in everything if p.name == name)
 
+    def assignment(self) -> dict[int, str]:
+        """Container -> the segment store the metadata store assigns it to."""
+        async def read(store: MetadataStore) -> dict[int, str]:
+            return (await read_assignment(store))[0]
+        return with_metadata(self.metadata_uri, read)
+
     def wait_assigned(self, timeout_s: float = 60.0,
                       hosts: set[str] | None = None) -> dict[int, str]:
         """Until every container is assigned, to exactly ``hosts`` (default:
@@ -358,7 +360,7 @@ class NetCluster:
         deadline = time.monotonic() + timeout_s
         wanted = hosts if hosts is not None else {s.name for s in self.stores if s.running}
         while True:
-            assignment = with_metadata(self.metadata_uri, _assignment)
+            assignment = self.assignment()
             hosted = {s.name: self.hosted(s) for s in self.stores if s.name in wanted}
             if len(assignment) == self.spec.container_count and \
                     set(assignment.values()) == wanted and \

@@ -396,7 +396,7 @@ def _wait_taken_over(r: Round, victim: str, timeout_s: float) -> None:
     """Until the assignment gives the victim no container (a fact: whether it did)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assignment = asyncio.run(r.cluster._assignment())
+        assignment = r.cluster.assignment()
         if assignment and victim not in assignment.values():
             r.facts["taken_over_after_s"] = round(time.monotonic() - r.started, 2)
             return
