@@ -30,6 +30,7 @@ def with_metadata(metadata_uri: str, use: Callable[[MetadataStore], Awaitable[T]
             await store.close()
     return asyncio.run(run())
 
+
 WORKER = Path(__file__).with_name("metadata_worker.py")
 LEASE_MS = 600
 ZK_SESSION_TIMEOUT_MS = 2000

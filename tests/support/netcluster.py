@@ -370,7 +370,6 @@ class NetCluster:
                 f"containers not settled: {assignment}, open per store {hosted}"
             time.sleep(0.2)  # polling the cluster's state, with a deadline
 
-
     def hosted(self, store: SegmentStoreProcess) -> int:
         """Containers a segment store has open (its ``/metrics``), -1 if it does not answer."""
         import urllib.request

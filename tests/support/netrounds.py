@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from quire.errors import QuireError
 from quire.metadata import MetadataStore
@@ -34,8 +34,6 @@ from tests.support.metadata import with_metadata
 from tests.support.netcluster import ClientProcess, NetCluster, NetClusterSpec
 from tests.support.netns import NetworkUnavailable
 from tests.support.zookeeper import ZooKeeperUnavailable
-
-T = TypeVar("T")
 
 
 @contextlib.contextmanager

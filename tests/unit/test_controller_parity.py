@@ -248,7 +248,6 @@ async def test_a_commit_asked_again_after_its_roll_failed_half_done_finishes_the
     assert await c.state.works() == []
 
 
-
 async def test_an_abort_after_a_scale_failed_half_done_finishes_the_scale(
         cluster: Cluster) -> None:
     """A workflow's note is one per stream and controller: an abort that
@@ -269,6 +268,7 @@ async def test_an_abort_after_a_scale_failed_half_done_finishes_the_scale(
     assert record.scale is None and record.current.epoch == 1
     assert (await segments.get_info(segment_name("sc", "st", 0))).sealed
     assert await c.state.works() == []
+
 
 # --- retention --------------------------------------------------------------------------
 

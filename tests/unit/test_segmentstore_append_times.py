@@ -125,7 +125,6 @@ def test_the_walk_finds_event_starts_across_any_cut() -> None:
     assert broken.feed(0, b"\0\0\0\1" + b"\0" * 12) == 0 and broken.next is None
 
 
-
 async def test_a_segment_deleted_while_its_chunk_is_written_still_gets_the_sidecar() -> None:
     """Regression (the stream simulation, seed 100344): the writer read a
     segment's bytes, the segment was deleted while tier-2 was slow to take
