@@ -52,7 +52,7 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 
 
 @pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035",
-                                  "100065", "100181", "100344"])
+                                  "100065", "100181", "100344", "101961"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -95,7 +95,10 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
       events lost (they are credited when the next round starts there);
     * 100344 (beyond CI's seeds): a segment deleted while tier-2 was slow to
       take its chunk got the chunk recorded with no sidecar
-      (test_segmentstore_append_times).
+      (test_segmentstore_append_times);
+    * 101961 (beyond CI's seeds): a stream writer that gave a connection up
+      with several blocks in flight left all but the first block's failure
+      unretrieved, logged when collected (test_stream_writer_recovery).
 
     The product changed since, so a seed no longer draws the schedule that
     found its bug; each still runs every invariant."""

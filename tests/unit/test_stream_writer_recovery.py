@@ -7,6 +7,7 @@ block the server keeps refusing, an owner that refuses connections."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from typing import Any
 
@@ -198,3 +199,48 @@ async def test_a_writer_sets_up_again_while_the_owner_refuses_connections(
     await writer.close()
     assert not refusals and segments.retries >= 4
     assert [int(e.data) for e in await read_all(c, segments, "sc", "crash")] == list(range(20))
+
+
+async def test_blocks_failed_on_a_connection_given_up_leave_no_unretrieved_error(
+        system: StreamSystem) -> None:
+    """Five blocks in flight on one connection when it drops: the first
+    block's answer makes the writer give the connection up, and the other
+    four answers come to a connection it no longer uses. Their errors are
+    still retrieved, not logged as "Future exception was never retrieved"
+    when the futures are collected. (Found by the stream simulation, seed
+    101961: a writer with blocks in flight on a segment store that went
+    away.) The events are then written once."""
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    c = system.controller_client()
+    segments = system.segments(c, FAST_RETRY)
+    await c.create_scope("sc")
+    await c.create_stream("sc", "st", 1)
+    writer = StreamWriter(c, segments, "sc", "st", config=WriterConfig(max_block_events=1))
+    await writer.start()
+    await writer.write_event(b"first", "k")  # set up: the next five go out at once
+    original = system.store.append
+    held: list[asyncio.Future[Any]] = []
+    all_held = asyncio.Event()
+
+    def hold(*_args: Any, **_kwargs: Any) -> Any:
+        held.append(loop.create_future())  # never answered: the connection drops first
+        if len(held) == 5:
+            all_held.set()
+        return held[-1]
+    system.store.append = hold  # type: ignore[method-assign]
+    written = [writer.write_event(b"%d" % i, "k") for i in range(5)]
+    await asyncio.wait_for(all_held.wait(), 10)  # the server has taken all five blocks
+    system.store.append = original  # type: ignore[method-assign]
+    for connection in list(system.server._connections):
+        connection.abort()
+    await asyncio.gather(*written)
+    await writer.close()
+    for future in held:
+        future.cancel()
+    gc.collect()
+    await asyncio.sleep(0)
+    assert [x for x in unretrieved if "never retrieved" in str(x.get("message"))] == []
+    events = await read_all(c, segments, "sc", "st")
+    assert [e.data for e in events] == [b"first", b"0", b"1", b"2", b"3", b"4"]

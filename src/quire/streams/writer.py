@@ -273,10 +273,13 @@ class StreamWriter:
 
     def _answered(self, writer: SegmentWriterState, connection: SegmentConnection, block: _Block,
                   future: asyncio.Future[WireCommand]) -> None:
+        # retrieved before anything else: a failure on a connection given up
+        # (the writer moved on, or was closed with blocks in flight) is
+        # answered here, not left to be logged when the future is collected
+        error = None if future.cancelled() else future.exception()
         if writer.connection is not connection or writer.retired:
             return  # an answer on a connection given up: the blocks went elsewhere
-        error = future.exception()
-        if error is not None:
+        if error is not None or future.cancelled():
             self._lost(writer, connection)
             return
         reply = future.result()
