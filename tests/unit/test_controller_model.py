@@ -28,7 +28,11 @@ from quire.controller.records import (
     txn_from_json,
     txn_to_json,
 )
-from quire.errors import ControllerInvalidArgumentError, ControllerPreconditionError
+from quire.errors import (
+    ControllerConcurrentUpdateError,
+    ControllerInvalidArgumentError,
+    ControllerPreconditionError,
+)
 from quire.segmentstore.names import check_name
 
 
@@ -104,6 +108,30 @@ def test_scale_refusals() -> None:
         record.plan_scale([0], [(0.0, 0.3), (0.2, 0.5)], 1)  # an overlap
     scale = record.plan_scale([0, 1], [(0.0, 1.0)], 1)
     assert [s.id for s in scale.created] == [segment_id(1, 2)]
+
+
+
+def test_a_plan_never_replaces_a_pending_scale_or_roll() -> None:
+    """While a scale or a roll is written down, planning another is a
+    concurrent update (the workflow, retried, finishes the pending one
+    first): two controllers' commits once replaced each other's roll, and
+    the stream stuck (the stream simulation, seed 102487)."""
+    record = StreamRecord.new(StreamConfig(2), 0)
+    first = TxnRecord(txn_id_of(0, 1), (0, 1), TxnState.COMMITTING, 0)
+    second = TxnRecord(txn_id_of(0, 2), (0, 1), TxnState.COMMITTING, 0)
+    record.apply_scale(record.plan_scale([0, 1], [(0.0, 1.0)], 1))
+    record.roll = record.plan_roll(first, 2)
+    with pytest.raises(ControllerConcurrentUpdateError):
+        record.plan_roll(second, 3)
+    with pytest.raises(ControllerConcurrentUpdateError):
+        record.plan_scale([segment_id(1, 2)], [(0.0, 0.5), (0.5, 1.0)], 3)
+    assert record.roll.txn_id == first.txn_id
+    record.apply_roll(record.roll, 0)
+    record.roll = record.plan_roll(second, 4)  # idle again: the next one is planned
+    record.apply_roll(record.roll, 0)
+    record.scale = record.plan_scale([s.id for s in record.current.segments], [(0.0, 1.0)], 5)
+    with pytest.raises(ControllerConcurrentUpdateError):
+        record.plan_roll(second, 6)
 
 
 def test_transaction_ids_and_names() -> None:

@@ -32,7 +32,11 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from quire.errors import ControllerInvalidArgumentError, ControllerPreconditionError
+from quire.errors import (
+    ControllerConcurrentUpdateError,
+    ControllerInvalidArgumentError,
+    ControllerPreconditionError,
+)
 
 KEY_SPACE_END = 1.0
 MAX_SEGMENT_NUMBER = (1 << 31) - 1
@@ -290,7 +294,10 @@ class StreamRecord:
                    now_ms: int, reason: str = "manual") -> PendingScale:
         """The scale that seals ``sealed`` and covers their keys with ``ranges``.
         ControllerInvalidArgumentError for malformed ranges;
-        ControllerPreconditionError when they do not fit the current epoch."""
+        ControllerPreconditionError when they do not fit the current epoch;
+        ControllerConcurrentUpdateError while another is pending (see
+        :meth:`check_idle`)."""
+        self.check_idle()
         if not sealed or not ranges:
             raise ControllerInvalidArgumentError("a scale needs segments to seal and new ranges")
         for start, end in ranges:
@@ -348,8 +355,22 @@ class StreamRecord:
         """Whether a scale or a roll is written down and not yet done."""
         return self.scale is not None or self.roll is not None
 
+    def check_idle(self) -> None:
+        """A plan never replaces a pending scale or roll: ControllerConcurrentUpdateError
+        if one is written down, so that the workflow, retried, finishes that
+        one first.  (Two controllers committing two transactions of one
+        stream each read it idle and then the other's roll: the second
+        plan replaced the first, whose half-done steps had sealed the
+        duplicates both named, and every later attempt failed; the stream
+        simulation, seed 102487.)"""
+        if self.busy:
+            raise ControllerConcurrentUpdateError(
+                "another scale or roll of the stream is pending: it is finished first")
+
     def plan_roll(self, txn: TxnRecord, now_ms: int) -> PendingRoll:
-        """The roll that commits ``txn`` past the scales since its epoch."""
+        """The roll that commits ``txn`` past the scales since its epoch
+        (ControllerConcurrentUpdateError while another is pending)."""
+        self.check_idle()
         current = self.current.epoch
         dup_epoch, active_epoch = current + 1, current + 2
         original = self.epochs[txn_epoch(txn.txn_id)].segments
