@@ -85,6 +85,20 @@ def test_create_append_cat_info_truncate_delete(metadata: str, tmp_path: Path) -
     assert gone.exit_code == 1 and "events" in json.loads(gone.stdout)["error"]
 
 
+def wait_or_dump(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """``proc``'s exit status; if it has not exited in ``timeout_s``, it is
+    aborted and the test fails with every thread's stack (faulthandler,
+    which a child started with PYTHONFAULTHANDLER=1 prints on SIGABRT)."""
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(10)
+        stacks = proc.stderr.read().decode()[-8000:] if proc.stderr else ""
+        raise AssertionError(f"no exit {timeout_s:g} s after Ctrl-C; its stacks:\n"
+                             f"{stacks}") from None
+
+
 def read_line(proc: subprocess.Popen[bytes], deadline_s: float) -> bytes:
     assert proc.stdout is not None
     deadline = time.monotonic() + deadline_s
@@ -98,7 +112,8 @@ def read_line(proc: subprocess.Popen[bytes], deadline_s: float) -> bytes:
 
 def test_tail_follow_prints_records_appended_after_it_started(metadata: str) -> None:
     quire(metadata, "log", "append", "followed", "old-1", "old-2")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # (faulthandler: a tail that does not stop is made to say where it is, below)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "quire.cli.main", "log", "tail", "followed",
                              "-f", "-n", "1", "--json", "--metadata", metadata],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -108,7 +123,7 @@ def test_tail_follow_prints_records_appended_after_it_started(metadata: str) -> 
         record = json.loads(read_line(proc, 60))
         assert (record["position"], base64.b64decode(record["payload"])) == ("1:0", b"new")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        assert wait_or_dump(proc, 30) == 0
         assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
