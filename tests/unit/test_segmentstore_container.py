@@ -278,6 +278,29 @@ async def test_a_fenced_owner_never_says_a_merge_source_is_missing(logs: MemoryD
     await second.close()
 
 
+async def test_a_create_asked_again_hears_exists_only_once_the_first_is_durable(
+        logs: MemoryDataLogs) -> None:
+    """Regression (stream simulation seed 104318): a create retried while the
+    first attempt was still in flight heard "exists" from the accepted state;
+    the first attempt's write then failed, so the segment never existed and
+    the client, told it did, never made it. The answer now waits until what
+    was accepted is durable, and is the log's failure if that fails."""
+    first = await reopen(logs)
+    second = await SegmentContainer.open(0, logs.open("c0"))  # fences first
+    attempt = first.create_segment(S)
+    again = first.create_segment(S)  # the first is accepted, not durable
+    with pytest.raises(ContainerFencedError):
+        await attempt
+    with pytest.raises(ContainerFencedError):  # not SegmentExistsError
+        await again
+    await first.close()
+    await second.create_segment(S)
+    with pytest.raises(SegmentExistsError):  # made and durable: exists
+        await second.create_segment(S)
+    assert (await second.get_info(S)).length == 0
+    await second.close()
+
+
 async def test_confirming_ownership_logs_a_probe_that_changes_nothing(
         logs: MemoryDataLogs) -> None:
     first = await reopen(logs)
