@@ -53,7 +53,7 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 
 @pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035",
                                   "100065", "100181", "100344", "101961", "102487",
-                                  "104318"])
+                                  "103892", "104318"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -103,9 +103,11 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     * 102487 (beyond CI's seeds): two controllers' commits past a scale each
       planned a roll, the second over the first's, whose steps had sealed
       the duplicates both named: both hung (test_controller_model);
-    * 104318 (beyond CI's seeds): a create asked again while the first was in
-      flight heard "exists" from accepted state; the first failed, so the
-      segment never existed (test_segmentstore_container).
+    * 103892 and 104318 (beyond CI's seeds): a create asked again while the
+      first was in flight heard "exists" from accepted state; the first
+      failed, so the segment never existed: a scale's successor (a writer's
+      events refused NoSuchSegment) and the workload's conditional segment
+      (test_segmentstore_container).
 
     The product changed since, so a seed no longer draws the schedule that
     found its bug; each still runs every invariant."""
