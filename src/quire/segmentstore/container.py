@@ -252,7 +252,11 @@ class SegmentContainer(ContainerUpkeep):
             self._oplog.check()
             check_name("segment", name)
             if self.accepted.get(name) is not None:
-                return self._exists_once_durable(name)
+                # "exists" once what was accepted is durable (the log's failure
+                # if not): a create retried while the first is in flight must not
+                # hear it of a segment that attempt fails to make (seed 104318)
+                return self._refused_after(self._oplog.barrier(),
+                                           SegmentExistsError(f"segment {name!r} exists"))
             kind = SegmentType(segment_type)
             initial = initial_attributes(attributes)
             seq, now = self._next()
@@ -433,22 +437,6 @@ class SegmentContainer(ContainerUpkeep):
             op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
             return self._log_op(op, MergeResult(t.length + src.length))
         return call_as_future(make)
-
-    def _exists_once_durable(self, name: str) -> asyncio.Future[None]:
-        """SegmentExistsError for ``name``, answered once every operation
-        accepted so far is durable (the log's failure if one is not): a
-        create retried while the first attempt is still in flight must not
-        hear "exists" of a segment that attempt then fails to make (the
-        stream simulation, seed 104318)."""
-        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def durable(barrier: asyncio.Future[Any]) -> None:
-            if not answer.done():
-                error = barrier.exception()
-                answer.set_exception(error if error is not None else
-                                     SegmentExistsError(f"segment {name!r} exists"))
-        self._oplog.barrier().add_done_callback(durable)
-        return answer
 
     def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
         """Create a server-named segment of ``parent``'s (in this container);

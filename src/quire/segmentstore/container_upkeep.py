@@ -155,17 +155,23 @@ class ContainerUpkeep:
     def _refused_as_owner(self, error: QuireError) -> asyncio.Future[Any]:
         """A future failing with ``error`` once a probe confirmed ownership
         (with the container's fencing error if it did not)."""
+        return self._refused_after(self.confirm_ownership(), error)
+
+    def _refused_after(self, durable: asyncio.Future[Any], error: QuireError
+                       ) -> asyncio.Future[Any]:
+        """A future failing with ``error`` once ``durable`` (a probe, or the
+        log's barrier) is done; with its failure instead if it failed."""
         refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
-        def answer(probe: asyncio.Future[Any]) -> None:
+        def answer(done: asyncio.Future[Any]) -> None:
             if refused.done():
                 return
-            if probe.cancelled():
-                refused.set_exception(ContainerClosedError("the container closed before it "
-                                                           "confirmed its ownership"))
+            if done.cancelled():
+                refused.set_exception(ContainerClosedError("the container closed before its "
+                                                           "operations were durable"))
             else:
-                refused.set_exception(probe.exception() or error)
-        self.confirm_ownership().add_done_callback(answer)
+                refused.set_exception(done.exception() or error)
+        durable.add_done_callback(answer)
         return refused
 
     @property
