@@ -90,6 +90,41 @@ def test_a_run_that_can_never_progress_is_a_deadlock() -> None:
         loop.close()
 
 
+def test_cancel_all_names_the_tasks_that_do_not_end_when_cancelled() -> None:
+    """A task that swallows its cancellation and waits on what nobody will
+    do is the run's failure, named with where it waits (the soak stopped on
+    it before: seed 105252); a task that ends when cancelled is not."""
+    loop = SimLoop()
+    release = loop.create_future()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600.0)
+        except asyncio.CancelledError:
+            await release  # cleanup waiting on something nobody will do
+
+    async def polite() -> None:
+        await asyncio.sleep(3600.0)
+
+    async def main() -> asyncio.Task[None]:
+        loop.create_task(polite())
+        task = loop.create_task(stubborn())
+        await asyncio.sleep(1.0)
+        return task
+
+    try:
+        task = loop.run_until_complete(main())
+        stuck = cancel_all(loop)
+        assert not task.done()
+        release.set_result(None)
+        loop.run_until_complete(task)
+    finally:
+        loop.close()
+    assert len(stuck) == 1
+    assert re.fullmatch(r"test_cancel_all_names_the_tasks_that_do_not_end_when_cancelled"
+                        r"\.<locals>\.stubborn:\d+ -> a future", stuck[0]), stuck
+
+
 def test_an_alarm_stops_a_run_that_never_ends_and_leaves_the_timers_order_alone() -> None:
     """A livelocked run (its clock goes on forever) is stopped at the alarm;
     a run that ends before it fires its timers in the order it would

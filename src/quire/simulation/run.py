@@ -14,10 +14,11 @@ import dataclasses
 import gc
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from quire.simulation.bugs import seeded_bug
 from quire.simulation.cluster import LimboNegatives, Losses, SimBookie
-from quire.simulation.loop import SimLoop
+from quire.simulation.loop import SimDeadlock, SimLoop
 from quire.simulation.metadata import SimMetadataStore
 from quire.simulation.network import NetworkConfig, SimNetwork
 from quire.simulation.trace import Trace, product_logs
@@ -308,7 +309,9 @@ def run_seed(seed: int, *, bug: str = "",
                 result.error = f"{type(e).__name__}: {e}"
                 trace.event(f"run ended by {result.error}")
             result.virtual_s = loop.time()
-            cancel_all(loop)
+            stuck = cancel_all(loop)
+            if stuck and not result.error:
+                result.error = stuck_error(stuck)
             gc.collect()  # a task that failed unobserved reports it when collected
     finally:
         loop.close()
@@ -332,11 +335,41 @@ def _stray(context: dict[str, object]) -> str:
     return f"{context.get('message', '')} {what}".strip() + where
 
 
-def cancel_all(loop: SimLoop) -> None:
-    """Cancel what is still scheduled (pollers, watches, stuck tasks)."""
+def cancel_all(loop: SimLoop) -> list[str]:
+    """Cancel what is still scheduled (pollers, watches, stuck tasks); the
+    tasks of live processes that then wait for ever instead of ending (a
+    cancellation swallowed, or waiting on something only a cancelled task
+    would have done), each as its coroutine chain: a failure of the run.  A
+    crashed process's leftovers may wait for ever (its timers were dropped
+    when it was killed): they are no process's any more (seed 105252)."""
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in tasks:
         task.cancel()
+    stuck: list[str] = []
     if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        try:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        except SimDeadlock:
+            stuck = [_waiting_at(t) for t in tasks
+                     if not t.done() and not loop.of_dead_life(t)]
     loop.run_until_complete(loop.shutdown_asyncgens())
+    return stuck
+
+
+def _waiting_at(task: asyncio.Task[Any]) -> str:
+    """The task's coroutine chain, outermost first, each with its line."""
+    hops = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and getattr(awaited, "cr_frame", None) is not None:
+        frame = awaited.cr_frame
+        hops.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        awaited = awaited.cr_await
+    if awaited is not None:  # (a future's iterator, when it waits on one)
+        name = type(awaited).__name__
+        hops.append("a future" if name == "FutureIter" else name)
+    return " -> ".join(hops) or repr(task)
+
+
+def stuck_error(stuck: list[str]) -> str:
+    """The run's error for :func:`cancel_all`'s stuck tasks."""
+    return f"cancelled tasks did not end ({len(stuck)}): " + "; ".join(stuck[:3])

@@ -103,8 +103,14 @@ def hosted(stores: list[SimSegmentStore]) -> set[int]:
 
 
 async def liveness(cluster: Cluster, stores: list[SimSegmentStore], client: StreamClient,
-                   history: StreamHistory) -> None:
-    """Step 1 (module docstring); what does not happen in time is a violation."""
+                   history: StreamHistory, lease_skew_s: float = 0.0) -> None:
+    """Step 1 (module docstring); what does not happen in time is a violation.
+
+    ``lease_skew_s``: how far the controllers' wall clocks stand apart.  A
+    transaction's lease ends at a wall-clock time stamped by the controller
+    that began (or pinged) it, and the leader aborts it by its own clock, so
+    a lease stamped on a clock that jumped ahead lasts that much longer
+    (seed 105161); the wait for each transaction to end allows for it."""
     containers = set(range(cluster.settings.containers))
 
     async def all_open() -> bool | None:
@@ -125,7 +131,8 @@ async def liveness(cluster: Cluster, stores: list[SimSegmentStore], client: Stre
     for name, txn in sorted(history.txns.items()):
         if txn.fate != UNKNOWN:
             continue
-        txn.fate = await eventually(_txn_ended(client, history, name)) or UNKNOWN
+        txn.fate = await eventually(_txn_ended(client, history, name),
+                                    SETTLE_S + lease_skew_s) or UNKNOWN
         if txn.fate == UNKNOWN:
             history.liveness.append(f"transaction {name} never ended")
     await _flushed(cluster, stores, history)

@@ -32,7 +32,7 @@ from quire.simulation.cluster import SimBookie
 from quire.simulation.loop import SimLoop, VirtualClock
 from quire.simulation.metadata import SimMetadataStore
 from quire.simulation.network import NetworkConfig, SimNetwork
-from quire.simulation.run import RunResult, _stray, cancel_all
+from quire.simulation.run import RunResult, _stray, cancel_all, stuck_error
 from quire.simulation.streams import final
 from quire.simulation.streams.controllers import SimController
 from quire.simulation.streams.history import StreamHistory, check
@@ -130,7 +130,9 @@ async def _run_checked(cluster: Cluster, faults: StreamFaults, history: StreamHi
     checker = workload.clients[0]
 
     async def finish() -> None:
-        await final.liveness(cluster, stores, checker, history)
+        offsets = [c.clock.offset_ms for c in controllers.values()]
+        await final.liveness(cluster, stores, checker, history,
+                             lease_skew_s=(max(offsets) - min(offsets)) / 1000)
         reads = final.Eventually()
         found = await reads(lambda: final.final_reads(checker))
         if found is None:
@@ -174,7 +176,9 @@ def run_stream_seed(seed: int, *, bug: str = "",
                 result.error = f"{type(e).__name__}: {e}"
                 trace.event(f"run ended by {result.error}")
             result.virtual_s = loop.time()
-            cancel_all(loop)
+            stuck = cancel_all(loop)
+            if stuck and not result.error:
+                result.error = stuck_error(stuck)
             gc.collect()
     finally:
         loop.close()
