@@ -242,14 +242,19 @@ async def check_owners(cluster: Cluster, history: StreamHistory) -> None:
             last = 0
             try:
                 async for found in reader:
-                    epoch = appended.get(LogBook.digest(found.payload))
-                    if epoch is None:
+                    epochs = appended.get(LogBook.digest(found.payload))
+                    if not epochs:
                         history.owners.append(f"container {cid}: a record at {found.position} "
                                               "no owner appended")
-                    elif epoch < last:
-                        history.owners.append(f"container {cid}: a record of epoch {epoch} "
-                                              f"at {found.position}, after epoch {last}'s")
-                    last = max(last, epoch or 0)
+                        continue
+                    # the earliest owner that may have written it and keeps the order
+                    # (choosing the least leaves the most room for the records after it)
+                    fits = [e for e in epochs if e >= last]
+                    if not fits:
+                        history.owners.append(f"container {cid}: a record of epoch "
+                                              f"{max(epochs)} at {found.position}, after "
+                                              f"epoch {last}'s")
+                    last = min(fits, default=last)
             finally:
                 await reader.close()
     finally:

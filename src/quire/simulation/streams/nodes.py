@@ -187,8 +187,11 @@ class LogBook:
     owner took the log: for the one-owner-per-epoch invariant."""
 
     def __init__(self) -> None:
-        self.appended: dict[int, dict[bytes, int]] = {}
-        """container id -> digest of a record -> the epoch that appended it."""
+        self.appended: dict[int, dict[bytes, set[int]]] = {}
+        """container id -> digest of a record -> the epochs that appended it
+        (several when a new owner's operation is byte for byte one an older
+        owner appended but never saw durable: its client's retry, the same
+        sequence number, a clock stuck at the same millisecond; seed 105508)."""
         self.owners: list[tuple[int, int, str, float]] = []
         """(container id, epoch, node, virtual time) of every log taken."""
 
@@ -219,7 +222,7 @@ class RecordingLog:
 
     def append(self, data: bytes) -> asyncio.Future[Position]:
         future = self._log.append(data)
-        self._appended.setdefault(LogBook.digest(data), self._log.epoch)
+        self._appended.setdefault(LogBook.digest(data), set()).add(self._log.epoch)
         return future
 
     def read(self, from_address: Position | None = None
