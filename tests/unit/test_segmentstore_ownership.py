@@ -23,6 +23,7 @@ from quire.segmentstore import (
     SegmentStoreConfig,
 )
 from quire.segmentstore.ownership import (
+    ASSIGNMENT_KEY,
     HOSTS_PREFIX,
     ContainerOwnership,
     OwnershipSettings,
@@ -247,3 +248,38 @@ async def test_a_host_whose_lease_is_uncertain_confirms_ownership_before_each_re
     finally:
         await other.close()
         await other_metadata.close()
+
+
+async def test_a_read_answered_after_the_watch_never_puts_an_older_assignment_back(
+        cluster: tuple[str, MemoryDataLogs, list[Host]], monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """A host rereads the assignment before reopening a failed container.
+    A read that started before the assigner's change can answer after the
+    watch delivered the change, and the watch does not deliver it again: the
+    host must keep the newer one.  (Found by the stream simulation, seed
+    106609: a store went back to an assignment two versions old and never
+    opened the container the newer one gave it.)"""
+    uri, logs, hosts = cluster
+    a = await Host(uri, logs, "host-a").start()
+    hosts.append(a)
+    await until(lambda: set(a.store.container_ids) == set(range(COUNT)))
+    started_before = await a.metadata.read_record(ASSIGNMENT_KEY)  # the read's answer...
+    b = await Host(uri, logs, "host-b").start()
+    hosts.append(b)
+    await until(lambda: len(a.store.container_ids) == len(b.store.container_ids) == COUNT // 2)
+    newer = dict(a.ownership.assignment)
+
+    async def late(key: str) -> object:  # ...arriving only now
+        assert key == ASSIGNMENT_KEY
+        return started_before
+    monkeypatch.setattr(a.metadata, "read_record", late)
+    failed = min(a.store.container_ids)
+    takeover = logs.open(f"c{failed}")
+    await takeover.initialize()  # another owner fences the log: the container fails
+    with pytest.raises(ContainerFencedError):
+        await a.store.container(failed).create_segment("sc/st/fenced")
+    await takeover.close()
+    await until(lambda: failed in a.store.container_ids
+                and a.store.container(failed).failure is None)  # reopened, as its own
+    assert a.ownership.assignment == newer
+    assert set(a.store.container_ids).isdisjoint(b.store.container_ids)

@@ -180,7 +180,8 @@ class ContainerOwnership:
         self.metrics_address = metrics_address
         self.settings = settings or OwnershipSettings()
         self.assignment: dict[int, str] = {}
-        """The assignment as last read from the record."""
+        """The assignment as last read from the record (the newest version seen)."""
+        self._assignment_version: int | None = None
         self._wake = asyncio.Event()
         self._settled = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
@@ -248,11 +249,24 @@ class ContainerOwnership:
 
     def _on_assignment(self, record: Versioned[bytes] | None) -> None:
         try:
-            self.assignment = _decode_assignment(record)
+            assignment = _decode_assignment(record)
         except (ValueError, KeyError, TypeError) as e:
             log.error("unreadable container assignment record: %s", e)
             return
-        self._wake.set()
+        if self._take_assignment(assignment, None if record is None else record.version):
+            self._wake.set()
+
+    def _take_assignment(self, assignment: dict[int, str], version: int | None) -> bool:
+        """Hold ``assignment`` (record version ``version``) unless the one
+        held is newer: a read that started before a change can answer after
+        the watch delivered it, and the watch does not deliver that change
+        again, so putting the older one back would leave this host on it for
+        good (the stream simulation, seed 106609: a container no host opened)."""
+        held = self._assignment_version
+        if held is not None and (version is None or version < held):
+            return False
+        self.assignment, self._assignment_version = assignment, version
+        return True
 
     async def wait_converged(self) -> None:
         """Return once this host runs exactly the containers assigned to it
@@ -314,7 +328,7 @@ class ContainerOwnership:
         if failed:
             # fenced or broken while this host is (as last seen) its owner: read the
             # record itself before reopening, so a stale view never fences the owner
-            self.assignment, _version = await read_assignment(self.metadata)
+            self._take_assignment(*await read_assignment(self.metadata))
             for container_id in failed:
                 log.warning("container %d failed (%s)", container_id,
                             self.segments.container(container_id).failure)
