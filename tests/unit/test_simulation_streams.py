@@ -53,7 +53,7 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 
 @pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035",
                                   "100065", "100181", "100344", "101961", "102487",
-                                  "103892", "104318", "105161", "105252", "105508", "106609"])
+                                  "103892", "104318", "105161", "105252", "105508", "106609", "107540"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -124,7 +124,10 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     * 106609 (beyond CI's seeds): a store's reread of the container
       assignment, started before the assigner's change and answered after
       the watch delivered it, put the older assignment back for good: no
-      store opened one container (test_segmentstore_ownership).
+      store opened one container (test_segmentstore_ownership);
+    * 107540 (beyond CI's seeds): a shared connection to a store still
+      opening when every caller was cancelled, then failing, left its
+      error unretrieved, logged when collected (test_stream_connections).
 
     The product changed since, so a seed no longer draws the schedule that
     found its bug; each still runs every invariant."""

@@ -7,6 +7,7 @@ got the server's Hello is dropped by ``SegmentConnection.open`` itself."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -83,6 +84,44 @@ async def test_a_shared_connection_whose_callers_all_went_is_closed(
     await segments.opened_one.wait()
     await segments.close()
     assert len(segments.opened) == 1 and segments.open_ones() == []
+
+
+async def test_a_shared_connection_that_fails_after_its_callers_went_leaves_no_error_unseen(
+        ) -> None:
+    """A shared connection still opening when its only caller was cancelled,
+    then failing: its error was left unretrieved, logged when the task was
+    collected (the stream simulation, seed 107540)."""
+    class Unreachable(RemoteSegmentStore):
+        def __init__(self) -> None:
+            async def resolve(_segment: str) -> str:
+                return "127.0.0.1:1"
+            super().__init__(resolve)
+            self.opening, self.fail = asyncio.Event(), asyncio.Event()
+
+        async def open_connection(self, address: str) -> SegmentConnection:
+            self.opening.set()
+            await self.fail.wait()
+            raise SegmentStoreConnectionError(f"cannot connect to segment store {address}")
+
+    loop = asyncio.get_running_loop()
+    unseen: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: unseen.append(context))
+    try:
+        segments = Unreachable()
+        asking = asyncio.create_task(segments.get_info("sc/st/0.#epoch.0"))
+        await segments.opening.wait()
+        (opening,) = segments._opening.values()
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        segments.fail.set()
+        await asyncio.wait([opening])
+        del opening
+        await segments.close()
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert unseen == []
 
 
 async def silent_store() -> tuple[asyncio.Server, str, asyncio.Event, asyncio.Event]:

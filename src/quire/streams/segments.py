@@ -210,7 +210,13 @@ class RemoteSegmentStore:
         if opening is None:
             opening = self._opening[address] = asyncio.ensure_future(
                 self._open_shared(address))
-            opening.add_done_callback(lambda _: self._opening.pop(address, None))
+
+            def opened(task: asyncio.Future[SegmentConnection]) -> None:
+                self._opening.pop(address, None)
+                if not task.cancelled():
+                    task.exception()  # retrieved: callers still waiting see it themselves,
+                    # and with none left it is not logged as never retrieved (seed 107540)
+            opening.add_done_callback(opened)
         return await asyncio.shield(opening)
 
     async def _open_shared(self, address: str) -> SegmentConnection:
