@@ -53,7 +53,8 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 
 @pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035",
                                   "100065", "100181", "100344", "101961", "102487",
-                                  "103892", "104318", "105161", "105252", "105508", "106609", "107540"])
+                                  "103892", "104318", "105161", "105252", "105508", "106609",
+                                  "107540"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
