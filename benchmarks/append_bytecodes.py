@@ -6,7 +6,8 @@ counts instead: the bytecodes the interpreter executes per append, from
 ``sys.settrace`` with opcode events, for the same kind of row (one container
 on the in-memory tier-1 log, ``--segments`` segments taking ``--size``-byte
 appends in turn, 256 outstanding, plain or with a writer's event number).
-The count moves by less than 0.1% from run to run (where callbacks fall
+The count moves by less than 0.1% from run to run on a quiet machine, up
+to 1% on a busy one (where callbacks fall
 between frames), so a change's cost on the append path shows, and the table
 says which functions it is in. A bytecode is
 not a fixed cost: ``segment_append_cpu.py`` still says what a change costs

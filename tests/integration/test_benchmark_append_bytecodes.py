@@ -1,27 +1,24 @@
 """``benchmarks/append_bytecodes.py`` in a small run: it counts the segment
-append path's bytecodes by function, within 0.5% in two runs, and its
-machine instructions under valgrind, within 5% (what lets it tell a
-change's cost where CPU time cannot: this VM's runs of one tree move 30%)."""
+append path's bytecodes by function, within 2% in two runs (under 0.1% on
+a quiet machine, up to 1% seen beside a soak, where more appends share a
+batch), and its machine instructions under valgrind, within 5% (what lets
+it tell a change's cost where CPU time cannot: this VM's runs of one tree
+move 30%)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.benchmarks import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def counts(*extra: str, appends: int = 500) -> list[dict[str, object]]:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "append_bytecodes.py"), "--appends",
-         str(appends), "--segments", "10", "--size", "100", "--json", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows: list[dict[str, object]] = json.loads(done.stdout)
+    stdout = run_benchmark("append_bytecodes.py", "--appends", str(appends), "--segments", "10",
+                           "--size", "100", "--json", *extra, timeout_s=300)
+    rows: list[dict[str, object]] = json.loads(stdout)
     return rows
 
 
@@ -35,7 +32,7 @@ def test_counts_the_append_path_by_function_and_the_same_each_run() -> None:
         assert 100 < row["bytecodes_per_append"] < 5000  # type: ignore[operator]
     assert first[1]["bytecodes_per_append"] > first[0]["bytecodes_per_append"]  # type: ignore[operator]
     for a, b in zip(first, second, strict=True):
-        assert abs(a["bytecodes_per_append"] / b["bytecodes_per_append"] - 1) < 0.005  # type: ignore[operator]
+        assert abs(a["bytecodes_per_append"] / b["bytecodes_per_append"] - 1) < 0.02  # type: ignore[operator]
 
 
 def test_counts_the_append_paths_instructions_the_same_each_run() -> None:

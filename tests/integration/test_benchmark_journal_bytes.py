@@ -5,26 +5,20 @@ goals are measured by the full run, not checked here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import run_benchmark
+
 ENTRIES = 20_000
 ENTRY_BYTES = 1024
 WRITE_QUORUM = 3
 
 
 def test_short_run_reports_both_modes_and_where_the_bytes_went(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "journal_bytes.py"), "--entries",
-         str(ENTRIES), "--entry-bytes", str(ENTRY_BYTES), "--tmpdir", str(tmp_path),
-         "--json", "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=100,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    stdout = run_benchmark("journal_bytes.py", "--entries", str(ENTRIES), "--entry-bytes",
+                           str(ENTRY_BYTES), "--tmpdir", str(tmp_path), "--json", "--quiet",
+                           timeout_s=100)
+    report = json.loads(stdout)
 
     replicated_payload = ENTRIES * ENTRY_BYTES * WRITE_QUORUM
     assert set(report["results"]) == {"journal on", "journal off"}

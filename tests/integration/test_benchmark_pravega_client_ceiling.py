@@ -10,25 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import run_benchmark
+
 ROWS = {"null/async/asyncio", "null/async/uvloop", "null/write_event",
         "null/async/uvloop/each-timed", "null/async/uvloop/gather",
         "full/async/asyncio", "full/async/uvloop", "redis"}
 
 
 def test_tiny_run_reports_the_null_endpoint_the_full_stack_and_redis() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "pravega_client_ceiling.py"),
-         "--seconds", "0.3", "--rounds", "1", "--outstanding", "32", "--await-variants",
-         "--json", "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    stdout = run_benchmark("pravega_client_ceiling.py", "--seconds", "0.3", "--rounds", "1",
+                           "--outstanding", "32", "--await-variants", "--json", "--quiet",
+                           timeout_s=180)
+    report = json.loads(stdout)
     (only,) = report["rounds"]
     assert set(only) == set(report["rows"]) == ROWS
     redis = only["redis"]["entries_per_s"]

@@ -7,22 +7,14 @@ writers wrote.  The goal is measured by the full run, not here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import run_benchmark
 
 
 def test_tiny_run_reports_every_writer_the_reader_group_and_redis() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "pravega_write.py"), "--seconds", "0.5",
-         "--outstanding", "32", "--json", "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    stdout = run_benchmark("pravega_write.py", "--seconds", "0.5", "--outstanding", "32", "--json",
+                           "--quiet", timeout_s=120)
+    report = json.loads(stdout)
     names = ("pravega_client", "pravega_client_inflight", "quire_stream_writer")
     writers = [report["pravega_client"], report["quire_stream_writer"],
                *report["redis"].values()]

@@ -5,25 +5,17 @@ issue's goals are measured by the full run (``--reopen-gib 1``), not here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import run_benchmark
 
 
 def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "segment_appends.py"), "--appends", "300",
-         "--sizes", "100,1024", "--segments", "1,10", "--reopen-gib", "0.005", "--warmup", "200",
-         "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=100,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    stdout = run_benchmark("segment_appends.py", "--appends", "300", "--sizes", "100,1024",
+                           "--segments", "1,10", "--reopen-gib", "0.005", "--warmup", "200",
+                           "--json", timeout_s=100)
+    results = json.loads(stdout)
     rows = {r["what"]: r for r in results}
     # single events of every size (bracketed by raw rows), then the blocks
     order = [r["what"] for r in results]
@@ -66,13 +58,9 @@ def test_tiny_run_reports_every_shape_and_the_reopen() -> None:
 
 
 def test_cpu_per_append_tiny_run_reports_every_row() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "segment_append_cpu.py"), "--appends", "300",
-         "--reps", "2", "--sizes", "100,1024", "--segments", "1,10", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=100,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {r["what"]: r for r in json.loads(done.stdout)}
+    stdout = run_benchmark("segment_append_cpu.py", "--appends", "300", "--reps", "2", "--sizes",
+                           "100,1024", "--segments", "1,10", "--json", timeout_s=100)
+    rows = {r["what"]: r for r in json.loads(stdout)}
     assert set(rows) == {"1 segment(s), 100 B", "10 segment(s), 100 B", "1 segment(s), 1024 B",
                          "10 segment(s), 1024 B", "the driver alone"}
     driver = rows.pop("the driver alone")["driver_cpu_us"]

@@ -9,26 +9,18 @@ measured by the full run (1,000,000 events), not here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pyspark  # noqa: F401  (a missing dependency fails, never skips)
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import run_benchmark
 
 
 @pytest.mark.timeout(600)
 def test_tiny_run_reports_every_figure() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "spark_stream_read.py"), "--events", "2000",
-         "--segments", "2", "--rounds", "2", "--store-cache-kib", "16", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=580,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = run_benchmark("spark_stream_read.py", "--events", "2000", "--segments", "2",
+                           "--rounds", "2", "--store-cache-kib", "16", "--json", timeout_s=580)
+    figures = json.loads(stdout.strip().splitlines()[-1])
     assert figures["events"] == 2000 and figures["spark"] == "local[2]" and figures["rounds"] == 2
     assert figures["stored_bytes"] == 2000 * (100 + 8)
     for phase in ("cached", "beyond_cache"):  # the second after a restart with 16 KiB

@@ -6,23 +6,15 @@ run (``docs/performance.md``)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmarks import run_benchmark
 
 
 def test_tiny_run_reports_the_backlog_against_its_bound() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "tier2_backlog.py"), "--seconds", "2",
-         "--segments", "4", "--flush-threshold-kib", "64", "--iteration-interval-ms", "100",
-         "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    stdout = run_benchmark("tier2_backlog.py", "--seconds", "2", "--segments", "4",
+                           "--flush-threshold-kib", "64", "--iteration-interval-ms", "100",
+                           "--json", timeout_s=120)
+    result = json.loads(stdout)
     assert result["appends"] > 0 and result["appends_per_s"] > 0 and result["samples"] > 5
     assert result["goal_bound_bytes"] == 2 * 64 * 1024 * 4
     assert 0 < result["max_backlog_bytes"] >= result["max_backlog_last_third"]
