@@ -26,7 +26,7 @@ from quire.controller.model import (
     txn_segment_name,
 )
 from quire.controller_api import Controller_pb2 as pb
-from quire.errors import QuireError
+from quire.errors import ControllerConcurrentUpdateError, QuireError
 from quire.metadata import open_store
 from quire.segmentstore import SegmentType
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
@@ -360,6 +360,45 @@ async def test_the_leader_finishes_a_scale_its_dead_controller_left(cluster: Clu
     assert [r for r in await live.state.works() if r[2] == dead.cluster.member] == []
     await live.close()
     await live_metadata.close()
+
+
+async def test_one_controller_at_a_time_makes_a_new_streams_segments() -> None:
+    """A creation left half done is finished by one controller at a time
+    (the creator claims the CREATING record): two at once, the stream went
+    ACTIVE, was truncated past its first segments (deleted), and the other's
+    late create made one again, where a writer's events were acknowledged
+    in no epoch (the stream simulation, seed 108706)."""
+    # (the cluster's own controller, which sees no other member alive, sweeps
+    # no notes meanwhile)
+    cluster = await make_cluster(txn_sweep_interval_ms=3_600_000)
+    name = f"memory://controllers-{id(cluster)}"
+    first_metadata, second_metadata = await open_store(name), await open_store(name)
+    first = ControllerCore(cluster.faulty, core(cluster).config,  # type: ignore[arg-type]
+                           cluster=MetadataCluster(first_metadata, "first:1"))
+    second = ControllerCore(cluster.segments, core(cluster).config,
+                            cluster=MetadataCluster(second_metadata, "second:1"))
+    await first.start()
+    await second.start()
+    await first.create_scope("sc")
+    assert cluster.faulty is not None
+    cluster.faulty.fail_at["create_segment"] = 2  # its transactions table, then a segment
+    with pytest.raises(QuireError):  # the injected failure: its creation half done
+        await first.create_stream("sc", "st", StreamConfig(2))
+    found = await second.state.stream("sc", "st")
+    assert found is not None and found[0].creator == first.cluster.member
+    with pytest.raises(ControllerConcurrentUpdateError):  # the first lives: its to finish
+        await second.create_stream("sc", "st", StreamConfig(2))
+    await first.close()
+    await first_metadata.close()  # the first is gone: the second takes the creation over
+    assert await second.create_stream("sc", "st", StreamConfig(2)) is True
+    record = await second.stream("sc", "st")
+    assert record.creator == "" and len(record.current.segments) == 2
+    for s in record.current.segments:
+        assert not (await cluster.segments.get_info(segment_name("sc", "st", s.id))).sealed
+    await second.close()
+    await second_metadata.close()
+    await cluster.stop()
+    await cluster.metadata.close()
 
 
 async def test_the_client_fails_over_to_the_next_controller(cluster: Cluster) -> None:

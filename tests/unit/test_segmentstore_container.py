@@ -301,6 +301,36 @@ async def test_a_create_asked_again_hears_exists_only_once_the_first_is_durable(
     await second.close()
 
 
+@pytest.mark.parametrize("refused", ["seal", "append", "delete", "table_put"])
+async def test_a_refusal_read_from_a_change_not_yet_durable_waits_for_it(
+        logs: MemoryDataLogs, refused: str) -> None:
+    """The create case above, for every refusal read from the accepted
+    state: a seal retried while the first is in flight must not hear
+    "sealed" (the controller takes that for the seal done) of a seal the
+    fenced owner never makes durable; nor an append "sealed", a delete
+    "no such segment", a conditional table put "bad version"."""
+    first = await reopen(logs)
+    await first.create_segment(S)
+    await first.create_segment("t", SegmentType.TABLE)
+    await first.table_put("t", [(b"k", b"v", None)])
+    second = await SegmentContainer.open(0, logs.open("c0"))  # fences first
+    if refused == "table_put":
+        attempt = first.table_put("t", [(b"k", b"w", None)])
+        again = first.table_put("t", [(b"k", b"x", 0)])  # version 0 is gone: BadVersion
+    else:
+        attempt = first.delete(S) if refused == "delete" else first.seal(S)
+        again = {"seal": lambda: first.seal(S), "append": lambda: first.append(S, b"x"),
+                 "delete": lambda: first.delete(S)}[refused]()
+    with pytest.raises(ContainerFencedError):
+        await attempt
+    with pytest.raises(ContainerFencedError):  # not the refusal of a change never made
+        await again
+    await first.close()
+    info = await second.get_info(S)
+    assert not info.sealed and not info.deleted
+    await second.close()
+
+
 async def test_confirming_ownership_logs_a_probe_that_changes_nothing(
         logs: MemoryDataLogs) -> None:
     first = await reopen(logs)

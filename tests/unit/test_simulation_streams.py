@@ -54,7 +54,7 @@ def test_the_ci_seeds_hold_every_invariant() -> None:
 @pytest.mark.parametrize("seed", ["3", "5", "11", "27", "28", "35", "36", "75", "100035",
                                   "100065", "100181", "100344", "101961", "102487",
                                   "103892", "104318", "105161", "105252", "105508", "106609",
-                                  "107540"])
+                                  "107540", "108706"])
 def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
     """Regressions, each also pinned by a unit test of its fix:
 
@@ -128,7 +128,15 @@ def test_seeds_that_found_real_bugs_hold(seed: str) -> None:
       store opened one container (test_segmentstore_ownership);
     * 107540 (beyond CI's seeds): a shared connection to a store still
       opening when every caller was cancelled, then failing, left its
-      error unretrieved, logged when collected (test_stream_connections).
+      error unretrieved, logged when collected (test_stream_connections);
+    * 108706 (beyond CI's seeds): two controllers finished one stream's
+      creation at once; one made it ACTIVE, the stream was scaled and
+      truncated past its first segments (deleted), and the other's late
+      create made one of them again, unsealed: a writer's events were
+      acknowledged there, in no epoch (one creator at a time now, claimed in
+      the CREATING record; test_controller_parity). Also a refusal read from
+      a change not yet durable (a seal retried hearing "sealed") now waits
+      for it (test_segmentstore_container).
 
     The product changed since, so a seed no longer draws the schedule that
     found its bug; each still runs every invariant."""

@@ -48,6 +48,7 @@ from quire.controller.state import (
 )
 from quire.controller.transactions import TxnOps
 from quire.errors import (
+    ControllerConcurrentUpdateError,
     ControllerInvalidArgumentError,
     ControllerNotFoundError,
     ControllerPreconditionError,
@@ -149,20 +150,40 @@ class ControllerCore(ScalingOps, TxnOps, RetentionOps):
             if not await self.scope_exists(scope):
                 raise ScopeNotFoundError(f"no scope {scope!r}")
             found = await self.state.stream(scope, stream)
+            now, me = self.now_ms(), self.cluster.member
             if found is None:
-                record = StreamRecord.new(config, self.now_ms())
+                record = StreamRecord.new(config, now)
+                record.creator, record.creator_ms = me, now
                 version = await self.state.put_stream(scope, stream, record, NOT_EXISTS)
             elif found[0].state is StreamState.CREATING:
-                record, version = found  # an interrupted creation: finish it
+                record, version = found  # an interrupted creation: finish it...
+                await self._check_creator(scope, stream, record, now)
+                record.creator, record.creator_ms = me, now  # ...as its one creator
+                version = await self.state.put_stream(scope, stream, record, version)
             else:
                 return False
             await self._create_segments(scope, stream, record)
-            record.state = StreamState.ACTIVE
+            record.state, record.creator, record.creator_ms = StreamState.ACTIVE, "", 0
             await self.state.put_stream(scope, stream, record, version)
             return True
 
         async with self._scope_lock(scope), self.changing(scope, stream):
             return await self.retrying(create)
+
+    async def _check_creator(self, scope: str, stream: str, record: StreamRecord,
+                             now_ms: int) -> None:
+        """ControllerConcurrentUpdateError while another live controller
+        makes the stream's first segments (its claim not stale).  Two at once,
+        the one finished and the stream moved on (scaled, truncated: its
+        first segments deleted), the other's late create made a deleted
+        segment again, unsealed, and a writer's events acknowledged there
+        were in no epoch (the stream simulation, seed 108706)."""
+        creator = record.creator
+        if creator and creator != self.cluster.member \
+                and now_ms - record.creator_ms < self.config.stale_workflow_ms \
+                and await self.cluster.alive(creator):
+            raise ControllerConcurrentUpdateError(
+                f"stream {scope}/{stream}: controller {creator} is creating it")
 
     async def _create_segments(self, scope: str, stream: str, record: StreamRecord) -> None:
         await create_if_missing(self.store, txns_table(scope, stream), SegmentType.TABLE)
@@ -314,7 +335,11 @@ class ControllerCore(ScalingOps, TxnOps, RetentionOps):
                 await self._settle_retrying(scope, stream)
             found = await self.state.stream(scope, stream)
             if found is not None and found[0].state is StreamState.CREATING:
-                await self.create_stream(scope, stream, found[0].config)
+                try:
+                    await self.create_stream(scope, stream, found[0].config)
+                except ControllerConcurrentUpdateError as e:
+                    log.info("stream %s/%s: %s; the next pass looks again", scope, stream, e)
+                    continue
             await self.state.end_work(scope, stream, member, version)
             self.metrics.workflows_taken_over.inc()
         for scope, stream, version in await self.state.txn_streams():

@@ -236,6 +236,10 @@ class StreamRecord:
     cold: dict[int, int] = field(default_factory=dict)
     """Active segments reported cold by auto-scaling: id -> when the mark
     ends (ms); two cold neighbours are merged."""
+    creator: str = ""
+    """While CREATING: the controller making its first segments (claimed
+    by compare-and-set, so one at a time), and since when (ms)."""
+    creator_ms: int = 0
 
     @classmethod
     def new(cls, config: StreamConfig, now_ms: int) -> StreamRecord:

@@ -83,6 +83,8 @@ def stream_to_json(record: StreamRecord) -> bytes:
                            for r in record.retention_cuts],
         "cold": sorted(record.cold.items()),
     }
+    if record.creator:
+        doc["creator"] = [record.creator, record.creator_ms]
     if record.scale is not None:
         s = record.scale
         doc["scale"] = {"sealed": list(s.sealed), "epoch": s.epoch, "created_ms": s.created_ms,
@@ -114,7 +116,8 @@ def stream_from_json(data: bytes) -> StreamRecord:
                         doc["sealed_bytes"],
                         [RecordedCut(t, size, {sid: off for sid, off in cut})
                          for t, size, cut in doc["retention_cuts"]],
-                        {sid: until for sid, until in doc.get("cold", [])})
+                        {sid: until for sid, until in doc.get("cold", [])},
+                        *doc.get("creator", ("", 0)))
 
 
 def txn_to_json(txn: TxnRecord) -> bytes:

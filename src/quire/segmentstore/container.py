@@ -61,7 +61,7 @@ from quire.segmentstore.attribute_updates import initial_attributes, resolve_upd
 from quire.segmentstore.committed_side import CommittedSide, Tier2Read
 from quire.segmentstore.container_tables import ContainerTables
 from quire.segmentstore.container_upkeep import ContainerUpkeep
-from quire.segmentstore.futures import call_as_future, failed_future, retrieve
+from quire.segmentstore.futures import call_as_future, refused, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata, apply_append
 from quire.segmentstore.names import check_name
 from quire.segmentstore.operation_log import OperationLog
@@ -252,17 +252,13 @@ class SegmentContainer(ContainerUpkeep):
             self._oplog.check()
             check_name("segment", name)
             if self.accepted.get(name) is not None:
-                # "exists" once what was accepted is durable (the log's failure
-                # if not): a create retried while the first is in flight must not
-                # hear it of a segment that attempt fails to make (seed 104318)
-                return self._refused_after(self._oplog.barrier(),
-                                           SegmentExistsError(f"segment {name!r} exists"))
+                raise SegmentExistsError(f"segment {name!r} exists")
             kind = SegmentType(segment_type)
             initial = initial_attributes(attributes)
             seq, now = self._next()
             op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name, kind, initial)
             return self._log_op(op)
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     def append(self, name: str, data: bytes,
                attribute_updates: Sequence[AttributeUpdate] = (),
@@ -367,8 +363,8 @@ class SegmentContainer(ContainerUpkeep):
             accepted.sequence = sequence
             added = oplog.add(op, AppendResult(offset + size, event_number, previous))
             return self.throttle.hold(added) if self.throttle.throttled else added
-        except QuireError as e:
-            return failed_future(e)
+        except QuireError as e:  # (as call_as_future answers: once what was accepted is durable)
+            return refused(e, self._oplog.barrier)
 
     def seal(self, name: str) -> asyncio.Future[int]:
         """Seal the segment; the future gives its final length."""
@@ -376,7 +372,7 @@ class SegmentContainer(ContainerUpkeep):
             s = self.writable_segment(name)
             seq, now = self._next()
             return self._log_op(SealOp(seq, now, s.segment_id), s.length)
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     def truncate(self, name: str, offset: int) -> asyncio.Future[None]:
         """Drop the segment's data below ``offset`` (a no-op below its start)."""
@@ -389,7 +385,7 @@ class SegmentContainer(ContainerUpkeep):
                 return self._oplog.barrier()
             seq, now = self._next()
             return self._log_op(TruncateOp(seq, now, s.segment_id, offset))
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     def delete(self, name: str) -> asyncio.Future[None]:
         def make() -> asyncio.Future[None]:
@@ -397,7 +393,7 @@ class SegmentContainer(ContainerUpkeep):
             seq, now = self._next()
             self.tables.forget_accepted(s.segment_id)
             return self._log_op(DeleteOp(seq, now, s.segment_id))
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     def update_attributes(self, name: str,
                           updates: Sequence[AttributeUpdate]) -> asyncio.Future[None]:
@@ -408,7 +404,7 @@ class SegmentContainer(ContainerUpkeep):
                 return self._oplog.barrier()
             seq, now = self._next()
             return self._log_op(AttributesOp(seq, now, s.segment_id, resolved))
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     def merge(self, target: str, source: str) -> asyncio.Future[MergeResult]:
         """Append all of ``source`` to ``target`` and remove ``source``
@@ -436,7 +432,7 @@ class SegmentContainer(ContainerUpkeep):
             seq, now = self._next()
             op = MergeOp(seq, now, t.segment_id, src.segment_id, t.length, src.length)
             return self._log_op(op, MergeResult(t.length + src.length))
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     def create_transient_segment(self, parent: str, writer_id: int) -> asyncio.Future[str]:
         """Create a server-named segment of ``parent``'s (in this container);
@@ -449,7 +445,7 @@ class SegmentContainer(ContainerUpkeep):
             op = SegmentMapOp(seq, now, self.accepted.next_segment_id, name,
                               SegmentType.TRANSIENT, ())
             return self._log_op(op, name)
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     # --- tables ---------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ class ContainerTables:
             if not entries:
                 return self._host.barrier([])
             return self._log_batch(s, table, [(k, v) for k, v, _ in entries], versions=True)
-        return call_as_future(make)
+        return call_as_future(make, lambda: self._host.barrier(None))
 
     def remove(self, name: str, keys: Sequence[tuple[bytes, int | None]]
                ) -> asyncio.Future[None]:
@@ -112,7 +112,7 @@ class ContainerTables:
             if not present:
                 return self._host.barrier(None)
             return self._log_batch(s, table, present, versions=False)
-        return call_as_future(make)
+        return call_as_future(make, lambda: self._host.barrier(None))
 
     def _accepted(self, s: SegmentMetadata) -> TableIndex:
         if s.type is not SegmentType.TABLE:

@@ -28,7 +28,7 @@ from quire.errors import (
 )
 from quire.log import DurableDataLog, LogFencedError
 from quire.segmentstore.committed_side import CommittedSide
-from quire.segmentstore.futures import call_as_future, retrieve
+from quire.segmentstore.futures import call_as_future, refused_after, retrieve
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.operation_log import OperationLog
 from quire.segmentstore.operations import (
@@ -141,7 +141,7 @@ class ContainerUpkeep:
                 seq, now = self._next()
                 self._log_op(SealOp(seq, now, s.segment_id))
             return self._oplog.barrier()
-        return call_as_future(make)
+        return call_as_future(make, self._oplog.barrier)
 
     # --- ownership and lifecycle ----------------------------------------------
 
@@ -155,24 +155,8 @@ class ContainerUpkeep:
     def _refused_as_owner(self, error: QuireError) -> asyncio.Future[Any]:
         """A future failing with ``error`` once a probe confirmed ownership
         (with the container's fencing error if it did not)."""
-        return self._refused_after(self.confirm_ownership(), error)
+        return refused_after(self.confirm_ownership(), error)
 
-    def _refused_after(self, durable: asyncio.Future[Any], error: QuireError
-                       ) -> asyncio.Future[Any]:
-        """A future failing with ``error`` once ``durable`` (a probe, or the
-        log's barrier) is done; with its failure instead if it failed."""
-        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def answer(done: asyncio.Future[Any]) -> None:
-            if refused.done():
-                return
-            if done.cancelled():
-                refused.set_exception(ContainerClosedError("the container closed before its "
-                                                           "operations were durable"))
-            else:
-                refused.set_exception(done.exception() or error)
-        durable.add_done_callback(answer)
-        return refused
 
     @property
     def failure(self) -> BaseException | None:
