@@ -16,6 +16,7 @@ import pytest
 from quire.errors import SegmentNotFoundError, SegmentStoreConnectionError
 from quire.segmentserver import SegmentServer
 from quire.streams import RemoteSegmentStore, StreamWriter, WriterConfig, controller_resolver
+from quire.streams.model import Segment
 from tests.support.streams import FAST_RETRY, StreamSystem, read_all
 
 
@@ -244,3 +245,33 @@ async def test_blocks_failed_on_a_connection_given_up_leave_no_unretrieved_error
     assert [x for x in unretrieved if "never retrieved" in str(x.get("message"))] == []
     events = await read_all(c, segments, "sc", "st")
     assert [e.data for e in events] == [b"first", b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_follow_answered_after_a_neighbours_newer_one_changes_no_route() -> None:
+    """Two of a writer's segments sealed at once: the follow of one put a
+    newer merged segment over both ranges first, then the other's answer (its
+    own, older successor) replaced that merged segment, and part of the key
+    space had no segment: the writer's next event for it failed with a
+    ValueError nobody retrieved (the stream simulation, seed 115030)."""
+    def seg(sid: int, low: float, high: float) -> Segment:
+        return Segment("sc", "st", sid, low, high)
+    a, b, c = seg(0, 0.0, 0.5), seg(1, 0.5, 0.75), seg(2, 0.75, 1.0)
+    merged, a_next = seg(10, 0.0, 0.75), seg(5, 0.0, 0.5)
+    answers = {b.id: asyncio.Event(), a.id: asyncio.Event()}
+
+    class Controller:
+        async def successors(self, _scope: str, _stream: str, sid: int) -> list[Any]:
+            await answers[sid].wait()
+            return [(merged, [a.id, b.id])] if sid == b.id else [(a_next, [a.id])]
+
+    writer = StreamWriter(Controller(), None, "sc", "st")  # type: ignore[arg-type]
+    writer._routes = [a, b, c]
+    writer._following = 2
+    following = [asyncio.create_task(writer._follow(b, None)),
+                 asyncio.create_task(writer._follow(a, None))]
+    answers[b.id].set()  # b's successor (a merge of a and b) answers first
+    await following[0]
+    assert writer._routes == [merged, c]
+    answers[a.id].set()  # then a's own, older one
+    await following[1]
+    assert writer._routes == [merged, c]

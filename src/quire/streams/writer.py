@@ -470,7 +470,12 @@ class StreamWriter:
         except QuireError as e:
             error = e
         else:
-            if successors:
+            if all(s.id != sealed.id for s in self._routes):
+                # a follow of a neighbour already put a newer segment over its
+                # range: its successors are older than that one (following them
+                # left part of the key space with no segment: seed 115030)
+                pass
+            elif successors:
                 self._routes = [s for s in self._routes if s.id != sealed.id]
                 for successor, _predecessors in successors:
                     self._routes = [s for s in self._routes if s.max_key <= successor.min_key
