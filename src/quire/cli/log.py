@@ -22,6 +22,7 @@ from quire.cli.common import (
     ledger_password_options,
     metadata_option,
     tls_options,
+    until_interrupted,
     with_client,
 )
 from quire.types import LedgerType
@@ -299,12 +300,15 @@ def tail(name: str, count: int, follow: bool, as_hex: bool,
             show(record)
         sys.stdout.flush()
         reader = await logs.open_reader(name, after, follow=True, skip_truncated=True)
-        try:
-            async for record in reader:
-                show(record)
-                sys.stdout.flush()
-        finally:
-            await reader.close()
+
+        async def print_new() -> None:
+            try:
+                async for record in reader:
+                    show(record)
+                    sys.stdout.flush()
+            finally:
+                await reader.close()
+        await until_interrupted(print_new())
 
     try:
         with_logs(metadata_uri, ledger_password(b""), go)

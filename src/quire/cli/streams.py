@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quire.cli.common import emit_json, json_option, run_async
+from quire.cli.common import emit_json, json_option, run_async, until_interrupted
 
 if TYPE_CHECKING:  # imported where used: every `quire` command imports this module
     from quire.streams import ControllerClient, Event, RemoteSegmentStore
@@ -376,17 +376,20 @@ def stream_tail(name: str, count: int | None, as_hex: bool, controller_uri: str 
         reader = StreamReader(controller, segments, scope_name, stream_name, from_tail=True)
         await reader.start_cut()
         click.echo(f"tailing {name}", err=True)
-        seen = 0
         if count == 0:
             return
-        async for event in reader.events(follow=True):
-            if as_json:
-                emit_json(event_json(event))
-            else:
-                echo_event(event, as_hex)
-            seen += 1
-            if count is not None and seen >= count:
-                return
+
+        async def print_new() -> None:
+            seen = 0
+            async for event in reader.events(follow=True):
+                if as_json:
+                    emit_json(event_json(event))
+                else:
+                    echo_event(event, as_hex)
+                seen += 1
+                if count is not None and seen >= count:
+                    return
+        await until_interrupted(print_new())
 
     try:
         with_controller(controller_uri, go)
