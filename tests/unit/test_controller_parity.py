@@ -27,7 +27,7 @@ from quire.controller.model import (
 )
 from quire.controller_api import Controller_pb2 as pb
 from quire.errors import ControllerConcurrentUpdateError, QuireError
-from quire.metadata import open_store
+from quire.metadata import MetadataStore, open_store
 from quire.segmentstore import SegmentType
 from quire.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from quire.segmentstore.scale_requests import ScaleRequests
@@ -337,14 +337,26 @@ async def test_reader_groups_subscribe_and_report_what_they_read(cluster: Cluste
 # --- several controllers ---------------------------------------------------------------
 
 
+async def two_controllers(cluster: Cluster, faulty: str, sound: str
+                          ) -> tuple[tuple[ControllerCore, MetadataStore],
+                                     tuple[ControllerCore, MetadataStore]]:
+    """Two more controllers of ``cluster``, each with its metadata session:
+    ``faulty`` on the segment store whose calls can be made to fail, ``sound``
+    on the store itself."""
+    name = f"memory://controllers-{id(cluster)}"
+    out = []
+    for member, segments in ((faulty, cluster.faulty), (sound, cluster.segments)):
+        metadata = await open_store(name)
+        out.append((ControllerCore(segments, core(cluster).config,  # type: ignore[arg-type]
+                                   cluster=MetadataCluster(metadata, f"{member}:1")),
+                    metadata))
+    return out[0], out[1]
+
+
 async def test_the_leader_finishes_a_scale_its_dead_controller_left(cluster: Cluster) -> None:
     await make_stream(cluster, 2)
-    name = f"memory://controllers-{id(cluster)}"
-    dead_metadata, live_metadata = await open_store(name), await open_store(name)
-    dead = ControllerCore(cluster.faulty, core(cluster).config,  # type: ignore[arg-type]
-                          cluster=MetadataCluster(dead_metadata, "dead:1"))
-    live = ControllerCore(cluster.segments, core(cluster).config,
-                          cluster=MetadataCluster(live_metadata, "live:1"))
+    (dead, dead_metadata), (live, live_metadata) = await two_controllers(cluster, "dead",
+                                                                         "live")
     await dead.start()
     assert cluster.faulty is not None
     cluster.faulty.fail_at["seal"] = 1  # its scale: successors created, then it "dies"
@@ -371,12 +383,8 @@ async def test_one_controller_at_a_time_makes_a_new_streams_segments() -> None:
     # (the cluster's own controller, which sees no other member alive, sweeps
     # no notes meanwhile)
     cluster = await make_cluster(txn_sweep_interval_ms=3_600_000)
-    name = f"memory://controllers-{id(cluster)}"
-    first_metadata, second_metadata = await open_store(name), await open_store(name)
-    first = ControllerCore(cluster.faulty, core(cluster).config,  # type: ignore[arg-type]
-                           cluster=MetadataCluster(first_metadata, "first:1"))
-    second = ControllerCore(cluster.segments, core(cluster).config,
-                            cluster=MetadataCluster(second_metadata, "second:1"))
+    (first, first_metadata), (second, second_metadata) = await two_controllers(
+        cluster, "first", "second")
     await first.start()
     await second.start()
     await first.create_scope("sc")
