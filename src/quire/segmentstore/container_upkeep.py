@@ -157,7 +157,6 @@ class ContainerUpkeep:
         (with the container's fencing error if it did not)."""
         return refused_after(self.confirm_ownership(), error)
 
-
     @property
     def failure(self) -> BaseException | None:
         """Why the container stopped serving (fenced by another owner, a

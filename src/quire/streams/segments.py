@@ -107,6 +107,7 @@ from quire.segmentstore import (
     TableEntry,
     TableIteratorPage,
 )
+from quire.segmentstore.futures import retrieve
 from quire.segmentstore.segment_rates import SCALE_POLICY_RATE_KEY, SCALE_POLICY_TYPE_KEY
 from quire.streams.connection import SegmentConnection, next_request_id
 from quire.streams.refusals import expect, wire_version
@@ -213,9 +214,9 @@ class RemoteSegmentStore:
 
             def opened(task: asyncio.Future[SegmentConnection]) -> None:
                 self._opening.pop(address, None)
-                if not task.cancelled():
-                    task.exception()  # retrieved: callers still waiting see it themselves,
-                    # and with none left it is not logged as never retrieved (seed 107540)
+                # callers still waiting see its error themselves; with none left
+                # it must not be logged as never retrieved (seed 107540)
+                retrieve(task)
             opening.add_done_callback(opened)
         return await asyncio.shield(opening)
 
