@@ -7,11 +7,10 @@ counts instead: the bytecodes the interpreter executes per append, from
 on the in-memory tier-1 log, ``--segments`` segments taking ``--size``-byte
 appends in turn, 256 outstanding, plain or with a writer's event number).
 The count moves by less than 0.1% from run to run on a quiet machine, up
-to 1% on a busy one (where callbacks fall
-between frames), so a change's cost on the append path shows, and the table
-says which functions it is in. A bytecode is
-not a fixed cost: ``segment_append_cpu.py`` still says what a change costs
-in time.
+to 1% on a busy one (where callbacks fall between frames), so a change's
+cost on the append path shows, and the table says which functions it is
+in. A bytecode is not a fixed cost: ``segment_append_cpu.py`` still says
+what a change costs in time.
 
 With ``--instructions`` it counts machine instructions instead, the C
 work (dicts, arrays, the 1 KiB copies, futures) included: each child runs
@@ -142,12 +141,13 @@ def count_in_this_process(mode: str, appends: int, segments: int, size: int,
 
 
 def _child(tree: Path, mode: str, args: argparse.Namespace, appends: int,
-           wrapper: list[str]) -> subprocess.CompletedProcess[str]:
+           under_cachegrind: bool) -> subprocess.CompletedProcess[str]:
+    """One child run; under cachegrind it runs the appends untraced."""
     env = {**os.environ, "PYTHONPATH": str(tree.resolve() / "src"), "PYTHONHASHSEED": "0"}
     done = subprocess.run(
-        [*wrapper, sys.executable, __file__, "--child", mode, "--appends", str(appends),
-         "--segments", str(args.segments), "--size", str(args.size),
-         *(["--untraced"] if wrapper else [])],
+        [*(CACHEGRIND if under_cachegrind else []), sys.executable, __file__, "--child", mode,
+         "--appends", str(appends), "--segments", str(args.segments), "--size", str(args.size),
+         *(["--untraced"] if under_cachegrind else [])],
         env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"append_bytecodes: {tree} ({mode}) failed:\n{done.stderr[-4000:]}")
@@ -156,11 +156,11 @@ def _child(tree: Path, mode: str, args: argparse.Namespace, appends: int,
 
 def count_in_tree(tree: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     if not args.instructions:
-        result: dict[str, Any] = json.loads(_child(tree, mode, args, args.appends, []).stdout)
+        result: dict[str, Any] = json.loads(_child(tree, mode, args, args.appends, False).stdout)
         return result
     totals = []
     for appends in (args.appends, 2 * args.appends):
-        done = _child(tree, mode, args, appends, CACHEGRIND)
+        done = _child(tree, mode, args, appends, True)
         found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
         if found is None:
             sys.exit(f"append_bytecodes: no instruction count from valgrind:\n"
